@@ -1,0 +1,1 @@
+"""The event-log consumer: persists events from the bus into Postgres."""

@@ -1,0 +1,1 @@
+"""casetrail: tool-using LLM agents whose every reasoning cycle survives as evidence."""

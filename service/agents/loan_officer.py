@@ -1,0 +1,271 @@
+"""``loan-officer``: evaluates a consumer loan application and decides approve, refer
+or decline, citing the figures it relied on.
+
+Tools: ``credit-score`` and ``risk-model-retrieval`` run on capability workers
+(WorkerTools); ``debt-to-income`` and ``lending-policy`` are local functions.
+The scripted brain reasons deterministically from the application, so every
+sample applicant has a known outcome.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import orjson
+from pydantic import Field
+
+from service.agents.profile import AgentProfile, CamelModel, case_input, errors_in, observed
+from service.engine.chat import AssistantTurn, ChatMessage
+from service.engine.scripted import call
+from service.engine.tools import Capability, LocalTool, WorkerTool
+from service.events import Limits, ModelRef
+
+POLICY_VERSION = "LP-2026.3"
+
+
+class LoanApplication(CamelModel):
+    """A consumer loan application."""
+
+    model_config = CamelModel.model_config | {
+        "json_schema_extra": {
+            "examples": [
+                {
+                    "applicantId": "A-1001",
+                    "applicantName": "Maria Okafor",
+                    "loanAmount": 25000,
+                    "termMonths": 60,
+                    "monthlyIncome": 9000,
+                    "monthlyDebt": 2100,
+                    "purpose": "home improvement",
+                }
+            ]
+        }
+    }
+
+    applicant_id: str = Field(pattern=r"^[A-Z]-\d{4,10}$", description="e.g. A-1001")
+    applicant_name: str = Field(min_length=1, max_length=200)
+    loan_amount: float = Field(gt=0, le=5_000_000, description="Requested principal.")
+    term_months: int = Field(ge=6, le=480)
+    monthly_income: float = Field(gt=0, description="Gross monthly income.")
+    monthly_debt: float = Field(ge=0, description="Existing monthly debt payments.")
+    purpose: str = Field(min_length=1, max_length=200)
+
+
+SAMPLE_APPLICATIONS: tuple[dict[str, Any], ...] = (
+    {
+        "applicantId": "A-1001", "applicantName": "Maria Okafor", "loanAmount": 25000,
+        "termMonths": 60, "monthlyIncome": 9000, "monthlyDebt": 2100,
+        "purpose": "home improvement",
+    },
+    {
+        "applicantId": "A-1002", "applicantName": "Daniel Reyes", "loanAmount": 18000,
+        "termMonths": 48, "monthlyIncome": 5200, "monthlyDebt": 2000, "purpose": "used car",
+    },
+    {
+        "applicantId": "A-1003", "applicantName": "Priya Nair", "loanAmount": 30000,
+        "termMonths": 72, "monthlyIncome": 3800, "monthlyDebt": 2300,
+        "purpose": "debt consolidation",
+    },
+)
+"""One approve, one refer, one decline."""
+
+_BUREAU = {"A-1001": 742, "A-1002": 668, "A-1003": 561}
+
+
+class CreditScoreArgs(CamelModel):
+    applicant_id: str = Field(pattern=r"^[A-Z]-\d{4,10}$")
+
+
+class RiskModelArgs(CamelModel):
+    model_id: Literal["standard-v2", "subprime-v1"]
+    credit_score: int = Field(ge=300, le=850)
+    loan_amount: float = Field(gt=0)
+
+
+class DebtToIncomeArgs(CamelModel):
+    monthly_debt: float = Field(ge=0)
+    monthly_income: float = Field(gt=0)
+
+
+class LendingPolicyArgs(CamelModel):
+    credit_score: int = Field(ge=300, le=850)
+    dti: float = Field(ge=0)
+    risk_score: float = Field(ge=0, le=1)
+    loan_amount: float = Field(gt=0)
+
+
+async def credit_score(args: CreditScoreArgs) -> dict[str, Any]:
+    """The bureau's score: known for the sample applicants, stable for anyone else."""
+    score = _BUREAU.get(args.applicant_id)
+    if score is None:
+        digest = hashlib.sha256(args.applicant_id.encode()).digest()
+        score = 520 + int.from_bytes(digest[:2], "big") % 300
+    return {"applicantId": args.applicant_id, "score": score, "bureau": "Equinox"}
+
+
+async def risk_model(args: RiskModelArgs) -> dict[str, Any]:
+    """Probability of default from the selected risk model."""
+    base = 0.02 if args.model_id == "standard-v2" else 0.05
+    pd = base + (780 - args.credit_score) / 1000 + args.loan_amount / 2_000_000
+    pd = round(min(0.9, max(0.01, pd)), 3)
+    risk = "low" if pd < 0.1 else "medium" if pd < 0.2 else "high"
+    return {"modelId": args.model_id, "risk": risk, "score": pd}
+
+
+def debt_to_income(args: DebtToIncomeArgs) -> dict[str, Any]:
+    return {"dti": round(args.monthly_debt / args.monthly_income, 3)}
+
+
+def lending_policy(args: LendingPolicyArgs) -> dict[str, Any]:
+    reasons: list[str] = []
+    if args.credit_score < 580:
+        reasons.append(f"credit score {args.credit_score} is below the floor of 580")
+    if args.dti > 0.5:
+        reasons.append(f"debt-to-income {args.dti:.3f} exceeds the ceiling of 0.50")
+    if args.risk_score >= 0.25:
+        reasons.append(f"default probability {args.risk_score:.3f} is at or above 0.25")
+    if reasons:
+        return {"decision": "decline", "policyVersion": POLICY_VERSION, "reasons": reasons}
+    if (
+        args.credit_score >= 700
+        and args.dti <= 0.36
+        and args.risk_score < 0.1
+        and args.loan_amount <= 50_000
+    ):
+        reasons.append("score, debt-to-income and default probability within auto-approve bands")
+        return {"decision": "approve", "policyVersion": POLICY_VERSION, "reasons": reasons}
+    if args.credit_score < 700:
+        reasons.append(f"credit score {args.credit_score} is below the auto-approve band of 700")
+    if args.dti > 0.36:
+        reasons.append(f"debt-to-income {args.dti:.3f} is above the auto-approve band of 0.36")
+    if args.risk_score >= 0.1:
+        reasons.append(f"default probability {args.risk_score:.3f} needs underwriter review")
+    if args.loan_amount > 50_000:
+        reasons.append("amount above the auto-approve limit of 50,000")
+    return {"decision": "refer", "policyVersion": POLICY_VERSION, "reasons": reasons}
+
+
+def _final(text: str, answer: dict[str, Any]) -> AssistantTurn:
+    body = orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode()
+    return AssistantTurn(text=f"{text}\n\n```json\n{body}\n```")
+
+
+def think(messages: Sequence[ChatMessage]) -> AssistantTurn:
+    """The loan officer's scripted reasoning, one turn from the conversation so far."""
+    app = case_input(messages)
+    seen = observed(messages)
+    applicant = app["applicantId"]
+    failures = errors_in(seen)
+    if failures:
+        return _final(
+            "A tool I need did not answer: " + "; ".join(failures)
+            + ". I cannot decide without it, so I refer the application to an underwriter.",
+            {
+                "decision": "refer",
+                "applicantId": applicant,
+                "rationale": "Referred: missing evidence (" + "; ".join(failures) + ").",
+            },
+        )
+    if "credit-score" not in seen:
+        return AssistantTurn(
+            text=(
+                f"Reviewing loan application {applicant} from {app['applicantName']}: "
+                f"{app['loanAmount']:,} over {app['termMonths']} months for {app['purpose']}. "
+                "I need the applicant's credit score before anything else."
+            ),
+            tool_calls=(call("credit-score", "call-1", applicantId=applicant),),
+        )
+    score = seen["credit-score"]["score"]
+    model_id = "standard-v2" if score >= 650 else "subprime-v1"
+    if "risk-model-retrieval" not in seen:
+        return AssistantTurn(
+            text=(
+                f"The credit score is {score}. I should now retrieve the risk model "
+                f"({model_id}) and compute the debt-to-income ratio from the stated "
+                "income and debts."
+            ),
+            tool_calls=(
+                call(
+                    "risk-model-retrieval", "call-2", modelId=model_id, creditScore=score,
+                    loanAmount=app["loanAmount"],
+                ),
+                call(
+                    "debt-to-income", "call-3", monthlyDebt=app["monthlyDebt"],
+                    monthlyIncome=app["monthlyIncome"],
+                ),
+            ),
+        )
+    risk = seen["risk-model-retrieval"]
+    dti = seen["debt-to-income"]["dti"]
+    if "lending-policy" not in seen:
+        return AssistantTurn(
+            text=(
+                f"Risk model {risk['modelId']} puts the default probability at {risk['score']} "
+                f"({risk['risk']}); the debt-to-income ratio is {dti}. I will check these "
+                "figures against the lending policy."
+            ),
+            tool_calls=(
+                call(
+                    "lending-policy", "call-4", creditScore=score, dti=dti,
+                    riskScore=risk["score"], loanAmount=app["loanAmount"],
+                ),
+            ),
+        )
+    policy = seen["lending-policy"]
+    decision = policy["decision"]
+    rationale = (
+        f"Credit score {score}, debt-to-income {dti}, default probability {risk['score']} "
+        f"({risk['risk']}, {risk['modelId']}); policy {policy['policyVersion']}: "
+        + "; ".join(policy["reasons"]) + "."
+    )
+    return _final(
+        f"Lending policy {policy['policyVersion']} returns {decision}. {rationale}",
+        {
+            "decision": decision,
+            "applicantId": applicant,
+            "rationale": rationale,
+            "figures": {
+                "creditScore": score,
+                "debtToIncome": dti,
+                "defaultProbability": risk["score"],
+                "riskBand": risk["risk"],
+            },
+        },
+    )
+
+
+CAPABILITIES: tuple[Capability[Any], ...] = (
+    Capability("credit-score", CreditScoreArgs, credit_score),
+    Capability("risk-model-retrieval", RiskModelArgs, risk_model),
+)
+
+LOAN_OFFICER = AgentProfile(
+    name="loan-officer",
+    description=(
+        "Evaluates a consumer loan application and decides approve, refer or decline, "
+        "citing the credit score, debt-to-income ratio and default probability it used."
+    ),
+    system_prompt=(
+        "You are a loan officer. Evaluate the application with your tools: fetch the "
+        "credit score, retrieve the risk model, compute the debt-to-income ratio, check the "
+        "lending policy. Answer with a JSON object: decision (approve, refer or decline), "
+        "applicantId, rationale citing the figures, figures."
+    ),
+    tools=(
+        WorkerTool("credit-score", "The applicant's credit bureau score.", "credit-score",
+                   CreditScoreArgs),
+        WorkerTool("risk-model-retrieval", "Probability of default from a named risk model.",
+                   "risk-model-retrieval", RiskModelArgs),
+        LocalTool("debt-to-income", "Monthly debt divided by monthly income.",
+                  DebtToIncomeArgs, debt_to_income),
+        LocalTool("lending-policy", "The bank's lending policy applied to the figures.",
+                  LendingPolicyArgs, lending_policy),
+    ),
+    input_model=LoanApplication,
+    default_model=ModelRef(provider="scripted", name="loan-officer-scripted"),
+    default_limits=Limits(max_cycles=8, deadline_seconds=60),
+    script=think,
+    capabilities=CAPABILITIES,
+)

@@ -1,0 +1,80 @@
+"""Agent profiles: a named agent's prompt, tools, input schema, defaults and scripted brain."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from service.engine.chat import ChatMessage, ToolResultMessage, UserMessage
+from service.engine.scripted import ScriptFn
+from service.engine.tools import Capability, ToolSource, source_label
+from service.events import Limits, ModelRef
+
+
+class CamelModel(BaseModel):
+    """Base for agent inputs and tool arguments: camelCase JSON, unknown keys refused."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+@dataclass(frozen=True)
+class AgentProfile:
+    """A named agent: what it is for, how it is prompted, which tools it may call."""
+
+    name: str
+    description: str
+    system_prompt: str
+    tools: tuple[ToolSource, ...]
+    input_model: type[BaseModel]
+    default_model: ModelRef
+    default_limits: Limits
+    script: ScriptFn
+    capabilities: tuple[Capability[Any], ...] = ()
+
+    def input_schema(self) -> dict[str, Any]:
+        return self.input_model.model_json_schema(by_alias=True)
+
+    def describe(self) -> dict[str, Any]:
+        """The public description served by ``GET /agents``."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "tools": [
+                {"name": t.name, "source": source_label(t), "description": t.description}
+                for t in self.tools
+            ],
+            "inputSchema": self.input_schema(),
+            "defaultModel": self.default_model.model_dump(by_alias=True, exclude_none=True),
+            "defaultLimits": self.default_limits.model_dump(by_alias=True),
+        }
+
+
+def case_input(messages: Sequence[ChatMessage]) -> dict[str, Any]:
+    """The case input as the engine gave it to the model in the first user message."""
+    for message in messages:
+        if isinstance(message, UserMessage) and message.text.startswith("Case input:"):
+            value = orjson.loads(message.text.split("\n", 1)[1])
+            assert isinstance(value, dict)
+            return value
+    raise ValueError("no case input in the conversation")
+
+
+def observed(messages: Sequence[ChatMessage]) -> dict[str, Any]:
+    """Tool results seen so far, by tool name: the parsed JSON, or an ``Exception`` for errors."""
+    seen: dict[str, Any] = {}
+    for message in messages:
+        if isinstance(message, ToolResultMessage):
+            if message.is_error:
+                seen[message.tool_name] = RuntimeError(message.content.removeprefix("ERROR: "))
+            else:
+                seen[message.tool_name] = orjson.loads(message.content)
+    return seen
+
+
+def errors_in(seen: dict[str, Any]) -> list[str]:
+    return [f"{name}: {value}" for name, value in seen.items() if isinstance(value, Exception)]

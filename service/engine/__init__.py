@@ -1,0 +1,1 @@
+"""The ReAct engine: chat-model interface, tools, and the loop. No I/O of its own."""

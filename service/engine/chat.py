@@ -1,0 +1,103 @@
+"""The chat-model interface every provider implements.
+
+One call: the conversation so far and the tools on offer go in, one assistant
+turn comes out. Providers (scripted, OpenAI-compatible, Anthropic) each live in
+their own module behind this protocol; the engine knows nothing else of them.
+
+Failures are typed (see ``service.errors``): ``ModelUnavailable`` may be
+retried, ``ModelRejected`` ends the case with ``model_error``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias
+
+from service.events import TokenUsage
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool as the model sees it: a name, what it does, a JSON Schema for its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SystemMessage:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class UserMessage:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRequest:
+    """A tool call the model asked for.
+
+    ``arguments`` is the parsed JSON object, or ``None`` when the model's
+    arguments text was not a JSON object; ``raw_arguments`` keeps that text.
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any] | None
+    raw_arguments: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantMessage:
+    text: str
+    tool_calls: tuple[ToolCallRequest, ...] = ()
+    thinking: str | None = None
+    provider_blocks: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultMessage:
+    """The observation for one tool call, as text the model reads."""
+
+    tool_call_id: str
+    tool_name: str
+    content: str
+    is_error: bool = False
+
+
+ChatMessage: TypeAlias = SystemMessage | UserMessage | AssistantMessage | ToolResultMessage
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantTurn:
+    """What one model request returns."""
+
+    text: str
+    tool_calls: tuple[ToolCallRequest, ...] = ()
+    usage: TokenUsage = field(default_factory=lambda: TokenUsage(input_tokens=0, output_tokens=0))
+    finish_reason: str = "stop"
+    model: str = ""
+    thinking: str | None = None
+    provider_blocks: tuple[dict[str, Any], ...] = ()
+
+    def as_message(self) -> AssistantMessage:
+        return AssistantMessage(
+            text=self.text,
+            tool_calls=self.tool_calls,
+            thinking=self.thinking,
+            provider_blocks=self.provider_blocks,
+        )
+
+
+class ChatModel(Protocol):
+    """``request(messages, tools) -> AssistantTurn``: the whole provider surface."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def request(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AssistantTurn: ...

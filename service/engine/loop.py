@@ -1,0 +1,374 @@
+"""The ReAct loop, one attempt of one case, as an explicit state machine.
+
+    CASE_STARTED → [check cancel → model request → tool calls → REACT_CYCLE]* → terminal
+
+Every step emits its event *as it happens* through an ``EventSink`` and waits
+for the sink to confirm it, so the trail is durable before the loop moves on.
+The state of the run (conversation, cycle index, usage, deadline, seq) lives
+in one ``RunState``. Exactly one terminal event ends every attempt the loop
+runs to its end: ``CASE_COMPLETED``, ``CASE_FAILED``, ``CASE_TIMED_OUT`` or
+``CASE_CANCELLED``.
+
+A tool failure is an observation for the model; a provider outage is a
+failure of the run. The deadline and cancellation abandon in-flight model and
+tool calls, never a half-published event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import uuid
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+import orjson
+from tenacity import wait_exponential_jitter
+
+from service.engine.chat import (
+    AssistantTurn,
+    ChatMessage,
+    ChatModel,
+    SystemMessage,
+    UserMessage,
+)
+from service.engine.tools import ToolBox, ToolOutcome
+from service.errors import ModelRejected, ModelUnavailable
+from service.events import (
+    ZERO_USAGE,
+    CaseCancelledPayload,
+    CaseCompletedPayload,
+    CaseFailedPayload,
+    CaseStartedPayload,
+    CaseTimedOutPayload,
+    Event,
+    JsonObject,
+    Limits,
+    ModelRef,
+    ModelRetry,
+    Payload,
+    ReactCyclePayload,
+    TerminalEvent,
+    TokenUsage,
+    ToolOffer,
+    make_event,
+)
+
+T = TypeVar("T")
+
+MODEL_RETRY_ATTEMPTS = 6
+"""Transient provider failures retried within one cycle before the case fails."""
+
+
+class EventSink(Protocol):
+    """Where the loop's events go; ``emit`` returns once the event is durable (confirmed)."""
+
+    async def emit(self, event: Event) -> None: ...
+
+
+@dataclass
+class CancelSignal:
+    """Set by whoever wants the case to stop; checked before every model call and during calls."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str | None = None
+
+    def cancel(self, reason: str | None = None) -> None:
+        self.reason = reason
+        self.event.set()
+
+    @property
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """Everything that defines one attempt of a case."""
+
+    case_id: uuid.UUID
+    attempt: int
+    agent: str
+    system_prompt: str
+    input: JsonObject
+    limits: Limits
+    model: ModelRef
+    restart_reason: str | None = None
+
+
+@dataclass
+class RunState:
+    """The mutable state of one attempt."""
+
+    spec: CaseSpec
+    deadline: float
+    messages: list[ChatMessage]
+    seq: int = 0
+    cycles: int = 0
+    usage: TokenUsage = ZERO_USAGE
+
+    def remaining(self) -> float:
+        return self.deadline - asyncio.get_running_loop().time()
+
+
+class _Interrupted(Exception):
+    """A guarded call was abandoned; ``kind`` says why."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+_FENCED_JSON = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
+
+
+def extract_answer(text: str) -> JsonObject:
+    """The model's answer: its text as a JSON object, or its last fenced JSON object,
+    or ``{"answer": text}``."""
+    for candidate in [text.strip(), *reversed(_FENCED_JSON.findall(text))]:
+        try:
+            value = orjson.loads(candidate)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {"answer": text}
+
+
+def system_prompt_digest(prompt: str) -> str:
+    return hashlib.sha256(prompt.encode()).hexdigest()
+
+
+def first_user_message(case_input: JsonObject) -> str:
+    return "Case input:\n" + orjson.dumps(case_input, option=orjson.OPT_INDENT_2).decode()
+
+
+class ReactEngine:
+    """Runs attempts of cases: the model, the tools, and the trail of events."""
+
+    def __init__(self, sink: EventSink) -> None:
+        self._sink = sink
+
+    async def run(
+        self,
+        spec: CaseSpec,
+        model: ChatModel,
+        tools: ToolBox,
+        cancel: CancelSignal | None = None,
+    ) -> TerminalEvent:
+        """Run one attempt to its terminal event and return that event."""
+        cancel = cancel or CancelSignal()
+        loop = asyncio.get_running_loop()
+        state = RunState(
+            spec=spec,
+            deadline=loop.time() + spec.limits.deadline_seconds,
+            messages=[
+                SystemMessage(spec.system_prompt),
+                UserMessage(first_user_message(spec.input)),
+            ],
+        )
+        await self._emit(state, self._started_payload(spec, tools))
+        while True:
+            if cancel.is_set:
+                return await self._cancelled(state, cancel)
+            if state.cycles >= spec.limits.max_cycles:
+                return await self._failed(
+                    state, "max_cycles", f"no answer after {state.cycles} cycles"
+                )
+            try:
+                terminal = await self._cycle(state, model, tools, cancel)
+            except _Interrupted as stop:
+                if stop.kind == "cancelled":
+                    return await self._cancelled(state, cancel)
+                return await self._timed_out(state)
+            except ModelRejected as exc:
+                return await self._failed(state, "model_error", str(exc))
+            except ModelUnavailable as exc:
+                return await self._failed(
+                    state, "model_error", f"provider unavailable after retries: {exc}"
+                )
+            if terminal is not None:
+                return terminal
+
+    async def _cycle(
+        self, state: RunState, model: ChatModel, tools: ToolBox, cancel: CancelSignal
+    ) -> TerminalEvent | None:
+        retries: list[ModelRetry] = []
+        turn = await self._request(state, model, tools, cancel, retries)
+        state.usage = state.usage + turn.usage
+        state.messages.append(turn.as_message())
+        outcomes: list[ToolOutcome] = []
+        if turn.tool_calls:
+            key = f"{state.spec.case_id}:{state.spec.attempt}:{state.cycles}"
+            outcomes = await self._guard(state, cancel, tools.run_all(turn.tool_calls, key))
+            state.messages.extend(o.observation for o in outcomes)
+        reasoning = turn.text if not turn.thinking else f"{turn.thinking}\n\n{turn.text}".strip()
+        await self._emit(
+            state,
+            ReactCyclePayload(
+                cycle_index=state.cycles,
+                reasoning_text=reasoning,
+                tool_calls=tuple(o.record for o in outcomes),
+                token_usage=turn.usage,
+                model=turn.model or model.name,
+                finish_reason=turn.finish_reason,
+                model_retries=tuple(retries),
+            ),
+        )
+        state.cycles += 1
+        if turn.tool_calls:
+            return None
+        answer = extract_answer(turn.text)
+        return await self._terminal(
+            state,
+            CaseCompletedPayload(
+                cycles_completed=state.cycles, token_totals=state.usage, answer=answer
+            ),
+        )
+
+    async def _request(
+        self,
+        state: RunState,
+        model: ChatModel,
+        tools: ToolBox,
+        cancel: CancelSignal,
+        retries: list[ModelRetry],
+    ) -> AssistantTurn:
+        """One model turn; transient provider failures are retried with backoff and
+        jitter (honouring ``Retry-After``) inside the deadline, and each retry is kept."""
+        backoff = wait_exponential_jitter(initial=0.5, max=20.0, jitter=0.5)
+        for attempt in range(1, MODEL_RETRY_ATTEMPTS + 1):
+            try:
+                return await self._guard(state, cancel, model.request(state.messages, tools.specs))
+            except ModelUnavailable as exc:
+                if attempt == MODEL_RETRY_ATTEMPTS:
+                    raise
+                delay = exc.retry_after if exc.retry_after is not None else backoff_delay(
+                    backoff, attempt
+                )
+                if delay >= state.remaining():
+                    raise _Interrupted("deadline") from exc
+                retries.append(
+                    ModelRetry(
+                        at=datetime.now(UTC), reason=str(exc), waited=timedelta(seconds=delay)
+                    )
+                )
+                await self._guard(state, cancel, asyncio.sleep(delay))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _guard(self, state: RunState, cancel: CancelSignal, work: Awaitable[T]) -> T:
+        """Await ``work`` unless the deadline passes or the case is cancelled first;
+        then the work is abandoned (cancelled) and ``_Interrupted`` says which."""
+        task = asyncio.ensure_future(work)
+        waiter = asyncio.ensure_future(cancel.event.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {task, waiter},
+                timeout=max(0.0, state.remaining()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            waiter.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise _Interrupted("cancelled" if cancel.is_set else "deadline")
+
+    def _started_payload(self, spec: CaseSpec, tools: ToolBox) -> CaseStartedPayload:
+        return CaseStartedPayload(
+            agent=spec.agent,
+            model=spec.model,
+            system_prompt_digest=system_prompt_digest(spec.system_prompt),
+            tools_offered=tuple(
+                ToolOffer(name=name, source=source, description=description)
+                for name, source, description in tools.offers
+            ),
+            limits=spec.limits,
+            input=spec.input,
+            restart_reason=spec.restart_reason,
+        )
+
+    async def _failed(self, state: RunState, code: Any, message: str) -> TerminalEvent:
+        return await self._terminal(
+            state,
+            CaseFailedPayload(
+                cycles_completed=state.cycles,
+                token_totals=state.usage,
+                reason_code=code,
+                message=message,
+            ),
+        )
+
+    async def _timed_out(self, state: RunState) -> TerminalEvent:
+        limit = state.spec.limits.deadline_seconds
+        return await self._terminal(
+            state,
+            CaseTimedOutPayload(
+                cycles_completed=state.cycles,
+                token_totals=state.usage,
+                deadline_seconds=limit,
+                message=f"the case deadline of {limit:g}s passed after {state.cycles} cycles",
+            ),
+        )
+
+    async def _cancelled(self, state: RunState, cancel: CancelSignal) -> TerminalEvent:
+        return await self._terminal(
+            state,
+            CaseCancelledPayload(
+                cycles_completed=state.cycles,
+                token_totals=state.usage,
+                while_queued=False,
+                reason=cancel.reason,
+            ),
+        )
+
+    async def _terminal(self, state: RunState, payload: Payload) -> TerminalEvent:
+        event = await self._emit(state, payload)
+        assert event.is_terminal
+        return event  # type: ignore[return-value]
+
+    async def _emit(self, state: RunState, payload: Payload) -> Event:
+        event = make_event(state.spec.case_id, state.spec.attempt, state.seq, payload)
+        await self._sink.emit(event)
+        state.seq += 1
+        return event
+
+
+def backoff_delay(strategy: wait_exponential_jitter, attempt: int) -> float:
+    """The tenacity strategy's delay before retry number ``attempt``."""
+    from tenacity import RetryCallState
+
+    retry_state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    retry_state.attempt_number = attempt
+    return float(strategy(retry_state))
+
+
+def cancelled_while_queued(case_id: uuid.UUID, reason: str | None) -> Sequence[Event]:
+    """The whole trail of a case cancelled before any worker ran it."""
+    return [
+        make_event(
+            case_id,
+            1,
+            0,
+            CaseCancelledPayload(
+                cycles_completed=0, token_totals=ZERO_USAGE, while_queued=True, reason=reason
+            ),
+        )
+    ]
+
+
+__all__ = [
+    "CancelSignal",
+    "CaseSpec",
+    "EventSink",
+    "ReactEngine",
+    "cancelled_while_queued",
+    "extract_answer",
+]

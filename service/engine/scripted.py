@@ -1,0 +1,105 @@
+"""The scripted chat model: a real implementation of ``ChatModel`` driven by data.
+
+Tests and the demo use it. Its turns are either a fixed list, or a function of
+the conversation so far (the way the sample agents reason deterministically
+from their input and the observations they received). Token usage is counted
+deterministically from the text, so totals are reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import orjson
+
+from service.engine.chat import (
+    AssistantMessage,
+    AssistantTurn,
+    ChatMessage,
+    SystemMessage,
+    ToolCallRequest,
+    ToolResultMessage,
+    ToolSpec,
+    UserMessage,
+)
+from service.errors import ModelRejected
+from service.events import TokenUsage
+
+ScriptFn = Callable[[Sequence[ChatMessage]], AssistantTurn]
+
+
+def count_tokens(text: str) -> int:
+    """A deterministic token estimate (about four characters a token)."""
+    return max(1, (len(text) + 3) // 4) if text else 0
+
+
+def _message_text(message: ChatMessage) -> str:
+    match message:
+        case SystemMessage(text=text) | UserMessage(text=text):
+            return text
+        case AssistantMessage(text=text, tool_calls=calls):
+            return text + "".join(c.name + (c.raw_arguments or "") for c in calls)
+        case ToolResultMessage(content=content):
+            return content
+
+
+class ScriptedModel:
+    """Replays ``turns`` in order, or asks ``script`` for the next turn.
+
+    ``latency`` (seconds) makes every turn take that long, to exercise
+    deadlines, cancellation and concurrency.
+    """
+
+    def __init__(
+        self,
+        turns: Sequence[AssistantTurn] | ScriptFn,
+        *,
+        name: str = "scripted",
+        latency: float = 0.0,
+    ) -> None:
+        self._turns = turns
+        self._name = name
+        self._latency = latency
+        self._served = 0
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def request(
+        self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
+    ) -> AssistantTurn:
+        if self._latency:
+            await asyncio.sleep(self._latency)
+        if callable(self._turns):
+            turn = self._turns(messages)
+        else:
+            if self._served >= len(self._turns):
+                raise ModelRejected(f"script exhausted after {self._served} turns")
+            turn = self._turns[self._served]
+        self._served += 1
+        prompt = sum(count_tokens(_message_text(m)) for m in messages) + sum(
+            count_tokens(t.name + t.description) + count_tokens(orjson.dumps(t.parameters).decode())
+            for t in tools
+        )
+        completion = count_tokens(turn.text) + sum(
+            count_tokens(c.name + orjson.dumps(c.arguments).decode()) for c in turn.tool_calls
+        )
+        return AssistantTurn(
+            text=turn.text,
+            tool_calls=turn.tool_calls,
+            usage=TokenUsage(input_tokens=prompt, output_tokens=completion),
+            finish_reason="tool_calls" if turn.tool_calls else "stop",
+            model=self._name,
+        )
+
+
+def call(tool: str, call_id: str, **arguments: object) -> ToolCallRequest:
+    """Shorthand for a scripted tool call."""
+    return ToolCallRequest(id=call_id, name=tool, arguments=dict(arguments))
+
+
+def observations(messages: Sequence[ChatMessage]) -> dict[str, ToolResultMessage]:
+    """The observations received so far, by tool name (the latest wins)."""
+    return {m.tool_name: m for m in messages if isinstance(m, ToolResultMessage)}

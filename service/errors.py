@@ -1,0 +1,70 @@
+"""The project's own error hierarchy.
+
+Every third-party exception (aiormq, aio-pika, asyncpg, provider SDKs) is
+translated at the boundary into one of these, so the code above the adapters
+decides by *kind*, never by library:
+
+    CasetrailError
+    ├── TransientError      retrying later may succeed (broker or database
+    │   │                   unreachable, provider overloaded)
+    │   ├── BusUnavailable
+    │   ├── StoreUnavailable
+    │   └── ModelUnavailable
+    └── PermanentError      retrying the same thing will fail the same way
+        ├── ModelRejected   the provider refused the request (4xx)
+        ├── PublishRejected the broker refused or returned a message
+        └── Reject          a message that cannot be processed: dead-letter it
+
+A tool failure is *not* an error here: it is an observation the model sees
+(see ``service.engine.tools``).
+"""
+
+from __future__ import annotations
+
+
+class CasetrailError(Exception):
+    """Base of every error casetrail raises on purpose."""
+
+
+class TransientError(CasetrailError):
+    """A failure that retrying later may cure."""
+
+
+class PermanentError(CasetrailError):
+    """A failure that retrying the same operation will not cure."""
+
+
+class BusUnavailable(TransientError):
+    """RabbitMQ could not be reached or dropped the channel."""
+
+
+class StoreUnavailable(TransientError):
+    """Postgres could not be reached or dropped the connection."""
+
+
+class ModelUnavailable(TransientError):
+    """The chat model provider is overloaded, timed out or unreachable."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ModelRejected(PermanentError):
+    """The chat model provider refused the request (bad request, auth, not found)."""
+
+
+class PublishRejected(PermanentError):
+    """The broker nacked or returned a published message."""
+
+
+class Reject(PermanentError):
+    """A message that can never be processed; it goes to the dead-letter queue.
+
+    ``reason`` travels with the dead-lettered message so an operator can see
+    why it was set aside.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,454 @@
+"""The event contract: the JSON that travels on the bus and lands in ``event_log``.
+
+This module does no I/O. The worker (producer) and the event-log consumer both
+import it, so what one writes the other reads by construction.
+
+Wire form: UTF-8 JSON, camelCase keys, produced and parsed with orjson and
+validated strictly by pydantic. A tool call's duration is a ``timedelta`` in
+Python and an integer ``durationMs`` on the wire, wherever it is nested.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal, TypeAlias
+
+import orjson
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+SCHEMA_VERSION: Literal[1] = 1
+EVENT_ID_NAMESPACE = uuid.UUID("6f1c2d4e-9a57-4c1b-8e3f-2b7a5d0c9e11")
+
+EventType: TypeAlias = Literal[
+    "CASE_STARTED",
+    "REACT_CYCLE",
+    "CASE_COMPLETED",
+    "CASE_FAILED",
+    "CASE_TIMED_OUT",
+    "CASE_CANCELLED",
+]
+EVENT_TYPES: tuple[EventType, ...] = (
+    "CASE_STARTED",
+    "REACT_CYCLE",
+    "CASE_COMPLETED",
+    "CASE_FAILED",
+    "CASE_TIMED_OUT",
+    "CASE_CANCELLED",
+)
+TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(
+    {"CASE_COMPLETED", "CASE_FAILED", "CASE_TIMED_OUT", "CASE_CANCELLED"}
+)
+
+JsonObject: TypeAlias = dict[str, Any]
+
+
+class InvalidEvent(ValueError):
+    """Raised by :func:`event_from_json` with a message naming the bad field."""
+
+
+def event_id_for(case_id: uuid.UUID, attempt: int, seq: int) -> uuid.UUID:
+    """The deterministic id of the event at ``(case_id, attempt, seq)``.
+
+    A re-publish of the same event therefore carries the same id and is
+    recognised as a duplicate, never stored as a twin.
+    """
+    return uuid.uuid5(EVENT_ID_NAMESPACE, f"{case_id}:{attempt}:{seq}")
+
+
+def _duration_from_wire(value: object) -> object:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("must be an integer number of milliseconds")
+    if value < 0:
+        raise ValueError("must not be negative")
+    return timedelta(milliseconds=value)
+
+
+def _duration_to_wire(value: timedelta) -> int:
+    return round(value / timedelta(milliseconds=1))
+
+
+Milliseconds = Annotated[
+    timedelta,
+    BeforeValidator(_duration_from_wire),
+    PlainSerializer(_duration_to_wire, return_type=int),
+]
+"""A ``timedelta`` in Python, an integer count of milliseconds on the wire."""
+
+
+def _utc_to_wire(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+UtcTimestamp = Annotated[AwareDatetime, PlainSerializer(_utc_to_wire, return_type=str)]
+"""An aware datetime, written as ISO 8601 in UTC with microseconds and ``Z``."""
+
+
+class ContractModel(BaseModel):
+    """Base of every contract type: camelCase on the wire, strict, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        strict=False,
+    )
+
+
+class TokenUsage(ContractModel):
+    """Tokens consumed by one model turn, or summed over a case."""
+
+    input_tokens: int = Field(ge=0, description="Prompt tokens billed by the provider.")
+    output_tokens: int = Field(ge=0, description="Completion tokens billed by the provider.")
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
+ZERO_USAGE = TokenUsage(input_tokens=0, output_tokens=0)
+
+
+class ToolAttempt(ContractModel):
+    """One attempt of a worker tool call on a capability worker."""
+
+    attempt: int = Field(ge=1, description="1 for the first try, 2 for the first retry, ...")
+    outcome: Literal["ok", "error", "timeout"] = Field(description="How this attempt ended.")
+    duration: Milliseconds = Field(alias="durationMs", description="Time this attempt took.")
+    error: str | None = Field(default=None, description="What went wrong, when it did.")
+    worker: str | None = Field(default=None, description="Which capability worker answered.")
+
+
+class ToolCallRecord(ContractModel):
+    """One tool call of a cycle: what was asked, what came back, from where, how long.
+
+    A failed call has ``error`` set and no ``toolResult``: nothing is invented.
+    """
+
+    tool_name: str = Field(description="The tool the model asked for.")
+    tool_args: JsonObject = Field(description="The arguments as the model gave them.")
+    tool_result: Any = Field(default=None, description="The tool's result; absent on error.")
+    tool_source: Literal["worker", "local"] = Field(
+        description="'worker' for a WorkerTool run on a capability worker, 'local' in process."
+    )
+    duration: Milliseconds = Field(
+        alias="durationMs", description="Wall time of the whole call, retries included."
+    )
+    tool_call_id: str | None = Field(default=None, description="The model's id for this call.")
+    error: str | None = Field(default=None, description="Why the call failed; absent on success.")
+    raw_args: str | None = Field(
+        default=None, description="The arguments text, kept when it was not a JSON object."
+    )
+    attempts: tuple[ToolAttempt, ...] = Field(
+        default=(), description="Each attempt of a worker tool call, in order."
+    )
+
+    @model_validator(mode="after")
+    def _error_excludes_result(self) -> ToolCallRecord:
+        if self.error is not None and self.tool_result is not None:
+            raise ValueError("a failed tool call carries an error and no toolResult")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        # Optional keys appear only when they carry something, so the seed's
+        # example round-trips key for key; a successful call whose result is
+        # JSON null still says so explicitly.
+        for key in ("toolCallId", "tool_call_id", "rawArgs", "raw_args"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        for key in ("attempts",):
+            if not data.get(key):
+                data.pop(key, None)
+        error_key = "error"
+        if data.get(error_key) is None:
+            data.pop(error_key, None)
+        else:
+            data.pop("toolResult", None)
+            data.pop("tool_result", None)
+        return data
+
+
+class ModelRetry(ContractModel):
+    """A retried model request inside one cycle: when, why, how long it waited."""
+
+    at: UtcTimestamp
+    reason: str
+    waited: Milliseconds = Field(alias="waitedMs")
+
+
+class ReactCyclePayload(ContractModel):
+    """One ReAct cycle: the model's reasoning, the tools it called, the tokens it used."""
+
+    cycle_index: int = Field(ge=0, description="0 for the first cycle of the attempt.")
+    reasoning_text: str = Field(description="The model's text for this turn.")
+    tool_calls: tuple[ToolCallRecord, ...] = Field(description="In the order the model asked.")
+    token_usage: TokenUsage = Field(description="Tokens of this turn.")
+    model: str | None = Field(default=None, description="The model that produced the turn.")
+    finish_reason: str | None = Field(default=None, description="Why the model stopped.")
+    model_retries: tuple[ModelRetry, ...] = Field(
+        default=(), description="Transient provider failures retried within this cycle."
+    )
+    trimmed_observations: tuple[str, ...] = Field(
+        default=(), description="Tool call ids whose observations were shortened for this turn."
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("model", "finishReason"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        for key in ("modelRetries", "trimmedObservations"):
+            if not data.get(key):
+                data.pop(key, None)
+        return data
+
+
+class ModelRef(ContractModel):
+    """Which chat model runs a case."""
+
+    provider: Literal["scripted", "openai", "anthropic"]
+    name: str = Field(min_length=1, max_length=200)
+    base_url: str | None = Field(default=None, max_length=2000)
+
+
+class Limits(ContractModel):
+    """Limits of one case; reaching one ends the case with its own terminal event."""
+
+    max_cycles: int = Field(ge=1, description="Model turns allowed in one attempt.")
+    deadline_seconds: float = Field(gt=0, description="Hard wall-clock limit of one attempt.")
+
+
+class ToolOffer(ContractModel):
+    """A tool offered to the model at the start of a case."""
+
+    name: str
+    source: Literal["worker", "local"]
+    description: str
+
+
+class CaseStartedPayload(ContractModel):
+    """The first event of every attempt: who runs the case, with what, on what input."""
+
+    agent: str
+    model: ModelRef
+    system_prompt_digest: str = Field(description="sha256 of the system prompt, hex.")
+    tools_offered: tuple[ToolOffer, ...]
+    limits: Limits
+    input: JsonObject
+    restart_reason: str | None = Field(
+        default=None, description="On attempt 2+, why the case started again."
+    )
+
+
+class CaseTotals(ContractModel):
+    """What every terminal event carries: cycles completed and tokens so far."""
+
+    cycles_completed: int = Field(ge=0)
+    token_totals: TokenUsage
+
+
+class CaseCompletedPayload(CaseTotals):
+    """The case ended with an answer."""
+
+    answer: JsonObject
+
+
+class CaseFailedPayload(CaseTotals):
+    """The case ended without an answer; ``reason_code`` says which way."""
+
+    reason_code: Literal["max_cycles", "model_error", "internal_error", "publish_error"]
+    message: str
+
+
+class CaseTimedOutPayload(CaseTotals):
+    """The attempt's hard deadline passed; in-flight calls were abandoned."""
+
+    deadline_seconds: float
+    message: str
+
+
+class CaseCancelledPayload(CaseTotals):
+    """Somebody asked the case to stop."""
+
+    while_queued: bool = Field(description="True when the case never started running.")
+    reason: str | None = None
+
+
+class EventBase(ContractModel):
+    """The envelope every event shares."""
+
+    event_id: uuid.UUID
+    case_id: uuid.UUID
+    attempt: int = Field(ge=1, description="Run of the case: 1, then 2 after a worker died.")
+    seq: int = Field(ge=0, description="0, 1, 2, ... within an attempt, without gaps.")
+    event_type: EventType
+    occurred_at: UtcTimestamp
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+    @model_validator(mode="after")
+    def _event_id_is_derived(self) -> EventBase:
+        if self.event_id != event_id_for(self.case_id, self.attempt, self.seq):
+            raise ValueError("eventId is not derived from (caseId, attempt, seq)")
+        return self
+
+    def to_json(self) -> bytes:
+        """The wire form: UTF-8 JSON bytes."""
+        return orjson.dumps(self.model_dump(mode="json", by_alias=True))
+
+    @property
+    def routing_key(self) -> str:
+        """``case.<caseId>.<EVENT_TYPE>`` on the events exchange."""
+        return f"case.{self.case_id}.{self.event_type}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.event_type in TERMINAL_EVENT_TYPES
+
+
+class CaseStarted(EventBase):
+    event_type: Literal["CASE_STARTED"] = "CASE_STARTED"
+    payload: CaseStartedPayload
+
+
+class ReactCycle(EventBase):
+    event_type: Literal["REACT_CYCLE"] = "REACT_CYCLE"
+    payload: ReactCyclePayload
+
+
+class CaseCompleted(EventBase):
+    event_type: Literal["CASE_COMPLETED"] = "CASE_COMPLETED"
+    payload: CaseCompletedPayload
+
+
+class CaseFailed(EventBase):
+    event_type: Literal["CASE_FAILED"] = "CASE_FAILED"
+    payload: CaseFailedPayload
+
+
+class CaseTimedOut(EventBase):
+    event_type: Literal["CASE_TIMED_OUT"] = "CASE_TIMED_OUT"
+    payload: CaseTimedOutPayload
+
+
+class CaseCancelled(EventBase):
+    event_type: Literal["CASE_CANCELLED"] = "CASE_CANCELLED"
+    payload: CaseCancelledPayload
+
+
+Event: TypeAlias = Annotated[
+    CaseStarted | ReactCycle | CaseCompleted | CaseFailed | CaseTimedOut | CaseCancelled,
+    Field(discriminator="event_type"),
+]
+TerminalEvent: TypeAlias = CaseCompleted | CaseFailed | CaseTimedOut | CaseCancelled
+TerminalPayload: TypeAlias = (
+    CaseCompletedPayload | CaseFailedPayload | CaseTimedOutPayload | CaseCancelledPayload
+)
+Payload: TypeAlias = CaseStartedPayload | ReactCyclePayload | TerminalPayload
+
+_EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+_EVENT_CLASSES: dict[str, type[EventBase]] = {
+    "CASE_STARTED": CaseStarted,
+    "REACT_CYCLE": ReactCycle,
+    "CASE_COMPLETED": CaseCompleted,
+    "CASE_FAILED": CaseFailed,
+    "CASE_TIMED_OUT": CaseTimedOut,
+    "CASE_CANCELLED": CaseCancelled,
+}
+_PAYLOAD_EVENT: dict[type[ContractModel], type[EventBase]] = {
+    CaseStartedPayload: CaseStarted,
+    ReactCyclePayload: ReactCycle,
+    CaseCompletedPayload: CaseCompleted,
+    CaseFailedPayload: CaseFailed,
+    CaseTimedOutPayload: CaseTimedOut,
+    CaseCancelledPayload: CaseCancelled,
+}
+MAX_EVENT_BYTES = 1_048_576
+"""Events larger than this are refused by the consumer (and never produced)."""
+
+
+def make_event(
+    case_id: uuid.UUID,
+    attempt: int,
+    seq: int,
+    payload: Payload,
+    occurred_at: datetime | None = None,
+) -> Event:
+    """Build the envelope around ``payload``; the event type follows from the payload's type."""
+    cls = _PAYLOAD_EVENT[type(payload)]
+    event = cls(
+        event_id=event_id_for(case_id, attempt, seq),
+        case_id=case_id,
+        attempt=attempt,
+        seq=seq,
+        occurred_at=occurred_at or datetime.now(UTC),
+        payload=payload,  # type: ignore[call-arg]
+    )
+    return event  # type: ignore[return-value]
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors(include_url=False):
+        location = ".".join(str(p) for p in item["loc"]) or "(root)"
+        parts.append(f"{location}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def event_from_json(data: bytes) -> Event:
+    """Parse and strictly validate one event; :class:`InvalidEvent` names what is wrong."""
+    if len(data) > MAX_EVENT_BYTES:
+        raise InvalidEvent(f"body of {len(data)} bytes exceeds the {MAX_EVENT_BYTES} byte limit")
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidEvent(f"not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise InvalidEvent("the event must be a JSON object")
+    version = raw.get("schemaVersion")
+    if version != SCHEMA_VERSION:
+        raise InvalidEvent(f"schemaVersion: {version!r} is not supported (expected 1)")
+    event_type = raw.get("eventType")
+    if event_type not in _EVENT_CLASSES:
+        raise InvalidEvent(f"eventType: unknown event type {event_type!r}")
+    try:
+        return _EVENT_ADAPTER.validate_python(raw)
+    except ValidationError as exc:
+        raise InvalidEvent(_describe(exc)) from None
+
+
+def event_type_of(event: Event) -> EventType:
+    return event.event_type
+
+
+def event_payload_json(event: Event) -> bytes:
+    """The payload alone, as stored in ``event_log.payload``."""
+    return orjson.dumps(event.payload.model_dump(mode="json", by_alias=True))
+
+
+def parse_payload(event_type: str, payload: bytes | str | JsonObject) -> Payload:
+    """Validate a stored payload back into its model (used when reading the trail)."""
+    cls = _EVENT_CLASSES[event_type]
+    model = cls.model_fields["payload"].annotation
+    raw = orjson.loads(payload) if isinstance(payload, bytes | str) else payload
+    assert isinstance(model, type) and issubclass(model, ContractModel)
+    return model.model_validate(raw)  # type: ignore[return-value]
