@@ -239,7 +239,7 @@ class ReactEngine:
     ) -> AssistantTurn:
         """One model turn; transient provider failures are retried with backoff and
         jitter (honouring ``Retry-After``) inside the deadline, and each retry is kept."""
-        backoff = wait_exponential_jitter(initial=0.5, max=20.0, jitter=0.5)
+        backoff = wait_exponential_jitter(multiplier=0.5, max=20.0, jitter=0.5)
         for attempt in range(1, MODEL_RETRY_ATTEMPTS + 1):
             try:
                 return await self._guard(state, cancel, model.request(state.messages, tools.specs))

@@ -1,0 +1,50 @@
+"""Small shared pieces for tests: an in-memory event sink (the engine's own
+interface, not a stand-in for the bus) and ways to build specs."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from service.agents import AGENTS, CAPABILITIES
+from service.engine.loop import CaseSpec
+from service.engine.tools import InProcessWorkerRuntime, ToolBox, ToolSource
+from service.events import Event, Limits, ModelRef
+
+
+class ListSink:
+    """Collects emitted events in order."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+    @property
+    def types(self) -> list[str]:
+        return [e.event_type for e in self.events]
+
+
+def spec_for(
+    case_input: dict[str, Any],
+    *,
+    agent: str = "loan-officer",
+    max_cycles: int = 8,
+    deadline: float = 30.0,
+    attempt: int = 1,
+) -> CaseSpec:
+    profile = AGENTS[agent]
+    return CaseSpec(
+        case_id=uuid.uuid4(),
+        attempt=attempt,
+        agent=agent,
+        system_prompt=profile.system_prompt,
+        input=case_input,
+        limits=Limits(max_cycles=max_cycles, deadline_seconds=deadline),
+        model=ModelRef(provider="scripted", name="test"),
+    )
+
+
+def toolbox(tools: tuple[ToolSource, ...] | None = None) -> ToolBox:
+    return ToolBox(tools or AGENTS["loan-officer"].tools, InProcessWorkerRuntime(CAPABILITIES))

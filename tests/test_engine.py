@@ -1,0 +1,230 @@
+"""The ReAct loop driven by the scripted model, asserted as whole event sequences."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from service.agents import AGENTS
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.engine.chat import AssistantTurn, ChatMessage, ToolCallRequest, ToolSpec
+from service.engine.loop import CancelSignal, ReactEngine, extract_answer
+from service.engine.scripted import ScriptedModel, call
+from service.engine.tools import InProcessWorkerRuntime, LocalTool, ToolBox, WorkerTool
+from service.errors import ModelRejected, ModelUnavailable
+from service.events import ZERO_USAGE, ReactCycle
+from tests.helpers import ListSink, spec_for, toolbox
+
+
+def assert_well_formed(sink: ListSink) -> None:
+    assert [e.seq for e in sink.events] == list(range(len(sink.events)))
+    assert sink.types[0] == "CASE_STARTED"
+    assert sum(e.is_terminal for e in sink.events) == 1
+    assert sink.events[-1].is_terminal
+    assert len({e.event_id for e in sink.events}) == len(sink.events)
+
+
+async def run(model: Any, tools: ToolBox | None = None, **spec: Any) -> ListSink:
+    sink = ListSink()
+    case_input = spec.pop("case_input", SAMPLE_APPLICATIONS[0])
+    cancel = spec.pop("cancel", None)
+    await ReactEngine(sink).run(spec_for(case_input, **spec), model, tools or toolbox(), cancel)
+    return sink
+
+
+@pytest.mark.parametrize(
+    ("application", "decision"),
+    list(zip(SAMPLE_APPLICATIONS, ["approve", "refer", "decline"], strict=True)),
+)
+async def test_loan_officer_reaches_known_decisions(application: dict[str, Any],
+                                                    decision: str) -> None:
+    sink = await run(ScriptedModel(AGENTS["loan-officer"].script), case_input=application)
+    assert_well_formed(sink)
+    assert sink.types == ["CASE_STARTED"] + ["REACT_CYCLE"] * 4 + ["CASE_COMPLETED"]
+    cycles = [e for e in sink.events if isinstance(e, ReactCycle)]
+    assert [c.payload.cycle_index for c in cycles] == [0, 1, 2, 3]
+    assert cycles[1].payload.reasoning_text.startswith("The credit score is")
+    names = [[t.tool_name for t in c.payload.tool_calls] for c in cycles]
+    assert names == [["credit-score"], ["risk-model-retrieval", "debt-to-income"],
+                     ["lending-policy"], []]
+    sources = {t.tool_name: t.tool_source for c in cycles for t in c.payload.tool_calls}
+    assert sources["credit-score"] == "worker" and sources["debt-to-income"] == "local"
+    terminal = sink.events[-1]
+    assert terminal.payload.answer["decision"] == decision  # type: ignore[union-attr]
+    total = sum((c.payload.token_usage for c in cycles), ZERO_USAGE)
+    assert terminal.payload.token_totals == total  # type: ignore[union-attr]
+    assert terminal.payload.cycles_completed == 4  # type: ignore[union-attr]
+    assert total.input_tokens > 0 and total.output_tokens > 0
+
+
+class Pair(BaseModel):
+    label: str
+
+
+async def test_parallel_tool_calls_run_concurrently_and_keep_order() -> None:
+    barrier = asyncio.Barrier(2)
+
+    async def meet(args: Pair) -> str:
+        # Each call waits for the other: run one after the other, they would
+        # never meet and the deadline would end the case.
+        await barrier.wait()
+        return args.label
+
+    tools = ToolBox([LocalTool("meet", "waits for a peer", Pair, meet)],
+                    InProcessWorkerRuntime({}))
+    model = ScriptedModel([
+        AssistantTurn("both", (call("meet", "a", label="first"),
+                               call("meet", "b", label="second"))),
+        AssistantTurn("done"),
+    ])
+    sink = await run(model, tools, deadline=5)
+    assert_well_formed(sink)
+    assert sink.types[-1] == "CASE_COMPLETED"
+    calls = sink.events[1].payload.tool_calls  # type: ignore[union-attr]
+    assert [(c.tool_call_id, c.tool_result) for c in calls] == [("a", "first"), ("b", "second")]
+
+
+async def test_every_tool_failure_is_an_observation_not_a_crash() -> None:
+    def explode(args: Pair) -> str:
+        raise RuntimeError("ledger offline")
+
+    tools = ToolBox(
+        [
+            LocalTool("explode", "always fails", Pair, explode),
+            LocalTool("echo", "echoes", Pair, lambda a: a.label),
+            WorkerTool("remote", "no worker serves it", "nobody-home", Pair),
+        ],
+        InProcessWorkerRuntime({}),
+    )
+    seen: list[list[str]] = []
+
+    def script(messages: Sequence[ChatMessage]) -> AssistantTurn:
+        if len(messages) == 2:
+            return AssistantTurn("try everything", (
+                call("missing-tool", "1"),
+                ToolCallRequest("2", "echo", None, raw_arguments="{label: oops"),
+                call("echo", "3", label=7),
+                call("explode", "4", label="x"),
+                call("remote", "5", label="x"),
+            ))
+        seen.append([m.content for m in messages[-5:]])  # type: ignore[union-attr]
+        return AssistantTurn("recovered")
+
+    sink = await run(ScriptedModel(script), tools)
+    assert_well_formed(sink)
+    assert sink.types[-1] == "CASE_COMPLETED"
+    records = sink.events[1].payload.tool_calls  # type: ignore[union-attr]
+    errors = [r.error for r in records]
+    assert all(e is not None for e in errors)
+    assert all(r.tool_result is None for r in records)
+    assert "unknown tool 'missing-tool'" in errors[0]  # type: ignore[operator]
+    assert "not a JSON object" in errors[1] and records[1].raw_args == "{label: oops"  # type: ignore[operator]
+    assert "label: Input should be a valid string" in errors[2]  # type: ignore[operator]
+    assert "ledger offline" in errors[3]  # type: ignore[operator]
+    assert "nobody-home" in errors[4]  # type: ignore[operator]
+    assert records[4].tool_source == "worker" and records[4].attempts[0].outcome == "error"
+    assert all(content.startswith("ERROR: ") for content in seen[0])
+    assert "null" not in [r.tool_result for r in records]
+
+
+async def test_max_cycles_fails_the_case_with_its_own_reason() -> None:
+    loop_forever = ScriptedModel(lambda m: AssistantTurn("again", (call("debt-to-income", "x",
+                                 monthlyDebt=1, monthlyIncome=2),)))
+    sink = await run(loop_forever, max_cycles=3)
+    assert_well_formed(sink)
+    assert sink.types == ["CASE_STARTED"] + ["REACT_CYCLE"] * 3 + ["CASE_FAILED"]
+    assert sink.events[-1].payload.reason_code == "max_cycles"  # type: ignore[union-attr]
+    assert sink.events[-1].payload.cycles_completed == 3  # type: ignore[union-attr]
+
+
+class SlowAfter:
+    """Answers ``fast`` turns at once, then takes ``delay`` seconds a turn."""
+
+    def __init__(self, fast: int, delay: float) -> None:
+        self.fast, self.delay, self.calls = fast, delay, 0
+
+    @property
+    def name(self) -> str:
+        return "slow-after"
+
+    async def request(self, messages: Sequence[ChatMessage],
+                      tools: Sequence[ToolSpec]) -> AssistantTurn:
+        self.calls += 1
+        if self.calls > self.fast:
+            await asyncio.sleep(self.delay)
+        return AssistantTurn("working", (call("debt-to-income", f"c{self.calls}", monthlyDebt=1,
+                                              monthlyIncome=2),))
+
+
+async def test_deadline_during_a_slow_model_call_counts_completed_cycles() -> None:
+    sink = await run(SlowAfter(fast=2, delay=30), deadline=0.5)
+    assert_well_formed(sink)
+    assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "REACT_CYCLE", "CASE_TIMED_OUT"]
+    assert sink.events[-1].payload.cycles_completed == 2  # type: ignore[union-attr]
+
+
+async def test_cancellation_during_a_model_call() -> None:
+    cancel = CancelSignal()
+    asyncio.get_running_loop().call_later(0.2, cancel.cancel, "applicant withdrew")
+    sink = await run(SlowAfter(fast=1, delay=30), cancel=cancel)
+    assert_well_formed(sink)
+    assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "CASE_CANCELLED"]
+    payload = sink.events[-1].payload
+    assert payload.reason == "applicant withdrew" and not payload.while_queued  # type: ignore[union-attr]
+
+
+async def test_cancellation_between_cycles_stops_before_the_next_model_call() -> None:
+    cancel = CancelSignal()
+
+    def cancel_now(args: Pair) -> str:
+        cancel.cancel("stop")
+        return "ok"
+
+    tools = ToolBox([LocalTool("stopper", "cancels", Pair, cancel_now)], InProcessWorkerRuntime({}))
+    model = ScriptedModel([AssistantTurn("go", (call("stopper", "1", label="x"),)),
+                           AssistantTurn("never asked")])
+    sink = await run(model, tools, cancel=cancel)
+    assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "CASE_CANCELLED"]
+    assert model._served == 1
+
+
+class Flaky:
+    def __init__(self, failures: list[Exception]) -> None:
+        self.failures = failures
+
+    @property
+    def name(self) -> str:
+        return "flaky"
+
+    async def request(self, messages: Sequence[ChatMessage],
+                      tools: Sequence[ToolSpec]) -> AssistantTurn:
+        if self.failures:
+            raise self.failures.pop(0)
+        return AssistantTurn('{"decision": "approve"}')
+
+
+async def test_transient_model_errors_are_retried_and_recorded() -> None:
+    sink = await run(Flaky([ModelUnavailable("429 slow down", retry_after=0.01),
+                            ModelUnavailable("503", retry_after=0.02)]))
+    assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "CASE_COMPLETED"]
+    retries = sink.events[1].payload.model_retries  # type: ignore[union-attr]
+    assert [r.reason for r in retries] == ["429 slow down", "503"]
+    assert sink.events[-1].payload.answer == {"decision": "approve"}  # type: ignore[union-attr]
+
+
+async def test_permanent_model_error_fails_the_case() -> None:
+    sink = await run(Flaky([ModelRejected("401 invalid api key")]))
+    assert sink.types == ["CASE_STARTED", "CASE_FAILED"]
+    assert sink.events[-1].payload.reason_code == "model_error"  # type: ignore[union-attr]
+    assert "401" in sink.events[-1].payload.message  # type: ignore[union-attr]
+
+
+def test_answer_extraction() -> None:
+    assert extract_answer('{"a": 1}') == {"a": 1}
+    assert extract_answer('text\n```json\n{"a": 2}\n```') == {"a": 2}
+    assert extract_answer("plain words") == {"answer": "plain words"}
+    assert extract_answer("[1, 2]") == {"answer": "[1, 2]"}

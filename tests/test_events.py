@@ -1,0 +1,125 @@
+"""The event contract: byte-level JSON form, the timedelta trap, strict rejection."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import orjson
+import pytest
+
+from service.events import (
+    CaseCompletedPayload,
+    InvalidEvent,
+    ReactCyclePayload,
+    TokenUsage,
+    ToolCallRecord,
+    event_from_json,
+    event_id_for,
+    make_event,
+)
+
+SEED_CYCLE = (
+    b'{"cycleIndex":2,"reasoningText":"The credit score is 720. I should now retrieve the risk '
+    b'model...","toolCalls":[{"toolName":"risk-model-retrieval","toolArgs":{"modelId":'
+    b'"standard-v2"},"toolResult":{"risk":"low","score":0.12},"toolSource":"worker",'
+    b'"durationMs":1450}],"tokenUsage":{"inputTokens":1240,"outputTokens":89}}'
+)
+CASE = uuid.UUID("0b6f8a8e-4f0e-4c7a-9d0e-5f3c1b2a9d10")
+
+
+def test_seed_react_cycle_round_trips_byte_for_byte() -> None:
+    payload = ReactCyclePayload.model_validate(orjson.loads(SEED_CYCLE))
+    assert payload.tool_calls[0].duration == timedelta(milliseconds=1450)
+    assert orjson.dumps(payload.model_dump(mode="json", by_alias=True)) == SEED_CYCLE
+
+
+def test_envelope_is_exact_and_event_id_is_deterministic() -> None:
+    payload = ReactCyclePayload.model_validate(orjson.loads(SEED_CYCLE))
+    at = datetime(2026, 11, 29, 19, 49, 19, 123456, tzinfo=UTC)
+    event = make_event(CASE, 1, 3, payload, occurred_at=at)
+    wire = orjson.loads(event.to_json())
+    assert list(wire) == [
+        "eventId", "caseId", "attempt", "seq", "eventType", "occurredAt", "schemaVersion",
+        "payload",
+    ]
+    assert wire["eventId"] == str(event_id_for(CASE, 1, 3))
+    assert wire["occurredAt"] == "2026-11-29T19:49:19.123456Z"
+    assert wire["eventType"] == "REACT_CYCLE"
+    assert wire["schemaVersion"] == 1
+    assert event_id_for(CASE, 1, 3) == event_id_for(CASE, 1, 3) != event_id_for(CASE, 2, 3)
+    assert event_from_json(event.to_json()) == event
+
+
+def test_nested_timedelta_serializes_as_integer_milliseconds() -> None:
+    record = ToolCallRecord(
+        tool_name="t", tool_args={}, tool_result=[1], tool_source="local",
+        duration=timedelta(seconds=1, microseconds=499_600),
+    )
+    payload = ReactCyclePayload(
+        cycle_index=0, reasoning_text="r", tool_calls=(record, record),
+        token_usage=TokenUsage(input_tokens=1, output_tokens=2),
+    )
+    wire = orjson.loads(make_event(CASE, 1, 0, payload).to_json())
+    assert [c["durationMs"] for c in wire["payload"]["toolCalls"]] == [1500, 1500]
+    assert all(isinstance(c["durationMs"], int) for c in wire["payload"]["toolCalls"])
+
+
+def test_failed_tool_call_has_error_and_no_result() -> None:
+    record = ToolCallRecord(
+        tool_name="t", tool_args={"a": 1}, tool_source="worker",
+        duration=timedelta(milliseconds=5), error="boom",
+    )
+    wire = orjson.loads(orjson.dumps(record.model_dump(mode="json", by_alias=True)))
+    assert wire["error"] == "boom"
+    assert "toolResult" not in wire
+    with pytest.raises(ValueError, match="no toolResult"):
+        ToolCallRecord(
+            tool_name="t", tool_args={}, tool_source="local", duration=timedelta(0),
+            tool_result={"x": 1}, error="boom",
+        )
+
+
+def _valid_wire() -> dict[str, object]:
+    payload = CaseCompletedPayload(
+        cycles_completed=1, token_totals=TokenUsage(input_tokens=1, output_tokens=1),
+        answer={"decision": "approve"},
+    )
+    result: dict[str, object] = orjson.loads(make_event(CASE, 1, 1, payload).to_json())
+    return result
+
+
+@pytest.mark.parametrize(
+    ("mutate", "names"),
+    [
+        (lambda w: w.__setitem__("schemaVersion", 2), "schemaVersion"),
+        (lambda w: w.__setitem__("eventType", "CASE_EXPLODED"), "eventType"),
+        (lambda w: w.pop("caseId"), "caseId"),
+        (lambda w: w["payload"].pop("answer"), "payload.answer"),
+        (lambda w: w["payload"].__setitem__("cyclesCompleted", "one"), "cyclesCompleted"),
+        (lambda w: w.__setitem__("seq", 7), "eventId"),
+        (lambda w: w.__setitem__("occurredAt", "2026-11-29T19:49:19"), "occurredAt"),
+        (lambda w: w["payload"].__setitem__("surprise", 1), "surprise"),
+    ],
+)
+def test_malformed_events_are_rejected_naming_the_field(mutate: object, names: str) -> None:
+    wire = _valid_wire()
+    mutate(wire)  # type: ignore[operator]
+    with pytest.raises(InvalidEvent, match=names):
+        event_from_json(orjson.dumps(wire))
+
+
+def test_invalid_json_and_oversized_bodies_are_rejected() -> None:
+    with pytest.raises(InvalidEvent, match="not valid JSON"):
+        event_from_json(b"{not json")
+    with pytest.raises(InvalidEvent, match="byte limit"):
+        event_from_json(b" " * 2_000_000)
+    with pytest.raises(InvalidEvent, match="JSON object"):
+        event_from_json(b"[1,2]")
+
+
+def test_duration_must_be_an_integer_on_the_wire() -> None:
+    raw = orjson.loads(SEED_CYCLE)
+    raw["toolCalls"][0]["durationMs"] = 1.5
+    with pytest.raises(ValueError, match="integer number of milliseconds"):
+        ReactCyclePayload.model_validate(raw)
