@@ -48,3 +48,17 @@ def spec_for(
 
 def toolbox(tools: tuple[ToolSource, ...] | None = None) -> ToolBox:
     return ToolBox(tools or AGENTS["loan-officer"].tools, InProcessWorkerRuntime(CAPABILITIES))
+
+
+async def wait_until(check: Any, timeout: float = 15.0, interval: float = 0.05) -> Any:
+    """Poll the async ``check`` until it returns something truthy; fail after ``timeout``."""
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
+        await asyncio.sleep(interval)

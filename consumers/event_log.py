@@ -1,0 +1,219 @@
+"""The event-log consumer: from ``<ns>.event-log`` into Postgres, exactly once.
+
+It takes messages in batches (up to ``batch_size``, or whatever arrived
+within ``linger`` of the first), validates each with the event contract,
+writes the valid ones in one transaction, and only then acknowledges the
+batch. Nothing is acknowledged before it is committed.
+
+- A message it cannot read (bad JSON, wrong schema version, missing field,
+  unknown type, oversized) goes to the dead-letter exchange with the reason in
+  its headers; its neighbours are stored.
+- The same ``(caseId, attempt, seq)`` arriving with other content is
+  dead-lettered as a conflict.
+- Postgres unavailable: nothing is acknowledged; the batch is retried with
+  backoff until it commits (or the consumer stops, and the broker redelivers).
+- A database error caused by one event (not the connection) is isolated by
+  writing the batch one event at a time; the culprit is dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import aiormq
+import asyncpg
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from tenacity import wait_exponential_jitter
+
+from consumers.writer import BatchOutcome, EventLogWriter
+from service.bus.publisher import Publisher
+from service.bus.topology import Topology
+from service.engine.loop import backoff_delay
+from service.errors import StoreUnavailable
+from service.events import Event, InvalidEvent, event_from_json
+
+log = logging.getLogger("casetrail.consumer")
+
+REASON_HEADER = "x-casetrail-reason"
+
+
+@dataclass
+class ConsumerStats:
+    """Running counts, for logs and tests."""
+
+    batches: int = 0
+    inserted: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    store_retries: int = 0
+
+
+@dataclass
+class EventLogConsumer:
+    """Consumes ``<ns>.event-log`` and persists it with ``EventLogWriter``."""
+
+    connection: AbstractRobustConnection
+    writer: EventLogWriter
+    topology: Topology
+    prefetch: int = 2000
+    batch_size: int = 500
+    linger: float = 0.005
+    stats: ConsumerStats = field(default_factory=ConsumerStats)
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        """Consume until ``stop`` is set; then finish or release the batch in flight."""
+        channel = await self.connection.channel()
+        await channel.set_qos(prefetch_count=self.prefetch)
+        await self.topology.declare(channel)
+        dead_letters = await Publisher.open(self.connection)
+        inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        queue = await channel.get_queue(self.topology.event_log_queue, ensure=False)
+
+        async def deliver(message: AbstractIncomingMessage) -> None:
+            inbox.put_nowait(message)
+
+        tag = await queue.consume(deliver)
+        if ready is not None:
+            ready.set()
+        log.info("consuming %s", self.topology.event_log_queue)
+        try:
+            while not stop.is_set():
+                batch = await self._collect(inbox, stop)
+                if batch:
+                    await self._handle(batch, dead_letters, stop)
+        finally:
+            # Unacknowledged messages (in the inbox, or a batch the store never
+            # took) return to the queue when the channel closes.
+            with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
+                await queue.cancel(tag)
+            await dead_letters.channel.close()
+            await channel.close()
+
+    async def _collect(
+        self, inbox: asyncio.Queue[AbstractIncomingMessage], stop: asyncio.Event
+    ) -> list[AbstractIncomingMessage]:
+        stopping = asyncio.ensure_future(stop.wait())
+        first = asyncio.ensure_future(inbox.get())
+        try:
+            await asyncio.wait({stopping, first}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not first.done():
+            first.cancel()
+            return []
+        batch = [first.result()]
+        deadline = asyncio.get_running_loop().time() + self.linger
+        while len(batch) < self.batch_size:
+            if inbox.empty():
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(inbox.get(), remaining))
+                except TimeoutError:
+                    break
+            else:
+                batch.append(inbox.get_nowait())
+        return batch
+
+    async def _handle(
+        self,
+        batch: list[AbstractIncomingMessage],
+        dead_letters: Publisher,
+        stop: asyncio.Event,
+    ) -> None:
+        readable: list[tuple[AbstractIncomingMessage, Event]] = []
+        rejected: list[tuple[AbstractIncomingMessage, str]] = []
+        for message in batch:
+            try:
+                readable.append((message, event_from_json(message.body)))
+            except InvalidEvent as exc:
+                rejected.append((message, str(exc)))
+        events = [event for _, event in readable]
+        outcome = await self._write(events, stop)
+        if outcome is None:
+            return  # stopping during an outage: the broker redelivers the batch
+        for index, reason in outcome.conflicts.items():
+            rejected.append((readable[index][0], reason))
+        for message, reason in rejected:
+            await self._dead_letter(dead_letters, message, reason)
+        await self._ack(batch)
+        self.stats.batches += 1
+        self.stats.inserted += outcome.inserted
+        self.stats.duplicates += outcome.duplicates
+        self.stats.dead_lettered += len(rejected)
+
+    async def _write(self, events: Sequence[Event], stop: asyncio.Event) -> BatchOutcome | None:
+        """Commit the batch, waiting out a Postgres outage; ``None`` if told to stop first."""
+        backoff = wait_exponential_jitter(multiplier=0.2, max=5.0)
+        failures = 0
+        while True:
+            try:
+                return await self.writer.write(events)
+            except StoreUnavailable as exc:
+                failures += 1
+                self.stats.store_retries += 1
+                delay = backoff_delay(backoff, failures)
+                log.warning("store unavailable (%s); retrying in %.1fs", exc, delay)
+                try:
+                    await asyncio.wait_for(stop.wait(), delay)
+                    return None
+                except TimeoutError:
+                    continue
+            except asyncpg.PostgresError as exc:
+                if len(events) == 1:
+                    return BatchOutcome(0, 0, {0: f"database refused the event: {exc}"})
+                log.warning("batch refused (%s); isolating the event that caused it", exc)
+                return await self._write_one_by_one(events, stop)
+
+    async def _write_one_by_one(
+        self, events: Sequence[Event], stop: asyncio.Event
+    ) -> BatchOutcome | None:
+        inserted = duplicates = 0
+        conflicts: dict[int, str] = {}
+        for index, event in enumerate(events):
+            outcome = await self._write([event], stop)
+            if outcome is None:
+                return None
+            inserted += outcome.inserted
+            duplicates += outcome.duplicates
+            if outcome.conflicts:
+                conflicts[index] = outcome.conflicts[0]
+        return BatchOutcome(inserted, duplicates, conflicts)
+
+    async def _dead_letter(
+        self, publisher: Publisher, message: AbstractIncomingMessage, reason: str
+    ) -> None:
+        log.warning("dead-lettering message %s: %s", message.message_id, reason)
+        await publisher.publish(
+            self.topology.dead_letter_exchange,
+            message.routing_key or "",
+            message.body,
+            message_id=message.message_id,
+            message_type=message.type,
+            correlation_id=message.correlation_id,
+            headers={
+                REASON_HEADER: reason[:4000],
+                "x-original-exchange": message.exchange or "",
+                "x-original-routing-key": message.routing_key or "",
+            },
+        )
+
+    async def _ack(self, batch: list[AbstractIncomingMessage]) -> None:
+        """Acknowledge the whole batch: one ``multiple`` ack per channel it came on.
+
+        A message from a channel that has since closed cannot be acked; the
+        broker redelivers it and the idempotent insert absorbs the repeat.
+        """
+        last_by_channel: dict[int, AbstractIncomingMessage] = {}
+        for message in batch:
+            last_by_channel[id(message.channel)] = message
+        for message in last_by_channel.values():
+            try:
+                await message.ack(multiple=True)
+            except (aiormq.exceptions.AMQPError, RuntimeError) as exc:
+                log.info("ack on a closed channel skipped (%s); redelivery is harmless", exc)

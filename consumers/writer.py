@@ -1,0 +1,167 @@
+"""Writes batches of events into ``event_log`` and keeps ``cases`` current, in one
+transaction per batch.
+
+Inserts are idempotent (``ON CONFLICT DO NOTHING`` on the event id, which is
+derived from ``(caseId, attempt, seq)``). A duplicate whose content differs
+from the stored row is reported as a conflict, never dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from service.events import Event, event_payload_json
+from service.store import translate_errors
+
+# One statement: insert what is new, then fold only the newly inserted rows
+# into their cases (so a redelivered event never counts twice). Terminal
+# statuses are sticky, so events arriving out of order cannot reopen a case.
+_INSERT_AND_FOLD = """
+WITH incoming AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::text[],
+                         $6::timestamptz[], $7::smallint[], $8::text[])
+        AS r(event_id, case_id, attempt, seq, event_type, occurred_at, schema_version, payload)
+), inserted AS (
+    INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
+                           schema_version, payload)
+    SELECT event_id, case_id, attempt, seq, event_type, occurred_at, schema_version,
+           payload::jsonb
+    FROM incoming
+    ON CONFLICT DO NOTHING
+    RETURNING event_id, case_id, attempt, seq, event_type, occurred_at, payload
+), folded AS (
+    SELECT case_id,
+           count(*) FILTER (WHERE event_type = 'REACT_CYCLE') AS cycles,
+           coalesce(sum((payload -> 'tokenUsage' ->> 'inputTokens')::bigint)
+                    FILTER (WHERE event_type = 'REACT_CYCLE'), 0) AS input_tokens,
+           coalesce(sum((payload -> 'tokenUsage' ->> 'outputTokens')::bigint)
+                    FILTER (WHERE event_type = 'REACT_CYCLE'), 0) AS output_tokens,
+           bool_or(event_type IN ('CASE_STARTED', 'REACT_CYCLE')) AS running,
+           min(occurred_at) FILTER (WHERE event_type = 'CASE_STARTED') AS started_at,
+           (array_agg(event_type ORDER BY attempt DESC, seq DESC)
+                FILTER (WHERE event_type IN ('CASE_COMPLETED', 'CASE_FAILED', 'CASE_TIMED_OUT',
+                                             'CASE_CANCELLED')))[1]
+               AS terminal_type,
+           (array_agg(payload ORDER BY attempt DESC, seq DESC)
+                FILTER (WHERE event_type IN ('CASE_COMPLETED', 'CASE_FAILED', 'CASE_TIMED_OUT',
+                                             'CASE_CANCELLED')))[1]
+               AS terminal_payload,
+           max(occurred_at) AS last_at
+    FROM inserted
+    GROUP BY case_id
+), updated AS (
+    UPDATE cases c SET
+        cycles = c.cycles + f.cycles,
+        input_tokens = c.input_tokens + f.input_tokens,
+        output_tokens = c.output_tokens + f.output_tokens,
+        status = CASE
+            WHEN c.status IN ('completed', 'failed', 'timed_out', 'cancelled') THEN c.status
+            WHEN f.terminal_type IS NOT NULL THEN lower(substr(f.terminal_type, 6))
+            WHEN f.running THEN 'running'
+            ELSE c.status END,
+        answer = CASE
+            WHEN c.status NOT IN ('completed', 'failed', 'timed_out', 'cancelled')
+                 AND f.terminal_type = 'CASE_COMPLETED' THEN f.terminal_payload -> 'answer'
+            ELSE c.answer END,
+        outcome = CASE
+            WHEN c.outcome IS NULL AND f.terminal_type IS NOT NULL
+                THEN f.terminal_payload - 'answer'
+            ELSE c.outcome END,
+        started_at = coalesce(c.started_at, f.started_at),
+        ended_at = CASE WHEN c.ended_at IS NULL AND f.terminal_type IS NOT NULL
+                        THEN f.last_at ELSE c.ended_at END,
+        updated_at = now()
+    FROM folded f
+    WHERE c.case_id = f.case_id
+    RETURNING c.case_id
+)
+SELECT event_id FROM inserted
+"""
+
+_CONFLICTS = """
+SELECT r.idx
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[])
+    AS r(event_id, event_type, payload, idx)
+JOIN event_log e USING (event_id)
+WHERE e.event_type <> r.event_type OR e.payload <> r.payload::jsonb
+"""
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What one batch did: how many rows were new, which events conflict (by index)."""
+
+    inserted: int
+    duplicates: int
+    conflicts: dict[int, str]
+
+
+class EventLogWriter:
+    """Persists events; each call to ``write`` is one transaction."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def write(self, events: Sequence[Event]) -> BatchOutcome:
+        """Store ``events`` once each and fold them into ``cases``; commit; report.
+
+        Raises ``StoreUnavailable`` when Postgres cannot be reached (nothing
+        committed), and lets other database errors through for the caller to
+        isolate the event that caused them.
+        """
+        if not events:
+            return BatchOutcome(0, 0, {})
+        payloads = [event_payload_json(e).decode() for e in events]
+        columns = (
+            [e.event_id for e in events],
+            [e.case_id for e in events],
+            [e.attempt for e in events],
+            [e.seq for e in events],
+            [e.event_type for e in events],
+            [e.occurred_at for e in events],
+            [e.schema_version for e in events],
+            payloads,
+        )
+        async with translate_errors(), self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(_INSERT_AND_FOLD, *columns)
+            conflicts: dict[int, str] = {}
+            if len(rows) < len(events):
+                conflicts = await self._conflicts(conn, events, payloads, rows)
+        return BatchOutcome(len(rows), len(events) - len(rows) - len(conflicts), conflicts)
+
+    async def _conflicts(
+        self,
+        conn: Any,
+        events: Sequence[Event],
+        payloads: list[str],
+        inserted: list[asyncpg.Record],
+    ) -> dict[int, str]:
+        new = {row["event_id"] for row in inserted}
+        first_seen: dict[object, int] = {}
+        candidates = []
+        for index, event in enumerate(events):
+            if event.event_id in new and event.event_id not in first_seen:
+                first_seen[event.event_id] = index  # this copy was the one stored
+                continue
+            candidates.append(index)
+        if not candidates:
+            return {}
+        rows = await conn.fetch(
+            _CONFLICTS,
+            [events[i].event_id for i in candidates],
+            [events[i].event_type for i in candidates],
+            [payloads[i] for i in candidates],
+            candidates,
+        )
+        return {
+            row["idx"]: (
+                f"conflict: event {events[row['idx']].event_id} (case "
+                f"{events[row['idx']].case_id}, attempt {events[row['idx']].attempt}, seq "
+                f"{events[row['idx']].seq}) is already stored with different content"
+            )
+            for row in rows
+        }

@@ -1,0 +1,1 @@
+"""RabbitMQ adapters: the topology, the one place that publishes, and message codecs."""

@@ -1,0 +1,149 @@
+"""Every exchange and queue casetrail uses, declared once, with the reliability
+settings spelled out.
+
+All names carry the namespace prefix (``CASETRAIL_NAMESPACE``), so tests and
+benchmarks run beside a live stack without touching it.
+
+    <ns>.events          topic, durable     every event; key case.<caseId>.<EVENT_TYPE>
+      └─ <ns>.event-log  quorum queue       bound case.#; the consumer persists it
+    <ns>.commands        direct, durable    start commands
+      └─ <ns>.case-start quorum queue       bound case.start; the workers run it
+    <ns>.cancel          fanout, durable    cancel broadcast; each worker binds an
+                                            exclusive auto-delete queue
+    <ns>.capabilities    direct, durable    WorkerTool requests; key = capability name
+      └─ <ns>.capability.<name>  quorum     one per capability
+    <ns>.dead-letter     fanout, durable    whatever cannot be processed
+      └─ <ns>.dead-letters quorum queue     kept for an operator, with the reason
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+
+EVENT_LOG_DELIVERY_LIMIT = 5
+"""A message redelivered this often (the consumer crashed on it each time) is dead-lettered.
+RabbitMQ 3.10 quorum queues have no default limit, so it is set explicitly."""
+
+CASE_START_DELIVERY_LIMIT = 50
+"""Start commands come back on every worker death or graceful hand-back; a case must
+not be dropped for that, so the limit is generous."""
+
+CAPABILITY_DELIVERY_LIMIT = 5
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The names of one namespace's exchanges and queues."""
+
+    namespace: str
+
+    @property
+    def events_exchange(self) -> str:
+        return f"{self.namespace}.events"
+
+    @property
+    def event_log_queue(self) -> str:
+        return f"{self.namespace}.event-log"
+
+    @property
+    def commands_exchange(self) -> str:
+        return f"{self.namespace}.commands"
+
+    @property
+    def case_start_queue(self) -> str:
+        return f"{self.namespace}.case-start"
+
+    @property
+    def cancel_exchange(self) -> str:
+        return f"{self.namespace}.cancel"
+
+    @property
+    def capabilities_exchange(self) -> str:
+        return f"{self.namespace}.capabilities"
+
+    def capability_queue(self, capability: str) -> str:
+        return f"{self.namespace}.capability.{capability}"
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.namespace}.dead-letter"
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return f"{self.namespace}.dead-letters"
+
+    START_KEY = "case.start"
+
+    def _quorum(self, delivery_limit: int) -> dict[str, Any]:
+        # Quorum: replicated and durable, and it counts deliveries so that a
+        # message which keeps killing its consumer is set aside instead of
+        # looping forever.
+        return {
+            "x-queue-type": "quorum",
+            "x-delivery-limit": delivery_limit,
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+        }
+
+    async def declare(self, channel: AbstractChannel) -> None:
+        """Declare everything (idempotent: the same arguments every time)."""
+        dlx = await channel.declare_exchange(
+            self.dead_letter_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        dead = await channel.declare_queue(
+            self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
+        )
+        await dead.bind(dlx, routing_key="#")
+        events = await self.declare_events_exchange(channel)
+        log = await channel.declare_queue(
+            self.event_log_queue, durable=True, arguments=self._quorum(EVENT_LOG_DELIVERY_LIMIT)
+        )
+        await log.bind(events, routing_key="case.#")
+        commands = await channel.declare_exchange(
+            self.commands_exchange, aio_pika.ExchangeType.DIRECT, durable=True
+        )
+        start = await channel.declare_queue(
+            self.case_start_queue, durable=True, arguments=self._quorum(CASE_START_DELIVERY_LIMIT)
+        )
+        await start.bind(commands, routing_key=self.START_KEY)
+        await channel.declare_exchange(
+            self.cancel_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        await channel.declare_exchange(
+            self.capabilities_exchange, aio_pika.ExchangeType.DIRECT, durable=True
+        )
+
+    async def declare_events_exchange(self, channel: AbstractChannel) -> AbstractExchange:
+        return await channel.declare_exchange(
+            self.events_exchange, aio_pika.ExchangeType.TOPIC, durable=True
+        )
+
+    async def declare_capability_queue(
+        self, channel: AbstractChannel, capability: str
+    ) -> AbstractQueue:
+        exchange = await channel.declare_exchange(
+            self.capabilities_exchange, aio_pika.ExchangeType.DIRECT, durable=True
+        )
+        queue = await channel.declare_queue(
+            self.capability_queue(capability),
+            durable=True,
+            arguments=self._quorum(CAPABILITY_DELIVERY_LIMIT),
+        )
+        await queue.bind(exchange, routing_key=capability)
+        return queue
+
+    async def delete_all(self, channel: AbstractChannel, capabilities: list[str]) -> None:
+        """Remove the namespace (tests and benchmarks). Quorum queues refuse aio-pika's
+        default ``if_unused=True``, which would close the connection."""
+        queues = [self.event_log_queue, self.case_start_queue, self.dead_letter_queue]
+        queues += [self.capability_queue(c) for c in capabilities]
+        for name in queues:
+            await channel.queue_delete(name, if_unused=False, if_empty=False)
+        for name in (
+            self.events_exchange, self.commands_exchange, self.cancel_exchange,
+            self.capabilities_exchange, self.dead_letter_exchange,
+        ):
+            await channel.exchange_delete(name)

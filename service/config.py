@@ -1,0 +1,44 @@
+"""Settings, from the environment (``CASETRAIL_*``), through pydantic-settings."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob casetrail reads. Each field is ``CASETRAIL_<NAME>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="CASETRAIL_", extra="ignore")
+
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/casetrail"
+    namespace: str = Field(default="casetrail", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    max_body_bytes: int = Field(default=256 * 1024, description="Larger request bodies get 413.")
+    max_cycles_cap: int = Field(default=50, description="Highest maxCycles a case may ask for.")
+    max_deadline_seconds: float = Field(
+        default=600.0,
+        description="Highest deadline a case may ask for; well below RabbitMQ's 30 min "
+        "consumer_timeout, which would otherwise close the worker's channel.",
+    )
+
+    worker_concurrency: int = Field(default=256, description="Cases one worker runs at once.")
+    lease_seconds: float = Field(default=15.0, description="A worker's claim on a running case.")
+
+    consumer_prefetch: int = 2000
+    consumer_batch_size: int = 500
+    consumer_linger_ms: float = 5.0
+
+    capability_concurrency: int = 64
+    tool_timeout_seconds: float = 10.0
+    tool_attempts: int = 3
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,279 @@
+"""Postgres adapter for the API and the workers: cases, claims, and the auditor's query.
+
+Only this module and the event-log writer speak SQL. asyncpg's exceptions are
+translated here: a lost or refused connection becomes ``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import asyncpg
+import orjson
+
+from service.errors import StoreUnavailable
+from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
+
+TERMINAL_STATUSES = frozenset({"completed", "failed", "timed_out", "cancelled"})
+
+_TRANSIENT = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.AdminShutdownError,
+)
+
+
+@asynccontextmanager
+async def translate_errors() -> AsyncIterator[None]:
+    """Turn connection-level asyncpg failures into ``StoreUnavailable``."""
+    try:
+        yield
+    except _TRANSIENT as exc:
+        raise StoreUnavailable(f"Postgres unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for kind in ("json", "jsonb"):
+        await conn.set_type_codec(
+            kind, encoder=lambda v: orjson.dumps(v).decode(), decoder=orjson.loads,
+            schema="pg_catalog",
+        )
+
+
+async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    async with translate_errors():
+        pool = await asyncpg.create_pool(
+            url, min_size=min_size, max_size=max_size, init=_init_connection
+        )
+    assert pool is not None
+    return pool
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """One row of ``event_log`` as the trail shows it."""
+
+    event_id: uuid.UUID
+    case_id: uuid.UUID
+    attempt: int
+    seq: int
+    event_type: str
+    occurred_at: datetime
+    recorded_at: datetime
+    schema_version: int
+    payload: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        """The envelope form (camelCase), as on the bus, plus ``recordedAt``."""
+        return {
+            "eventId": str(self.event_id),
+            "caseId": str(self.case_id),
+            "attempt": self.attempt,
+            "seq": self.seq,
+            "eventType": self.event_type,
+            "occurredAt": self.occurred_at.isoformat().replace("+00:00", "Z"),
+            "recordedAt": self.recorded_at.isoformat().replace("+00:00", "Z"),
+            "schemaVersion": self.schema_version,
+            "payload": self.payload,
+        }
+
+
+@dataclass(frozen=True)
+class NewCase:
+    case_id: uuid.UUID
+    agent: str
+    input: dict[str, Any]
+    model: dict[str, Any]
+    limits: dict[str, Any]
+    request_digest: str
+    idempotency_key: str | None
+
+
+ClaimOutcome = Literal["run", "ended", "busy", "cancel_queued", "unknown"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a worker may do with a start command it received."""
+
+    outcome: ClaimOutcome
+    attempt: int = 0
+    cancel_reason: str | None = None
+    restart_reason: str | None = None
+
+
+class CaseStore:
+    """Cases, claims on them, cancellation requests and the auditor's query."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def ping(self) -> None:
+        async with translate_errors():
+            await self._pool.fetchval("SELECT 1")
+
+    async def insert_case(self, case: NewCase) -> tuple[dict[str, Any], bool]:
+        """Insert a queued case; with an idempotency key already used, return that case.
+
+        Returns ``(row, created)``.
+        """
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                """INSERT INTO cases (case_id, agent, input, model, limits, request_digest,
+                                      idempotency_key)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7)
+                   ON CONFLICT (idempotency_key) DO NOTHING
+                   RETURNING *""",
+                case.case_id, case.agent, case.input, case.model, case.limits,
+                case.request_digest, case.idempotency_key,
+            )
+            if row is not None:
+                return dict(row), True
+            existing = await self._pool.fetchrow(
+                "SELECT * FROM cases WHERE idempotency_key = $1", case.idempotency_key
+            )
+        assert existing is not None
+        return dict(existing), False
+
+    async def delete_unstarted(self, case_id: uuid.UUID) -> None:
+        """Remove a case whose start command the broker would not take (no events exist)."""
+        async with translate_errors():
+            await self._pool.execute(
+                "DELETE FROM cases WHERE case_id = $1 AND attempts_claimed = 0", case_id
+            )
+
+    async def get_case(self, case_id: uuid.UUID) -> dict[str, Any] | None:
+        async with translate_errors():
+            row = await self._pool.fetchrow("SELECT * FROM cases WHERE case_id = $1", case_id)
+        return None if row is None else dict(row)
+
+    async def find_by_case_and_types(
+        self, case_id: uuid.UUID, types: Sequence[str] | None = None
+    ) -> list[StoredEvent]:
+        """The auditor's query: one case's events of the given types, in ``(attempt, seq)``
+        order."""
+        wanted = list(types) if types else list(EVENT_TYPES)
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                """SELECT event_id, case_id, attempt, seq, event_type, occurred_at, recorded_at,
+                          schema_version, payload
+                   FROM event_log
+                   WHERE case_id = $1 AND event_type = ANY($2::text[])
+                   ORDER BY attempt, seq""",
+                case_id, wanted,
+            )
+        return [StoredEvent(**dict(r)) for r in rows]
+
+    async def claim(self, case_id: uuid.UUID, owner: str, lease_seconds: float) -> Claim:
+        """Claim the next attempt of a case for ``owner``, atomically.
+
+        ``run``: go, as ``attempt``. ``ended``: a terminal event already exists; ack.
+        ``busy``: a live lease is held elsewhere (a redelivery beside a live attempt); wait.
+        ``cancel_queued``: cancelled before any attempt; publish ``CASE_CANCELLED``.
+        ``unknown``: no such case.
+        """
+        async with translate_errors(), self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                """SELECT status, attempts_claimed, lease_owner, terminal_published,
+                          cancel_requested_at, cancel_reason,
+                          lease_expires_at > now() AS lease_live
+                   FROM cases WHERE case_id = $1 FOR UPDATE""",
+                case_id,
+            )
+            if row is None:
+                return Claim("unknown")
+            ended = row["terminal_published"] or row["status"] in TERMINAL_STATUSES
+            if not ended:
+                ended = bool(await conn.fetchval(
+                    """SELECT 1 FROM event_log WHERE case_id = $1
+                       AND event_type = ANY($2::text[]) LIMIT 1""",
+                    case_id, list(TERMINAL_EVENT_TYPES),
+                ))
+            if ended:
+                return Claim("ended")
+            if row["lease_live"] and row["lease_owner"] != owner:
+                return Claim("busy")
+            if row["cancel_requested_at"] is not None and row["attempts_claimed"] == 0:
+                await conn.execute(
+                    """UPDATE cases SET attempts_claimed = 1, lease_owner = $2,
+                       lease_expires_at = now() + make_interval(secs => $3) WHERE case_id = $1""",
+                    case_id, owner, lease_seconds,
+                )
+                return Claim("cancel_queued", attempt=1, cancel_reason=row["cancel_reason"])
+            attempt = row["attempts_claimed"] + 1
+            await conn.execute(
+                """UPDATE cases SET attempts_claimed = $2, lease_owner = $3,
+                   lease_expires_at = now() + make_interval(secs => $4) WHERE case_id = $1""",
+                case_id, attempt, owner, lease_seconds,
+            )
+        restart = None
+        if attempt > 1:
+            restart = (
+                f"attempt {attempt - 1} (worker {row['lease_owner']}) stopped without a terminal "
+                "event; its start command was redelivered"
+            )
+        return Claim(
+            "run", attempt=attempt, cancel_reason=row["cancel_reason"], restart_reason=restart
+        )
+
+    async def take_queued_for_cancel(
+        self, case_id: uuid.UUID, owner: str, lease_seconds: float
+    ) -> bool:
+        """Claim attempt 1 of a cancelled case that no worker has started, so its
+        ``CASE_CANCELLED`` can be published at once; False when a worker got there first."""
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                """UPDATE cases SET attempts_claimed = 1, lease_owner = $2,
+                          lease_expires_at = now() + make_interval(secs => $3)
+                   WHERE case_id = $1 AND attempts_claimed = 0
+                     AND cancel_requested_at IS NOT NULL
+                   RETURNING case_id""",
+                case_id, owner, lease_seconds,
+            )
+        return row is not None
+
+    async def renew_leases(self, case_ids: Sequence[uuid.UUID], owner: str,
+                           lease_seconds: float) -> None:
+        if not case_ids:
+            return
+        async with translate_errors():
+            await self._pool.execute(
+                """UPDATE cases SET lease_expires_at = now() + make_interval(secs => $3)
+                   WHERE case_id = ANY($1::uuid[]) AND lease_owner = $2""",
+                list(case_ids), owner, lease_seconds,
+            )
+
+    async def mark_terminal_published(self, case_id: uuid.UUID) -> None:
+        """The worker's note that this case's terminal event is confirmed by the broker."""
+        async with translate_errors():
+            await self._pool.execute(
+                """UPDATE cases SET terminal_published = true, lease_owner = NULL,
+                   lease_expires_at = NULL WHERE case_id = $1""",
+                case_id,
+            )
+
+    async def request_cancel(
+        self, case_id: uuid.UUID, reason: str | None
+    ) -> Literal["requested", "ended", "unknown"]:
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                """UPDATE cases SET cancel_requested_at = coalesce(cancel_requested_at, now()),
+                          cancel_reason = coalesce(cancel_reason, $2), updated_at = now()
+                   WHERE case_id = $1
+                     AND NOT terminal_published
+                     AND status NOT IN ('completed', 'failed', 'timed_out', 'cancelled')
+                   RETURNING case_id""",
+                case_id, reason,
+            )
+            if row is not None:
+                return "requested"
+            exists = await self._pool.fetchval("SELECT 1 FROM cases WHERE case_id = $1", case_id)
+        return "ended" if exists else "unknown"

@@ -1,0 +1,93 @@
+"""Test fixtures: a private database and a private bus namespace per test session,
+on the real Postgres and the real RabbitMQ, dropped afterwards.
+
+A guard makes any name lookup of a non-local host fail, so no test can reach a
+real LLM provider (or anything else off this machine).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aio_pika
+import asyncpg
+import pytest
+
+from service.agents import CAPABILITIES
+from service.bus.topology import Topology
+from service.config import Settings
+from service.migrate import database_name, migrate
+from service.store import create_pool
+
+_LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0", ""}
+_real_getaddrinfo = socket.getaddrinfo
+
+
+def _guarded_getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+    name = host.decode() if isinstance(host, bytes) else (host or "")
+    if name not in _LOCAL and not name.startswith("127."):
+        raise RuntimeError(f"tests must not reach {name!r}: only this machine is allowed")
+    return _real_getaddrinfo(host, *args, **kwargs)
+
+
+socket.getaddrinfo = _guarded_getaddrinfo
+
+
+BASE_AMQP = os.environ.get("CASETRAIL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+BASE_DB = os.environ.get("CASETRAIL_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/casetrail")
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    suffix = uuid.uuid4().hex[:8]
+    db_url = BASE_DB.rsplit("/", 1)[0] + f"/casetrail_test_{suffix}"
+    return Settings(
+        amqp_url=BASE_AMQP,
+        database_url=db_url,
+        namespace=f"casetrail-test-{suffix}",
+        consumer_linger_ms=2.0,
+        lease_seconds=3.0,
+        tool_timeout_seconds=2.0,
+    )
+
+
+@pytest.fixture(scope="session")
+def topology(settings: Settings) -> Topology:
+    return Topology(settings.namespace)
+
+
+@pytest.fixture(scope="session")
+async def database(settings: Settings) -> AsyncIterator[str]:
+    await migrate(settings.database_url)
+    yield settings.database_url
+    admin = await asyncpg.connect(settings.database_url.rsplit("/", 1)[0] + "/postgres")
+    try:
+        await admin.execute(
+            f'DROP DATABASE IF EXISTS "{database_name(settings.database_url)}" WITH (FORCE)'
+        )
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(scope="session")
+async def pool(database: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(database, max_size=10)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture(scope="session")
+async def amqp(settings: Settings, topology: Topology) -> AsyncIterator[
+    aio_pika.abc.AbstractRobustConnection
+]:
+    connection = await aio_pika.connect_robust(settings.amqp_url)
+    channel = await connection.channel()
+    await topology.declare(channel)
+    yield connection
+    channel = await connection.channel()
+    await topology.delete_all(channel, [*sorted(CAPABILITIES), "nobody-home", "slow-echo"])
+    await connection.close()

@@ -1,0 +1,264 @@
+"""The durable pipeline against the real RabbitMQ and Postgres: publisher → broker →
+event-log consumer → event_log and cases."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import aio_pika
+import asyncpg
+import orjson
+import pytest
+
+from consumers.event_log import REASON_HEADER, EventLogConsumer
+from consumers.writer import EventLogWriter
+from service.bus.publisher import EventPublisher, Publisher
+from service.bus.topology import Topology
+from service.errors import PublishRejected
+from service.events import (
+    ZERO_USAGE,
+    CaseCancelledPayload,
+    CaseCompletedPayload,
+    CaseFailedPayload,
+    CaseStartedPayload,
+    CaseTimedOutPayload,
+    Event,
+    Limits,
+    ModelRef,
+    ReactCyclePayload,
+    TokenUsage,
+    ToolCallRecord,
+    event_from_json,
+    make_event,
+)
+from service.store import CaseStore, NewCase
+from tests.helpers import wait_until
+
+USAGE = TokenUsage(input_tokens=100, output_tokens=10)
+
+
+@pytest.fixture(scope="module")
+async def consumer(
+    amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool, topology: Topology
+) -> AsyncIterator[EventLogConsumer]:
+    stop, ready = asyncio.Event(), asyncio.Event()
+    worker = EventLogConsumer(amqp, EventLogWriter(pool), topology, linger=0.002)
+    task = asyncio.create_task(worker.run(stop, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    yield worker
+    stop.set()
+    await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture(scope="module")
+async def publisher(amqp: aio_pika.abc.AbstractRobustConnection) -> Publisher:
+    return await Publisher.open(amqp)
+
+
+@pytest.fixture(scope="module")
+def sink(publisher: Publisher, topology: Topology) -> EventPublisher:
+    return EventPublisher(publisher, topology)
+
+
+def started(case_id: uuid.UUID, attempt: int = 1) -> Event:
+    return make_event(case_id, attempt, 0, CaseStartedPayload(
+        agent="loan-officer", model=ModelRef(provider="scripted", name="s"),
+        system_prompt_digest="ab" * 32, tools_offered=(),
+        limits=Limits(max_cycles=3, deadline_seconds=10), input={"applicantId": "A-1001"},
+    ))
+
+
+def cycle(case_id: uuid.UUID, seq: int, index: int, attempt: int = 1, calls: int = 2) -> Event:
+    records = tuple(
+        ToolCallRecord(
+            tool_name=f"tool-{i}", tool_args={"i": i}, tool_result={"ok": i},
+            tool_source="worker" if i % 2 == 0 else "local",
+            duration=timedelta(milliseconds=10 + i), tool_call_id=f"c{i}",
+        )
+        for i in range(calls)
+    )
+    return make_event(case_id, attempt, seq, ReactCyclePayload(
+        cycle_index=index, reasoning_text=f"thinking {index}", tool_calls=records,
+        token_usage=USAGE,
+    ))
+
+
+def completed(case_id: uuid.UUID, seq: int, cycles: int = 1) -> Event:
+    return make_event(case_id, 1, seq, CaseCompletedPayload(
+        cycles_completed=cycles, token_totals=USAGE, answer={"decision": "approve"},
+    ))
+
+
+async def stored(pool: asyncpg.Pool, case_id: uuid.UUID) -> list[Event]:
+    rows = await CaseStore(pool).find_by_case_and_types(case_id)
+    return [event_from_json(orjson.dumps({k: v for k, v in r.as_json().items()
+                                          if k != "recordedAt"})) for r in rows]
+
+
+async def count_rows(pool: asyncpg.Pool, case_id: uuid.UUID, n: int) -> bool:
+    return bool(await pool.fetchval(
+        "SELECT count(*) = $2 FROM event_log WHERE case_id = $1", case_id, n))
+
+
+async def new_case(pool: asyncpg.Pool) -> uuid.UUID:
+    case_id = uuid.uuid4()
+    await CaseStore(pool).insert_case(NewCase(
+        case_id, "loan-officer", {}, {"provider": "scripted"}, {}, "digest", None))
+    return case_id
+
+
+async def test_every_event_type_round_trips_through_the_real_broker(
+    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool
+) -> None:
+    terminals: list[Any] = [
+        CaseCompletedPayload(cycles_completed=1, token_totals=USAGE,
+                             answer={"decision": "approve", "n": [1, None]}),
+        CaseFailedPayload(cycles_completed=1, token_totals=USAGE, reason_code="max_cycles",
+                          message="no answer"),
+        CaseTimedOutPayload(cycles_completed=1, token_totals=USAGE, deadline_seconds=1.5,
+                            message="late"),
+        CaseCancelledPayload(cycles_completed=1, token_totals=USAGE, while_queued=False,
+                             reason="withdrawn"),
+    ]
+    for terminal in terminals:
+        case_id = uuid.uuid4()
+        sent = [started(case_id), cycle(case_id, 1, 0), make_event(case_id, 1, 2, terminal)]
+        for event in sent:
+            await sink.emit(event)
+        await wait_until(lambda c=case_id: count_rows(pool, c, 3))
+        assert await stored(pool, case_id) == sent
+
+
+async def test_the_bus_carries_bytes_only(publisher: Publisher, topology: Topology) -> None:
+    event = started(uuid.uuid4())
+    with pytest.raises(TypeError, match="carries bytes"):
+        await publisher.publish(
+            topology.events_exchange, event.routing_key, event  # type: ignore[arg-type]
+        )
+    with pytest.raises(TypeError, match="carries bytes"):
+        await publisher.publish(topology.events_exchange, event.routing_key,
+                                event.model_dump())  # type: ignore[arg-type]
+
+
+async def test_unroutable_publish_raises(publisher: Publisher, topology: Topology) -> None:
+    with pytest.raises(PublishRejected, match=r"NO_ROUTE|312"):
+        await publisher.publish(topology.commands_exchange, "no-such-key", b"{}")
+
+
+async def test_redelivery_is_stored_once_and_order_is_restored(
+    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool
+) -> None:
+    case_id = await new_case(pool)
+    events = [started(case_id), cycle(case_id, 1, 0), cycle(case_id, 2, 1), completed(case_id, 3)]
+    for event in [events[2], events[0], events[3], events[0], events[1], events[2]]:
+        await sink.emit(event)
+    await wait_until(lambda: count_rows(pool, case_id, 4))
+    await asyncio.sleep(0.3)  # any late duplicate would land by now
+    assert await count_rows(pool, case_id, 4)
+    assert await stored(pool, case_id) == events
+    row = await CaseStore(pool).get_case(case_id)
+    assert row is not None
+    assert row["status"] == "completed"
+    assert row["cycles"] == 2  # duplicates never count twice
+    assert row["input_tokens"] == 200
+    assert row["answer"] == {"decision": "approve"}
+
+
+async def test_cases_status_follows_the_events(
+    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool
+) -> None:
+    store = CaseStore(pool)
+    case_id = await new_case(pool)
+    assert (await store.get_case(case_id) or {})["status"] == "queued"
+    await sink.emit(started(case_id))
+
+    async def status_is(expected: str) -> bool:
+        return (await store.get_case(case_id) or {}).get("status") == expected
+
+    await wait_until(lambda: status_is("running"))
+    await sink.emit(make_event(case_id, 1, 1, CaseFailedPayload(
+        cycles_completed=0, token_totals=ZERO_USAGE, reason_code="model_error", message="401")))
+    await wait_until(lambda: status_is("failed"))
+    row = await store.get_case(case_id)
+    assert row is not None and row["outcome"]["reasonCode"] == "model_error"
+
+
+async def test_views_have_one_row_per_cycle_and_per_tool_call(
+    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool
+) -> None:
+    case_id = uuid.uuid4()
+    for event in [started(case_id), cycle(case_id, 1, 0, calls=3), cycle(case_id, 2, 1, calls=0),
+                  completed(case_id, 3, cycles=2)]:
+        await sink.emit(event)
+    await wait_until(lambda: count_rows(pool, case_id, 4))
+    cycles = await pool.fetch(
+        "SELECT cycle_index, reasoning_text, input_tokens, tool_call_count FROM react_cycles "
+        "WHERE case_id = $1 ORDER BY attempt, seq", case_id)
+    assert [tuple(r) for r in cycles] == [(0, "thinking 0", 100, 3), (1, "thinking 1", 100, 0)]
+    calls = await pool.fetch(
+        "SELECT cycle_index, call_index, tool_name, tool_source, duration_ms, tool_result "
+        "FROM react_tool_calls WHERE case_id = $1 ORDER BY seq, call_index", case_id)
+    assert [tuple(r) for r in calls] == [
+        (0, 0, "tool-0", "worker", 10, {"ok": 0}),
+        (0, 1, "tool-1", "local", 11, {"ok": 1}),
+        (0, 2, "tool-2", "worker", 12, {"ok": 2}),
+    ]
+
+
+async def dead_letters(amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology,
+                       n: int) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    channel = await amqp.channel()
+    queue = await channel.get_queue(topology.dead_letter_queue, ensure=False)
+    got: list[aio_pika.abc.AbstractIncomingMessage] = []
+    deadline = asyncio.get_running_loop().time() + 15
+    while len(got) < n and asyncio.get_running_loop().time() < deadline:
+        message = await queue.get(fail=False, no_ack=True)
+        if message is None:
+            await asyncio.sleep(0.05)
+        else:
+            got.append(message)
+    await channel.close()
+    return got
+
+
+async def test_poison_is_dead_lettered_with_its_reason_and_neighbours_are_stored(
+    consumer: EventLogConsumer, sink: EventPublisher, publisher: Publisher,
+    topology: Topology, pool: asyncpg.Pool, amqp: aio_pika.abc.AbstractRobustConnection,
+) -> None:
+    case_id = uuid.uuid4()
+    good = [started(case_id), cycle(case_id, 1, 0), completed(case_id, 2)]
+    valid = orjson.loads(good[1].to_json())
+    wrong_version = {**valid, "schemaVersion": 2}
+    missing = {k: v for k, v in valid.items() if k != "occurredAt"}
+    unknown = {**valid, "eventType": "CASE_EXPLODED"}
+    conflict = orjson.loads(good[1].to_json())
+    conflict["payload"]["reasoningText"] = "a different story"
+    poison: list[tuple[bytes, str]] = [
+        (b"{this is not json", "not valid JSON"),
+        (orjson.dumps(wrong_version), "schemaVersion"),
+        (orjson.dumps(missing), "occurredAt"),
+        (orjson.dumps(unknown), "unknown event type"),
+        (b'{"pad": "' + b"x" * 10_000_000 + b'"}', "byte limit"),
+    ]
+    key = f"case.{case_id}.REACT_CYCLE"
+    await sink.emit(good[0])
+    for body, _ in poison[:3]:
+        await publisher.publish(topology.events_exchange, key, body)
+    await sink.emit(good[1])
+    for body, _ in poison[3:]:
+        await publisher.publish(topology.events_exchange, key, body)
+    await sink.emit(good[2])
+    await wait_until(lambda: count_rows(pool, case_id, 3))
+    await publisher.publish(topology.events_exchange, key, orjson.dumps(conflict))
+    received = await dead_letters(amqp, topology, len(poison) + 1)
+    assert len(received) == len(poison) + 1
+    reasons = [str((m.headers or {}).get(REASON_HEADER)) for m in received]
+    for (_, expected), reason in zip(poison, reasons[:-1], strict=True):
+        assert expected in reason, (expected, reason)
+    assert "conflict" in reasons[-1] and str(good[1].event_id) in reasons[-1]
+    assert await stored(pool, case_id) == good
+    assert consumer.stats.dead_lettered >= len(poison) + 1
