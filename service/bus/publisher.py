@@ -48,7 +48,8 @@ async def connect(url: str, name: str) -> AbstractRobustConnection:
     try:
         return await aio_pika.connect_robust(url, client_properties={"connection_name": name})
     except (OSError, aiormq.exceptions.AMQPError) as exc:
-        raise BusUnavailable(f"cannot reach RabbitMQ at {url.rsplit('@', maxsplit=1)[-1]}: {exc}") from exc
+        where = url.rsplit("@", maxsplit=1)[-1]
+        raise BusUnavailable(f"cannot reach RabbitMQ at {where}: {exc}") from exc
 
 
 @dataclass
