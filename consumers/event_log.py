@@ -30,6 +30,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from tenacity import wait_exponential_jitter
 
 from consumers.writer import BatchOutcome, EventLogWriter
+from service.bus.dead_letter import REASON_HEADER, dead_letter
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.engine.loop import backoff_delay
@@ -38,8 +39,7 @@ from service.events import Event, InvalidEvent, event_from_json
 
 log = logging.getLogger("casetrail.consumer")
 
-REASON_HEADER = "x-casetrail-reason"
-
+__all__ = ["REASON_HEADER", "ConsumerStats", "EventLogConsumer"]
 
 @dataclass
 class ConsumerStats:
@@ -140,7 +140,7 @@ class EventLogConsumer:
         for index, reason in outcome.conflicts.items():
             rejected.append((readable[index][0], reason))
         for message, reason in rejected:
-            await self._dead_letter(dead_letters, message, reason)
+            await dead_letter(dead_letters, self.topology, message, reason)
         await self._ack(batch)
         self.stats.batches += 1
         self.stats.inserted += outcome.inserted
@@ -184,24 +184,6 @@ class EventLogConsumer:
             if outcome.conflicts:
                 conflicts[index] = outcome.conflicts[0]
         return BatchOutcome(inserted, duplicates, conflicts)
-
-    async def _dead_letter(
-        self, publisher: Publisher, message: AbstractIncomingMessage, reason: str
-    ) -> None:
-        log.warning("dead-lettering message %s: %s", message.message_id, reason)
-        await publisher.publish(
-            self.topology.dead_letter_exchange,
-            message.routing_key or "",
-            message.body,
-            message_id=message.message_id,
-            message_type=message.type,
-            correlation_id=message.correlation_id,
-            headers={
-                REASON_HEADER: reason[:4000],
-                "x-original-exchange": message.exchange or "",
-                "x-original-routing-key": message.routing_key or "",
-            },
-        )
 
     async def _ack(self, batch: list[AbstractIncomingMessage]) -> None:
         """Acknowledge the whole batch: one ``multiple`` ack per channel it came on.

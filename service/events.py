@@ -229,6 +229,10 @@ class ModelRef(ContractModel):
     provider: Literal["scripted", "openai", "anthropic"]
     name: str = Field(min_length=1, max_length=200)
     base_url: str | None = Field(default=None, max_length=2000)
+    latency_ms: int | None = Field(
+        default=None, ge=0, le=60_000,
+        description="Scripted models only: how long each turn takes, to simulate a real model.",
+    )
 
 
 class Limits(ContractModel):

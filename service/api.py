@@ -1,0 +1,375 @@
+"""The REST API: start cases, read them, read their trail, cancel them.
+
+``POST /cases`` is a promise: the answer ``202`` comes only after the case row
+is committed *and* the broker has confirmed the start command; if either
+cannot be done the answer is ``503`` and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Body, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from service.agents import AGENTS
+from service.bus.publisher import EventPublisher, Publisher, connect
+from service.bus.topology import Topology
+from service.commands import CancelCommand, CaseStartCommand
+from service.config import Settings
+from service.engine.loop import cancelled_while_queued
+from service.errors import BusUnavailable, CasetrailError, PublishRejected, StoreUnavailable
+from service.events import EVENT_TYPES, Limits, ModelRef
+from service.store import CaseStore, NewCase, create_pool
+
+log = logging.getLogger("casetrail.api")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class LimitsRequest(_Camel):
+    """Overrides of the agent's default limits, within the server's caps."""
+
+    max_cycles: int | None = Field(default=None, ge=1)
+    deadline_seconds: float | None = Field(default=None, gt=0)
+
+
+class CaseRequest(_Camel):
+    """Start a case."""
+
+    model_config = _Camel.model_config | {
+        "json_schema_extra": {
+            "examples": [
+                {
+                    "agent": "loan-officer",
+                    "input": {
+                        "applicantId": "A-1001", "applicantName": "Maria Okafor",
+                        "loanAmount": 25000, "termMonths": 60, "monthlyIncome": 9000,
+                        "monthlyDebt": 2100, "purpose": "home improvement",
+                    },
+                    "limits": {"maxCycles": 8, "deadlineSeconds": 60},
+                }
+            ]
+        }
+    }
+
+    agent: str = Field(description="An agent name from GET /agents.")
+    input: dict[str, Any] = Field(description="Validated against the agent's input schema.")
+    limits: LimitsRequest | None = None
+    model: ModelRef | None = Field(default=None, description="Overrides the agent's model.")
+
+
+class CancelRequest(_Camel):
+    reason: str | None = Field(default=None, max_length=1000)
+
+
+def _unprocessable(problems: list[tuple[list[str | int], str]]) -> HTTPException:
+    return HTTPException(
+        status_code=422,
+        detail=[
+            {"loc": ["body", *loc], "msg": msg, "type": "value_error"} for loc, msg in problems
+        ],
+    )
+
+
+class BodyLimit:
+    """Answers 413 to a request body larger than ``limit`` bytes, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._too_large(send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._too_large(send)
+
+    async def _too_large(self, send: Send) -> None:
+        body = orjson.dumps({"detail": f"request body exceeds {self.limit} bytes"})
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _case_view(row: dict[str, Any]) -> dict[str, Any]:
+    def stamp(value: Any) -> str | None:
+        return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+    return {
+        "caseId": str(row["case_id"]),
+        "agent": row["agent"],
+        "status": row["status"],
+        "attempts": row["attempts_claimed"],
+        "cycles": row["cycles"],
+        "tokenUsage": {"inputTokens": row["input_tokens"], "outputTokens": row["output_tokens"]},
+        "answer": row["answer"],
+        "outcome": row["outcome"],
+        "input": row["input"],
+        "model": row["model"],
+        "limits": row["limits"],
+        "cancelRequested": row["cancel_requested_at"] is not None,
+        "createdAt": stamp(row["created_at"]),
+        "startedAt": stamp(row["started_at"]),
+        "endedAt": stamp(row["ended_at"]),
+    }
+
+
+class Services:
+    """What the routes need, opened in the app's lifespan."""
+
+    store: CaseStore
+    publisher: Publisher
+    topology: Topology
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topology = Topology(settings.namespace)
+
+    async def open(self) -> None:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type((BusUnavailable, StoreUnavailable)),
+            wait=wait_fixed(1), stop=stop_after_delay(30), reraise=True,
+        ):
+            with attempt:
+                self.pool = await create_pool(self.settings.database_url, max_size=20)
+                self.connection = await connect(self.settings.amqp_url, "casetrail-api")
+        self.store = CaseStore(self.pool)
+        channel = await self.connection.channel()
+        await self.topology.declare(channel)
+        await channel.close()
+        # A short retry: a client waiting on POST /cases is better served by a
+        # prompt 503 than by a minute of silence.
+        self.publisher = await Publisher.open(self.connection, retry_seconds=3.0)
+
+    async def close(self) -> None:
+        await self.connection.close()
+        await self.pool.close()
+
+
+def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in one place
+    services = Services(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await services.open()
+        yield
+        await services.close()
+
+    app = FastAPI(
+        title="casetrail",
+        version="0.1.0",
+        description="Start tool-using LLM agent cases and read their reasoning trail.",
+        lifespan=lifespan,
+    )
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
+    @app.exception_handler(StoreUnavailable)
+    async def store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": "database unavailable, try again"}, status_code=503)
+
+    @app.exception_handler(BusUnavailable)
+    async def bus_down(request: Request, exc: BusUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": "message broker unavailable, try again"}, status_code=503)
+
+    @app.post("/cases", status_code=202, summary="Start a case")
+    async def start_case(
+        request: Annotated[CaseRequest, Body()],
+        response: Response,
+        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    ) -> dict[str, Any]:
+        """Validate, record the case as ``queued``, publish its start command with a
+        confirm, then answer 202. A repeated ``Idempotency-Key`` returns the first case."""
+        agent = AGENTS.get(request.agent)
+        if agent is None:
+            raise _unprocessable([(["agent"], f"unknown agent {request.agent!r}; the agents are: "
+                                             + ", ".join(sorted(AGENTS)))])
+        try:
+            validated = agent.input_model.model_validate(request.input)
+        except ValidationError as exc:
+            raise _unprocessable([
+                (["input", *e["loc"]], e["msg"]) for e in exc.errors(include_url=False)
+            ]) from None
+        limits = _limits(request.limits, agent.default_limits, settings)
+        model = request.model or agent.default_model
+        case_input = validated.model_dump(mode="json", by_alias=True)
+        digest = hashlib.sha256(orjson.dumps(
+            {"agent": agent.name, "input": case_input, "limits": limits.model_dump(),
+             "model": model.model_dump()}, option=orjson.OPT_SORT_KEYS,
+        )).hexdigest()
+        new = NewCase(
+            case_id=uuid.uuid4(), agent=agent.name, input=case_input,
+            model=model.model_dump(mode="json", by_alias=True, exclude_none=True),
+            limits=limits.model_dump(mode="json", by_alias=True),
+            request_digest=digest, idempotency_key=idempotency_key,
+        )
+        row, created = await services.store.insert_case(new)
+        if not created:
+            if row["request_digest"] != digest:
+                raise HTTPException(409, "Idempotency-Key was already used with another request")
+            response.headers["Idempotency-Replayed"] = "true"
+            if row["attempts_claimed"] == 0 and row["status"] == "queued":
+                # The first request may have died before its start command was
+                # confirmed; another copy is harmless (the claim runs it once).
+                await _publish_start(services, row["case_id"], agent.name, case_input, model,
+                                     limits, forget_on_failure=False)
+        else:
+            await _publish_start(services, new.case_id, agent.name, case_input, model, limits,
+                                 forget_on_failure=True)
+        response.headers["Location"] = f"/cases/{row['case_id']}"
+        view = _case_view(row)
+        return {"caseId": view["caseId"], "status": view["status"], "agent": agent.name,
+                "limits": view["limits"], "model": view["model"],
+                "links": {"self": f"/cases/{view['caseId']}",
+                          "events": f"/cases/{view['caseId']}/events"}}
+
+    @app.get("/cases/{case_id}", summary="A case's status, totals and answer")
+    async def get_case(case_id: uuid.UUID) -> dict[str, Any]:
+        row = await services.store.get_case(case_id)
+        if row is None:
+            raise HTTPException(404, f"no case {case_id}")
+        return _case_view(row)
+
+    @app.get("/cases/{case_id}/events", summary="The case's trail, in order")
+    async def get_events(
+        case_id: uuid.UUID,
+        types: Annotated[str | None, Query(
+            description="Comma-separated event types, e.g. REACT_CYCLE,CASE_COMPLETED"
+        )] = None,
+    ) -> dict[str, Any]:
+        wanted = [t.strip() for t in types.split(",") if t.strip()] if types else []
+        unknown = [t for t in wanted if t not in EVENT_TYPES]
+        if unknown:
+            raise HTTPException(422, [{
+                "loc": ["query", "types"], "type": "value_error",
+                "msg": f"unknown event types {unknown}; known: {', '.join(EVENT_TYPES)}",
+            }])
+        events = await services.store.find_by_case_and_types(case_id, wanted or None)
+        if not events and await services.store.get_case(case_id) is None:
+            raise HTTPException(404, f"no case {case_id}")
+        return {"caseId": str(case_id), "events": [e.as_json() for e in events]}
+
+    @app.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop")
+    async def cancel_case(
+        case_id: uuid.UUID, request: Annotated[CancelRequest | None, Body()] = None
+    ) -> dict[str, Any]:
+        reason = request.reason if request else None
+        outcome = await services.store.request_cancel(case_id, reason)
+        if outcome == "unknown":
+            raise HTTPException(404, f"no case {case_id}")
+        if outcome == "ended":
+            raise HTTPException(409, f"case {case_id} has already ended")
+        owner = f"api:{uuid.uuid4().hex[:6]}"
+        if await services.store.take_queued_for_cancel(case_id, owner, settings.lease_seconds):
+            sink = EventPublisher(services.publisher, services.topology)
+            for event in cancelled_while_queued(case_id, reason):
+                await sink.emit(event)
+            await services.store.mark_terminal_published(case_id)
+            return {"caseId": str(case_id), "status": "cancelled"}
+        await services.publisher.publish(
+            services.topology.cancel_exchange, "",
+            CancelCommand(case_id=case_id, reason=reason).to_json(),
+            message_type="CANCEL", correlation_id=str(case_id),
+        )
+        return {"caseId": str(case_id), "status": "cancelling"}
+
+    @app.get("/agents", summary="The agent profiles")
+    async def agents() -> dict[str, Any]:
+        return {"agents": [agent.describe() for agent in AGENTS.values()]}
+
+    @app.get("/healthz", summary="The process is alive")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="Broker and database are reachable")
+    async def readyz(response: Response) -> dict[str, Any]:
+        checks: dict[str, str] = {}
+        try:
+            await services.store.ping()
+            checks["database"] = "ok"
+        except CasetrailError as exc:
+            checks["database"] = str(exc)
+        checks["broker"] = "ok" if not services.connection.is_closed and \
+            not services.publisher.channel.is_closed else "disconnected"
+        ready = all(v == "ok" for v in checks.values())
+        response.status_code = 200 if ready else 503
+        return {"ready": ready, "checks": checks}
+
+    return app
+
+
+def _limits(requested: LimitsRequest | None, default: Limits, settings: Settings) -> Limits:
+    max_cycles = (requested.max_cycles if requested else None) or default.max_cycles
+    deadline = (requested.deadline_seconds if requested else None) or default.deadline_seconds
+    problems: list[tuple[list[str | int], str]] = []
+    if max_cycles > settings.max_cycles_cap:
+        problems.append((["limits", "maxCycles"], f"must be at most {settings.max_cycles_cap}"))
+    if deadline > settings.max_deadline_seconds:
+        problems.append((["limits", "deadlineSeconds"],
+                         f"must be at most {settings.max_deadline_seconds:g}"))
+    if problems:
+        raise _unprocessable(problems)
+    return Limits(max_cycles=max_cycles, deadline_seconds=deadline)
+
+
+async def _publish_start(
+    services: Services,
+    case_id: uuid.UUID,
+    agent: str,
+    case_input: dict[str, Any],
+    model: ModelRef,
+    limits: Limits,
+    *,
+    forget_on_failure: bool,
+) -> None:
+    command = CaseStartCommand(case_id=case_id, agent=agent, input=case_input, model=model,
+                               limits=limits)
+    try:
+        await services.publisher.publish(
+            services.topology.commands_exchange, Topology.START_KEY, command.to_json(),
+            message_id=str(case_id), message_type="CASE_START", correlation_id=str(case_id),
+        )
+    except (BusUnavailable, PublishRejected) as exc:
+        log.error("start command for %s not accepted: %s", case_id, exc)
+        if forget_on_failure:
+            await services.store.delete_unstarted(case_id)
+        raise HTTPException(503, "message broker did not accept the case; nothing was kept") \
+            from exc

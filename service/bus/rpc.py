@@ -1,0 +1,202 @@
+"""WorkerTools over RabbitMQ: the caller's ``WorkerRuntime`` and the wire format of
+tool requests and replies.
+
+A request goes to ``<ns>.capabilities`` with the capability name as routing
+key, into the durable quorum queue ``<ns>.capability.<name>`` (declared by the
+caller too, so a request waits for a worker rather than being unroutable).
+The reply comes back on the caller's exclusive reply queue, correlated by the
+call's idempotency key. Each attempt has a timeout (also set as the message's
+expiration, so a request nobody took in time is dropped by the broker); each
+capability has a retry policy with jittered exponential backoff. Every
+attempt of one call carries the same idempotency key, so a capability worker
+can recognise a retry; a late reply to an earlier attempt still answers the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+
+import orjson
+from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+from pydantic import Field
+from tenacity import wait_exponential_jitter
+
+from service.bus.publisher import Publisher
+from service.bus.topology import Topology
+from service.engine.loop import backoff_delay
+from service.engine.tools import WorkerCallResult
+from service.errors import CasetrailError
+from service.events import ContractModel, JsonObject, ToolAttempt
+
+log = logging.getLogger("casetrail.rpc")
+
+IDEMPOTENCY_HEADER = "x-idempotency-key"
+
+
+class ToolRequest(ContractModel):
+    """One attempt of a worker tool call."""
+
+    idempotency_key: str = Field(description="The same for every attempt of one call.")
+    capability: str
+    args: JsonObject
+    attempt: int = Field(ge=1)
+    deadline: float = Field(description="Unix time after which nobody waits for the answer.")
+
+
+class ToolReply(ContractModel):
+    """A capability worker's answer to one attempt."""
+
+    idempotency_key: str
+    attempt: int
+    ok: bool
+    result: Any = None
+    error: str | None = None
+    retryable: bool = False
+    worker: str
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a capability is retried: attempts, per-attempt timeout, backoff between them."""
+
+    attempts: int = 3
+    timeout_seconds: float = 10.0
+    backoff_initial: float = 0.2
+    backoff_max: float = 2.0
+
+
+@dataclass
+class _PendingCall:
+    future: asyncio.Future[ToolReply]
+    sent_at: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class BusWorkerRuntime:
+    """``WorkerRuntime`` that runs capabilities on capability workers over RabbitMQ."""
+
+    connection: AbstractRobustConnection
+    topology: Topology
+    publisher: Publisher
+    default_policy: RetryPolicy = field(default_factory=RetryPolicy)
+    policies: Mapping[str, RetryPolicy] = field(default_factory=dict)
+    _pending: dict[str, _PendingCall] = field(default_factory=dict)
+    _declared: set[str] = field(default_factory=set)
+    _reply_queue: AbstractQueue | None = None
+    _channel: Any = None
+
+    async def start(self) -> None:
+        channel = await self.connection.channel()
+        # A named exclusive queue: a robust connection re-declares it with the same
+        # name after a reconnect, so replies keep finding the caller.
+        name = f"{self.topology.namespace}.reply.{uuid.uuid4().hex}"
+        self._reply_queue = await channel.declare_queue(name, exclusive=True, auto_delete=True)
+        await self._reply_queue.consume(self._on_reply, no_ack=True)
+        self._channel = channel
+
+    async def close(self) -> None:
+        for pending in self._pending.values():
+            pending.future.cancel()
+        await self._channel.close()
+
+    async def _on_reply(self, message: AbstractIncomingMessage) -> None:
+        try:
+            reply = ToolReply.model_validate(orjson.loads(message.body))
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            log.warning("unreadable tool reply dropped: %s", exc)
+            return
+        pending = self._pending.get(reply.idempotency_key)
+        if pending is None or pending.future.done():
+            log.info("late reply for %s attempt %d ignored", reply.idempotency_key, reply.attempt)
+            return
+        pending.future.set_result(reply)
+
+    async def _ensure_queue(self, capability: str) -> None:
+        if capability not in self._declared:
+            await self.topology.declare_capability_queue(self._channel, capability)
+            self._declared.add(capability)
+
+    async def execute(
+        self, capability: str, args: Mapping[str, Any], *, call_id: str
+    ) -> WorkerCallResult:
+        if self._reply_queue is None:
+            raise CasetrailError("BusWorkerRuntime.start() was not called")
+        policy = self.policies.get(capability, self.default_policy)
+        await self._ensure_queue(capability)
+        loop = asyncio.get_running_loop()
+        pending = _PendingCall(loop.create_future())
+        self._pending[call_id] = pending
+        backoff = wait_exponential_jitter(
+            multiplier=policy.backoff_initial, max=policy.backoff_max
+        )
+        attempts: list[ToolAttempt] = []
+        try:
+            for attempt in range(1, policy.attempts + 1):
+                started = time.perf_counter()
+                pending.sent_at[attempt] = started
+                request = ToolRequest(
+                    idempotency_key=call_id, capability=capability, args=dict(args),
+                    attempt=attempt, deadline=time.time() + policy.timeout_seconds,
+                )
+                await self.publisher.publish(
+                    self.topology.capabilities_exchange,
+                    capability,
+                    orjson.dumps(request.model_dump(mode="json", by_alias=True)),
+                    message_id=f"{call_id}#{attempt}",
+                    correlation_id=call_id,
+                    reply_to=self._reply_queue.name,
+                    headers={IDEMPOTENCY_HEADER: call_id},
+                    expiration_seconds=policy.timeout_seconds,
+                )
+                try:
+                    reply = await asyncio.wait_for(
+                        asyncio.shield(pending.future), policy.timeout_seconds
+                    )
+                except TimeoutError:
+                    attempts.append(self._attempt(attempt, "timeout", started,
+                                                  f"no reply within {policy.timeout_seconds:g}s"))
+                else:
+                    # A late reply to an earlier attempt answers the call too; time it
+                    # from when that attempt was sent.
+                    answered = pending.sent_at.get(reply.attempt, started)
+                    outcome: Literal["ok", "error"] = "ok" if reply.ok else "error"
+                    attempts.append(self._attempt(reply.attempt, outcome, answered, reply.error,
+                                                  reply.worker))
+                    if reply.ok:
+                        return WorkerCallResult(result=reply.result, attempts=tuple(attempts))
+                    if not reply.retryable:
+                        return WorkerCallResult(error=reply.error, attempts=tuple(attempts))
+                    pending.future = loop.create_future()
+                if attempt < policy.attempts:
+                    await asyncio.sleep(backoff_delay(backoff, attempt))
+        finally:
+            self._pending.pop(call_id, None)
+        last = attempts[-1]
+        return WorkerCallResult(
+            error=(
+                f"{capability} failed after {len(attempts)} attempts; last: "
+                f"{last.outcome}{': ' + last.error if last.error else ''}"
+            ),
+            attempts=tuple(attempts),
+        )
+
+    @staticmethod
+    def _attempt(
+        number: int,
+        outcome: Literal["ok", "error", "timeout"],
+        started: float,
+        error: str | None = None,
+        worker: str | None = None,
+    ) -> ToolAttempt:
+        return ToolAttempt(
+            attempt=number, outcome=outcome,
+            duration=timedelta(seconds=time.perf_counter() - started),
+            error=error, worker=worker,
+        )

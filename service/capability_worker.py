@@ -1,0 +1,127 @@
+"""The capability worker: serves WorkerTool requests for one or more capabilities.
+
+It validates each request's arguments against the capability's model (bad
+arguments get an error reply, not a crash), runs the handler, replies to the
+caller, and only then acks. Results are remembered by idempotency key for a
+while, so a retry of a call already answered gets the same answer without
+running the handler again. On shutdown it stops taking requests, finishes
+those it holds, and lets the broker hand back anything unacked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiormq
+import orjson
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from pydantic import ValidationError
+
+from service.bus.dead_letter import dead_letter
+from service.bus.publisher import Publisher
+from service.bus.rpc import ToolReply, ToolRequest
+from service.bus.topology import Topology
+from service.engine.tools import Capability, describe_validation_error
+from service.errors import PermanentError
+
+log = logging.getLogger("casetrail.capability")
+
+REMEMBERED_REPLIES = 10_000
+
+
+@dataclass
+class CapabilityWorker:
+    """Serves ``capabilities`` from their queues, ``concurrency`` requests at once."""
+
+    connection: AbstractRobustConnection
+    topology: Topology
+    capabilities: Sequence[Capability[Any]]
+    concurrency: int = 64
+    name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    served: int = 0
+    _answers: OrderedDict[str, ToolReply] = field(default_factory=OrderedDict)
+    _in_flight: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        channel = await self.connection.channel()
+        await channel.set_qos(prefetch_count=self.concurrency)
+        publisher = await Publisher.open(self.connection, retry_seconds=10.0)
+        consumers = []
+        for capability in self.capabilities:
+            queue = await self.topology.declare_capability_queue(channel, capability.name)
+
+            async def on_request(
+                message: AbstractIncomingMessage, target: Capability[Any] = capability
+            ) -> None:
+                task = asyncio.create_task(self._serve(message, target, publisher))
+                self._in_flight.add(task)
+                task.add_done_callback(self._in_flight.discard)
+
+            consumers.append((queue, await queue.consume(on_request)))
+        log.info("serving %s as %s", ", ".join(c.name for c in self.capabilities), self.name)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        for queue, tag in consumers:
+            with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
+                await queue.cancel(tag)
+        if self._in_flight:
+            await asyncio.wait(self._in_flight, timeout=30)
+        await publisher.channel.close()
+        await channel.close()
+
+    async def _serve(
+        self, message: AbstractIncomingMessage, capability: Capability[Any], publisher: Publisher
+    ) -> None:
+        try:
+            request = ToolRequest.model_validate(orjson.loads(message.body))
+        except (ValidationError, orjson.JSONDecodeError) as exc:
+            await dead_letter(publisher, self.topology, message, f"unreadable tool request: {exc}")
+            await message.ack()
+            return
+        if time.time() > request.deadline:
+            log.info("request %s expired before it was served", message.message_id)
+            await message.ack()
+            return
+        reply = self._answers.get(request.idempotency_key)
+        if reply is None or not reply.ok:
+            reply = await self._run(request, capability)
+        else:
+            reply = reply.model_copy(update={"attempt": request.attempt})
+        if message.reply_to:
+            try:
+                await publisher.publish(
+                    "", message.reply_to, orjson.dumps(reply.model_dump(mode="json",
+                                                                        by_alias=True)),
+                    correlation_id=message.correlation_id, persistent=False,
+                )
+            except PermanentError as exc:
+                log.info("caller of %s is gone (%s)", request.idempotency_key, exc)
+        await message.ack()
+        self.served += 1
+
+    async def _run(self, request: ToolRequest, capability: Capability[Any]) -> ToolReply:
+        base = {"idempotency_key": request.idempotency_key, "attempt": request.attempt,
+                "worker": self.name}
+        try:
+            result = await capability.invoke(request.args)
+            reply = ToolReply(**base, ok=True, result=orjson.loads(orjson.dumps(result)))
+        except ValidationError as exc:
+            reply = ToolReply(**base, ok=False, retryable=False,
+                              error=f"invalid arguments: {describe_validation_error(exc)}")
+        except Exception as exc:
+            reply = ToolReply(**base, ok=False, retryable=True,
+                              error=f"{type(exc).__name__}: {exc}")
+        self._answers[request.idempotency_key] = reply
+        if len(self._answers) > REMEMBERED_REPLIES:
+            self._answers.popitem(last=False)
+        return reply

@@ -1,0 +1,54 @@
+"""Commands on the bus (not events): start a case, cancel a case.
+
+Like events they cross the bus as JSON bytes made here, and are validated
+strictly when read.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from service.events import ContractModel, JsonObject, Limits, ModelRef
+
+
+class InvalidCommand(ValueError):
+    """A command message that cannot be read; the message names the field."""
+
+
+class _Command(ContractModel):
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Any:
+        try:
+            return cls.model_validate(orjson.loads(data))
+        except orjson.JSONDecodeError as exc:
+            raise InvalidCommand(f"not valid JSON: {exc}") from None
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            )
+            raise InvalidCommand(problems) from None
+
+
+class CaseStartCommand(_Command):
+    """Run this case: sent once by the API after the case row is committed."""
+
+    case_id: uuid.UUID
+    agent: str
+    input: JsonObject
+    model: ModelRef
+    limits: Limits
+
+
+class CancelCommand(_Command):
+    """Stop this case wherever it runs: broadcast to every worker."""
+
+    case_id: uuid.UUID
+    reason: str | None = None

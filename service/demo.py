@@ -1,0 +1,233 @@
+"""``casetrail up``, ``casetrail demo`` and ``casetrail tail``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import orjson
+from aio_pika.abc import AbstractIncomingMessage
+
+from service.agents import CAPABILITIES
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.bus.publisher import connect
+from service.bus.topology import Topology
+from service.config import Settings
+from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
+from service.migrate import migrate
+from service.store import CaseStore, create_pool
+from service.supervisor import Stack, stack_commands
+from service.trail import AUDITOR_SQL, format_event, format_trail
+
+EXPECTED_DECISIONS = ("approve", "refer", "decline")
+AML_SAMPLE = {
+    "customerId": "C-2002",
+    "customerName": "Lena Brandt",
+    "country": "DE",
+    "transfers": [
+        {"amount": 9400, "counterpartyCountry": "AE", "date": "2026-11-02"},
+        {"amount": 9650, "counterpartyCountry": "AE", "date": "2026-11-05"},
+        {"amount": 9800, "counterpartyCountry": "AE", "date": "2026-11-09"},
+        {"amount": 1200, "counterpartyCountry": "FR", "date": "2026-11-12"},
+    ],
+}
+
+TOOL_CALLS_SQL = (
+    "SELECT cycle_index, tool_name, tool_source, duration_ms, tool_args, tool_result\n"
+    "FROM react_tool_calls WHERE case_id = $1 ORDER BY attempt, seq, call_index;"
+)
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+async def _wait_ready(base_url: str, stack: Stack, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with httpx.AsyncClient(base_url=base_url, timeout=2.0) as client:
+        while True:
+            if failed := stack.failed():
+                raise RuntimeError("a component stopped: " + "; ".join(failed))
+            try:
+                if (await client.get("/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"the API at {base_url} was not ready within {timeout:g}s")
+            await asyncio.sleep(0.3)
+
+
+async def run_stack(settings: Settings) -> int:
+    """``casetrail up``: the whole stack as child processes until Ctrl-C or SIGTERM."""
+    applied = await migrate(settings.database_url)
+    _say(f"migrations: {', '.join(applied) or 'up to date'}")
+    stack = Stack(stack_commands(settings.api_port, sorted(CAPABILITIES)))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stack.start()
+    _say(f"casetrail is up: http://{settings.api_host}:{settings.api_port} "
+         f"(namespace {settings.namespace}); Ctrl-C stops it")
+    code = 0
+    while not stop.is_set():
+        if failed := stack.failed():
+            _say("stopping, because " + "; ".join(failed))
+            code = 1
+            break
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+    await asyncio.to_thread(stack.stop)
+    _say("casetrail stopped")
+    return code
+
+
+def _label(case_id: str, names: dict[str, str]) -> str:
+    return names.get(case_id, case_id[:8])
+
+
+async def run_demo(settings: Settings) -> int:
+    """Stack up, sample cases in, cycles shown live, trails read back from Postgres."""
+    _say("== casetrail demo ==")
+    await migrate(settings.database_url)
+    stack = Stack(stack_commands(settings.api_port, sorted(CAPABILITIES)))
+    stack.start()
+    base_url = f"http://127.0.0.1:{settings.api_port}"
+    connection = None
+    try:
+        await _wait_ready(base_url, stack)
+        _say(f"stack ready: api {base_url}, worker, consumer, capability workers "
+             f"({', '.join(sorted(CAPABILITIES))})\n")
+        connection = await connect(settings.amqp_url, "casetrail-demo")
+        channel = await connection.channel()
+        events = await Topology(settings.namespace).declare_events_exchange(channel)
+        live = await channel.declare_queue(exclusive=True, auto_delete=True)
+        await live.bind(events, routing_key="case.#")
+        inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        async def on_event(message: AbstractIncomingMessage) -> None:
+            inbox.put_nowait(orjson.loads(message.body))
+
+        await live.consume(on_event, no_ack=True)
+        names: dict[str, str] = {}
+        submissions = [("loan-officer", app, app["applicantName"]) for app in SAMPLE_APPLICATIONS]
+        submissions.append(("aml-screening", AML_SAMPLE, AML_SAMPLE["customerName"]))
+        async with httpx.AsyncClient(base_url=base_url, timeout=10.0) as client:
+            for agent, case_input, who in submissions:
+                reply = await client.post("/cases", json={"agent": agent, "input": case_input},
+                                          headers={"Idempotency-Key": str(uuid.uuid4())})
+                reply.raise_for_status()
+                case_id = reply.json()["caseId"]
+                names[case_id] = f"{agent}:{who}"
+                _say(f"POST /cases {agent} for {who} -> 202 caseId={case_id}")
+            _say("\n-- live from the bus (exchange "
+                 f"{settings.namespace}.events, binding case.#) --")
+            ended: set[str] = set()
+            deadline = asyncio.get_running_loop().time() + 60
+            while ended != set(names):
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    raise RuntimeError("the sample cases did not all end within 60s")
+                event = await asyncio.wait_for(inbox.get(), remaining)
+                if event["caseId"] not in names:
+                    continue
+                _say(f"{_label(event['caseId'], names)}")
+                _say(format_event(event))
+                if event["eventType"] in TERMINAL_EVENT_TYPES:
+                    ended.add(event["caseId"])
+            for case_id in names:
+                await _until_recorded(client, case_id)
+        return await _show_trails(settings, names)
+    finally:
+        if connection is not None:
+            await connection.close()
+        await asyncio.to_thread(stack.stop)
+
+
+async def _until_recorded(client: httpx.AsyncClient, case_id: str) -> None:
+    """Wait until the consumer has committed the case's terminal event."""
+    for _ in range(300):
+        if (await client.get(f"/cases/{case_id}")).json()["status"] not in ("queued", "running"):
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"case {case_id} ended on the bus but not in Postgres within 30s")
+
+
+async def _show_trails(settings: Settings, names: dict[str, str]) -> int:
+    pool = await create_pool(settings.database_url, max_size=2)
+    store = CaseStore(pool)
+    decisions: list[tuple[str, str, str, int]] = []
+    try:
+        _say("\n-- the persisted trail, from Postgres --")
+        _say("The auditor's query (CaseStore.find_by_case_and_types):\n" + AUDITOR_SQL)
+        for case_id, name in names.items():
+            trail = [e.as_json() for e in await store.find_by_case_and_types(
+                uuid.UUID(case_id), list(EVENT_TYPES))]
+            _say(f"\n{name}")
+            _say(format_trail(case_id, trail))
+            row = await store.get_case(uuid.UUID(case_id))
+            assert row is not None
+            decision = (row["answer"] or {}).get("decision", row["status"])
+            decisions.append((name, row["status"], str(decision), row["cycles"]))
+        first = next(iter(names))
+        _say(f"\nOne row per tool call (view react_tool_calls), case {names[first]}:\n"
+             + TOOL_CALLS_SQL)
+        for call in await pool.fetch(TOOL_CALLS_SQL.replace("\n", " "), uuid.UUID(first)):
+            _say(f"  cycle {call['cycle_index']}  {call['tool_name']:<22} "
+                 f"{call['tool_source']:<6} {call['duration_ms']:>5} ms  "
+                 f"{orjson.dumps(call['tool_result']).decode()}")
+    finally:
+        await pool.close()
+    _say("\n-- outcome --")
+    for name, status, decision, cycles in decisions:
+        _say(f"  {name:<40} {status:<10} {decision:<10} {cycles} cycles")
+    loans = [d for n, _, d, _ in decisions if n.startswith("loan-officer")]
+    if tuple(loans) != EXPECTED_DECISIONS:
+        _say(f"unexpected loan decisions {loans}; expected {list(EXPECTED_DECISIONS)}")
+        return 1
+    _say("\nEvery cycle above was published to RabbitMQ as it happened and is now in "
+         "Postgres.\nTry: casetrail trail " + next(iter(names)))
+    return 0
+
+
+async def tail_events(settings: Settings, case: str | None, types: Sequence[str],
+                      raw: bool) -> None:
+    """``casetrail tail``: print events live from the bus until Ctrl-C."""
+    unknown = [t for t in types if t not in EVENT_TYPES]
+    if unknown:
+        print(f"unknown event types {unknown}; known: {', '.join(EVENT_TYPES)}", file=sys.stderr)
+        raise SystemExit(2)
+    connection = await connect(settings.amqp_url, "casetrail-tail")
+    channel = await connection.channel()
+    exchange = await Topology(settings.namespace).declare_events_exchange(channel)
+    queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+    scope = f"case.{case}" if case else "case.*"
+    for key in [f"{scope}.{t}" for t in types] or [f"{scope}.#"]:
+        await queue.bind(exchange, routing_key=key)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def show(message: AbstractIncomingMessage) -> None:
+        if raw:
+            print(message.body.decode(), flush=True)
+        else:
+            event = orjson.loads(message.body)
+            print(f"case {event['caseId']}\n{format_event(event)}", flush=True)
+
+    await queue.consume(show, no_ack=True)
+    print(f"tailing {exchange.name} ({', '.join(types) or 'all events'}"
+          f"{', case ' + case if case else ''}); Ctrl-C to stop", file=sys.stderr)
+    await stop.wait()
+    await connection.close()
+
+
+__all__ = ["run_demo", "run_stack", "tail_events"]

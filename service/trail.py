@@ -1,0 +1,79 @@
+"""Rendering a trail for a person: cycle by cycle, reasoning, tool calls with
+arguments, results, source and duration, tokens."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+import orjson
+
+AUDITOR_SQL = (
+    "SELECT event_id, attempt, seq, event_type, occurred_at, payload\n"
+    "FROM event_log\n"
+    "WHERE case_id = $1 AND event_type = ANY($2)\n"
+    "ORDER BY attempt, seq;"
+)
+
+
+def _json(value: Any, limit: int = 160) -> str:
+    text = orjson.dumps(value).decode()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _indent(text: str, prefix: str = "      ") -> str:
+    return "\n".join(
+        textwrap.fill(line, width=100, initial_indent=prefix, subsequent_indent=prefix)
+        for line in text.splitlines() if line.strip()
+    )
+
+
+def format_event(event: dict[str, Any]) -> str:
+    """One event (envelope form, camelCase) as a few readable lines."""
+    kind, payload = event["eventType"], event["payload"]
+    head = f"  [attempt {event['attempt']} · seq {event['seq']}] {kind}"
+    if kind == "CASE_STARTED":
+        tools = ", ".join(f"{t['name']} ({t['source']})" for t in payload["toolsOffered"])
+        limits = payload["limits"]
+        lines = [f"{head}  agent={payload['agent']} model={payload['model']['name']}",
+                 f"      limits: {limits['maxCycles']} cycles, {limits['deadlineSeconds']}s; "
+                 f"tools: {tools}"]
+        if payload.get("restartReason"):
+            lines.append(f"      restarted: {payload['restartReason']}")
+        return "\n".join(lines)
+    if kind == "REACT_CYCLE":
+        usage = payload["tokenUsage"]
+        lines = [f"{head} #{payload['cycleIndex']}  tokens in={usage['inputTokens']} "
+                 f"out={usage['outputTokens']}", _indent(payload["reasoningText"])]
+        for call in payload["toolCalls"]:
+            outcome = (f"ERROR {call['error']}" if "error" in call
+                       else f"→ {_json(call.get('toolResult'))}")
+            lines.append(f"      ⚙ {call['toolName']}({_json(call['toolArgs'], 120)}) "
+                         f"[{call['toolSource']}, {call['durationMs']} ms]")
+            lines.append(f"        {outcome}")
+            for attempt in call.get("attempts", []):
+                if attempt["outcome"] != "ok" or len(call["attempts"]) > 1:
+                    lines.append(f"        attempt {attempt['attempt']}: {attempt['outcome']} "
+                                 f"{attempt.get('error') or ''}".rstrip())
+        for retry in payload.get("modelRetries", []):
+            lines.append(f"      ↻ model retry after {retry['waitedMs']} ms: {retry['reason']}")
+        return "\n".join(lines)
+    totals = payload.get("tokenTotals", {})
+    summary = (f"{payload.get('cyclesCompleted', 0)} cycles, tokens in="
+               f"{totals.get('inputTokens', 0)} out={totals.get('outputTokens', 0)}")
+    if kind == "CASE_COMPLETED":
+        detail = "answer: " + _json(payload.get("answer"), 400)
+    elif kind == "CASE_FAILED":
+        detail = f"{payload.get('reasonCode')}: {payload.get('message')}"
+    elif kind == "CASE_CANCELLED":
+        queued = " (while queued)" if payload.get("whileQueued") else ""
+        detail = f"reason: {payload.get('reason')}{queued}"
+    else:
+        detail = str(payload.get("message", ""))
+    return f"{head}  {summary}\n{_indent(detail)}"
+
+
+def format_trail(case_id: str, events: list[dict[str, Any]]) -> str:
+    lines = [f"Trail of case {case_id} ({len(events)} events)"]
+    lines += [format_event(e) for e in events]
+    return "\n".join(lines)

@@ -1,0 +1,223 @@
+"""The case worker: takes start commands off ``<ns>.case-start`` and runs the ReAct loop.
+
+- Manual ack, only after the case's terminal event is confirmed by the broker;
+  up to ``concurrency`` cases at once (the channel's prefetch).
+- Before running, the worker *claims* the case in Postgres (a lease it renews
+  while the case runs). The claim decides what a start command means: a
+  first run, the next attempt after a dead worker, a redelivery beside a live
+  attempt (wait, do not start a twin), a case already ended (ack), or a case
+  cancelled while queued (``CASE_CANCELLED`` without running).
+- Cancel requests arrive on the ``<ns>.cancel`` fanout; each worker binds its
+  own exclusive queue and stops the case if it runs it.
+- On shutdown it stops taking work, gives running cases a grace period, then
+  abandons the rest: their leases are released and their start commands go
+  back to the queue, to run as the next attempt elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+import aiormq
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+
+from service.agents import AGENTS
+from service.bus.dead_letter import dead_letter
+from service.bus.publisher import EventPublisher, Publisher
+from service.bus.topology import Topology
+from service.commands import CancelCommand, CaseStartCommand, InvalidCommand
+from service.engine.loop import CancelSignal, CaseSpec, ReactEngine, cancelled_while_queued
+from service.engine.tools import ToolBox, WorkerRuntime
+from service.errors import CasetrailError, StoreUnavailable
+from service.providers import build_model
+from service.store import CaseStore
+
+log = logging.getLogger("casetrail.worker")
+
+
+@dataclass
+class CaseWorker:
+    """Runs cases from start commands."""
+
+    connection: AbstractRobustConnection
+    store: CaseStore
+    topology: Topology
+    runtime: WorkerRuntime
+    concurrency: int = 256
+    lease_seconds: float = 15.0
+    shutdown_grace: float = 10.0
+    owner: str = field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    )
+    _running: dict[uuid.UUID, CancelSignal] = field(default_factory=dict)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _stopping: bool = False
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        channel = await self.connection.channel()
+        await channel.set_qos(prefetch_count=self.concurrency)
+        await self.topology.declare(channel)
+        publisher = await Publisher.open(self.connection)
+        self._publisher = publisher
+        self._sink = EventPublisher(publisher, self.topology)
+        self._engine = ReactEngine(self._sink)
+        start_queue = await channel.get_queue(self.topology.case_start_queue, ensure=False)
+        cancel_exchange = await channel.get_exchange(self.topology.cancel_exchange, ensure=False)
+        cancel_queue = await channel.declare_queue(
+            f"{self.topology.namespace}.cancel.{uuid.uuid4().hex}", exclusive=True,
+            auto_delete=True,
+        )
+        await cancel_queue.bind(cancel_exchange)
+        await cancel_queue.consume(self._on_cancel, no_ack=True)
+
+        async def on_start(message: AbstractIncomingMessage) -> None:
+            task = asyncio.create_task(self._handle_start(message))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        tag = await start_queue.consume(on_start)
+        renewer = asyncio.create_task(self._renew_leases())
+        log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        self._stopping = True
+        with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
+            await start_queue.cancel(tag)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.shutdown_grace)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        renewer.cancel()
+        await publisher.channel.close()
+        await channel.close()
+
+    async def _on_cancel(self, message: AbstractIncomingMessage) -> None:
+        try:
+            command: CancelCommand = CancelCommand.from_json(message.body)
+        except InvalidCommand as exc:
+            log.warning("unreadable cancel command ignored: %s", exc)
+            return
+        signal = self._running.get(command.case_id)
+        if signal is not None:
+            log.info("cancelling case %s", command.case_id)
+            signal.cancel(command.reason)
+
+    async def _renew_leases(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                await self.store.renew_leases(list(self._running), self.owner, self.lease_seconds)
+            except StoreUnavailable as exc:
+                log.warning("could not renew leases: %s", exc)
+
+    async def _handle_start(self, message: AbstractIncomingMessage) -> None:
+        try:
+            command: CaseStartCommand = CaseStartCommand.from_json(message.body)
+        except InvalidCommand as exc:
+            await dead_letter(self._publisher, self.topology, message,
+                              f"unreadable start command: {exc}")
+            await message.ack()
+            return
+        agent = AGENTS.get(command.agent)
+        if agent is None:
+            await dead_letter(self._publisher, self.topology, message,
+                              f"unknown agent {command.agent!r}")
+            await message.ack()
+            return
+        # Registered before the claim, so a cancel broadcast that arrives while the
+        # case is being claimed is not missed.
+        signal = self._running.setdefault(command.case_id, CancelSignal())
+        try:
+            done = await self._claim_and_run(command, signal)
+        except asyncio.CancelledError:
+            # Shutdown abandoned this case: hand it back for the next attempt.
+            await self._release(command.case_id)
+            with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
+                await message.nack(requeue=True)
+            raise
+        except CasetrailError as exc:
+            log.error("case %s could not finish here (%s); handing it back", command.case_id,
+                      exc)
+            await self._release(command.case_id)
+            done = False
+        finally:
+            self._running.pop(command.case_id, None)
+        try:
+            if done:
+                await message.ack()
+            else:
+                await message.nack(requeue=True)
+        except (aiormq.exceptions.AMQPError, RuntimeError) as exc:
+            # The channel this came on is gone; the broker redelivers the command
+            # and the claim will find the case ended.
+            log.info("settling start command for %s skipped: %s", command.case_id, exc)
+
+    async def _claim_and_run(self, command: CaseStartCommand, signal: CancelSignal) -> bool:
+        """True when the case has reached its terminal event (ack the command)."""
+        while not self._stopping:
+            try:
+                claim = await self.store.claim(command.case_id, self.owner, self.lease_seconds)
+            except StoreUnavailable as exc:
+                log.warning("cannot claim %s yet: %s", command.case_id, exc)
+                await asyncio.sleep(1.0)
+                continue
+            match claim.outcome:
+                case "ended":
+                    return True
+                case "unknown":
+                    log.error("start command for unknown case %s dropped", command.case_id)
+                    return True
+                case "busy":
+                    # Redelivered beside a live attempt (broker restart): never start a
+                    # twin; wait until it ends or its lease lapses.
+                    await asyncio.sleep(self.lease_seconds / 2)
+                    continue
+                case "cancel_queued":
+                    for event in cancelled_while_queued(command.case_id, claim.cancel_reason):
+                        await self._sink.emit(event)
+                    await self.store.mark_terminal_published(command.case_id)
+                    return True
+                case "run":
+                    if claim.cancel_reason is not None and not signal.is_set:
+                        signal.cancel(claim.cancel_reason)
+                    await self._run(command, claim.attempt, claim.restart_reason, signal)
+                    return True
+        return False
+
+    async def _run(
+        self,
+        command: CaseStartCommand,
+        attempt: int,
+        restart_reason: str | None,
+        signal: CancelSignal,
+    ) -> None:
+        agent = AGENTS[command.agent]
+        spec = CaseSpec(
+            case_id=command.case_id, attempt=attempt, agent=agent.name,
+            system_prompt=agent.system_prompt, input=command.input, limits=command.limits,
+            model=command.model, restart_reason=restart_reason,
+        )
+        tools = ToolBox(agent.tools, self.runtime)
+        await self._engine.run(spec, build_model(command.model, agent), tools, signal)
+        await self._mark_ended(command.case_id)
+
+    async def _mark_ended(self, case_id: uuid.UUID) -> None:
+        while True:
+            try:
+                await self.store.mark_terminal_published(case_id)
+                return
+            except StoreUnavailable as exc:
+                log.warning("cannot record the end of %s yet: %s", case_id, exc)
+                await asyncio.sleep(1.0)
+
+    async def _release(self, case_id: uuid.UUID) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.renew_leases([case_id], self.owner, 0)
