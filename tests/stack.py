@@ -1,0 +1,115 @@
+"""Running the casetrail components for tests: in this event loop (fast), or as real
+processes (as production runs them)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import aio_pika
+import asyncpg
+import uvicorn
+
+from consumers.event_log import EventLogConsumer
+from consumers.writer import EventLogWriter
+from service.agents import CAPABILITIES
+from service.api import create_app
+from service.bus.publisher import Publisher
+from service.bus.rpc import BusWorkerRuntime, RetryPolicy
+from service.bus.topology import Topology
+from service.capability_worker import CapabilityWorker
+from service.config import Settings
+from service.store import CaseStore
+from service.worker import CaseWorker
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@asynccontextmanager
+async def serve_api(settings: Settings) -> AsyncIterator[str]:
+    """A real uvicorn serving the API on a free port; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@dataclass
+class InProcessStack:
+    base_url: str
+    worker: CaseWorker
+    consumer: EventLogConsumer
+    capability_worker: CapabilityWorker
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@asynccontextmanager
+async def in_process_stack(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
+    worker_concurrency: int = 8,
+) -> AsyncIterator[InProcessStack]:
+    topology = Topology(settings.namespace)
+    runtime = BusWorkerRuntime(amqp, topology, await Publisher.open(amqp),
+                               default_policy=RetryPolicy(attempts=2, timeout_seconds=2.0))
+    await runtime.start()
+    worker = CaseWorker(amqp, CaseStore(pool), topology, runtime,
+                        concurrency=worker_concurrency, lease_seconds=settings.lease_seconds,
+                        shutdown_grace=1.0)
+    consumer = EventLogConsumer(amqp, EventLogWriter(pool), topology, linger=0.002)
+    capabilities = CapabilityWorker(amqp, topology, list(CAPABILITIES.values()))
+    stop = asyncio.Event()
+    readies = [asyncio.Event() for _ in range(3)]
+    tasks = [
+        asyncio.create_task(worker.run(stop, readies[0])),
+        asyncio.create_task(consumer.run(stop, readies[1])),
+        asyncio.create_task(capabilities.run(stop, readies[2])),
+    ]
+    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 20)
+    try:
+        async with serve_api(settings) as base_url:
+            yield InProcessStack(base_url, worker, consumer, capabilities, stop)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        await runtime.close()
+
+
+def component_env(settings: Settings, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "CASETRAIL_AMQP_URL": settings.amqp_url,
+        "CASETRAIL_DATABASE_URL": settings.database_url,
+        "CASETRAIL_NAMESPACE": settings.namespace,
+        "CASETRAIL_LEASE_SECONDS": str(settings.lease_seconds),
+        "CASETRAIL_TOOL_TIMEOUT_SECONDS": str(settings.tool_timeout_seconds),
+        **extra,
+    })
+    return env
+
+
+def spawn(settings: Settings, *args: str, **extra: str) -> subprocess.Popen[bytes]:
+    """``casetrail ARGS`` as a real child process in the test namespace."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "service.cli", *args], env=component_env(settings, **extra),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
