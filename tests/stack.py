@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -108,8 +109,14 @@ def component_env(settings: Settings, **extra: str) -> dict[str, str]:
 
 
 def spawn(settings: Settings, *args: str, **extra: str) -> subprocess.Popen[bytes]:
-    """``casetrail ARGS`` as a real child process in the test namespace."""
-    return subprocess.Popen(
+    """``casetrail ARGS`` as a real child process in the test namespace; its log goes to
+    a temporary file (``child.log_path``) so a chatty child never blocks on a pipe."""
+    log = tempfile.NamedTemporaryFile(prefix=f"casetrail-{args[0]}-", suffix=".log",  # noqa: SIM115
+                                      delete=False)
+    child = subprocess.Popen(
         [sys.executable, "-m", "service.cli", *args], env=component_env(settings, **extra),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=log, stderr=subprocess.STDOUT,
     )
+    child.log_path = log.name  # type: ignore[attr-defined]
+    log.close()
+    return child

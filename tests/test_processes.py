@@ -1,0 +1,195 @@
+"""The real processes (``casetrail api``, ``worker``, ``consumer``, ``capability-worker``,
+``demo``, ``trail``) against the real RabbitMQ and Postgres, as they run in production."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+import httpx
+import orjson
+import pytest
+
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.config import Settings
+from tests.helpers import wait_until
+from tests.stack import component_env, free_port, spawn
+
+
+async def stop_all(children: list[subprocess.Popen[bytes]]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children:
+        try:
+            await asyncio.to_thread(child.wait, 20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise
+
+
+@pytest.fixture(scope="module")
+async def processes(
+    settings: Settings, database: str, amqp: aio_pika.abc.AbstractRobustConnection
+) -> AsyncIterator[dict[str, Any]]:
+    port = free_port()
+    children = {
+        "api": spawn(settings, "api", "--port", str(port)),
+        "worker": spawn(settings, "worker"),
+        "consumer": spawn(settings, "consumer"),
+        "capability-worker": spawn(settings, "capability-worker"),
+    }
+    base_url = f"http://127.0.0.1:{port}"
+
+    async def ready() -> bool:
+        try:
+            async with httpx.AsyncClient(base_url=base_url) as client:
+                return (await client.get("/readyz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    await wait_until(ready, timeout=30, interval=0.2)
+    yield {"base_url": base_url, "children": children}
+    await stop_all(list(children.values()))
+    for name, child in children.items():
+        # uvicorn re-raises the SIGTERM it handled once it has shut down cleanly.
+        clean = (0, -signal.SIGTERM) if name == "api" else (0,)
+        log = Path(child.log_path).read_text()[-2000:]  # type: ignore[attr-defined]  # noqa: ASYNC240
+        assert child.returncode in clean, f"{name} exited {child.returncode}: {log}"
+
+
+async def test_the_seed_integration_test_done_for_real(
+    processes: dict[str, Any], pool: asyncpg.Pool, amqp: aio_pika.abc.AbstractRobustConnection,
+    settings: Settings,
+) -> None:
+    channel = await amqp.channel()
+    exchange = await channel.get_exchange(f"{settings.namespace}.events", ensure=False)
+    subscriber = await channel.declare_queue(exclusive=True, auto_delete=True)
+    await subscriber.bind(exchange, routing_key="case.*.REACT_CYCLE")
+    async with httpx.AsyncClient(base_url=processes["base_url"]) as client:
+        reply = await client.post("/cases", json={"agent": "loan-officer",
+                                                  "input": SAMPLE_APPLICATIONS[2]})
+        assert reply.status_code == 202
+        case_id = uuid.UUID(reply.json()["caseId"])
+
+        async def done() -> dict[str, Any] | None:
+            body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
+            return body if body["status"] == "completed" else None
+
+        case = await wait_until(done, timeout=30)
+    assert case["answer"]["decision"] == "decline"
+
+    rows = await pool.fetch(
+        "SELECT attempt, seq, event_type, payload FROM event_log WHERE case_id = $1 "
+        "ORDER BY attempt, seq", case_id)
+    assert [r["seq"] for r in rows] == list(range(len(rows)))
+    types = [r["event_type"] for r in rows]
+    assert types[0] == "CASE_STARTED" and types[-1] == "CASE_COMPLETED"
+    assert sum(t in ("CASE_COMPLETED", "CASE_FAILED", "CASE_TIMED_OUT", "CASE_CANCELLED")
+               for t in types) == 1
+    cycles = [r["payload"] for r in rows if r["event_type"] == "REACT_CYCLE"]
+    assert all({"cycleIndex", "reasoningText", "toolCalls", "tokenUsage"} <= set(c)
+               for c in cycles)
+    calls = [call for c in cycles for call in c["toolCalls"]]
+    assert {c["toolSource"] for c in calls} == {"worker", "local"}
+    assert all(isinstance(c["durationMs"], int) for c in calls)
+    assert all({"toolName", "toolArgs", "toolResult", "toolSource", "durationMs"} <= set(c)
+               for c in calls)
+    status = await pool.fetchval("SELECT status FROM cases WHERE case_id = $1", case_id)
+    assert status == "completed"
+
+    heard: list[dict[str, Any]] = []
+    while len(heard) < len(cycles):
+        message = await subscriber.get(timeout=5, fail=False, no_ack=True)
+        assert message is not None
+        event = orjson.loads(message.body)
+        if event["caseId"] == str(case_id):
+            heard.append(event["payload"])
+    assert heard == cycles
+    await channel.close()
+
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "service.cli", "trail", str(case_id)],
+        env=component_env(settings), capture_output=True, text=True, timeout=30, check=True,
+    )
+    printed = shown.stdout
+    assert "REACT_CYCLE #0" in printed and "credit-score" in printed
+    assert "[worker," in printed and "[local," in printed and "decline" in printed
+
+
+async def test_a_killed_worker_leads_to_a_second_attempt(
+    processes: dict[str, Any], pool: asyncpg.Pool, settings: Settings
+) -> None:
+    worker: subprocess.Popen[bytes] = processes["children"]["worker"]
+    async with httpx.AsyncClient(base_url=processes["base_url"]) as client:
+        reply = await client.post("/cases", json={
+            "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0],
+            "model": {"provider": "scripted", "name": "slow", "latencyMs": 700},
+        })
+        case_id = uuid.UUID(reply.json()["caseId"])
+
+        async def first_cycle_stored() -> bool:
+            return bool(await pool.fetchval(
+                "SELECT count(*) FROM event_log WHERE case_id = $1 AND event_type = "
+                "'REACT_CYCLE'", case_id))
+
+        await wait_until(first_cycle_stored, timeout=20)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        processes["children"]["worker"] = spawn(settings, "worker")
+
+        async def done() -> dict[str, Any] | None:
+            body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
+            return body if body["status"] not in ("queued", "running") else None
+
+        case = await wait_until(done, timeout=60)
+    assert case["status"] == "completed" and case["attempts"] == 2
+    rows = await pool.fetch(
+        "SELECT attempt, seq, event_type, payload FROM event_log WHERE case_id = $1 "
+        "ORDER BY attempt, seq", case_id)
+    by_attempt: dict[int, list[str]] = {}
+    for row in rows:
+        by_attempt.setdefault(row["attempt"], []).append(row["event_type"])
+    assert set(by_attempt) == {1, 2}
+    assert by_attempt[1][0] == "CASE_STARTED" and "CASE_COMPLETED" not in by_attempt[1]
+    assert by_attempt[2] == ["CASE_STARTED"] + ["REACT_CYCLE"] * 4 + ["CASE_COMPLETED"]
+    for attempt in (1, 2):
+        seqs = [r["seq"] for r in rows if r["attempt"] == attempt]
+        assert seqs == list(range(len(seqs)))
+    restarted = next(r for r in rows if r["attempt"] == 2)["payload"]
+    assert "attempt 1" in restarted["restartReason"]
+
+
+async def test_the_demo_runs_end_to_end(settings: Settings, database: str) -> None:
+    demo_settings = {"CASETRAIL_NAMESPACE": settings.namespace + "-demo"}
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "service.cli", "demo", "--port", str(free_port())],
+        env=component_env(settings, **demo_settings), capture_output=True, text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "-- live from the bus" in out and "-- the persisted trail, from Postgres --" in out
+    assert "The credit score is 742. I should now retrieve the risk model" in out
+    for name, decision in [("Maria Okafor", "approve"), ("Daniel Reyes", "refer"),
+                           ("Priya Nair", "decline")]:
+        assert any(name in line and decision in line and "completed" in line
+                   for line in out.splitlines()), (name, decision)
+    connection = await aio_pika.connect(settings.amqp_url)
+    channel = await connection.channel()
+    from service.bus.topology import Topology
+
+    await Topology(settings.namespace + "-demo").delete_all(
+        channel, ["credit-score", "risk-model-retrieval", "sanctions-screening"])
+    await connection.close()
