@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,12 @@ from service.errors import PermanentError, StoreUnavailable
 
 log = logging.getLogger("casetrail.migrate")
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# From a checkout the SQL files sit beside the packages; an installed image points
+# CASETRAIL_MIGRATIONS_DIR at its copy.
+MIGRATIONS_DIR = Path(
+    os.environ.get("CASETRAIL_MIGRATIONS_DIR")
+    or Path(__file__).resolve().parent.parent / "migrations"
+)
 _LOCK_KEY = 0x6361736574726C  # "casetrl": one advisory lock for every migrator
 _FILE_NAME = re.compile(r"^(\d{3,})_[a-z0-9_]+\.sql$")
 

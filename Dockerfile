@@ -1,0 +1,25 @@
+# casetrail: one image, every component (`casetrail api|worker|consumer|...`).
+# Build stage compiles wheels; the final stage has no compilers and runs as non-root.
+FROM python:3.11-slim AS build
+RUN apt-get update && apt-get install -y --no-install-recommends build-essential \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY service ./service
+COPY consumers ./consumers
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    CASETRAIL_MIGRATIONS_DIR=/app/migrations \
+    CASETRAIL_API_HOST=0.0.0.0
+RUN useradd --create-home --uid 10001 casetrail
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+WORKDIR /app
+COPY migrations ./migrations
+USER casetrail
+EXPOSE 8000
+ENTRYPOINT ["casetrail"]
+CMD ["up"]

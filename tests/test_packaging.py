@@ -1,0 +1,79 @@
+"""The container files and the README agree with the CLI that really exists.
+
+No Docker engine runs here, so these check what can be checked: every compose
+service runs a real ``casetrail`` subcommand (and that subcommand starts), the
+start order waits on health, the image is non-root, and the README documents
+the same commands.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.main import get_command
+
+from service.agents import CAPABILITIES
+from service.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+README = (ROOT / "README.md").read_text()
+SUBCOMMANDS = set(get_command(app).commands)  # type: ignore[attr-defined]
+OURS = {name: svc for name, svc in COMPOSE["services"].items() if "command" in svc}
+
+
+def test_the_cli_has_the_designed_subcommands() -> None:
+    assert {"migrate", "up", "api", "worker", "consumer", "capability-worker", "demo", "tail",
+            "trail"} <= SUBCOMMANDS
+
+
+def test_compose_has_every_component() -> None:
+    assert {"rabbitmq", "postgres", "migrate", "api", "worker", "consumer",
+            "capability-worker"} <= set(COMPOSE["services"])
+
+
+@pytest.mark.parametrize("name", sorted(OURS))
+def test_each_compose_service_runs_a_real_documented_subcommand(name: str) -> None:
+    command = OURS[name]["command"]
+    assert command[0] in SUBCOMMANDS
+    assert f"casetrail {command[0]}" in README
+    if command[0] == "capability-worker":
+        assert set(command[1:]) == set(CAPABILITIES)
+    shown = subprocess.run([sys.executable, "-m", "service.cli", command[0], "--help"],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert shown.returncode == 0, shown.stderr
+    for option in (a for a in command[1:] if a.startswith("--")):
+        assert option in shown.stdout, f"{name}: {option} is not an option of {command[0]}"
+
+
+def test_start_order_waits_on_health_and_migrations() -> None:
+    for name in ("rabbitmq", "postgres", "api"):
+        assert "healthcheck" in COMPOSE["services"][name]
+    for name in ("api", "worker", "consumer", "capability-worker"):
+        depends = OURS[name]["depends_on"]
+        assert depends["rabbitmq"]["condition"] == "service_healthy"
+        assert depends["postgres"]["condition"] == "service_healthy"
+        assert depends["migrate"]["condition"] == "service_completed_successfully"
+
+
+def test_dockerfile_is_slim_non_root_and_runs_the_cli() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    stages = dockerfile.split("\nFROM ")
+    final = stages[-1]
+    assert final.startswith("python:3.11-slim")
+    assert "build-essential" not in final and "gcc" not in final
+    assert "USER casetrail" in final
+    assert 'ENTRYPOINT ["casetrail"]' in final
+    assert "COPY migrations" in final and "CASETRAIL_MIGRATIONS_DIR=/app/migrations" in dockerfile
+
+
+def test_readme_front_door_and_ci_call_make_test() -> None:
+    assert "make demo" in README and "make test" in README
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert "ensure-services" in makefile and "ruff" in makefile and "mypy" in makefile
