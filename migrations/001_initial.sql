@@ -51,7 +51,7 @@ CREATE TABLE event_log (
     CONSTRAINT event_log_case_attempt_seq UNIQUE (case_id, attempt, seq) INCLUDE (event_type)
 );
 
--- Evidence is never edited: refuse UPDATE and DELETE on the log.
+-- Evidence is never edited: refuse UPDATE, DELETE and TRUNCATE on the log.
 CREATE FUNCTION event_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'event_log is append-only (% refused)', TG_OP;
@@ -60,6 +60,9 @@ $$;
 CREATE TRIGGER event_log_no_update_or_delete
     BEFORE UPDATE OR DELETE ON event_log
     FOR EACH ROW EXECUTE FUNCTION event_log_append_only();
+CREATE TRIGGER event_log_no_truncate
+    BEFORE TRUNCATE ON event_log
+    FOR EACH STATEMENT EXECUTE FUNCTION event_log_append_only();
 
 -- One row per ReAct cycle.
 CREATE VIEW react_cycles AS

@@ -75,8 +75,10 @@ async def ensure_database(url: str) -> None:
             try:
                 await admin.execute(f'CREATE DATABASE "{name}"')
                 log.info("created database %s", name)
-            except asyncpg.DuplicateDatabaseError:
-                pass  # another migrator created it first
+            except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
+                # Another migrator created it first (racing CREATE DATABASEs surface
+                # as a unique violation on pg_database).
+                pass
     finally:
         await admin.close()
 

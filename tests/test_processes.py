@@ -193,3 +193,41 @@ async def test_the_demo_runs_end_to_end(settings: Settings, database: str) -> No
     await Topology(settings.namespace + "-demo").delete_all(
         channel, ["credit-score", "risk-model-retrieval", "sanctions-screening"])
     await connection.close()
+
+
+async def test_up_runs_the_stack_and_sigterm_stops_every_child(settings: Settings,
+                                                                database: str) -> None:
+    port = free_port()
+    env = component_env(settings, CASETRAIL_NAMESPACE=settings.namespace + "-up",
+                        CASETRAIL_API_PORT=str(port))
+    up = subprocess.Popen(  # noqa: ASYNC220 - a child that outlives this call, on purpose
+        [sys.executable, "-m", "service.cli", "up"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        async def ready() -> bool:
+            try:
+                async with httpx.AsyncClient() as client:
+                    reply = await client.get(f"http://127.0.0.1:{port}/readyz")
+                    return reply.status_code == 200
+            except httpx.TransportError:
+                return False
+
+        await wait_until(ready, timeout=40, interval=0.2)
+        children = [int(p) for p in (await asyncio.to_thread(
+            subprocess.run, ["pgrep", "-P", str(up.pid)], capture_output=True, text=True,
+            check=False)).stdout.split()]
+        assert len(children) == 4
+        up.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(up.wait, 30) == 0
+        for pid in children:
+            assert not Path(f"/proc/{pid}").exists() or \
+                "zombie" in Path(f"/proc/{pid}/status").read_text().lower()  # noqa: ASYNC240
+    finally:
+        if up.poll() is None:
+            up.kill()
+    connection = await aio_pika.connect(settings.amqp_url)
+    from service.bus.topology import Topology
+
+    await Topology(settings.namespace + "-up").delete_all(
+        await connection.channel(), ["credit-score", "risk-model-retrieval", "sanctions-screening"])
+    await connection.close()
