@@ -29,6 +29,7 @@ from service.config import Settings
 from service.engine.loop import cancelled_while_queued
 from service.errors import BusUnavailable, CasetrailError, PublishRejected, StoreUnavailable
 from service.events import EVENT_TYPES, Limits, ModelRef
+from service.providers import base_url_problem
 from service.store import CaseStore, NewCase, create_pool
 
 log = logging.getLogger("casetrail.api")
@@ -230,6 +231,8 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             ]) from None
         limits = _limits(request.limits, agent.default_limits, settings)
         model = request.model or agent.default_model
+        if problem := base_url_problem(model, settings):
+            raise _unprocessable([(["model", "baseUrl"], problem)])
         case_input = validated.model_dump(mode="json", by_alias=True)
         digest = hashlib.sha256(orjson.dumps(
             {"agent": agent.name, "input": case_input, "limits": limits.model_dump(),

@@ -34,9 +34,26 @@ class Settings(BaseSettings):
     consumer_batch_size: int = 500
     consumer_linger_ms: float = 5.0
 
+    openai_api_key: str | None = Field(
+        default=None, description="Falls back to OPENAI_API_KEY. Never logged or recorded."
+    )
+    anthropic_api_key: str | None = Field(
+        default=None, description="Falls back to ANTHROPIC_API_KEY. Never logged or recorded."
+    )
+    model_base_urls: str = Field(
+        default="",
+        description="Comma-separated base URLs a case may point a provider at (besides the "
+        "provider's own). A case cannot send the server's API key anywhere else.",
+    )
+    model_timeout_seconds: float = 120.0
+
     capability_concurrency: int = 64
     tool_timeout_seconds: float = 10.0
     tool_attempts: int = 3
+
+
+    def allowed_base_urls(self) -> set[str]:
+        return {u.strip().rstrip("/") for u in self.model_base_urls.split(",") if u.strip()}
 
 
 @lru_cache(maxsize=1)

@@ -277,14 +277,27 @@ class CaseCompletedPayload(CaseTotals):
     answer: JsonObject
 
 
-class CaseFailedPayload(CaseTotals):
+class _WithRetries(CaseTotals):
+    model_retries: tuple[ModelRetry, ...] = Field(
+        default=(), description="Model retries of the cycle that never completed."
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not data.get("modelRetries"):
+            data.pop("modelRetries", None)
+        return data
+
+
+class CaseFailedPayload(_WithRetries):
     """The case ended without an answer; ``reason_code`` says which way."""
 
     reason_code: Literal["max_cycles", "model_error", "internal_error", "publish_error"]
     message: str
 
 
-class CaseTimedOutPayload(CaseTotals):
+class CaseTimedOutPayload(_WithRetries):
     """The attempt's hard deadline passed; in-flight calls were abandoned."""
 
     deadline_seconds: float

@@ -18,6 +18,7 @@ from service.bus.topology import Topology
 from service.capability_worker import CapabilityWorker
 from service.config import Settings
 from service.errors import BusUnavailable, StoreUnavailable
+from service.providers import ModelFactory
 from service.store import CaseStore, create_pool
 from service.supervisor import run_until_signal
 from service.worker import CaseWorker
@@ -59,6 +60,7 @@ async def run_worker(settings: Settings) -> None:
     )
     await runtime.start()
     worker = CaseWorker(connection, CaseStore(pool), topology, runtime,
+                        models=ModelFactory(settings),
                         concurrency=settings.worker_concurrency,
                         lease_seconds=settings.lease_seconds)
     try:

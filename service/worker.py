@@ -22,20 +22,25 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from service.agents import AGENTS
+from service.agents.profile import AgentProfile
 from service.bus.dead_letter import dead_letter
 from service.bus.publisher import EventPublisher, Publisher
 from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand, InvalidCommand
+from service.config import get_settings
+from service.engine.chat import ChatModel
 from service.engine.loop import CancelSignal, CaseSpec, ReactEngine, cancelled_while_queued
 from service.engine.tools import ToolBox, WorkerRuntime
 from service.errors import CasetrailError, StoreUnavailable
-from service.providers import build_model
+from service.events import ModelRef
+from service.providers import ModelFactory
 from service.store import CaseStore
 
 log = logging.getLogger("casetrail.worker")
@@ -49,6 +54,9 @@ class CaseWorker:
     store: CaseStore
     topology: Topology
     runtime: WorkerRuntime
+    models: Callable[[ModelRef, AgentProfile], ChatModel] = field(
+        default_factory=lambda: ModelFactory(get_settings())
+    )
     concurrency: int = 256
     lease_seconds: float = 15.0
     shutdown_grace: float = 10.0
@@ -204,9 +212,10 @@ class CaseWorker:
             case_id=command.case_id, attempt=attempt, agent=agent.name,
             system_prompt=agent.system_prompt, input=command.input, limits=command.limits,
             model=command.model, restart_reason=restart_reason,
+            context_budget=agent.context_budget_tokens,
         )
         tools = ToolBox(agent.tools, self.runtime)
-        await self._engine.run(spec, build_model(command.model, agent), tools, signal)
+        await self._engine.run(spec, self.models(command.model, agent), tools, signal)
         await self._mark_ended(command.case_id)
 
     async def _mark_ended(self, case_id: uuid.UUID) -> None:

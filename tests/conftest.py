@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aio_pika
@@ -27,14 +27,28 @@ _LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0", ""}
 _real_getaddrinfo = socket.getaddrinfo
 
 
+BLOCKED_HOSTS: list[str] = []
+"""Hosts a test tried to reach; any entry fails that test (see ``_no_outside_hosts``)."""
+
+
 def _guarded_getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
     name = host.decode() if isinstance(host, bytes) else (host or "")
     if name not in _LOCAL and not name.startswith("127."):
-        raise RuntimeError(f"tests must not reach {name!r}: only this machine is allowed")
+        BLOCKED_HOSTS.append(name)
+        raise socket.gaierror(f"tests must not reach {name!r}: only this machine is allowed")
     return _real_getaddrinfo(host, *args, **kwargs)
 
 
 socket.getaddrinfo = _guarded_getaddrinfo
+
+
+@pytest.fixture(autouse=True)
+def _no_outside_hosts() -> Iterator[None]:
+    """Fail any test that tried to reach a host off this machine (a real provider)."""
+    yield
+    tried = list(BLOCKED_HOSTS)
+    BLOCKED_HOSTS.clear()
+    assert not tried, f"a test tried to reach {tried}"
 
 
 BASE_AMQP = os.environ.get("CASETRAIL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")

@@ -26,6 +26,7 @@ from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
 from service.capability_worker import CapabilityWorker
 from service.config import Settings
+from service.providers import ModelFactory
 from service.store import CaseStore
 from service.worker import CaseWorker
 
@@ -74,8 +75,8 @@ async def in_process_stack(
                                default_policy=RetryPolicy(attempts=2, timeout_seconds=2.0))
     await runtime.start()
     worker = CaseWorker(amqp, CaseStore(pool), topology, runtime,
-                        concurrency=worker_concurrency, lease_seconds=settings.lease_seconds,
-                        shutdown_grace=1.0)
+                        models=ModelFactory(settings), concurrency=worker_concurrency,
+                        lease_seconds=settings.lease_seconds, shutdown_grace=1.0)
     consumer = EventLogConsumer(amqp, EventLogWriter(pool), topology, linger=0.002)
     capabilities = CapabilityWorker(amqp, topology, list(CAPABILITIES.values()))
     stop = asyncio.Event()

@@ -227,11 +227,15 @@ async def test_a_deadline_ends_a_running_case(client: httpx.AsyncClient) -> None
     assert trail[-1]["payload"]["cyclesCompleted"] == len(cycles) == 1
 
 
-async def test_unsupported_provider_fails_the_case_visibly(client: httpx.AsyncClient) -> None:
+async def test_a_provider_without_a_key_fails_the_case_visibly(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     case_id = await start(client, model={"provider": "anthropic", "name": "claude-x"})
     case = await ended(client, case_id)
     assert case["status"] == "failed"
     assert case["outcome"]["reasonCode"] == "model_error"
+    assert "no Anthropic API key" in case["outcome"]["message"]
 
 
 async def test_agents_health_and_openapi(client: httpx.AsyncClient) -> None:

@@ -35,6 +35,7 @@ class AgentProfile:
     default_limits: Limits
     script: ScriptFn
     capabilities: tuple[Capability[Any], ...] = ()
+    context_budget_tokens: int = 32_000
 
     def input_schema(self) -> dict[str, Any]:
         return self.input_model.model_json_schema(by_alias=True)

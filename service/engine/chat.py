@@ -71,6 +71,22 @@ class ToolResultMessage:
 ChatMessage: TypeAlias = SystemMessage | UserMessage | AssistantMessage | ToolResultMessage
 
 
+def count_tokens(text: str) -> int:
+    """A deterministic token estimate (about four characters a token)."""
+    return max(1, (len(text) + 3) // 4) if text else 0
+
+
+def message_text(message: ChatMessage) -> str:
+    """The text of a message that counts against the context."""
+    match message:
+        case SystemMessage(text=text) | UserMessage(text=text):
+            return text
+        case AssistantMessage(text=text, tool_calls=calls):
+            return text + "".join(c.name + (c.raw_arguments or "") for c in calls)
+        case ToolResultMessage(content=content):
+            return content
+
+
 @dataclass(frozen=True, slots=True)
 class AssistantTurn:
     """What one model request returns."""

@@ -21,7 +21,7 @@ import hashlib
 import re
 import uuid
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -33,7 +33,10 @@ from service.engine.chat import (
     ChatMessage,
     ChatModel,
     SystemMessage,
+    ToolResultMessage,
     UserMessage,
+    count_tokens,
+    message_text,
 )
 from service.engine.tools import ToolBox, ToolOutcome
 from service.errors import ModelRejected, ModelUnavailable
@@ -97,6 +100,39 @@ class CaseSpec:
     limits: Limits
     model: ModelRef
     restart_reason: str | None = None
+    context_budget: int | None = None
+    """Tokens the conversation may take; beyond it the oldest observations are shortened."""
+
+
+KEEP_OF_TRIMMED_OBSERVATION = 200
+"""Characters an observation keeps when it is shortened to fit the context budget."""
+
+
+def fit_to_budget(
+    messages: Sequence[ChatMessage], budget: int | None
+) -> tuple[list[ChatMessage], list[str]]:
+    """Shorten the oldest observations until the conversation fits ``budget`` tokens.
+
+    Deterministic: the same conversation and budget always give the same result.
+    Returns the messages to send and the tool call ids whose observations were cut.
+    """
+    out = list(messages)
+    if budget is None:
+        return out, []
+    total = sum(count_tokens(message_text(m)) for m in out)
+    trimmed: list[str] = []
+    for index, message in enumerate(out):
+        if total <= budget:
+            break
+        if isinstance(message, ToolResultMessage) and \
+                len(message.content) > KEEP_OF_TRIMMED_OBSERVATION:
+            hidden = len(message.content) - KEEP_OF_TRIMMED_OBSERVATION
+            short = (f"{message.content[:KEEP_OF_TRIMMED_OBSERVATION]}… [observation shortened "
+                     f"to fit the context budget: {hidden} characters not shown]")
+            total -= count_tokens(message.content) - count_tokens(short)
+            out[index] = replace(message, content=short)
+            trimmed.append(message.tool_call_id)
+    return out, trimmed
 
 
 @dataclass
@@ -109,6 +145,9 @@ class RunState:
     seq: int = 0
     cycles: int = 0
     usage: TokenUsage = ZERO_USAGE
+    retries: list[ModelRetry] = field(default_factory=list)
+    """Model retries of the cycle in progress: on its REACT_CYCLE, or on the terminal
+    event when the case ends before the cycle does."""
 
     def remaining(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()
@@ -196,8 +235,9 @@ class ReactEngine:
     async def _cycle(
         self, state: RunState, model: ChatModel, tools: ToolBox, cancel: CancelSignal
     ) -> TerminalEvent | None:
-        retries: list[ModelRetry] = []
-        turn = await self._request(state, model, tools, cancel, retries)
+        state.retries = []
+        prompt, trimmed = fit_to_budget(state.messages, state.spec.context_budget)
+        turn = await self._request(state, prompt, model, tools, cancel)
         state.usage = state.usage + turn.usage
         state.messages.append(turn.as_message())
         outcomes: list[ToolOutcome] = []
@@ -215,9 +255,11 @@ class ReactEngine:
                 token_usage=turn.usage,
                 model=turn.model or model.name,
                 finish_reason=turn.finish_reason,
-                model_retries=tuple(retries),
+                model_retries=tuple(state.retries),
+                trimmed_observations=tuple(trimmed),
             ),
         )
+        state.retries = []
         state.cycles += 1
         if turn.tool_calls:
             return None
@@ -232,17 +274,17 @@ class ReactEngine:
     async def _request(
         self,
         state: RunState,
+        prompt: Sequence[ChatMessage],
         model: ChatModel,
         tools: ToolBox,
         cancel: CancelSignal,
-        retries: list[ModelRetry],
     ) -> AssistantTurn:
         """One model turn; transient provider failures are retried with backoff and
         jitter (honouring ``Retry-After``) inside the deadline, and each retry is kept."""
         backoff = wait_exponential_jitter(multiplier=0.5, max=20.0, jitter=0.5)
         for attempt in range(1, MODEL_RETRY_ATTEMPTS + 1):
             try:
-                return await self._guard(state, cancel, model.request(state.messages, tools.specs))
+                return await self._guard(state, cancel, model.request(prompt, tools.specs))
             except ModelUnavailable as exc:
                 if attempt == MODEL_RETRY_ATTEMPTS:
                     raise
@@ -251,7 +293,7 @@ class ReactEngine:
                 )
                 if delay >= state.remaining():
                     raise _Interrupted("deadline") from exc
-                retries.append(
+                state.retries.append(
                     ModelRetry(
                         at=datetime.now(UTC), reason=str(exc), waited=timedelta(seconds=delay)
                     )
@@ -303,6 +345,7 @@ class ReactEngine:
                 token_totals=state.usage,
                 reason_code=code,
                 message=message,
+                model_retries=tuple(state.retries),
             ),
         )
 
@@ -315,6 +358,7 @@ class ReactEngine:
                 token_totals=state.usage,
                 deadline_seconds=limit,
                 message=f"the case deadline of {limit:g}s passed after {state.cycles} cycles",
+                model_retries=tuple(state.retries),
             ),
         )
 

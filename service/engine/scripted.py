@@ -14,34 +14,18 @@ from collections.abc import Callable, Sequence
 import orjson
 
 from service.engine.chat import (
-    AssistantMessage,
     AssistantTurn,
     ChatMessage,
-    SystemMessage,
     ToolCallRequest,
     ToolResultMessage,
     ToolSpec,
-    UserMessage,
+    count_tokens,
+    message_text,
 )
 from service.errors import ModelRejected
 from service.events import TokenUsage
 
 ScriptFn = Callable[[Sequence[ChatMessage]], AssistantTurn]
-
-
-def count_tokens(text: str) -> int:
-    """A deterministic token estimate (about four characters a token)."""
-    return max(1, (len(text) + 3) // 4) if text else 0
-
-
-def _message_text(message: ChatMessage) -> str:
-    match message:
-        case SystemMessage(text=text) | UserMessage(text=text):
-            return text
-        case AssistantMessage(text=text, tool_calls=calls):
-            return text + "".join(c.name + (c.raw_arguments or "") for c in calls)
-        case ToolResultMessage(content=content):
-            return content
 
 
 class ScriptedModel:
@@ -79,7 +63,7 @@ class ScriptedModel:
                 raise ModelRejected(f"script exhausted after {self._served} turns")
             turn = self._turns[self._served]
         self._served += 1
-        prompt = sum(count_tokens(_message_text(m)) for m in messages) + sum(
+        prompt = sum(count_tokens(message_text(m)) for m in messages) + sum(
             count_tokens(t.name + t.description) + count_tokens(orjson.dumps(t.parameters).decode())
             for t in tools
         )

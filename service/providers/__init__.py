@@ -1,10 +1,19 @@
-"""Chat-model providers behind the one ``ChatModel`` interface, chosen per case."""
+"""Chat-model providers behind the one ``ChatModel`` interface, chosen per case.
+
+API keys come from the environment only (``CASETRAIL_OPENAI_API_KEY`` or
+``OPENAI_API_KEY``, likewise for Anthropic). They never appear in events, logs
+or API responses, and a case may point a provider only at a base URL the
+operator allowed (``CASETRAIL_MODEL_BASE_URLS``), so a case cannot make the
+server send its key elsewhere.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from service.agents.profile import AgentProfile
+from service.config import Settings
 from service.engine.chat import AssistantTurn, ChatMessage, ChatModel, ToolSpec
 from service.engine.scripted import ScriptedModel
 from service.errors import ModelRejected
@@ -12,7 +21,7 @@ from service.events import ModelRef
 
 
 class UnavailableProvider:
-    """A provider this deployment cannot serve; every request is refused, so the case
+    """A model this deployment cannot serve; every request is refused, so the case
     ends ``CASE_FAILED`` with ``model_error`` and the reason, never silently."""
 
     def __init__(self, ref: ModelRef, reason: str) -> None:
@@ -29,12 +38,49 @@ class UnavailableProvider:
         raise ModelRejected(self._reason)
 
 
-def build_model(ref: ModelRef, agent: AgentProfile) -> ChatModel:
-    """The chat model a case asked for."""
-    match ref.provider:
-        case "scripted":
-            return ScriptedModel(agent.script, name=ref.name, latency=(ref.latency_ms or 0) / 1000)
-        case "openai" | "anthropic":
-            return UnavailableProvider(
-                ref, f"provider {ref.provider!r} is not supported by this casetrail build yet"
-            )
+def base_url_problem(ref: ModelRef, settings: Settings) -> str | None:
+    """Why ``ref.base_url`` may not be used, or ``None`` when it may."""
+    if ref.base_url is None:
+        return None
+    if ref.provider == "scripted":
+        return "baseUrl applies to the openai and anthropic providers only"
+    if ref.base_url.rstrip("/") not in settings.allowed_base_urls():
+        return (f"baseUrl {ref.base_url!r} is not one the operator allowed "
+                "(CASETRAIL_MODEL_BASE_URLS)")
+    return None
+
+
+class ModelFactory:
+    """Builds the chat model a case asked for."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def __call__(self, ref: ModelRef, agent: AgentProfile) -> ChatModel:
+        problem = base_url_problem(ref, self._settings)
+        if problem:
+            return UnavailableProvider(ref, problem)
+        timeout = self._settings.model_timeout_seconds
+        match ref.provider:
+            case "scripted":
+                return ScriptedModel(agent.script, name=ref.name,
+                                     latency=(ref.latency_ms or 0) / 1000)
+            case "openai":
+                from service.providers.openai_compat import OpenAIChatModel
+
+                key = self._settings.openai_api_key or os.environ.get("OPENAI_API_KEY")
+                if not key and ref.base_url is None:
+                    return UnavailableProvider(ref, "no OpenAI API key is configured "
+                                               "(CASETRAIL_OPENAI_API_KEY or OPENAI_API_KEY)")
+                return OpenAIChatModel(ref.name, api_key=key or "not-needed",
+                                       base_url=ref.base_url, timeout=timeout)
+            case "anthropic":
+                from service.providers.anthropic_messages import AnthropicChatModel
+
+                key = self._settings.anthropic_api_key or os.environ.get("ANTHROPIC_API_KEY")
+                if not key and ref.base_url is None:
+                    return UnavailableProvider(ref, "no Anthropic API key is configured "
+                                               "(CASETRAIL_ANTHROPIC_API_KEY or "
+                                               "ANTHROPIC_API_KEY)")
+                return AnthropicChatModel(ref.name, api_key=key or "not-needed",
+                                          base_url=ref.base_url, timeout=timeout)

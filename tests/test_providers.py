@@ -1,0 +1,243 @@
+"""Real providers through the official SDKs, over real HTTP, against a local server that
+speaks each provider's wire format."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aio_pika
+import asyncpg
+import httpx
+import orjson
+import pytest
+
+from service.agents import AGENTS
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.config import Settings
+from service.engine.chat import (
+    ChatMessage,
+    SystemMessage,
+    ToolResultMessage,
+    ToolSpec,
+    UserMessage,
+)
+from service.engine.loop import ReactEngine, fit_to_budget
+from service.errors import ModelRejected, ModelUnavailable
+from service.providers.anthropic_messages import AnthropicChatModel
+from service.providers.openai_compat import OpenAIChatModel
+from tests import conftest
+from tests.fake_llm import FakeLLM, anthropic_turn, error, fake_llm, openai_turn
+from tests.helpers import ListSink, spec_for, toolbox, wait_until
+from tests.stack import in_process_stack
+
+SECRET = "sk-test-secret-0000"
+TOOLS = [ToolSpec("debt-to-income", "ratio", {"type": "object", "properties": {}})]
+PROMPT: list[ChatMessage] = [SystemMessage("be careful"), UserMessage("hello")]
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeLLM]:
+    async with fake_llm() as server:
+        yield server
+
+
+def openai_model(fake: FakeLLM) -> OpenAIChatModel:
+    return OpenAIChatModel("gpt-test", api_key=SECRET, base_url=f"{fake.base_url}/v1")
+
+
+def anthropic_model(fake: FakeLLM) -> AnthropicChatModel:
+    return AnthropicChatModel("claude-test", api_key=SECRET, base_url=fake.base_url)
+
+
+async def test_openai_tool_calls_usage_and_wire_format(fake: FakeLLM) -> None:
+    fake.script = [openai_turn("Checking two things.", calls=[
+        ("call_a", "debt-to-income", '{"monthlyDebt": 1, "monthlyIncome": 4}'),
+        ("call_b", "lending-policy", '{"creditScore": 700}'),
+    ], prompt=120, completion=30)]
+    turn = await openai_model(fake).request(PROMPT, TOOLS)
+    assert [(c.id, c.name, c.arguments) for c in turn.tool_calls] == [
+        ("call_a", "debt-to-income", {"monthlyDebt": 1, "monthlyIncome": 4}),
+        ("call_b", "lending-policy", {"creditScore": 700}),
+    ]
+    assert (turn.usage.input_tokens, turn.usage.output_tokens) == (120, 30)
+    assert turn.finish_reason == "tool_calls" and turn.model == "gpt-test"
+    sent = fake.requests[0]
+    assert sent["model"] == "gpt-test"
+    assert sent["messages"] == [{"role": "system", "content": "be careful"},
+                                {"role": "user", "content": "hello"}]
+    assert sent["tools"][0] == {"type": "function", "function": {
+        "name": "debt-to-income", "description": "ratio",
+        "parameters": {"type": "object", "properties": {}}}}
+    assert fake.headers[0]["authorization"] == f"Bearer {SECRET}"
+
+
+async def test_openai_malformed_arguments_become_a_tool_error_the_model_sees(
+    fake: FakeLLM,
+) -> None:
+    fake.script = [
+        openai_turn(None, calls=[("call_x", "debt-to-income", '{"monthlyDebt": 1,')]),
+        openai_turn('{"decision": "refer"}'),
+    ]
+    sink = ListSink()
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), openai_model(fake), toolbox())
+    assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "REACT_CYCLE", "CASE_COMPLETED"]
+    record = sink.events[1].payload.tool_calls[0]  # type: ignore[union-attr]
+    assert record.error is not None and "not a JSON object" in record.error
+    assert record.raw_args == '{"monthlyDebt": 1,'
+    tool_message = fake.requests[1]["messages"][-1]
+    assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_x"
+    assert tool_message["content"].startswith("ERROR: ")
+    assert fake.requests[1]["messages"][-2]["tool_calls"][0]["function"]["arguments"] == \
+        '{"monthlyDebt": 1,'
+
+
+async def test_429_then_success_is_retried_and_recorded(fake: FakeLLM) -> None:
+    fake.script = [error(429, "slow down", {"retry-after": "0"}),
+                   error(503, "overloaded"), openai_turn('{"decision": "approve"}')]
+    sink = ListSink()
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), openai_model(fake), toolbox())
+    assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "CASE_COMPLETED"]
+    retries = sink.events[1].payload.model_retries  # type: ignore[union-attr]
+    assert [r.reason for r in retries] == ["openai answered 429: slow down",
+                                           "openai answered 503: overloaded"]
+    assert retries[0].waited.total_seconds() == 0
+
+
+async def test_5xx_until_the_deadline_times_out_with_the_retries_on_record(
+    fake: FakeLLM,
+) -> None:
+    fake.script, fake.repeat_last = [error(500, "boom")], True
+    sink = ListSink()
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0], deadline=2.5),
+                                openai_model(fake), toolbox())
+    assert sink.types == ["CASE_STARTED", "CASE_TIMED_OUT"]
+    retries = sink.events[-1].payload.model_retries  # type: ignore[union-attr]
+    assert len(retries) >= 2 and all("500" in r.reason for r in retries)
+    assert len(fake.requests) == len(retries) + 1
+
+
+async def test_401_fails_the_case_with_the_providers_message(fake: FakeLLM) -> None:
+    fake.script = [error(401, "invalid x-api-key")]
+    sink = ListSink()
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), anthropic_model(fake),
+                                toolbox())
+    assert sink.types == ["CASE_STARTED", "CASE_FAILED"]
+    payload = sink.events[-1].payload
+    assert payload.reason_code == "model_error"  # type: ignore[union-attr]
+    assert "anthropic answered 401: invalid x-api-key" in payload.message  # type: ignore[union-attr]
+    assert len(fake.requests) == 1  # permanent: never retried
+    assert all(SECRET not in e.to_json().decode() for e in sink.events)
+
+
+async def test_anthropic_thinking_and_tool_use_round_trip(fake: FakeLLM) -> None:
+    thinking = {"type": "thinking", "thinking": "The ratio decides it.", "signature": "sig=="}
+    fake.script = [
+        anthropic_turn([thinking, {"type": "text", "text": "Computing the ratio."},
+                        {"type": "tool_use", "id": "toolu_1", "name": "debt-to-income",
+                         "input": {"monthlyDebt": 1000, "monthlyIncome": 4000}},
+                        {"type": "tool_use", "id": "toolu_2", "name": "debt-to-income",
+                         "input": {"monthlyDebt": 1, "monthlyIncome": 0}}],
+                       stop="tool_use", prompt=300, completion=40),
+        anthropic_turn([{"type": "text", "text": '{"decision": "approve"}'}]),
+    ]
+    sink = ListSink()
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), anthropic_model(fake),
+                                toolbox())
+    assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "REACT_CYCLE", "CASE_COMPLETED"]
+    cycle = sink.events[1].payload
+    assert cycle.reasoning_text.startswith("The ratio decides it.")  # type: ignore[union-attr]
+    assert "Computing the ratio." in cycle.reasoning_text  # type: ignore[union-attr]
+    assert cycle.token_usage.input_tokens == 300  # type: ignore[union-attr]
+    assert cycle.finish_reason == "tool_use" and cycle.model == "claude-test"  # type: ignore[union-attr]
+    records = cycle.tool_calls  # type: ignore[union-attr]
+    assert records[0].tool_result == {"dti": 0.25}
+    assert records[1].error is not None  # monthlyIncome must be > 0
+    second = fake.requests[1]
+    assert second["system"].startswith("You are a loan officer")
+    assistant, results = second["messages"][-2], second["messages"][-1]
+    assert assistant["content"][0] == thinking  # sent back verbatim, signature included
+    assert [b["tool_use_id"] for b in results["content"]] == ["toolu_1", "toolu_2"]
+    assert [b["is_error"] for b in results["content"]] == [False, True]
+
+
+async def test_transport_failures_are_transient(fake: FakeLLM) -> None:
+    dead = OpenAIChatModel("gpt-test", api_key=SECRET, base_url="http://127.0.0.1:9/v1")
+    with pytest.raises(ModelUnavailable, match="unreachable"):
+        await dead.request(PROMPT, TOOLS)
+    fake.script = [error(404, "no such model")]
+    with pytest.raises(ModelRejected, match="404"):
+        await openai_model(fake).request(PROMPT, TOOLS)
+
+
+async def test_the_guard_stops_requests_to_real_providers() -> None:
+    real = OpenAIChatModel("gpt-4o", api_key="sk-none")
+    with pytest.raises(ModelUnavailable):
+        await real.request(PROMPT, TOOLS)
+    assert set(conftest.BLOCKED_HOSTS) == {"api.openai.com"}
+    conftest.BLOCKED_HOSTS.clear()  # seen and expected here; anywhere else it fails the test
+
+
+def test_context_budget_shortens_the_oldest_observations_deterministically() -> None:
+    long = "x" * 4000
+    messages: list[ChatMessage] = [SystemMessage("s"), UserMessage("u"),
+                ToolResultMessage("c1", "t", long), ToolResultMessage("c2", "t", long),
+                ToolResultMessage("c3", "t", "short")]
+    fitted, trimmed = fit_to_budget(messages, budget=1200)
+    assert trimmed == ["c1"]
+    assert "observation shortened" in fitted[2].content  # type: ignore[union-attr]
+    assert fitted[3] == messages[3] and fitted[4] == messages[4]
+    assert fit_to_budget(messages, budget=1200) == (fitted, trimmed)
+    assert fit_to_budget(messages, budget=None) == (messages, [])
+
+
+@pytest.fixture(scope="module")
+async def openai_server() -> AsyncIterator[FakeLLM]:
+    async with fake_llm() as server:
+        yield server
+
+
+async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
+    openai_server: FakeLLM,
+) -> None:
+    base_url = f"{openai_server.base_url}/v1"
+    allowed = settings.model_copy(update={"model_base_urls": base_url,
+                                          "openai_api_key": SECRET})
+    openai_server.script = [
+        openai_turn("I need the credit score.",
+                    calls=[("call_1", "credit-score", '{"applicantId": "A-1001"}')],
+                    prompt=500, completion=20),
+        openai_turn('The score is 742.\n```json\n{"decision": "approve"}\n```',
+                    prompt=600, completion=25),
+    ]
+    model = {"provider": "openai", "name": "gpt-test", "baseUrl": base_url}
+    async with in_process_stack(allowed, amqp, pool) as stack, \
+            httpx.AsyncClient(base_url=stack.base_url) as client:
+        refused = await client.post("/cases", json={
+            "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0],
+            "model": {**model, "baseUrl": "http://198.51.100.7/v1"}})
+        assert refused.status_code == 422 and "baseUrl" in refused.text
+        reply = await client.post("/cases", json={"agent": "loan-officer",
+                                                  "input": SAMPLE_APPLICATIONS[0],
+                                                  "model": model})
+        case_id = reply.json()["caseId"]
+
+        async def done() -> dict[str, Any] | None:
+            body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
+            return body if body["status"] not in ("queued", "running") else None
+
+        case = await wait_until(done, timeout=30)
+        trail = (await client.get(f"/cases/{case_id}/events")).json()["events"]
+    assert case["status"] == "completed" and case["answer"] == {"decision": "approve"}
+    assert case["tokenUsage"] == {"inputTokens": 1100, "outputTokens": 45}
+    cycles = [e["payload"] for e in trail if e["eventType"] == "REACT_CYCLE"]
+    assert [c["model"] for c in cycles] == ["gpt-test", "gpt-test"]
+    assert cycles[0]["toolCalls"][0]["toolSource"] == "worker"
+    assert cycles[0]["toolCalls"][0]["toolResult"]["score"] == 742
+    stored = await pool.fetchval("SELECT string_agg(payload::text, '') FROM event_log "
+                                 "WHERE case_id = $1", uuid.UUID(case_id))
+    assert SECRET not in stored and SECRET not in orjson.dumps(case).decode()
+    assert AGENTS["loan-officer"].system_prompt in openai_server.requests[0]["messages"][0][
+        "content"]
