@@ -35,7 +35,7 @@ from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.engine.loop import backoff_delay
 from service.errors import StoreUnavailable
-from service.events import Event, InvalidEvent, event_from_json
+from service.events import Event, InvalidEvent, event_and_payload_from_json
 
 log = logging.getLogger("casetrail.consumer")
 
@@ -126,15 +126,15 @@ class EventLogConsumer:
         dead_letters: Publisher,
         stop: asyncio.Event,
     ) -> None:
-        readable: list[tuple[AbstractIncomingMessage, Event]] = []
+        readable: list[tuple[AbstractIncomingMessage, Event, str]] = []
         rejected: list[tuple[AbstractIncomingMessage, str]] = []
         for message in batch:
             try:
-                readable.append((message, event_from_json(message.body)))
+                readable.append((message, *event_and_payload_from_json(message.body)))
             except InvalidEvent as exc:
                 rejected.append((message, str(exc)))
-        events = [event for _, event in readable]
-        outcome = await self._write(events, stop)
+        events = [event for _, event, _ in readable]
+        outcome = await self._write(events, [payload for _, _, payload in readable], stop)
         if outcome is None:
             return  # stopping during an outage: the broker redelivers the batch
         for index, reason in outcome.conflicts.items():
@@ -147,13 +147,15 @@ class EventLogConsumer:
         self.stats.duplicates += outcome.duplicates
         self.stats.dead_lettered += len(rejected)
 
-    async def _write(self, events: Sequence[Event], stop: asyncio.Event) -> BatchOutcome | None:
+    async def _write(
+        self, events: Sequence[Event], payloads: Sequence[str], stop: asyncio.Event
+    ) -> BatchOutcome | None:
         """Commit the batch, waiting out a Postgres outage; ``None`` if told to stop first."""
         backoff = wait_exponential_jitter(multiplier=0.2, max=5.0)
         failures = 0
         while True:
             try:
-                return await self.writer.write(events)
+                return await self.writer.write(events, payloads)
             except StoreUnavailable as exc:
                 failures += 1
                 self.stats.store_retries += 1
@@ -168,15 +170,15 @@ class EventLogConsumer:
                 if len(events) == 1:
                     return BatchOutcome(0, 0, {0: f"database refused the event: {exc}"})
                 log.warning("batch refused (%s); isolating the event that caused it", exc)
-                return await self._write_one_by_one(events, stop)
+                return await self._write_one_by_one(events, payloads, stop)
 
     async def _write_one_by_one(
-        self, events: Sequence[Event], stop: asyncio.Event
+        self, events: Sequence[Event], payloads: Sequence[str], stop: asyncio.Event
     ) -> BatchOutcome | None:
         inserted = duplicates = 0
         conflicts: dict[int, str] = {}
         for index, event in enumerate(events):
-            outcome = await self._write([event], stop)
+            outcome = await self._write([event], [payloads[index]], stop)
             if outcome is None:
                 return None
             inserted += outcome.inserted

@@ -106,16 +106,21 @@ class EventLogWriter:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def write(self, events: Sequence[Event]) -> BatchOutcome:
+    async def write(
+        self, events: Sequence[Event], payloads: Sequence[str] | None = None
+    ) -> BatchOutcome:
         """Store ``events`` once each and fold them into ``cases``; commit; report.
 
+        ``payloads`` are the events' payloads as JSON text when the caller already
+        has them (the consumer does: the validated wire form), else they are made.
         Raises ``StoreUnavailable`` when Postgres cannot be reached (nothing
         committed), and lets other database errors through for the caller to
         isolate the event that caused them.
         """
         if not events:
             return BatchOutcome(0, 0, {})
-        payloads = [event_payload_json(e).decode() for e in events]
+        if payloads is None:
+            payloads = [event_payload_json(e).decode() for e in events]
         columns = (
             [e.event_id for e in events],
             [e.case_id for e in events],
@@ -126,7 +131,10 @@ class EventLogWriter:
             [e.schema_version for e in events],
             payloads,
         )
-        async with translate_errors(), self._pool.acquire() as conn, conn.transaction():
+        # One statement, so one implicit transaction and one round trip: the insert
+        # and the fold into cases commit together or not at all. The conflict check
+        # only reads rows that were already committed, so it needs no transaction.
+        async with translate_errors(), self._pool.acquire() as conn:
             rows = await conn.fetch(_INSERT_AND_FOLD, *columns)
             conflicts: dict[int, str] = {}
             if len(rows) < len(events):
@@ -137,7 +145,7 @@ class EventLogWriter:
         self,
         conn: Any,
         events: Sequence[Event],
-        payloads: list[str],
+        payloads: Sequence[str],
         inserted: list[asyncpg.Record],
     ) -> dict[int, str]:
         new = {row["event_id"] for row in inserted}

@@ -131,6 +131,16 @@ class _TooLarge(Exception):
     pass
 
 
+class OrjsonResponse(Response):
+    """JSON through orjson, returned directly by the routes so FastAPI's generic
+    encoder stays off the hot path."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
 def _case_view(row: dict[str, Any]) -> dict[str, Any]:
     def stamp(value: Any) -> str | None:
         return None if value is None else value.isoformat().replace("+00:00", "Z")
@@ -211,12 +221,19 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
     async def bus_down(request: Request, exc: BusUnavailable) -> JSONResponse:
         return JSONResponse({"detail": "message broker unavailable, try again"}, status_code=503)
 
-    @app.post("/cases", status_code=202, summary="Start a case")
+    @app.post("/cases", status_code=202, summary="Start a case", responses={
+        202: {"description": "Accepted: the case is recorded and its start command confirmed",
+              "content": {"application/json": {"example": {
+                  "caseId": "6c1f…", "status": "queued", "agent": "loan-officer"}}}},
+        409: {"description": "Idempotency-Key reused with another body"},
+        413: {"description": "Body too large"},
+        422: {"description": "Unknown agent, invalid input, limits beyond the caps"},
+        503: {"description": "Broker or database unavailable; nothing was kept"},
+    })
     async def start_case(
         request: Annotated[CaseRequest, Body()],
-        response: Response,
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Validate, record the case as ``queued``, publish its start command with a
         confirm, then answer 202. A repeated ``Idempotency-Key`` returns the first case."""
         agent = AGENTS.get(request.agent)
@@ -245,10 +262,11 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             request_digest=digest, idempotency_key=idempotency_key,
         )
         row, created = await services.store.insert_case(new)
+        headers = {"Location": f"/cases/{row['case_id']}"}
         if not created:
             if row["request_digest"] != digest:
                 raise HTTPException(409, "Idempotency-Key was already used with another request")
-            response.headers["Idempotency-Replayed"] = "true"
+            headers["Idempotency-Replayed"] = "true"
             if row["attempts_claimed"] == 0 and row["status"] == "queued":
                 # The first request may have died before its start command was
                 # confirmed; another copy is harmless (the claim runs it once).
@@ -257,19 +275,19 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         else:
             await _publish_start(services, new.case_id, agent.name, case_input, model, limits,
                                  forget_on_failure=True)
-        response.headers["Location"] = f"/cases/{row['case_id']}"
-        view = _case_view(row)
-        return {"caseId": view["caseId"], "status": view["status"], "agent": agent.name,
-                "limits": view["limits"], "model": view["model"],
-                "links": {"self": f"/cases/{view['caseId']}",
-                          "events": f"/cases/{view['caseId']}/events"}}
+        case_id = str(row["case_id"])
+        return OrjsonResponse({
+            "caseId": case_id, "status": row["status"], "agent": agent.name,
+            "limits": row["limits"], "model": row["model"],
+            "links": {"self": f"/cases/{case_id}", "events": f"/cases/{case_id}/events"},
+        }, status_code=202, headers=headers)
 
     @app.get("/cases/{case_id}", summary="A case's status, totals and answer")
-    async def get_case(case_id: uuid.UUID) -> dict[str, Any]:
+    async def get_case(case_id: uuid.UUID) -> Response:
         row = await services.store.get_case(case_id)
         if row is None:
             raise HTTPException(404, f"no case {case_id}")
-        return _case_view(row)
+        return OrjsonResponse(_case_view(row))
 
     @app.get("/cases/{case_id}/events", summary="The case's trail, in order")
     async def get_events(
@@ -277,7 +295,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         types: Annotated[str | None, Query(
             description="Comma-separated event types, e.g. REACT_CYCLE,CASE_COMPLETED"
         )] = None,
-    ) -> dict[str, Any]:
+    ) -> Response:
         wanted = [t.strip() for t in types.split(",") if t.strip()] if types else []
         unknown = [t for t in wanted if t not in EVENT_TYPES]
         if unknown:
@@ -288,7 +306,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         events = await services.store.find_by_case_and_types(case_id, wanted or None)
         if not events and await services.store.get_case(case_id) is None:
             raise HTTPException(404, f"no case {case_id}")
-        return {"caseId": str(case_id), "events": [e.as_json() for e in events]}
+        return OrjsonResponse({"caseId": str(case_id), "events": [e.as_json() for e in events]})
 
     @app.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop")
     async def cancel_case(

@@ -411,13 +411,20 @@ def make_event(
     occurred_at: datetime | None = None,
 ) -> Event:
     """Build the envelope around ``payload``; the event type follows from the payload's type."""
+    if attempt < 1 or seq < 0:
+        raise ValueError(f"attempt must be >= 1 and seq >= 0, not {attempt} and {seq}")
     cls = _PAYLOAD_EVENT[type(payload)]
-    event = cls(
+    # The payload is already a validated model and the envelope fields are derived
+    # here, so the envelope is assembled without a second validation pass (this runs
+    # once per cycle); ``event_from_json`` validates everything that is read.
+    event = cls.model_construct(
         event_id=event_id_for(case_id, attempt, seq),
         case_id=case_id,
         attempt=attempt,
         seq=seq,
+        event_type=cls.model_fields["event_type"].default,
         occurred_at=occurred_at or datetime.now(UTC),
+        schema_version=SCHEMA_VERSION,
         payload=payload,  # type: ignore[call-arg]
     )
     return event  # type: ignore[return-value]
@@ -433,6 +440,12 @@ def _describe(error: ValidationError) -> str:
 
 def event_from_json(data: bytes) -> Event:
     """Parse and strictly validate one event; :class:`InvalidEvent` names what is wrong."""
+    return event_and_payload_from_json(data)[0]
+
+
+def event_and_payload_from_json(data: bytes) -> tuple[Event, str]:
+    """Like :func:`event_from_json`, also returning the validated payload as JSON text
+    (what ``event_log.payload`` stores), without serializing the model again."""
     if len(data) > MAX_EVENT_BYTES:
         raise InvalidEvent(f"body of {len(data)} bytes exceeds the {MAX_EVENT_BYTES} byte limit")
     try:
@@ -448,9 +461,10 @@ def event_from_json(data: bytes) -> Event:
     if event_type not in _EVENT_CLASSES:
         raise InvalidEvent(f"eventType: unknown event type {event_type!r}")
     try:
-        return _EVENT_ADAPTER.validate_python(raw)
+        event = _EVENT_ADAPTER.validate_python(raw)
     except ValidationError as exc:
         raise InvalidEvent(_describe(exc)) from None
+    return event, orjson.dumps(raw["payload"]).decode()
 
 
 def event_type_of(event: Event) -> EventType:

@@ -3,6 +3,7 @@ interface, not a stand-in for the bus) and ways to build specs."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -20,6 +21,7 @@ class ListSink:
 
     async def emit(self, event: Event) -> None:
         self.events.append(event)
+        await asyncio.sleep(0)  # yields, as a real sink waiting for a confirm does
 
     @property
     def types(self) -> list[str]:

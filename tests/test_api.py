@@ -114,7 +114,8 @@ async def count_cases(pool: asyncpg.Pool) -> int:
 @pytest.mark.parametrize(
     ("body", "status", "says"),
     [
-        ({"agent": "astrologer", "input": {}}, 422, "the agents are: aml-screening, loan-officer"),
+        ({"agent": "astrologer", "input": {}}, 422,
+         "the agents are: aml-screening, loan-officer, throughput-probe"),
         ({"agent": "loan-officer", "input": {**APPROVE, "loanAmount": -5, "termMonths": "x"}},
          422, "loanAmount"),
         ({"agent": "loan-officer", "input": APPROVE, "limits": {"maxCycles": 500}}, 422,
@@ -241,7 +242,7 @@ async def test_a_provider_without_a_key_fails_the_case_visibly(
 async def test_agents_health_and_openapi(client: httpx.AsyncClient) -> None:
     agents = (await client.get("/agents")).json()["agents"]
     names = {a["name"]: a for a in agents}
-    assert set(names) == {"loan-officer", "aml-screening"}
+    assert set(names) == {"loan-officer", "aml-screening", "throughput-probe"}
     loan = names["loan-officer"]
     assert loan["inputSchema"]["examples"]
     assert {t["source"] for t in loan["tools"]} == {"worker", "local"}

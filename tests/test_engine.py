@@ -180,8 +180,10 @@ async def test_cancellation_during_a_model_call() -> None:
 async def test_cancellation_between_cycles_stops_before_the_next_model_call() -> None:
     cancel = CancelSignal()
 
-    def cancel_now(args: Pair) -> str:
-        cancel.cancel("stop")
+    async def cancel_now(args: Pair) -> str:
+        # Takes effect once this tool call has returned: the cycle is recorded, and
+        # the next model call never happens.
+        asyncio.get_running_loop().call_soon(cancel.cancel, "stop")
         return "ok"
 
     tools = ToolBox([LocalTool("stopper", "cancels", Pair, cancel_now)], InProcessWorkerRuntime({}))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import re
 import uuid
 from collections.abc import Awaitable, Sequence
@@ -78,10 +79,17 @@ class CancelSignal:
 
     event: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str | None = None
+    _guarded: set[asyncio.Task[Any]] = field(default_factory=set)
+    _interrupted: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def cancel(self, reason: str | None = None) -> None:
+        """Ask the case to stop; a model or tool call in flight is abandoned now.
+        Call it from the event loop's thread."""
         self.reason = reason
         self.event.set()
+        for task in self._guarded:
+            self._interrupted.add(task)
+            task.cancel()
 
     @property
     def is_set(self) -> bool:
@@ -109,17 +117,19 @@ KEEP_OF_TRIMMED_OBSERVATION = 200
 
 
 def fit_to_budget(
-    messages: Sequence[ChatMessage], budget: int | None
+    messages: Sequence[ChatMessage], budget: int | None, total: int | None = None
 ) -> tuple[list[ChatMessage], list[str]]:
     """Shorten the oldest observations until the conversation fits ``budget`` tokens.
 
     Deterministic: the same conversation and budget always give the same result.
     Returns the messages to send and the tool call ids whose observations were cut.
+    ``total`` is the conversation's token estimate when the caller keeps it.
     """
+    if total is None:
+        total = sum(count_tokens(message_text(m)) for m in messages)
+    if budget is None or total <= budget:
+        return list(messages), []
     out = list(messages)
-    if budget is None:
-        return out, []
-    total = sum(count_tokens(message_text(m)) for m in out)
     trimmed: list[str] = []
     for index, message in enumerate(out):
         if total <= budget:
@@ -145,12 +155,18 @@ class RunState:
     seq: int = 0
     cycles: int = 0
     usage: TokenUsage = ZERO_USAGE
+    tokens: int = 0
+    """Token estimate of ``messages``, kept as they are added."""
     retries: list[ModelRetry] = field(default_factory=list)
     """Model retries of the cycle in progress: on its REACT_CYCLE, or on the terminal
     event when the case ends before the cycle does."""
 
     def remaining(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()
+
+    def add(self, *messages: ChatMessage) -> None:
+        self.messages.extend(messages)
+        self.tokens += sum(count_tokens(message_text(m)) for m in messages)
 
 
 class _Interrupted(Exception):
@@ -204,11 +220,9 @@ class ReactEngine:
         state = RunState(
             spec=spec,
             deadline=loop.time() + spec.limits.deadline_seconds,
-            messages=[
-                SystemMessage(spec.system_prompt),
-                UserMessage(first_user_message(spec.input)),
-            ],
+            messages=[],
         )
+        state.add(SystemMessage(spec.system_prompt), UserMessage(first_user_message(spec.input)))
         await self._emit(state, self._started_payload(spec, tools))
         while True:
             if cancel.is_set:
@@ -236,15 +250,15 @@ class ReactEngine:
         self, state: RunState, model: ChatModel, tools: ToolBox, cancel: CancelSignal
     ) -> TerminalEvent | None:
         state.retries = []
-        prompt, trimmed = fit_to_budget(state.messages, state.spec.context_budget)
+        prompt, trimmed = fit_to_budget(state.messages, state.spec.context_budget, state.tokens)
         turn = await self._request(state, prompt, model, tools, cancel)
         state.usage = state.usage + turn.usage
-        state.messages.append(turn.as_message())
+        state.add(turn.as_message())
         outcomes: list[ToolOutcome] = []
         if turn.tool_calls:
             key = f"{state.spec.case_id}:{state.spec.attempt}:{state.cycles}"
             outcomes = await self._guard(state, cancel, tools.run_all(turn.tool_calls, key))
-            state.messages.extend(o.observation for o in outcomes)
+            state.add(*(o.observation for o in outcomes))
         reasoning = turn.text if not turn.thinking else f"{turn.thinking}\n\n{turn.text}".strip()
         await self._emit(
             state,
@@ -303,25 +317,32 @@ class ReactEngine:
 
     async def _guard(self, state: RunState, cancel: CancelSignal, work: Awaitable[T]) -> T:
         """Await ``work`` unless the deadline passes or the case is cancelled first;
-        then the work is abandoned (cancelled) and ``_Interrupted`` says which."""
-        task = asyncio.ensure_future(work)
-        waiter = asyncio.ensure_future(cancel.event.wait())
+        then the work is abandoned (cancelled) and ``_Interrupted`` says which.
+
+        The work runs in the case's own task (no task per call, this is the hot
+        path); the deadline is ``asyncio.timeout_at`` and a cancel request cancels
+        this task, which is told apart from any other cancellation and undone.
+        """
+        if cancel.is_set:
+            if inspect.iscoroutine(work):
+                work.close()
+            raise _Interrupted("cancelled")
+        task = asyncio.current_task()
+        assert task is not None
+        cancel._guarded.add(task)
         try:
-            done, _ = await asyncio.wait(
-                {task, waiter},
-                timeout=max(0.0, state.remaining()),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            async with asyncio.timeout_at(state.deadline):
+                return await work
+        except TimeoutError:
+            raise _Interrupted("deadline") from None
         except asyncio.CancelledError:
-            task.cancel()
-            raise
+            if task not in cancel._interrupted:
+                raise  # somebody else's cancellation (shutdown): let it through
+            cancel._interrupted.discard(task)
+            task.uncancel()
+            raise _Interrupted("cancelled") from None
         finally:
-            waiter.cancel()
-        if task in done:
-            return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise _Interrupted("cancelled" if cancel.is_set else "deadline")
+            cancel._guarded.discard(task)
 
     def _started_payload(self, spec: CaseSpec, tools: ToolBox) -> CaseStartedPayload:
         return CaseStartedPayload(

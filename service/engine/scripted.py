@@ -46,6 +46,9 @@ class ScriptedModel:
         self._name = name
         self._latency = latency
         self._served = 0
+        # Token estimates per message object (the conversation only grows, so each
+        # message is counted once, not once per turn).
+        self._counted: dict[int, tuple[ChatMessage, int]] = {}
 
     @property
     def name(self) -> str:
@@ -63,7 +66,7 @@ class ScriptedModel:
                 raise ModelRejected(f"script exhausted after {self._served} turns")
             turn = self._turns[self._served]
         self._served += 1
-        prompt = sum(count_tokens(message_text(m)) for m in messages) + sum(
+        prompt = sum(self._count(m) for m in messages) + sum(
             count_tokens(t.name + t.description) + count_tokens(orjson.dumps(t.parameters).decode())
             for t in tools
         )
@@ -77,6 +80,15 @@ class ScriptedModel:
             finish_reason="tool_calls" if turn.tool_calls else "stop",
             model=self._name,
         )
+
+
+    def _count(self, message: ChatMessage) -> int:
+        known = self._counted.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        tokens = count_tokens(message_text(message))
+        self._counted[id(message)] = (message, tokens)
+        return tokens
 
 
 def call(tool: str, call_id: str, **arguments: object) -> ToolCallRequest:

@@ -13,6 +13,7 @@ record carries ``error`` with no invented result.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -38,6 +39,7 @@ def describe_validation_error(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+@functools.cache
 def _schema(args_model: type[BaseModel]) -> dict[str, Any]:
     return args_model.model_json_schema()
 
@@ -74,6 +76,11 @@ class WorkerTool:
 
 
 ToolSource: TypeAlias = LocalTool[Any] | WorkerTool
+
+
+@functools.cache
+def _spec_of(tool: ToolSource) -> ToolSpec:
+    return tool.spec
 
 
 def source_label(tool: ToolSource) -> str:
@@ -169,10 +176,12 @@ class ToolBox:
     def __init__(self, tools: Sequence[ToolSource], runtime: WorkerRuntime) -> None:
         self._tools: dict[str, ToolSource] = {tool.name: tool for tool in tools}
         self._runtime = runtime
+        self._specs = [_spec_of(tool) for tool in tools]
 
     @property
     def specs(self) -> list[ToolSpec]:
-        return [tool.spec for tool in self._tools.values()]
+        """What the model is offered; built once (schema generation is not cheap)."""
+        return self._specs
 
     @property
     def offers(self) -> list[tuple[str, str, str]]:

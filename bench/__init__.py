@@ -1,0 +1,1 @@
+"""Benchmarks: everything on this machine, real RabbitMQ and Postgres."""

@@ -1,0 +1,93 @@
+"""End-to-end durable cycles/s: REST → worker → bus → consumer → Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import orjson
+
+from bench.harness import (
+    Processes,
+    bench_settings,
+    cpu_seconds,
+    namespace,
+    service_cpu,
+    wait_ready,
+    wait_rows,
+)
+from service.config import Settings
+
+PORT = 8790
+
+
+def ab_post(url: str, body: dict[str, Any], requests: int, concurrency: int) -> dict[str, float]:
+    """POST ``body`` ``requests`` times with ApacheBench (keep-alive): a client light
+    enough not to be the bottleneck on a 2-core machine. Fails on any non-2xx."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".json", delete=False) as f:
+        f.write(orjson.dumps(body))
+    out = subprocess.run(
+        ["ab", "-q", "-k", "-n", str(requests), "-c", str(concurrency), "-p", f.name,
+         "-T", "application/json", url], capture_output=True, text=True, check=True,
+    ).stdout
+    figures = {}
+    for line in out.splitlines():
+        if line.startswith("Requests per second:"):
+            figures["requestsPerSecond"] = float(line.split()[3])
+        elif line.startswith(("Non-2xx responses:", "Failed requests:")) and \
+                int(line.split(":")[1].split()[0]):
+            raise RuntimeError(f"ab saw errors: {line}")
+        elif line.strip().startswith(("50%", "95%", "99%")):
+            key, value = line.split()[:2]
+            figures[f"p{key.rstrip('%')}Ms"] = float(value)
+    return figures
+
+
+async def post_cases(base_url: str, body: dict[str, Any], cases: int,
+                     concurrency: int = 32) -> dict[str, float]:
+    return await asyncio.to_thread(ab_post, f"{base_url}/cases", body, cases, concurrency)
+
+
+async def end_to_end(cases: int, cycles: int, workers: int = 1,
+                     settings: Settings | None = None) -> dict[str, Any]:
+    settings = settings or bench_settings(api_port=PORT)
+    async with namespace(settings) as pool:
+        stack = Processes(settings)
+        stack.spawn("api", "api", "--port", str(settings.api_port))
+        for i in range(workers):
+            stack.spawn(f"worker-{i}", "worker")
+        stack.spawn("consumer", "consumer")
+        try:
+            await wait_ready(f"http://127.0.0.1:{settings.api_port}")
+            body = {"agent": "throughput-probe", "input": {"cycles": cycles}}
+            before = {n: cpu_seconds(c.pid) for n, c in stack.children.items()} | service_cpu()
+            started = time.time()
+            await post_cases(f"http://127.0.0.1:{settings.api_port}", body, cases)
+            posted = time.time()
+            await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type = "
+                            "'CASE_COMPLETED'", cases)
+            last = await pool.fetchval("SELECT extract(epoch FROM max(recorded_at)) "
+                                       "FROM event_log")
+            total_cycles = await pool.fetchval(
+                "SELECT count(*) FROM event_log WHERE event_type = 'REACT_CYCLE'")
+            after = {n: cpu_seconds(c.pid) for n, c in stack.children.items()} | service_cpu()
+        finally:
+            stack.stop()
+    elapsed = float(last) - started
+    return {
+        "cases": cases, "cyclesPerCase": cycles, "workers": workers,
+        "cycles": total_cycles, "seconds": round(elapsed, 3),
+        "postSeconds": round(posted - started, 3),
+        "cyclesPerSecond": round(total_cycles / elapsed, 1),
+        "cpuSeconds": {n: round(after[n] - before[n], 2) for n in after},
+    }
+
+
+if __name__ == "__main__":
+    import sys
+
+    n, k, w = (int(a) for a in (sys.argv[1:] + ["1000", "10", "1"][len(sys.argv) - 1:]))
+    print(asyncio.run(end_to_end(n, k, w)))

@@ -1,0 +1,153 @@
+"""Shared pieces for the benchmarks: a private namespace and database, the stack's
+processes, and small measuring helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import httpx
+
+from service.agents import CAPABILITIES
+from service.bus.topology import Topology
+from service.config import Settings
+from service.migrate import database_name, migrate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench_settings(**overrides: object) -> Settings:
+    suffix = uuid.uuid4().hex[:6]
+    base = Settings()
+    url = base.database_url.rsplit("/", 1)[0] + f"/casetrail_bench_{suffix}"
+    return base.model_copy(update={
+        "database_url": url, "namespace": f"casetrail-bench-{suffix}", **overrides,
+    })
+
+
+def env_for(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    for key, value in settings.model_dump().items():
+        if value is not None:
+            env[f"CASETRAIL_{key.upper()}"] = str(value)
+    return env
+
+
+@dataclass
+class Processes:
+    settings: Settings
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(f"/tmp/{self.settings.namespace}-{name}.log", "wb")  # noqa: SIM115
+        child = subprocess.Popen([sys.executable, "-m", "service.cli", *args],
+                                 env=env_for(self.settings), stdout=log, stderr=log)
+        self.children[name] = child
+        return child
+
+    def stop(self, *names: str) -> None:
+        targets = [self.children[n] for n in names] if names else list(self.children.values())
+        for child in targets:
+            if child.poll() is None:
+                child.terminate()
+        for child in targets:
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+@asynccontextmanager
+async def namespace(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
+    """A migrated private database and bus namespace, removed afterwards."""
+    await migrate(settings.database_url)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
+    assert pool is not None
+    connection = await aio_pika.connect_robust(settings.amqp_url)
+    channel = await connection.channel()
+    topology = Topology(settings.namespace)
+    await topology.declare(channel)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+        channel = await connection.channel()
+        await topology.delete_all(channel, sorted(CAPABILITIES))
+        await connection.close()
+        admin = await asyncpg.connect(settings.database_url.rsplit("/", 1)[0] + "/postgres")
+        await admin.execute(
+            f'DROP DATABASE IF EXISTS "{database_name(settings.database_url)}" WITH (FORCE)')
+        await admin.close()
+
+
+async def wait_ready(base_url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=base_url) as client:
+        while time.monotonic() < deadline:
+            try:
+                if (await client.get("/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"{base_url} not ready")
+
+
+async def wait_rows(pool: asyncpg.Pool, sql: str, expected: int, timeout: float = 300,
+                    *args: object) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await pool.fetchval(sql, *args)
+        if got >= expected:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {got} of {expected} rows after {timeout}s: {sql}")
+        await asyncio.sleep(0.05)
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    q = statistics.quantiles(ordered, n=100, method="inclusive")
+    return {"p50": q[49], "p95": q[94], "p99": q[98], "max": ordered[-1]}
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def service_cpu() -> dict[str, float]:
+    """CPU seconds so far of the broker (beam) and of every Postgres process."""
+    totals = {"rabbitmq": 0.0, "postgres": 0.0}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            name = (entry / "comm").read_text().strip()
+            if name.startswith("beam"):
+                totals["rabbitmq"] += cpu_seconds(int(entry.name))
+            elif name.startswith("postgres"):
+                totals["postgres"] += cpu_seconds(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return totals

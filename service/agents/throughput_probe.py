@@ -1,0 +1,57 @@
+"""``throughput-probe``: a synthetic agent for benchmarks and load tests.
+
+It runs exactly ``cycles`` cycles, each calling one local tool, then answers.
+Its scripted model takes no time (or ``latencyMs``), so what is measured is
+casetrail itself: the loop, the bus, the consumer and Postgres.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field
+
+from service.agents.profile import AgentProfile, CamelModel, case_input
+from service.engine.chat import AssistantTurn, ChatMessage, ToolResultMessage
+from service.engine.scripted import call
+from service.engine.tools import LocalTool
+from service.events import Limits, ModelRef
+
+
+class ProbeInput(CamelModel):
+    model_config = CamelModel.model_config | {"json_schema_extra": {"examples": [{"cycles": 5}]}}
+
+    cycles: int = Field(ge=1, le=50, description="Cycles before the answer, the last included.")
+
+
+class TickArgs(CamelModel):
+    n: int = Field(ge=0)
+
+
+def tick(args: TickArgs) -> dict[str, Any]:
+    return {"n": args.n, "next": args.n + 1}
+
+
+async def tick_async(args: TickArgs) -> dict[str, Any]:
+    return tick(args)
+
+
+def think(messages: Sequence[ChatMessage]) -> AssistantTurn:
+    wanted = case_input(messages)["cycles"]
+    done = sum(isinstance(m, ToolResultMessage) for m in messages)
+    if done + 1 >= wanted:
+        return AssistantTurn(text=f'{{"ticks": {done}}}')
+    return AssistantTurn(text=f"Tick {done}.", tool_calls=(call("tick", f"t{done}", n=done),))
+
+
+THROUGHPUT_PROBE = AgentProfile(
+    name="throughput-probe",
+    description="Synthetic agent for benchmarks: N cycles of a local tool, then an answer.",
+    system_prompt="Call tick until told otherwise.",
+    tools=(LocalTool("tick", "Counts one.", TickArgs, tick_async),),
+    input_model=ProbeInput,
+    default_model=ModelRef(provider="scripted", name="probe-scripted"),
+    default_limits=Limits(max_cycles=50, deadline_seconds=120),
+    script=think,
+)
