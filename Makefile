@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck services install bench clean up
+.PHONY: demo test test-faults lint typecheck services install bench clean up
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,24 @@ typecheck: install
 
 test: install services lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider
+
+# Benchmarks: matplotlib for the plots in the project venv, and the peer
+# (LangGraph) in its own venv so it never becomes a project dependency.
+PEER := bench/.venv-peer
+$(PEER)/.installed:
+	$(PYTHON) -m venv $(PEER)
+	$(PEER)/bin/pip install --quiet langgraph langgraph-checkpoint-postgres 'psycopg[binary]' psycopg-pool langchain-core
+	touch $@
+
+bench: install services $(PEER)/.installed
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	@command -v ab >/dev/null || apt-get install -y -q apache2-utils >/dev/null
+	$(BIN)/python -m bench.run
+
+# The fault suite stops and starts RabbitMQ and PostgreSQL on this machine: run it
+# where nothing else depends on them.
+test-faults: install services
+	$(BIN)/pytest -q -p no:cacheprovider faults
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -135,10 +135,16 @@ class EventLogWriter:
         # and the fold into cases commit together or not at all. The conflict check
         # only reads rows that were already committed, so it needs no transaction.
         async with translate_errors(), self._pool.acquire() as conn:
-            rows = await conn.fetch(_INSERT_AND_FOLD, *columns)
-            conflicts: dict[int, str] = {}
-            if len(rows) < len(events):
-                conflicts = await self._conflicts(conn, events, payloads, rows)
+            try:
+                rows = await conn.fetch(_INSERT_AND_FOLD, *columns)
+                conflicts: dict[int, str] = {}
+                if len(rows) < len(events):
+                    conflicts = await self._conflicts(conn, events, payloads, rows)
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                    asyncpg.exceptions.InternalClientError):
+                # Never hand a connection in an unknown state back to the pool.
+                conn.terminate()
+                raise
         return BatchOutcome(len(rows), len(events) - len(rows) - len(conflicts), conflicts)
 
     async def _conflicts(

@@ -28,6 +28,9 @@ _TRANSIENT = (
     asyncpg.CannotConnectNowError,
     asyncpg.TooManyConnectionsError,
     asyncpg.AdminShutdownError,
+    # A connection left mid-operation by a server that went away reports this on
+    # its next use; a fresh connection cures it.
+    asyncpg.exceptions.InternalClientError,
 )
 
 

@@ -64,6 +64,7 @@ class CaseWorker:
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     )
     _running: dict[uuid.UUID, CancelSignal] = field(default_factory=dict)
+    _finished: dict[uuid.UUID, asyncio.Event] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _stopping: bool = False
 
@@ -140,9 +141,18 @@ class CaseWorker:
                               f"unknown agent {command.agent!r}")
             await message.ack()
             return
+        live = self._finished.get(command.case_id)
+        if live is not None:
+            # The broker redelivered the start command of a case this process is
+            # still running (its channel was lost, e.g. a broker restart). Never a
+            # second attempt beside the live one: settle this copy once it ends.
+            await live.wait()
+            await self._settle(message, command.case_id, done=True)
+            return
         # Registered before the claim, so a cancel broadcast that arrives while the
         # case is being claimed is not missed.
         signal = self._running.setdefault(command.case_id, CancelSignal())
+        finished = self._finished[command.case_id] = asyncio.Event()
         try:
             done = await self._claim_and_run(command, signal)
         except asyncio.CancelledError:
@@ -158,6 +168,12 @@ class CaseWorker:
             done = False
         finally:
             self._running.pop(command.case_id, None)
+            self._finished.pop(command.case_id, None)
+            finished.set()
+        await self._settle(message, command.case_id, done=done)
+
+    async def _settle(self, message: AbstractIncomingMessage, case_id: uuid.UUID,
+                      *, done: bool) -> None:
         try:
             if done:
                 await message.ack()
@@ -166,7 +182,7 @@ class CaseWorker:
         except (aiormq.exceptions.AMQPError, RuntimeError) as exc:
             # The channel this came on is gone; the broker redelivers the command
             # and the claim will find the case ended.
-            log.info("settling start command for %s skipped: %s", command.case_id, exc)
+            log.info("settling start command for %s skipped: %s", case_id, exc)
 
     async def _claim_and_run(self, command: CaseStartCommand, signal: CancelSignal) -> bool:
         """True when the case has reached its terminal event (ack the command)."""

@@ -1,0 +1,179 @@
+"""The stack-level scenarios: latency at offered load, concurrency with a slow model,
+consumer ingest alone, and POST /cases."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import aio_pika
+import asyncpg
+import orjson
+
+from bench.e2e import ab_post
+from bench.harness import Processes, namespace, peak_rss_mb, percentiles, wait_ready, wait_rows
+from bench.raw import sample_cycles
+from service.bus.publisher import EventPublisher, Publisher
+from service.bus.topology import Topology
+from service.commands import CaseStartCommand
+from service.config import Settings
+from service.events import Limits, ModelRef, make_event
+
+
+async def latency_at(settings: Settings, rates: list[int], seconds: float = 8.0
+                     ) -> list[dict[str, Any]]:
+    """Publish REACT_CYCLE events at a fixed offered rate through the real consumer;
+    latency = committed (``recorded_at``) - published (``occurredAt``)."""
+    results = []
+    async with namespace(settings) as pool:
+        stack = Processes(settings)
+        stack.spawn("consumer", "consumer")
+        connection = await aio_pika.connect_robust(settings.amqp_url)
+        try:
+            publisher = EventPublisher(await Publisher.open(connection),
+                                       Topology(settings.namespace))
+            await asyncio.sleep(2)  # the consumer is up
+            for rate in rates:
+                total = int(rate * seconds)
+                template = sample_cycles(1)[0]
+                case_id = uuid.uuid4()
+                interval = 1.0 / rate
+                started = time.perf_counter()
+                pending = set()
+                for i in range(total):
+                    due = started + i * interval
+                    delay = due - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    event = make_event(case_id, 1, i, template.payload)
+                    task = asyncio.create_task(publisher.emit(event))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                await asyncio.gather(*pending)
+                achieved = total / (time.perf_counter() - started)
+                await wait_rows(pool, "SELECT count(*) FROM event_log WHERE case_id = $1",
+                                total, 120, case_id)
+                rows = await pool.fetch(
+                    "SELECT extract(epoch FROM recorded_at - occurred_at) * 1000 AS ms "
+                    "FROM event_log WHERE case_id = $1", case_id)
+                figures = percentiles([float(r["ms"]) for r in rows])
+                results.append({"offeredPerSecond": rate, "achievedPerSecond": round(achieved),
+                                "events": total,
+                                **{f"{k}Ms": round(v, 1) for k, v in figures.items()}})
+        finally:
+            await connection.close()
+            stack.stop()
+    return results
+
+
+async def _submit_direct(settings: Settings, pool: asyncpg.Pool, cases: int, cycles: int,
+                         latency_ms: int) -> None:
+    """Queue cases the way the API does (row, then confirmed start command), without
+    HTTP, so the worker alone is what is measured."""
+    model = ModelRef(provider="scripted", name="probe-slow", latency_ms=latency_ms)
+    limits = Limits(max_cycles=cycles + 1, deadline_seconds=300)
+    ids = [uuid.uuid4() for _ in range(cases)]
+    await pool.executemany(
+        "INSERT INTO cases (case_id, agent, input, model, limits, request_digest) "
+        "VALUES ($1, 'throughput-probe', $2::jsonb, $3::jsonb, $4::jsonb, 'bench')",
+        [(i, orjson.dumps({"cycles": cycles}).decode(),
+          model.model_dump_json(by_alias=True), limits.model_dump_json(by_alias=True))
+         for i in ids])
+    connection = await aio_pika.connect_robust(settings.amqp_url)
+    publisher = await Publisher.open(connection)
+    topology = Topology(settings.namespace)
+    await asyncio.gather(*(
+        publisher.publish(topology.commands_exchange, Topology.START_KEY,
+                          CaseStartCommand(case_id=i, agent="throughput-probe",
+                                           input={"cycles": cycles}, model=model,
+                                           limits=limits).to_json())
+        for i in ids))
+    await connection.close()
+
+
+async def concurrency_sweep(settings: Settings, levels: list[int], cycles: int = 4,
+                            turn_ms: int = 500) -> list[dict[str, Any]]:
+    """N concurrent cases on one worker process with a model that takes ``turn_ms`` a
+    turn: throughput as a share of the ideal, and the worker's peak RSS."""
+    results = []
+    for level in levels:
+        run = settings.model_copy(update={
+            "namespace": f"{settings.namespace}-c{level}",
+            "database_url": f"{settings.database_url}_c{level}",
+            "worker_concurrency": max(level, 1)})
+        async with namespace(run) as pool:
+            stack = Processes(run)
+            worker = stack.spawn("worker", "worker")
+            stack.spawn("consumer", "consumer")
+            try:
+                await asyncio.sleep(2)
+                await _submit_direct(run, pool, level, cycles, turn_ms)
+                await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type = "
+                                "'CASE_COMPLETED'", level, 300)
+                span = await pool.fetchrow(
+                    "SELECT extract(epoch FROM max(occurred_at) FILTER (WHERE event_type = "
+                    "'CASE_COMPLETED') - min(occurred_at)) AS seconds, count(*) FILTER "
+                    "(WHERE event_type = 'REACT_CYCLE') AS cycles FROM event_log")
+                rss = peak_rss_mb(worker.pid)
+                assert span is not None
+            finally:
+                stack.stop()
+        seconds = float(span["seconds"])
+        ideal_seconds = cycles * turn_ms / 1000
+        results.append({
+            "concurrentCases": level, "cycles": span["cycles"], "seconds": round(seconds, 2),
+            "cyclesPerSecond": round(span["cycles"] / seconds, 1),
+            "idealCyclesPerSecond": round(level * cycles / ideal_seconds, 1),
+            "shareOfIdeal": round(ideal_seconds / seconds, 3),
+            "workerPeakRssMb": round(rss, 1),
+        })
+    return results
+
+
+async def consumer_ingest(settings: Settings, count: int = 100_000) -> dict[str, Any]:
+    """``count`` REACT_CYCLE events queued first, then the consumer alone drains them."""
+    async with namespace(settings) as pool:
+        connection = await aio_pika.connect_robust(settings.amqp_url)
+        publisher = await Publisher.open(connection)
+        topology = Topology(settings.namespace)
+        events = sample_cycles(count)
+        gate = asyncio.Semaphore(1000)
+
+        async def one(event: Any) -> None:
+            async with gate:
+                await publisher.publish(topology.events_exchange, event.routing_key,
+                                        event.to_json(), message_id=str(event.event_id),
+                                        message_type=event.event_type)
+
+        await asyncio.gather(*(one(e) for e in events))
+        await connection.close()
+        stack = Processes(settings)
+        started = time.time()
+        stack.spawn("consumer", "consumer")
+        try:
+            await wait_rows(pool, "SELECT count(*) FROM event_log", count, 600)
+            last = await pool.fetchval("SELECT extract(epoch FROM max(recorded_at)) "
+                                       "FROM event_log")
+        finally:
+            stack.stop()
+    seconds = float(last) - started
+    return {"events": count, "seconds": round(seconds, 2),
+            "eventsPerSecond": round(count / seconds)}
+
+
+async def api_posts(settings: Settings, requests: int = 3000, concurrency: int = 32
+                    ) -> dict[str, Any]:
+    """``POST /cases`` with one uvicorn worker (no case worker: commands queue up)."""
+    async with namespace(settings):
+        stack = Processes(settings)
+        stack.spawn("api", "api", "--port", str(settings.api_port))
+        try:
+            await wait_ready(f"http://127.0.0.1:{settings.api_port}")
+            figures = await asyncio.to_thread(
+                ab_post, f"http://127.0.0.1:{settings.api_port}/cases",
+                {"agent": "throughput-probe", "input": {"cycles": 3}}, requests, concurrency)
+        finally:
+            stack.stop()
+    return {"requests": requests, "concurrency": concurrency, **figures}

@@ -1,0 +1,1 @@
+"""Fault injection: the real stack, the real broker and database, real failures."""

@@ -1,0 +1,129 @@
+"""The loss/duplication checker.
+
+A *witness* quorum queue bound to every event (``case.#``) receives each event the
+broker accepted, exactly as the event-log queue does; the checker compares it,
+event by event, with what Postgres holds:
+
+- published: distinct event ids the broker accepted (the witness);
+- persisted once: of those, stored exactly once in ``event_log``;
+- lost: accepted but not stored;
+- duplicated: the same (case, attempt, seq) or the same event stored twice, or a
+  case with more than one terminal event;
+- unexpected: stored but never accepted by the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+import asyncpg
+import orjson
+
+from service.bus.topology import Topology
+from service.events import TERMINAL_EVENT_TYPES
+
+
+def witness_name(topology: Topology) -> str:
+    return f"{topology.namespace}.witness"
+
+
+async def declare_witness(connection: aio_pika.abc.AbstractRobustConnection,
+                          topology: Topology) -> None:
+    channel = await connection.channel()
+    exchange = await topology.declare_events_exchange(channel)
+    queue = await channel.declare_queue(witness_name(topology), durable=True,
+                                        arguments={"x-queue-type": "quorum"})
+    await queue.bind(exchange, routing_key="case.#")
+    await channel.close()
+
+
+async def drain_witness(connection: aio_pika.abc.AbstractRobustConnection,
+                        topology: Topology) -> list[dict[str, Any]]:
+    channel = await connection.channel()
+    queue = await channel.get_queue(witness_name(topology), ensure=False)
+    seen: list[dict[str, Any]] = []
+    idle = 0
+    while idle < 10:
+        message = await queue.get(no_ack=True, fail=False)
+        if message is None:
+            idle += 1
+            await asyncio.sleep(0.05)
+            continue
+        idle = 0
+        try:
+            seen.append(orjson.loads(message.body))
+        except orjson.JSONDecodeError:
+            continue  # poison is the dead-letter check's business
+    await channel.queue_delete(witness_name(topology), if_unused=False, if_empty=False)
+    await channel.close()
+    return seen
+
+
+@dataclass
+class Report:
+    fault: str
+    accepted: int
+    terminal_once: int
+    published: int
+    persisted_once: int
+    lost: int
+    duplicated: int
+    unexpected: int
+    seq_gaps: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return (self.lost == 0 and self.duplicated == 0 and self.unexpected == 0
+                and self.seq_gaps == 0 and self.terminal_once == self.accepted)
+
+
+async def check(fault: str, pool: asyncpg.Pool, witness: list[dict[str, Any]],
+                accepted: set[uuid.UUID], case_ids: set[uuid.UUID] | None = None) -> Report:
+    """Compare the witness with ``event_log`` for the cases in question."""
+    valid = [w for w in witness if isinstance(w, dict) and "eventId" in w and "caseId" in w]
+    scope = case_ids if case_ids is not None else {uuid.UUID(w["caseId"]) for w in valid}
+    scope |= accepted
+    published = {uuid.UUID(w["eventId"]) for w in valid if uuid.UUID(w["caseId"]) in scope}
+    rows = await pool.fetch(
+        "SELECT event_id, case_id, attempt, seq, event_type FROM event_log "
+        "WHERE case_id = ANY($1::uuid[])", list(scope))
+    stored = Counter(r["event_id"] for r in rows)
+    positions = Counter((r["case_id"], r["attempt"], r["seq"]) for r in rows)
+    terminals = Counter(r["case_id"] for r in rows if r["event_type"] in TERMINAL_EVENT_TYPES)
+    seqs: dict[tuple[uuid.UUID, int], list[int]] = {}
+    for r in rows:
+        seqs.setdefault((r["case_id"], r["attempt"]), []).append(r["seq"])
+    gaps = sum(sorted(v) != list(range(len(v))) for v in seqs.values())
+    duplicated = (sum(n - 1 for n in stored.values() if n > 1)
+                  + sum(n - 1 for n in positions.values() if n > 1)
+                  + sum(n - 1 for n in terminals.values() if n > 1))
+    return Report(
+        fault=fault,
+        accepted=len(accepted),
+        terminal_once=sum(1 for c in accepted if terminals.get(c) == 1),
+        published=len(published),
+        persisted_once=sum(1 for e in published if stored.get(e) == 1),
+        lost=len(published - set(stored)),
+        duplicated=duplicated,
+        unexpected=len(set(stored) - published),
+        seq_gaps=gaps,
+    )
+
+
+HEADER = ("fault", "accepted cases", "terminal once", "events published", "persisted once",
+          "lost", "duplicated", "unexpected", "seq gaps")
+
+
+def table(reports: list[Report]) -> str:
+    rows = [HEADER] + [(r.fault, *(str(v) for v in (
+        r.accepted, r.terminal_once, r.published, r.persisted_once, r.lost, r.duplicated,
+        r.unexpected, r.seq_gaps))) for r in reports]
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    lines.insert(1, "|" + "---|" * len(HEADER))
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""Fixtures for the fault suite: a private namespace and database, the real stack as
+processes, and the levers that break things (broker, database, processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+import httpx
+import pytest
+
+from faults.checker import Report, declare_witness, table
+from service.agents import CAPABILITIES
+from service.bus.topology import Topology
+from service.config import Settings
+from service.migrate import database_name, migrate
+from tests.helpers import wait_until
+from tests.stack import free_port, spawn
+
+REPORTS: list[Report] = []
+RESULTS = Path(__file__).resolve().parent / "last-run.md"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if REPORTS:
+        text = table(REPORTS)
+        terminalreporter.write_line("\nloss/duplication checker\n" + text)
+        RESULTS.write_text(text + "\n")
+
+
+def pg_cluster(action: str) -> None:
+    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[0]
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action,
+                    *(["-m", "fast"] if action == "stop" else [])], check=True)
+
+
+def rabbit(action: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", action], check=True, timeout=120)
+    if action == "start_app":
+        subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=True, timeout=120)
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    base_url: str
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        self.children[name] = spawn(self.settings, *args)
+        return self.children[name]
+
+    def kill(self, name: str) -> None:
+        child = self.children[name]
+        child.kill()
+        child.wait()
+
+    def alive(self) -> list[str]:
+        return [n for n, c in self.children.items() if c.poll() is None]
+
+    async def ready(self) -> bool:
+        try:
+            async with httpx.AsyncClient(base_url=self.base_url) as client:
+                return (await client.get("/readyz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    suffix = uuid.uuid4().hex[:8]
+    base = Settings()
+    settings = base.model_copy(update={
+        "database_url": base.database_url.rsplit("/", 1)[0] + f"/casetrail_faults_{suffix}",
+        "namespace": f"casetrail-faults-{suffix}",
+        "lease_seconds": 15.0,
+        "tool_timeout_seconds": 2.0,
+    })
+    await migrate(settings.database_url)
+    topology = Topology(settings.namespace)
+    connection = await aio_pika.connect_robust(settings.amqp_url)
+    channel = await connection.channel()
+    await topology.declare(channel)
+    await declare_witness(connection, topology)
+    await connection.close()
+    port = free_port()
+    running = Stack(settings, f"http://127.0.0.1:{port}")
+    running.start("api", "api", "--port", str(port))
+    running.start("worker", "worker")
+    running.start("consumer", "consumer")
+    running.start("capability-worker", "capability-worker")
+    await wait_until(running.ready, timeout=60, interval=0.2)
+    try:
+        yield running
+    finally:
+        for child in running.children.values():
+            if child.poll() is None:
+                child.terminate()
+        for child in running.children.values():
+            try:
+                await asyncio.to_thread(child.wait, 30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        connection = await aio_pika.connect_robust(settings.amqp_url)
+        channel = await connection.channel()
+        await topology.delete_all(channel, sorted(CAPABILITIES))
+        await channel.queue_delete(f"{settings.namespace}.witness", if_unused=False,
+                                   if_empty=False)
+        await connection.close()
+        admin = await asyncpg.connect(settings.database_url.rsplit("/", 1)[0] + "/postgres")
+        await admin.execute(
+            f'DROP DATABASE IF EXISTS "{database_name(settings.database_url)}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture
+async def pool(stack: Stack) -> AsyncIterator[asyncpg.Pool]:
+    created = await asyncpg.create_pool(stack.settings.database_url, min_size=1, max_size=4)
+    assert created is not None
+    yield created
+    await created.close()

@@ -1,0 +1,207 @@
+"""Each fault injected while the real stack works, then every event accounted for.
+
+Run with ``make test-faults``; the checker's table prints at the end of the run and
+is written to ``faults/last-run.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from typing import Any
+
+import aio_pika
+import asyncpg
+import httpx
+import orjson
+
+from faults.checker import check, drain_witness
+from faults.conftest import REPORTS, Stack, pg_cluster, rabbit
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.bus.dead_letter import REASON_HEADER
+from service.bus.publisher import EventPublisher, Publisher
+from service.bus.topology import Topology
+from service.events import make_event
+from tests.helpers import wait_until
+from tests.test_pipeline import cycle, started
+
+TERMINAL = ("completed", "failed", "timed_out", "cancelled")
+
+
+async def submit(stack: Stack, count: int, latency_ms: int = 300) -> set[uuid.UUID]:
+    accepted: set[uuid.UUID] = set()
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+        for i in range(count):
+            reply = await client.post("/cases", json={
+                "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[i % 3],
+                "model": {"provider": "scripted", "name": "slow", "latencyMs": latency_ms}})
+            assert reply.status_code == 202, reply.text
+            accepted.add(uuid.UUID(reply.json()["caseId"]))
+    return accepted
+
+
+async def all_ended(pool: asyncpg.Pool, cases: set[uuid.UUID], timeout: float = 180) -> None:
+    async def ended() -> bool:
+        try:
+            n = await pool.fetchval("SELECT count(*) FROM cases WHERE case_id = ANY($1::uuid[]) "
+                                    "AND status = ANY($2::text[])", list(cases), list(TERMINAL))
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return False
+        return bool(n == len(cases))
+
+    await wait_until(ended, timeout=timeout, interval=0.3)
+
+
+async def settle_and_check(stack: Stack, pool: asyncpg.Pool, fault: str,
+                           accepted: set[uuid.UUID],
+                           cases: set[uuid.UUID] | None = None) -> None:
+    await asyncio.sleep(1.0)  # the consumer's last batch commits
+    connection = await aio_pika.connect_robust(stack.settings.amqp_url)
+    witness = await drain_witness(connection, Topology(stack.settings.namespace))
+    await connection.close()
+    report = await check(fault, pool, witness, accepted, cases)
+    REPORTS.append(report)
+    assert report.clean, report
+    assert set(stack.alive()) == set(stack.children), f"a component died: {stack.alive()}"
+
+
+async def test_broker_restart_while_50_cases_run(stack: Stack, pool: asyncpg.Pool) -> None:
+    accepted = await submit(stack, 50)
+    await asyncio.sleep(1.0)
+    await asyncio.to_thread(rabbit, "stop_app")
+    await asyncio.sleep(3)
+    await asyncio.to_thread(rabbit, "start_app")
+    await all_ended(pool, accepted)
+    await wait_until(stack.ready, timeout=60)
+    await settle_and_check(stack, pool, "broker restart, 50 cases", accepted)
+
+
+async def test_postgres_down_for_10s_while_ingesting(stack: Stack, pool: asyncpg.Pool) -> None:
+    accepted = await submit(stack, 30, latency_ms=200)
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(pg_cluster, "stop")
+    try:
+        await wait_until(lambda: _not(stack.ready), timeout=15)
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+            reply = await client.post("/cases", json={"agent": "loan-officer",
+                                                      "input": SAMPLE_APPLICATIONS[0]})
+        assert reply.status_code == 503
+        await asyncio.sleep(10)
+    finally:
+        await asyncio.to_thread(pg_cluster, "start")
+    await wait_until(stack.ready, timeout=60)
+    await all_ended(pool, accepted)
+    await settle_and_check(stack, pool, "postgres down 10 s", accepted)
+
+
+async def _not(check: Any) -> bool:
+    return not await check()
+
+
+async def test_consumer_killed_mid_batch(stack: Stack, pool: asyncpg.Pool) -> None:
+    stack.kill("consumer")
+    connection = await aio_pika.connect_robust(stack.settings.amqp_url)
+    sink = EventPublisher(await Publisher.open(connection), Topology(stack.settings.namespace))
+    cases = [uuid.uuid4() for _ in range(100)]
+    gate = asyncio.Semaphore(500)
+
+    async def emit(event: Any) -> None:
+        async with gate:
+            await sink.emit(event)
+
+    await asyncio.gather(*(emit(e) for c in cases for e in
+                           [started(c), *(cycle(c, s, s - 1) for s in range(1, 100))]))
+    await connection.close()
+    stack.start("consumer", "consumer")
+
+    async def some_stored() -> bool:
+        return bool(await pool.fetchval("SELECT count(*) > 1500 FROM event_log"))
+
+    await wait_until(some_stored, timeout=60, interval=0.01)
+    os.kill(stack.children["consumer"].pid, signal.SIGKILL)
+    stack.children["consumer"].wait()
+    stack.start("consumer", "consumer")
+
+    async def all_stored() -> bool:
+        return bool(await pool.fetchval("SELECT count(*) = 10000 FROM event_log"))
+
+    await wait_until(all_stored, timeout=120)
+    await settle_and_check(stack, pool, "consumer kill -9 mid-batch", set(), set(cases))
+
+
+async def test_worker_killed_mid_case(stack: Stack, pool: asyncpg.Pool) -> None:
+    accepted = await submit(stack, 20, latency_ms=400)
+    await asyncio.sleep(1.2)
+    stack.kill("worker")
+    stack.start("worker", "worker")
+    await all_ended(pool, accepted)
+    await settle_and_check(stack, pool, "worker kill -9 mid-case", accepted)
+    attempts = await pool.fetch("SELECT case_id, max(attempt) AS attempts FROM event_log "
+                                "WHERE case_id = ANY($1::uuid[]) GROUP BY case_id",
+                                list(accepted))
+    assert any(r["attempts"] >= 2 for r in attempts), "no case needed a second attempt"
+
+
+async def test_capability_worker_killed_mid_call(stack: Stack, pool: asyncpg.Pool) -> None:
+    accepted = await submit(stack, 40, latency_ms=50)
+    await asyncio.sleep(0.3)
+    stack.kill("capability-worker")
+    await asyncio.sleep(1.0)
+    stack.start("capability-worker", "capability-worker")
+    await all_ended(pool, accepted)
+    await settle_and_check(stack, pool, "capability worker kill -9", accepted)
+    calls = await pool.fetch(
+        "SELECT tool_result, error, attempt_count FROM react_tool_calls WHERE case_id = "
+        "ANY($1::uuid[]) AND tool_source = 'worker'", list(accepted))
+    # Every worker call ended in a result or a stated error, never an invented value.
+    assert calls and all((c["tool_result"] is None) == (c["error"] is not None) for c in calls)
+
+
+async def test_poison_on_the_bus(stack: Stack, pool: asyncpg.Pool) -> None:
+    connection = await aio_pika.connect_robust(stack.settings.amqp_url)
+    topology = Topology(stack.settings.namespace)
+    publisher = await Publisher.open(connection)
+    sink = EventPublisher(publisher, topology)
+    case_id = uuid.uuid4()
+    good = [started(case_id), cycle(case_id, 1, 0), cycle(case_id, 2, 1)]
+    valid = orjson.loads(good[1].to_json())
+    conflict = orjson.loads(good[1].to_json())
+    conflict["payload"]["reasoningText"] = "rewritten history"
+    poison = [
+        (b"{not json", "not valid JSON"),
+        (orjson.dumps({**valid, "schemaVersion": 7}), "schemaVersion"),
+        (orjson.dumps({k: v for k, v in valid.items() if k != "payload"}), "payload"),
+        (b'{"x": "' + b"y" * 10_000_000 + b'"}', "byte limit"),
+    ]
+    key = f"case.{case_id}.REACT_CYCLE"
+    for event, (body, _) in zip(good, poison, strict=False):
+        await sink.emit(event)
+        await publisher.publish(topology.events_exchange, key, body)
+    await publisher.publish(topology.events_exchange, key, poison[-1][0])
+    await wait_until(lambda: _rows(pool, case_id, 3), timeout=30)
+    await publisher.publish(topology.events_exchange, key, orjson.dumps(conflict))
+    await sink.emit(make_event(case_id, 1, 3, good[2].payload))
+    await wait_until(lambda: _rows(pool, case_id, 4), timeout=30)
+    channel = await connection.channel()
+    dead = await channel.get_queue(topology.dead_letter_queue, ensure=False)
+    reasons: list[str] = []
+    for _ in range(200):
+        message = await dead.get(no_ack=True, fail=False)
+        if message is None:
+            if len(reasons) >= len(poison) + 1:
+                break
+            await asyncio.sleep(0.05)
+            continue
+        reasons.append(str((message.headers or {}).get(REASON_HEADER)))
+    await connection.close()
+    for _, expected in poison:
+        assert any(expected in r for r in reasons), (expected, reasons)
+    assert any("conflict" in r for r in reasons)
+    await settle_and_check(stack, pool, "poison on the bus", set(), {case_id})
+
+
+async def _rows(pool: asyncpg.Pool, case_id: uuid.UUID, n: int) -> bool:
+    return bool(await pool.fetchval("SELECT count(*) >= $2 FROM event_log WHERE case_id = $1",
+                                    case_id, n))
