@@ -30,8 +30,9 @@ from service.bus.dead_letter import dead_letter
 from service.bus.publisher import Publisher
 from service.bus.rpc import ToolReply, ToolRequest
 from service.bus.topology import Topology
-from service.engine.tools import Capability, describe_validation_error
+from service.engine.tools import Capability
 from service.errors import PermanentError
+from service.events import describe_validation_error
 
 log = logging.getLogger("casetrail.capability")
 
@@ -116,8 +117,9 @@ class CapabilityWorker:
             result = await capability.invoke(request.args)
             reply = ToolReply(**base, ok=True, result=orjson.loads(orjson.dumps(result)))
         except ValidationError as exc:
+            reason = describe_validation_error(exc, "(arguments)")
             reply = ToolReply(**base, ok=False, retryable=False,
-                              error=f"invalid arguments: {describe_validation_error(exc)}")
+                              error=f"invalid arguments: {reason}")
         except Exception as exc:
             reply = ToolReply(**base, ok=False, retryable=True,
                               error=f"{type(exc).__name__}: {exc}")

@@ -12,7 +12,13 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from service.events import ContractModel, JsonObject, Limits, ModelRef
+from service.events import (
+    ContractModel,
+    JsonObject,
+    Limits,
+    ModelRef,
+    describe_validation_error,
+)
 
 
 class InvalidCommand(ValueError):
@@ -30,11 +36,7 @@ class _Command(ContractModel):
         except orjson.JSONDecodeError as exc:
             raise InvalidCommand(f"not valid JSON: {exc}") from None
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                for e in exc.errors(include_url=False)
-            )
-            raise InvalidCommand(problems) from None
+            raise InvalidCommand(describe_validation_error(exc)) from None
 
 
 class CaseStartCommand(_Command):

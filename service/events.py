@@ -430,10 +430,11 @@ def make_event(
     return event  # type: ignore[return-value]
 
 
-def _describe(error: ValidationError) -> str:
+def describe_validation_error(error: ValidationError, root: str = "(root)") -> str:
+    """``field: reason`` for every problem, joined: what a person or a model can act on."""
     parts = []
     for item in error.errors(include_url=False):
-        location = ".".join(str(p) for p in item["loc"]) or "(root)"
+        location = ".".join(str(p) for p in item["loc"]) or root
         parts.append(f"{location}: {item['msg']}")
     return "; ".join(parts)
 
@@ -463,7 +464,7 @@ def event_and_payload_from_json(data: bytes) -> tuple[Event, str]:
     try:
         event = _EVENT_ADAPTER.validate_python(raw)
     except ValidationError as exc:
-        raise InvalidEvent(_describe(exc)) from None
+        raise InvalidEvent(describe_validation_error(exc)) from None
     return event, orjson.dumps(raw["payload"]).decode()
 
 

@@ -25,18 +25,9 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from service.engine.chat import ToolCallRequest, ToolResultMessage, ToolSpec
-from service.events import ToolAttempt, ToolCallRecord
+from service.events import ToolAttempt, ToolCallRecord, describe_validation_error
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
-
-
-def describe_validation_error(error: ValidationError) -> str:
-    """``field: reason`` for every problem, joined; what a model or a person can act on."""
-    parts = []
-    for item in error.errors(include_url=False):
-        location = ".".join(str(p) for p in item["loc"]) or "(arguments)"
-        parts.append(f"{location}: {item['msg']}")
-    return "; ".join(parts)
 
 
 @functools.cache
@@ -150,7 +141,7 @@ class InProcessWorkerRuntime:
                 raise LookupError(f"no worker serves capability {capability!r}")
             result = await target.invoke(args)
         except ValidationError as exc:
-            message = f"invalid arguments: {describe_validation_error(exc)}"
+            message = f"invalid arguments: {describe_validation_error(exc, '(arguments)')}"
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}"
         else:
@@ -237,7 +228,7 @@ class ToolBox:
         try:
             args = tool.args_model.model_validate(arguments)
         except ValidationError as exc:
-            reason = describe_validation_error(exc)
+            reason = describe_validation_error(exc, "(arguments)")
             return None, f"invalid arguments for {tool.name!r}: {reason}", ()
         match tool:
             case LocalTool():
