@@ -231,3 +231,32 @@ async def test_up_runs_the_stack_and_sigterm_stops_every_child(settings: Setting
     await Topology(settings.namespace + "-up").delete_all(
         await connection.channel(), ["credit-score", "risk-model-retrieval", "sanctions-screening"])
     await connection.close()
+
+
+async def test_tail_prints_live_events_filtered_by_type(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection
+) -> None:
+    from service.bus.publisher import EventPublisher, Publisher
+    from service.bus.topology import Topology
+    from tests.test_pipeline import completed, cycle, started
+
+    case_id = uuid.uuid4()
+    tail = subprocess.Popen(  # noqa: ASYNC220 - runs beside the test until it is stopped
+        [sys.executable, "-m", "service.cli", "tail", "--types", "REACT_CYCLE", "--json"],
+        env=component_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert tail.stderr is not None and tail.stdout is not None
+        banner = await asyncio.to_thread(tail.stderr.readline)
+        assert b"tailing" in banner
+        sink = EventPublisher(await Publisher.open(amqp), Topology(settings.namespace))
+        for event in (started(case_id), cycle(case_id, 1, 0), completed(case_id, 2)):
+            await sink.emit(event)
+        line = await asyncio.wait_for(asyncio.to_thread(tail.stdout.readline), 10)
+        shown = orjson.loads(line)
+        assert shown["caseId"] == str(case_id) and shown["eventType"] == "REACT_CYCLE"
+    finally:
+        tail.send_signal(signal.SIGINT)
+        await asyncio.to_thread(tail.wait, 10)
+    assert tail.returncode == 0
+    rest = tail.stdout.read() if tail.stdout else b""
+    assert b"CASE_STARTED" not in rest and b"CASE_COMPLETED" not in rest
