@@ -7,8 +7,7 @@ reason; republishing with a header says why, then the original is acked.
 from __future__ import annotations
 
 import logging
-
-from aio_pika.abc import AbstractIncomingMessage
+from typing import Protocol
 
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
@@ -18,8 +17,26 @@ log = logging.getLogger("casetrail.bus")
 REASON_HEADER = "x-casetrail-reason"
 
 
+class Undeliverable(Protocol):
+    """What setting a message aside needs to know of it (aio-pika's incoming
+    messages and the consumer's raw deliveries both have it)."""
+
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def message_id(self) -> str | None: ...
+    @property
+    def type(self) -> str | None: ...
+    @property
+    def correlation_id(self) -> str | None: ...
+    @property
+    def routing_key(self) -> str | None: ...
+    @property
+    def exchange(self) -> str | None: ...
+
+
 async def dead_letter(
-    publisher: Publisher, topology: Topology, message: AbstractIncomingMessage, reason: str
+    publisher: Publisher, topology: Topology, message: Undeliverable, reason: str
 ) -> None:
     """Publish ``message`` to ``<ns>.dead-letter`` with ``reason`` (confirmed); the caller acks."""
     log.warning("dead-lettering message %s: %s", message.message_id, reason)
