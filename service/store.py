@@ -102,6 +102,35 @@ class NewCase:
 
 ClaimOutcome = Literal["run", "ended", "busy", "cancel_queued", "unknown"]
 
+# The claim, decided and recorded in one statement (one round trip, one implicit
+# transaction; the row lock is held while the decision is made and written).
+_CLAIM = """
+WITH current AS (
+    SELECT case_id, status, attempts_claimed, lease_owner, terminal_published,
+           cancel_requested_at, cancel_reason, lease_expires_at > now() AS lease_live
+    FROM cases WHERE case_id = $1 FOR UPDATE
+), decided AS (
+    SELECT c.*, CASE
+        WHEN c.terminal_published
+             OR c.status IN ('completed', 'failed', 'timed_out', 'cancelled')
+             OR EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = $1
+                        AND e.event_type = ANY($2::text[])) THEN 'ended'
+        WHEN c.lease_live AND c.lease_owner IS DISTINCT FROM $3 THEN 'busy'
+        WHEN c.cancel_requested_at IS NOT NULL AND c.attempts_claimed = 0 THEN 'cancel_queued'
+        ELSE 'run' END AS outcome
+    FROM current c
+), claimed AS (
+    UPDATE cases SET attempts_claimed = d.attempts_claimed + 1, lease_owner = $3,
+                     lease_expires_at = now() + make_interval(secs => $4)
+    FROM decided d
+    WHERE cases.case_id = d.case_id AND d.outcome IN ('run', 'cancel_queued')
+    RETURNING cases.attempts_claimed
+)
+SELECT d.outcome, d.cancel_reason, d.lease_owner AS previous_owner,
+       (SELECT attempts_claimed FROM claimed) AS attempt
+FROM decided d
+"""
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -183,45 +212,23 @@ class CaseStore:
         ``cancel_queued``: cancelled before any attempt; publish ``CASE_CANCELLED``.
         ``unknown``: no such case.
         """
-        async with translate_errors(), self._pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                """SELECT status, attempts_claimed, lease_owner, terminal_published,
-                          cancel_requested_at, cancel_reason,
-                          lease_expires_at > now() AS lease_live
-                   FROM cases WHERE case_id = $1 FOR UPDATE""",
-                case_id,
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                _CLAIM, case_id, list(TERMINAL_EVENT_TYPES), owner, lease_seconds
             )
-            if row is None:
-                return Claim("unknown")
-            ended = row["terminal_published"] or row["status"] in TERMINAL_STATUSES
-            if not ended:
-                ended = bool(await conn.fetchval(
-                    """SELECT 1 FROM event_log WHERE case_id = $1
-                       AND event_type = ANY($2::text[]) LIMIT 1""",
-                    case_id, list(TERMINAL_EVENT_TYPES),
-                ))
-            if ended:
-                return Claim("ended")
-            if row["lease_live"] and row["lease_owner"] != owner:
-                return Claim("busy")
-            if row["cancel_requested_at"] is not None and row["attempts_claimed"] == 0:
-                await conn.execute(
-                    """UPDATE cases SET attempts_claimed = 1, lease_owner = $2,
-                       lease_expires_at = now() + make_interval(secs => $3) WHERE case_id = $1""",
-                    case_id, owner, lease_seconds,
-                )
-                return Claim("cancel_queued", attempt=1, cancel_reason=row["cancel_reason"])
-            attempt = row["attempts_claimed"] + 1
-            await conn.execute(
-                """UPDATE cases SET attempts_claimed = $2, lease_owner = $3,
-                   lease_expires_at = now() + make_interval(secs => $4) WHERE case_id = $1""",
-                case_id, attempt, owner, lease_seconds,
-            )
+        if row is None:
+            return Claim("unknown")
+        outcome = row["outcome"]
+        if outcome in ("ended", "busy"):
+            return Claim(outcome)
+        if outcome == "cancel_queued":
+            return Claim("cancel_queued", attempt=1, cancel_reason=row["cancel_reason"])
+        attempt = row["attempt"]
         restart = None
         if attempt > 1:
             restart = (
-                f"attempt {attempt - 1} (worker {row['lease_owner']}) stopped without a terminal "
-                "event; its start command was redelivered"
+                f"attempt {attempt - 1} (worker {row['previous_owner']}) stopped without a "
+                "terminal event; its start command was redelivered"
             )
         return Claim(
             "run", attempt=attempt, cancel_reason=row["cancel_reason"], restart_reason=restart

@@ -49,6 +49,7 @@ class ScriptedModel:
         # Token estimates per message object (the conversation only grows, so each
         # message is counted once, not once per turn).
         self._counted: dict[int, tuple[ChatMessage, int]] = {}
+        self._counted_tools: dict[int, tuple[Sequence[ToolSpec], int]] = {}
 
     @property
     def name(self) -> str:
@@ -66,10 +67,7 @@ class ScriptedModel:
                 raise ModelRejected(f"script exhausted after {self._served} turns")
             turn = self._turns[self._served]
         self._served += 1
-        prompt = sum(self._count(m) for m in messages) + sum(
-            count_tokens(t.name + t.description) + count_tokens(orjson.dumps(t.parameters).decode())
-            for t in tools
-        )
+        prompt = sum(self._count(m) for m in messages) + self._count_tools(tools)
         completion = count_tokens(turn.text) + sum(
             count_tokens(c.name + orjson.dumps(c.arguments).decode()) for c in turn.tool_calls
         )
@@ -81,6 +79,15 @@ class ScriptedModel:
             model=self._name,
         )
 
+
+    def _count_tools(self, tools: Sequence[ToolSpec]) -> int:
+        known = self._counted_tools.get(id(tools))
+        if known is not None and known[0] is tools:
+            return known[1]
+        tokens = sum(count_tokens(t.name + t.description)
+                     + count_tokens(orjson.dumps(t.parameters).decode()) for t in tools)
+        self._counted_tools[id(tools)] = (tools, tokens)
+        return tokens
 
     def _count(self, message: ChatMessage) -> int:
         known = self._counted.get(id(message))
