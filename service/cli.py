@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+
+# Until a component installs its graceful handler, SIGTERM (a supervisor stopping
+# a component that is still starting) means a clean exit. Set before the heavier
+# imports below, which take a noticeable part of a second.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
 import asyncio
 import logging
-import sys
+import os
 import uuid
 from collections.abc import Coroutine
 from typing import Annotated, Any, TypeVar
@@ -33,7 +41,8 @@ def _run(main: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(main)
 
 
-def _logging(level: str = "INFO") -> None:
+def _logging(level: str | None = None) -> None:
+    level = level or get_settings().log_level
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
@@ -125,6 +134,8 @@ def demo(
     from service.demo import run_demo
 
     _logging("WARNING")
+    # The demo's own output is the show; its components log warnings only.
+    os.environ["CASETRAIL_LOG_LEVEL"] = "WARNING"
     settings = get_settings()
     if port:
         settings = settings.model_copy(update={"api_port": port})

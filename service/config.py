@@ -17,6 +17,8 @@ class Settings(BaseSettings):
     database_url: str = "postgresql://postgres@127.0.0.1:5432/casetrail"
     namespace: str = Field(default="casetrail", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
+    log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     max_body_bytes: int = Field(default=256 * 1024, description="Larger request bodies get 413.")

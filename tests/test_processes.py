@@ -260,3 +260,37 @@ async def test_tail_prints_live_events_filtered_by_type(
     assert tail.returncode == 0
     rest = tail.stdout.read() if tail.stdout else b""
     assert b"CASE_STARTED" not in rest and b"CASE_COMPLETED" not in rest
+
+
+async def test_sigterm_lets_the_worker_finish_the_case_it_holds(
+    processes: dict[str, Any], pool: asyncpg.Pool, settings: Settings
+) -> None:
+    worker: subprocess.Popen[bytes] = processes["children"]["worker"]
+    async with httpx.AsyncClient(base_url=processes["base_url"]) as client:
+        reply = await client.post("/cases", json={
+            "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[1],
+            "model": {"provider": "scripted", "name": "slow", "latencyMs": 400}})
+        case_id = uuid.UUID(reply.json()["caseId"])
+
+        async def running() -> bool:
+            status = await pool.fetchval("SELECT status FROM cases WHERE case_id = $1", case_id)
+            return bool(status == "running")
+
+        await wait_until(running, timeout=20)
+        worker.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(worker.wait, 30) == 0
+        replacement = processes["children"]["worker"] = spawn(settings, "worker")
+
+        async def done() -> dict[str, Any] | None:
+            body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
+            return body if body["status"] not in ("queued", "running") else None
+
+        case = await wait_until(done, timeout=30)
+    async def replacement_ready() -> bool:
+        log = Path(replacement.log_path).read_text()  # type: ignore[attr-defined]  # noqa: ASYNC240
+        return "taking cases" in log
+
+    await wait_until(replacement_ready, timeout=30)
+    # The case ended inside the shutdown grace period: one attempt, completed.
+    assert case["status"] == "completed" and case["attempts"] == 1
+    assert case["answer"]["decision"] == "refer"
