@@ -468,19 +468,6 @@ def event_and_payload_from_json(data: bytes) -> tuple[Event, str]:
     return event, orjson.dumps(raw["payload"]).decode()
 
 
-def event_type_of(event: Event) -> EventType:
-    return event.event_type
-
-
 def event_payload_json(event: Event) -> bytes:
     """The payload alone, as stored in ``event_log.payload``."""
     return orjson.dumps(event.payload.model_dump(mode="json", by_alias=True))
-
-
-def parse_payload(event_type: str, payload: bytes | str | JsonObject) -> Payload:
-    """Validate a stored payload back into its model (used when reading the trail)."""
-    cls = _EVENT_CLASSES[event_type]
-    model = cls.model_fields["payload"].annotation
-    raw = orjson.loads(payload) if isinstance(payload, bytes | str) else payload
-    assert isinstance(model, type) and issubclass(model, ContractModel)
-    return model.model_validate(raw)  # type: ignore[return-value]

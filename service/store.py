@@ -19,8 +19,6 @@ import orjson
 from service.errors import StoreUnavailable
 from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
 
-TERMINAL_STATUSES = frozenset({"completed", "failed", "timed_out", "cancelled"})
-
 _TRANSIENT = (
     OSError,
     asyncpg.PostgresConnectionError,

@@ -17,7 +17,6 @@ from service.engine.chat import (
     AssistantTurn,
     ChatMessage,
     ToolCallRequest,
-    ToolResultMessage,
     ToolSpec,
     count_tokens,
     message_text,
@@ -101,8 +100,3 @@ class ScriptedModel:
 def call(tool: str, call_id: str, **arguments: object) -> ToolCallRequest:
     """Shorthand for a scripted tool call."""
     return ToolCallRequest(id=call_id, name=tool, arguments=dict(arguments))
-
-
-def observations(messages: Sequence[ChatMessage]) -> dict[str, ToolResultMessage]:
-    """The observations received so far, by tool name (the latest wins)."""
-    return {m.tool_name: m for m in messages if isinstance(m, ToolResultMessage)}
