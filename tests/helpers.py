@@ -64,3 +64,13 @@ async def wait_until(check: Any, timeout: float = 15.0, interval: float = 0.05) 
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
         await asyncio.sleep(interval)
+
+
+async def ended(client: Any, case_id: str | Any, timeout: float = 20) -> dict[str, Any]:
+    """Poll ``GET /cases/{id}`` (an httpx client) until the case has ended; its view."""
+    async def check() -> dict[str, Any] | None:
+        body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
+        return body if body["status"] not in ("queued", "running") else None
+
+    result: dict[str, Any] = await wait_until(check, timeout)
+    return result

@@ -16,7 +16,7 @@ import pytest
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
-from tests.helpers import wait_until
+from tests.helpers import ended, wait_until
 from tests.stack import InProcessStack, in_process_stack
 
 APPROVE = SAMPLE_APPLICATIONS[0]
@@ -47,15 +47,6 @@ async def start(client: httpx.AsyncClient, case_input: dict[str, Any] = APPROVE,
     assert reply.json()["status"] == "queued"
     case_id: str = reply.json()["caseId"]
     return case_id
-
-
-async def ended(client: httpx.AsyncClient, case_id: str, timeout: float = 20) -> dict[str, Any]:
-    async def check() -> dict[str, Any] | None:
-        body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
-        return body if body["status"] not in ("queued", "running") else None
-
-    result: dict[str, Any] = await wait_until(check, timeout)
-    return result
 
 
 async def test_a_loan_case_runs_end_to_end_and_its_trail_is_exact(

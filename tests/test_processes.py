@@ -21,7 +21,7 @@ import pytest
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
-from tests.helpers import wait_until
+from tests.helpers import ended, wait_until
 from tests.stack import component_env, free_port, spawn
 
 
@@ -81,11 +81,7 @@ async def test_the_seed_integration_test_done_for_real(
         assert reply.status_code == 202
         case_id = uuid.UUID(reply.json()["caseId"])
 
-        async def done() -> dict[str, Any] | None:
-            body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
-            return body if body["status"] == "completed" else None
-
-        case = await wait_until(done, timeout=30)
+        case = await ended(client, case_id, timeout=30)
     assert case["answer"]["decision"] == "decline"
 
     rows = await pool.fetch(
@@ -148,11 +144,7 @@ async def test_a_killed_worker_leads_to_a_second_attempt(
         worker.wait()
         processes["children"]["worker"] = spawn(settings, "worker")
 
-        async def done() -> dict[str, Any] | None:
-            body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
-            return body if body["status"] not in ("queued", "running") else None
-
-        case = await wait_until(done, timeout=60)
+        case = await ended(client, case_id, timeout=60)
     assert case["status"] == "completed" and case["attempts"] == 2
     rows = await pool.fetch(
         "SELECT attempt, seq, event_type, payload FROM event_log WHERE case_id = $1 "
@@ -281,11 +273,7 @@ async def test_sigterm_lets_the_worker_finish_the_case_it_holds(
         assert await asyncio.to_thread(worker.wait, 30) == 0
         replacement = processes["children"]["worker"] = spawn(settings, "worker")
 
-        async def done() -> dict[str, Any] | None:
-            body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
-            return body if body["status"] not in ("queued", "running") else None
-
-        case = await wait_until(done, timeout=30)
+        case = await ended(client, case_id, timeout=30)
     async def replacement_ready() -> bool:
         log = Path(replacement.log_path).read_text()  # type: ignore[attr-defined]  # noqa: ASYNC240
         return "taking cases" in log

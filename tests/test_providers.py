@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aio_pika
 import asyncpg
@@ -29,7 +28,7 @@ from service.providers.anthropic_messages import AnthropicChatModel
 from service.providers.openai_compat import OpenAIChatModel
 from tests import conftest
 from tests.fake_llm import FakeLLM, anthropic_turn, error, fake_llm, openai_turn
-from tests.helpers import ListSink, spec_for, toolbox, wait_until
+from tests.helpers import ListSink, ended, spec_for, toolbox
 from tests.stack import in_process_stack
 
 SECRET = "sk-test-secret-0000"
@@ -224,11 +223,7 @@ async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
                                                   "model": model})
         case_id = reply.json()["caseId"]
 
-        async def done() -> dict[str, Any] | None:
-            body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
-            return body if body["status"] not in ("queued", "running") else None
-
-        case = await wait_until(done, timeout=30)
+        case = await ended(client, case_id, timeout=30)
         trail = (await client.get(f"/cases/{case_id}/events")).json()["events"]
     assert case["status"] == "completed" and case["answer"] == {"decision": "approve"}
     assert case["tokenUsage"] == {"inputTokens": 1100, "outputTokens": 45}
