@@ -262,3 +262,24 @@ async def test_poison_is_dead_lettered_with_its_reason_and_neighbours_are_stored
     assert "conflict" in reasons[-1] and str(good[1].event_id) in reasons[-1]
     assert await stored(pool, case_id) == good
     assert consumer.stats.dead_lettered >= len(poison) + 1
+
+
+async def test_event_messages_carry_the_designed_properties(
+    amqp: aio_pika.abc.AbstractRobustConnection, sink: EventPublisher, topology: Topology
+) -> None:
+    channel = await amqp.channel()
+    exchange = await channel.get_exchange(topology.events_exchange, ensure=False)
+    case_id = uuid.uuid4()
+    queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+    await queue.bind(exchange, routing_key=f"case.{case_id}.#")
+    event = started(case_id)
+    await sink.emit(event)
+    message = await wait_until(lambda: queue.get(no_ack=True, fail=False), timeout=10)
+    assert message.body == event.to_json()
+    assert message.routing_key == f"case.{case_id}.CASE_STARTED"
+    assert message.content_type == "application/json"
+    assert message.message_id == str(event.event_id)
+    assert message.type == "CASE_STARTED"
+    assert message.correlation_id == str(case_id)
+    assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+    await channel.close()
