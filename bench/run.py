@@ -1,7 +1,7 @@
 """``make bench``: every benchmark in one run on this machine; prints one table, writes
 the figures as JSON (machine, date, commit) and docs/benchmarks.md with two plots.
 
-Usage: python -m bench.run [--quick]
+Usage: python -m bench.run [--quick | --replot]
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ def plots(r: dict[str, Any], docs: Path) -> None:
     for key, label in (("p50Ms", "p50"), ("p95Ms", "p95"), ("p99Ms", "p99")):
         ax.plot(offered, [x[key] for x in r["latency"]], marker="o", label=label)
     ax.set_xlabel("offered load (REACT_CYCLE events/s)")
-    ax.set_ylabel("publish → committed (ms)")
+    ax.set_ylabel("publish → committed (ms, log scale)")
+    ax.set_yscale("log")
     ax.set_title("casetrail: latency against offered load")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -157,6 +158,10 @@ def plots(r: dict[str, Any], docs: Path) -> None:
 
 
 def main() -> None:
+    if "--replot" in sys.argv:  # redraw the plots from the last run's figures
+        plots(orjson.loads((ROOT / "bench" / "results" / "latest.json").read_bytes()),
+              ROOT / "docs")
+        return
     quick = "--quick" in sys.argv
     results = asyncio.run(run(quick))
     rows = table(results)
