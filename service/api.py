@@ -19,10 +19,9 @@ from fastapi import Body, FastAPI, Header, HTTPException, Query, Request, Respon
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from service.agents import AGENTS
-from service.bus.publisher import EventPublisher, Publisher, connect
+from service.bus.publisher import EventPublisher, Publisher
 from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand
 from service.config import Settings
@@ -30,7 +29,8 @@ from service.engine.loop import cancelled_while_queued
 from service.errors import BusUnavailable, CasetrailError, PublishRejected, StoreUnavailable
 from service.events import EVENT_TYPES, Limits, ModelRef
 from service.providers import base_url_problem
-from service.store import CaseStore, NewCase, create_pool
+from service.runtime import connect_patiently, pool_patiently
+from service.store import CaseStore, NewCase
 
 log = logging.getLogger("casetrail.api")
 
@@ -176,13 +176,8 @@ class Services:
         self.topology = Topology(settings.namespace)
 
     async def open(self) -> None:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type((BusUnavailable, StoreUnavailable)),
-            wait=wait_fixed(1), stop=stop_after_delay(30), reraise=True,
-        ):
-            with attempt:
-                self.pool = await create_pool(self.settings.database_url, max_size=20)
-                self.connection = await connect(self.settings.amqp_url, "casetrail-api")
+        self.pool = await pool_patiently(self.settings, 20)
+        self.connection = await connect_patiently(self.settings, "casetrail-api")
         self.store = CaseStore(self.pool)
         channel = await self.connection.channel()
         await self.topology.declare(channel)

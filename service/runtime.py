@@ -29,7 +29,8 @@ STARTUP_PATIENCE_SECONDS = 60.0
 """How long a component waits for the broker and the database to answer at start."""
 
 
-async def _connect(settings: Settings, name: str) -> AbstractRobustConnection:
+async def connect_patiently(settings: Settings, name: str) -> AbstractRobustConnection:
+    """A robust broker connection, waiting up to a minute for the broker at start-up."""
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(BusUnavailable), wait=wait_fixed(1),
         stop=stop_after_delay(STARTUP_PATIENCE_SECONDS), reraise=True,
@@ -39,7 +40,8 @@ async def _connect(settings: Settings, name: str) -> AbstractRobustConnection:
     raise AssertionError("unreachable")
 
 
-async def _pool(settings: Settings, size: int) -> asyncpg.Pool:
+async def pool_patiently(settings: Settings, size: int) -> asyncpg.Pool:
+    """A Postgres pool, waiting up to a minute for the database at start-up."""
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(StoreUnavailable), wait=wait_fixed(1),
         stop=stop_after_delay(STARTUP_PATIENCE_SECONDS), reraise=True,
@@ -50,8 +52,8 @@ async def _pool(settings: Settings, size: int) -> asyncpg.Pool:
 
 
 async def run_worker(settings: Settings) -> None:
-    connection = await _connect(settings, "casetrail-worker")
-    pool = await _pool(settings, 10)
+    connection = await connect_patiently(settings, "casetrail-worker")
+    pool = await pool_patiently(settings, 10)
     topology = Topology(settings.namespace)
     runtime = BusWorkerRuntime(
         connection, topology, await Publisher.open(connection),
@@ -72,8 +74,8 @@ async def run_worker(settings: Settings) -> None:
 
 
 async def run_consumer(settings: Settings) -> None:
-    connection = await _connect(settings, "casetrail-consumer")
-    pool = await _pool(settings, 4)
+    connection = await connect_patiently(settings, "casetrail-consumer")
+    pool = await pool_patiently(settings, 4)
     consumer = EventLogConsumer(
         connection, EventLogWriter(pool), Topology(settings.namespace),
         prefetch=settings.consumer_prefetch, batch_size=settings.consumer_batch_size,
@@ -90,7 +92,7 @@ async def run_consumer(settings: Settings) -> None:
 async def run_capability_worker(
     settings: Settings, names: Sequence[str], concurrency: int | None
 ) -> None:
-    connection = await _connect(settings, "casetrail-capability-worker")
+    connection = await connect_patiently(settings, "casetrail-capability-worker")
     worker = CapabilityWorker(
         connection, Topology(settings.namespace), [CAPABILITIES[n] for n in names],
         concurrency=concurrency or settings.capability_concurrency,
@@ -101,4 +103,7 @@ async def run_capability_worker(
         await connection.close()
 
 
-__all__ = ["run_capability_worker", "run_consumer", "run_worker"]
+__all__ = [
+    "connect_patiently", "pool_patiently", "run_capability_worker", "run_consumer",
+    "run_worker",
+]

@@ -47,6 +47,14 @@ log = logging.getLogger("casetrail.worker")
 
 
 @dataclass
+class LiveCase:
+    """A case this process holds: how to stop it, and when it has finished here."""
+
+    signal: CancelSignal = field(default_factory=CancelSignal)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
 class CaseWorker:
     """Runs cases from start commands."""
 
@@ -63,8 +71,7 @@ class CaseWorker:
     owner: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     )
-    _running: dict[uuid.UUID, CancelSignal] = field(default_factory=dict)
-    _finished: dict[uuid.UUID, asyncio.Event] = field(default_factory=dict)
+    _live: dict[uuid.UUID, LiveCase] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _stopping: bool = False
 
@@ -114,16 +121,16 @@ class CaseWorker:
         except InvalidCommand as exc:
             log.warning("unreadable cancel command ignored: %s", exc)
             return
-        signal = self._running.get(command.case_id)
-        if signal is not None:
+        live = self._live.get(command.case_id)
+        if live is not None:
             log.info("cancelling case %s", command.case_id)
-            signal.cancel(command.reason)
+            live.signal.cancel(command.reason)
 
     async def _renew_leases(self) -> None:
         while True:
             await asyncio.sleep(self.lease_seconds / 3)
             try:
-                await self.store.renew_leases(list(self._running), self.owner, self.lease_seconds)
+                await self.store.renew_leases(list(self._live), self.owner, self.lease_seconds)
             except StoreUnavailable as exc:
                 log.warning("could not renew leases: %s", exc)
 
@@ -141,20 +148,19 @@ class CaseWorker:
                               f"unknown agent {command.agent!r}")
             await message.ack()
             return
-        live = self._finished.get(command.case_id)
+        live = self._live.get(command.case_id)
         if live is not None:
             # The broker redelivered the start command of a case this process is
             # still running (its channel was lost, e.g. a broker restart). Never a
             # second attempt beside the live one: settle this copy once it ends.
-            await live.wait()
+            await live.finished.wait()
             await self._settle(message, command.case_id, done=True)
             return
         # Registered before the claim, so a cancel broadcast that arrives while the
         # case is being claimed is not missed.
-        signal = self._running.setdefault(command.case_id, CancelSignal())
-        finished = self._finished[command.case_id] = asyncio.Event()
+        live = self._live[command.case_id] = LiveCase()
         try:
-            done = await self._claim_and_run(command, signal)
+            done = await self._claim_and_run(command, live.signal)
         except asyncio.CancelledError:
             # Shutdown abandoned this case: hand it back for the next attempt.
             await self._release(command.case_id)
@@ -167,9 +173,8 @@ class CaseWorker:
             await self._release(command.case_id)
             done = False
         finally:
-            self._running.pop(command.case_id, None)
-            self._finished.pop(command.case_id, None)
-            finished.set()
+            del self._live[command.case_id]
+            live.finished.set()
         await self._settle(message, command.case_id, done=done)
 
     async def _settle(self, message: AbstractIncomingMessage, case_id: uuid.UUID,
