@@ -49,10 +49,20 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Reset on release: nothing beyond asyncpg's own rollback of an open transaction.
+
+    Pooled connections never change session state (no SET, LISTEN, advisory locks
+    or cursors: migrations use a connection of their own), so asyncpg's default
+    reset query would cost a round trip and server work on every release for nothing.
+    """
+
+
 async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     async with translate_errors():
         pool = await asyncpg.create_pool(
-            url, min_size=min_size, max_size=max_size, init=_init_connection
+            url, min_size=min_size, max_size=max_size, init=_init_connection,
+            reset=_keep_session,
         )
     assert pool is not None
     return pool
