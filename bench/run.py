@@ -80,7 +80,9 @@ async def run(quick: bool) -> dict[str, Any]:
     results["concurrency"] = await scenarios.concurrency_sweep(
         bench_settings(), [100, 250, 500, 1000] if not quick else [100, 1000])
     print("consumer ingest alone ...", flush=True)
-    results["ingest"] = await scenarios.consumer_ingest(bench_settings(), int(100_000 * scale))
+    results["ingest"] = [
+        await scenarios.consumer_ingest(bench_settings(), int(100_000 * scale), consumers=n)
+        for n in (1, 2)]
     print("POST /cases ...", flush=True)
     results["api"] = await scenarios.api_posts(bench_settings(api_port=8797),
                                                requests=int(3000 * scale) or 300)
@@ -112,8 +114,10 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
          f"≥ {TARGETS['concurrencyShare']:.0%}",
          f"{top['cyclesPerSecond']:,} of {top['idealCyclesPerSecond']:,} cycles/s"),
         ("  worker peak RSS", f"{top['workerPeakRssMb']} MB", f"≤ {TARGETS['workerRss']} MB", ""),
-        ("consumer ingest alone", f"{r['ingest']['eventsPerSecond']:,} events/s",
-         f"≥ {TARGETS['ingest']:,}", f"{r['ingest']['events']:,} queued events"),
+        *((f"consumer ingest alone, {x['consumers']} process{'es' if x['consumers'] > 1 else ''}",
+           f"{x['eventsPerSecond']:,} events/s", f"≥ {TARGETS['ingest']:,}",
+           f"{x['events']:,} queued events; {x['eventsPerSecondWithStartup']:,}/s "
+           "counting start-up") for x in r["ingest"]),
         ("POST /cases (1 uvicorn worker)", f"{r['api']['requestsPerSecond']:,.0f} req/s",
          f"≥ {TARGETS['apiRps']}", f"p99 {r['api']['p99Ms']:.0f} ms at concurrency "
          f"{r['api']['concurrency']}"),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -94,6 +95,48 @@ class Delivery:
         return self.raw.exchange
 
 
+class _Inbox:
+    """Deliveries waiting to be batched.
+
+    Cheap per message (a deque append; the waiting side is woken once per batch,
+    not once per message): at thousands of events a second, an ``asyncio.Queue``
+    with a timed ``get`` per message cost more than the message itself.
+    """
+
+    def __init__(self, batch_size: int) -> None:
+        self._items: deque[Delivery] = deque()
+        self._batch_size = batch_size
+        self._arrived = asyncio.Event()
+        self._full = asyncio.Event()
+
+    def put(self, delivery: Delivery) -> None:
+        self._items.append(delivery)
+        if len(self._items) == 1:
+            self._arrived.set()
+        if len(self._items) >= self._batch_size:
+            self._full.set()
+
+    def wake(self) -> None:
+        self._arrived.set()
+        self._full.set()
+
+    async def take(self, linger: float, stop: asyncio.Event) -> list[Delivery]:
+        """Up to ``batch_size`` deliveries: waits for the first, then up to ``linger``
+        seconds for the batch to fill. Empty when ``stop`` is set first."""
+        while not self._items:
+            if stop.is_set():
+                return []
+            self._arrived.clear()
+            await self._arrived.wait()
+        if len(self._items) < self._batch_size and linger > 0 and not stop.is_set():
+            self._full.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(linger):
+                    await self._full.wait()
+        items = self._items
+        return [items.popleft() for _ in range(min(len(items), self._batch_size))]
+
+
 @dataclass
 class EventLogConsumer:
     """Consumes ``<ns>.event-log`` and persists it with ``EventLogWriter``."""
@@ -112,7 +155,7 @@ class EventLogConsumer:
         await channel.set_qos(prefetch_count=self.prefetch)
         await self.topology.declare(channel)
         dead_letters = await Publisher.open(self.connection)
-        inbox: asyncio.Queue[Delivery] = asyncio.Queue()
+        inbox = _Inbox(self.batch_size)
         consuming: dict[str, RawChannel] = {}
 
         async def subscribe(*_: object) -> None:
@@ -121,7 +164,7 @@ class EventLogConsumer:
             raw = await channel.get_underlay_channel()
 
             async def deliver(message: DeliveredMessage) -> None:
-                inbox.put_nowait(Delivery(raw, message))
+                inbox.put(Delivery(raw, message))
 
             ok = await raw.basic_consume(self.topology.event_log_queue, deliver)
             consuming.clear()
@@ -132,12 +175,15 @@ class EventLogConsumer:
         if ready is not None:
             ready.set()
         log.info("consuming %s", self.topology.event_log_queue)
+        stopping = asyncio.create_task(stop.wait())
+        stopping.add_done_callback(lambda _: inbox.wake())
         try:
             while not stop.is_set():
-                batch = await self._collect(inbox, stop)
+                batch = await inbox.take(self.linger, stop)
                 if batch:
                     await self._handle(batch, dead_letters, stop)
         finally:
+            stopping.cancel()
             # Unacknowledged messages (in the inbox, or a batch the store never
             # took) return to the queue when the channel closes.
             channel.reopen_callbacks.discard(subscribe)
@@ -146,33 +192,6 @@ class EventLogConsumer:
                     await raw.basic_cancel(tag)
             await dead_letters.channel.close()
             await channel.close()
-
-    async def _collect(
-        self, inbox: asyncio.Queue[Delivery], stop: asyncio.Event
-    ) -> list[Delivery]:
-        stopping = asyncio.ensure_future(stop.wait())
-        first = asyncio.ensure_future(inbox.get())
-        try:
-            await asyncio.wait({stopping, first}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not first.done():
-            first.cancel()
-            return []
-        batch = [first.result()]
-        deadline = asyncio.get_running_loop().time() + self.linger
-        while len(batch) < self.batch_size:
-            if inbox.empty():
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(inbox.get(), remaining))
-                except TimeoutError:
-                    break
-            else:
-                batch.append(inbox.get_nowait())
-        return batch
 
     async def _handle(
         self,

@@ -17,14 +17,22 @@ import asyncpg
 from service.events import Event, event_payload_json
 from service.store import translate_errors
 
+_LOCK_RETRIES = 5
+
 # One statement: insert what is new, then fold only the newly inserted rows
 # into their cases (so a redelivered event never counts twice). Terminal
 # statuses are sticky, so events arriving out of order cannot reopen a case.
+# Several consumers may fold into the same cases at once, so the case rows are
+# locked in one order (case id) before any is updated: ``locked`` is read through
+# an uncorrelated ARRAY(...) sub-select, which Postgres runs once, before the
+# update's first row, and two batches never wait on each other in a cycle.
 _INSERT_AND_FOLD = """
 WITH incoming AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::text[],
                          $6::timestamptz[], $7::smallint[], $8::text[])
         AS r(event_id, case_id, attempt, seq, event_type, occurred_at, schema_version, payload)
+), locked AS MATERIALIZED (
+    SELECT case_id FROM cases WHERE case_id = ANY($2::uuid[]) ORDER BY case_id FOR UPDATE
 ), inserted AS (
     INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
                            schema_version, payload)
@@ -76,7 +84,7 @@ WITH incoming AS (
                         THEN f.last_at ELSE c.ended_at END,
         updated_at = now()
     FROM folded f
-    WHERE c.case_id = f.case_id
+    WHERE c.case_id = f.case_id AND c.case_id = ANY (ARRAY(SELECT case_id FROM locked))
     RETURNING c.case_id
 )
 SELECT event_id FROM inserted
@@ -134,18 +142,26 @@ class EventLogWriter:
         # One statement, so one implicit transaction and one round trip: the insert
         # and the fold into cases commit together or not at all. The conflict check
         # only reads rows that were already committed, so it needs no transaction.
-        async with translate_errors(), self._pool.acquire() as conn:
-            try:
-                rows = await conn.fetch(_INSERT_AND_FOLD, *columns)
-                conflicts: dict[int, str] = {}
-                if len(rows) < len(events):
-                    conflicts = await self._conflicts(conn, events, payloads, rows)
-            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                    asyncpg.exceptions.InternalClientError):
-                # Never hand a connection in an unknown state back to the pool.
-                conn.terminate()
-                raise
-        return BatchOutcome(len(rows), len(events) - len(rows) - len(conflicts), conflicts)
+        for attempt in range(1, _LOCK_RETRIES + 1):
+            async with translate_errors(), self._pool.acquire() as conn:
+                try:
+                    rows = await conn.fetch(_INSERT_AND_FOLD, *columns)
+                    conflicts: dict[int, str] = {}
+                    if len(rows) < len(events):
+                        conflicts = await self._conflicts(conn, events, payloads, rows)
+                except (asyncpg.DeadlockDetectedError, asyncpg.SerializationError):
+                    # Only possible between concurrent batches holding the same new
+                    # events; the statement rolled back, so run it again.
+                    if attempt == _LOCK_RETRIES:
+                        raise
+                    continue
+                except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                        asyncpg.exceptions.InternalClientError):
+                    # Never hand a connection in an unknown state back to the pool.
+                    conn.terminate()
+                    raise
+            return BatchOutcome(len(rows), len(events) - len(rows) - len(conflicts), conflicts)
+        raise AssertionError("unreachable")
 
     async def _conflicts(
         self,

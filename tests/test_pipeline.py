@@ -283,3 +283,53 @@ async def test_event_messages_carry_the_designed_properties(
     assert message.correlation_id == str(case_id)
     assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
     await channel.close()
+
+
+async def test_concurrent_batches_fold_into_shared_cases_once_each(
+    pool: asyncpg.Pool,
+) -> None:
+    # Several consumers write at once: batches that touch the same cases in
+    # opposite orders all commit, and each event is counted once.
+    writer = EventLogWriter(pool)
+    cases = [await new_case(pool) for _ in range(6)]
+    rounds = 8
+    batches = []
+    for r in range(rounds):
+        order = cases if r % 2 == 0 else list(reversed(cases))
+        batches.append([cycle(c, r + 1, r) for c in order])
+    outcomes = await asyncio.gather(*(writer.write(batch) for batch in batches))
+    assert sum(o.inserted for o in outcomes) == rounds * len(cases)
+    assert all(not o.conflicts for o in outcomes)
+    for case_id in cases:
+        row = await CaseStore(pool).get_case(case_id)
+        assert row is not None
+        assert (row["status"], row["cycles"], row["input_tokens"]) == (
+            "running", rounds, 100 * rounds)
+
+
+async def test_two_consumers_share_the_queue_and_store_each_event_once(
+    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool,
+    amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology,
+) -> None:
+    stop, ready = asyncio.Event(), asyncio.Event()
+    second = EventLogConsumer(amqp, EventLogWriter(pool), topology, prefetch=20,
+                              batch_size=10, linger=0.002)
+    task = asyncio.create_task(second.run(stop, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    try:
+        cases = [await new_case(pool) for _ in range(10)]
+        trails = {c: [started(c), *(cycle(c, i + 1, i) for i in range(5)), completed(c, 6, 5)]
+                  for c in cases}
+        # Interleaved across cases, as concurrent workers publish them.
+        await asyncio.gather(*(sink.emit(trails[c][i]) for i in range(7) for c in cases))
+        for case_id in cases:
+            await wait_until(lambda c=case_id: count_rows(pool, c, 7))
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    assert second.stats.inserted > 0  # the broker gave the second consumer its share
+    for case_id in cases:
+        assert await stored(pool, case_id) == trails[case_id]
+        row = await CaseStore(pool).get_case(case_id)
+        assert row is not None
+        assert (row["status"], row["cycles"], row["input_tokens"]) == ("completed", 5, 500)
