@@ -177,18 +177,18 @@ async def test_cancellation_during_a_model_call() -> None:
     assert payload.reason == "applicant withdrew" and not payload.while_queued  # type: ignore[union-attr]
 
 
-async def test_cancellation_between_cycles_stops_before_the_next_model_call() -> None:
+async def test_cancellation_after_a_tool_call_records_the_cycle_and_no_further_turn() -> None:
     cancel = CancelSignal()
 
     async def cancel_now(args: Pair) -> str:
         # Takes effect once this tool call has returned: the cycle is recorded, and
-        # the next model call never happens.
+        # the next model turn never completes.
         asyncio.get_running_loop().call_soon(cancel.cancel, "stop")
         return "ok"
 
     tools = ToolBox([LocalTool("stopper", "cancels", Pair, cancel_now)], InProcessWorkerRuntime({}))
     model = ScriptedModel([AssistantTurn("go", (call("stopper", "1", label="x"),)),
-                           AssistantTurn("never asked")])
+                           AssistantTurn("never answered")], latency=0.05)
     sink = await run(model, tools, cancel=cancel)
     assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "CASE_CANCELLED"]
     assert model._served == 1
@@ -230,3 +230,58 @@ def test_answer_extraction() -> None:
     assert extract_answer('text\n```json\n{"a": 2}\n```') == {"a": 2}
     assert extract_answer("plain words") == {"answer": "plain words"}
     assert extract_answer("[1, 2]") == {"answer": "[1, 2]"}
+
+
+class SlowConfirmSink(ListSink):
+    """A sink whose broker takes a while to confirm; it logs sends and confirms."""
+
+    def __init__(self, log: list[str], delay: float) -> None:
+        super().__init__()
+        self.log, self.delay = log, delay
+
+    async def emit(self, event: Any) -> None:
+        self.log.append(f"sent {event.seq}")
+        await asyncio.sleep(self.delay)
+        self.events.append(event)
+        self.log.append(f"confirmed {event.seq}")
+
+
+class LoggingModel(ScriptedModel):
+    def __init__(self, log: list[str], turns: Sequence[AssistantTurn]) -> None:
+        super().__init__(turns, latency=0.05)
+        self.log = log
+
+    async def request(self, messages: Sequence[ChatMessage],
+                      tools: Sequence[ToolSpec]) -> AssistantTurn:
+        self.log.append("model asked")
+        return await super().request(messages, tools)
+
+
+async def test_events_are_confirmed_in_order_and_nothing_acts_before_the_trail_is_durable(
+) -> None:
+    log: list[str] = []
+
+    async def act(args: Pair) -> str:
+        log.append("tool ran")
+        return "ok"
+
+    tools = ToolBox([LocalTool("act", "acts", Pair, act)], InProcessWorkerRuntime({}))
+    model = LoggingModel(log, [AssistantTurn("one", (call("act", "1", label="a"),)),
+                               AssistantTurn("two", (call("act", "2", label="b"),)),
+                               AssistantTurn('{"done": true}')])
+    sink = SlowConfirmSink(log, delay=0.02)
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), model, tools)
+    assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "REACT_CYCLE", "REACT_CYCLE",
+                          "CASE_COMPLETED"]
+    for seq in range(len(sink.events) - 1):
+        # One event in flight at a time: the next is sent only after this confirm.
+        assert log.index(f"confirmed {seq}") < log.index(f"sent {seq + 1}")
+    assert log[-1] == f"confirmed {len(sink.events) - 1}"  # the run ends confirmed
+    for position, entry in enumerate(log):
+        if entry == "tool ran":
+            sent = sum(e.startswith("sent") for e in log[:position])
+            confirmed = sum(e.startswith("confirmed") for e in log[:position])
+            assert sent == confirmed  # every earlier event durable before a tool acts
+    # The model's turn overlaps the previous event's confirm (the model changes
+    # nothing outside, so it need not wait).
+    assert log.index("model asked") < log.index("confirmed 0")

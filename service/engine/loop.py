@@ -2,8 +2,13 @@
 
     CASE_STARTED → [check cancel → model request → tool calls → REACT_CYCLE]* → terminal
 
-Every step emits its event *as it happens* through an ``EventSink`` and waits
-for the sink to confirm it, so the trail is durable before the loop moves on.
+Every step emits its event *as it happens* through an ``EventSink``. Events
+are published one at a time, each only after the broker confirmed the one
+before (so an attempt's trail never has a gap), and nothing acts in the world
+until the trail before it is durable: tool calls and the terminal event wait
+for the confirm of every earlier event. Only the model request, which changes
+nothing outside, runs while the previous event's confirm is on its way; with a
+real model that hides the broker's confirm latency entirely.
 The state of the run (conversation, cycle index, usage, deadline, seq) lives
 in one ``RunState``. Exactly one terminal event ends every attempt the loop
 runs to its end: ``CASE_COMPLETED``, ``CASE_FAILED``, ``CASE_TIMED_OUT`` or
@@ -65,6 +70,9 @@ T = TypeVar("T")
 
 MODEL_RETRY_ATTEMPTS = 6
 """Transient provider failures retried within one cycle before the case fails."""
+
+OVERLAP_MIN_MODEL_SECONDS = 0.002
+"""A model turn at least this long runs while the previous event's confirm is on its way."""
 
 
 class EventSink(Protocol):
@@ -160,6 +168,10 @@ class RunState:
     retries: list[ModelRetry] = field(default_factory=list)
     """Model retries of the cycle in progress: on its REACT_CYCLE, or on the terminal
     event when the case ends before the cycle does."""
+    in_flight: asyncio.Future[None] | None = None
+    """The last event's publish, until its confirm has been awaited."""
+    model_seconds: float | None = None
+    """How long the last model turn took (``None`` before the first)."""
 
     def remaining(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()
@@ -223,7 +235,17 @@ class ReactEngine:
             messages=[],
         )
         state.add(SystemMessage(spec.system_prompt), UserMessage(first_user_message(spec.input)))
-        await self._emit(state, self._started_payload(spec, tools))
+        try:
+            return await self._attempt(state, model, tools, cancel)
+        finally:
+            if state.in_flight is not None and not state.in_flight.done():
+                state.in_flight.cancel()  # the attempt was abandoned (shutdown)
+
+    async def _attempt(
+        self, state: RunState, model: ChatModel, tools: ToolBox, cancel: CancelSignal
+    ) -> TerminalEvent:
+        spec = state.spec
+        await self._send(state, self._started_payload(spec, tools))
         while True:
             if cancel.is_set:
                 return await self._cancelled(state, cancel)
@@ -251,16 +273,20 @@ class ReactEngine:
     ) -> TerminalEvent | None:
         state.retries = []
         prompt, trimmed = fit_to_budget(state.messages, state.spec.context_budget, state.tokens)
+        asked = asyncio.get_running_loop().time()
         turn = await self._request(state, prompt, model, tools, cancel)
+        state.model_seconds = asyncio.get_running_loop().time() - asked
         state.usage = state.usage + turn.usage
         state.add(turn.as_message())
         outcomes: list[ToolOutcome] = []
         if turn.tool_calls:
+            await self._settle(state)  # the trail so far is durable before anything acts
             key = f"{state.spec.case_id}:{state.spec.attempt}:{state.cycles}"
             outcomes = await self._guard(state, cancel, tools.run_all(turn.tool_calls, key))
             state.add(*(o.observation for o in outcomes))
         reasoning = turn.text if not turn.thinking else f"{turn.thinking}\n\n{turn.text}".strip()
-        await self._emit(
+        await self._settle(state)
+        await self._send(
             state,
             ReactCyclePayload(
                 cycle_index=state.cycles,
@@ -400,10 +426,42 @@ class ReactEngine:
         return event  # type: ignore[return-value]
 
     async def _emit(self, state: RunState, payload: Payload) -> Event:
+        """Publish after every earlier event is confirmed, and wait for this one too."""
+        await self._settle(state)
         event = make_event(state.spec.case_id, state.spec.attempt, state.seq, payload)
         await self._sink.emit(event)
         state.seq += 1
         return event
+
+    async def _send(self, state: RunState, payload: Payload) -> None:
+        """Publish an event that a model turn follows. When turns take time (a real
+        model), go on at once and let the next ``_settle`` await the confirm, so the
+        turn hides the broker's latency; when they take none, an overlap has nothing
+        to hide and costs a task, so wait here. The caller has settled the previous
+        event, so at most one is ever in flight."""
+        if state.model_seconds is not None and state.model_seconds < OVERLAP_MIN_MODEL_SECONDS:
+            await self._emit(state, payload)
+            return
+        assert state.in_flight is None
+        event = make_event(state.spec.case_id, state.spec.attempt, state.seq, payload)
+        state.in_flight = asyncio.ensure_future(self._sink.emit(event))
+        # A failure is raised where the publish is settled; this only keeps an
+        # abandoned attempt's failure from being reported as never retrieved.
+        state.in_flight.add_done_callback(_retrieve)
+        state.seq += 1
+
+    @staticmethod
+    async def _settle(state: RunState) -> None:
+        """Wait until the broker has confirmed every event sent so far; a publish that
+        failed raises here."""
+        pending, state.in_flight = state.in_flight, None
+        if pending is not None:
+            await pending
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def backoff_delay(strategy: wait_exponential_jitter, attempt: int) -> float:
