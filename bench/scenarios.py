@@ -96,7 +96,9 @@ async def _submit_direct(settings: Settings, pool: asyncpg.Pool, cases: int, cyc
 async def concurrency_sweep(settings: Settings, levels: list[int], cycles: int = 4,
                             turn_ms: int = 500) -> list[dict[str, Any]]:
     """N concurrent cases on one worker process with a model that takes ``turn_ms`` a
-    turn: throughput as a share of the ideal, and the worker's peak RSS."""
+    turn: throughput as a share of the ideal, and the worker's peak RSS. The span runs
+    from the first ``CASE_STARTED`` to the last ``CASE_COMPLETED``, so it includes
+    starting all N cases."""
     results = []
     for level in levels:
         run = settings.model_copy(update={
@@ -104,12 +106,13 @@ async def concurrency_sweep(settings: Settings, levels: list[int], cycles: int =
             "database_url": f"{settings.database_url}_c{level}",
             "worker_concurrency": max(level, 1)})
         async with namespace(run) as pool:
+            # Every case is queued before the worker starts, so what is measured is
+            # the worker running them, not how fast this script can submit them.
+            await _submit_direct(run, pool, level, cycles, turn_ms)
             stack = Processes(run)
             worker = stack.spawn("worker", "worker")
             stack.spawn("consumer", "consumer")
             try:
-                await asyncio.sleep(2)
-                await _submit_direct(run, pool, level, cycles, turn_ms)
                 await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type = "
                                 "'CASE_COMPLETED'", level, 300)
                 span = await pool.fetchrow(

@@ -68,6 +68,24 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asy
     return pool
 
 
+def _claim_from_row(row: asyncpg.Record) -> Claim:
+    outcome = row["outcome"]
+    if outcome in ("ended", "busy"):
+        return Claim(outcome)
+    if outcome == "cancel_queued":
+        return Claim("cancel_queued", attempt=1, cancel_reason=row["cancel_reason"])
+    attempt = row["attempt"]
+    restart = None
+    if attempt > 1:
+        restart = (
+            f"attempt {attempt - 1} (worker {row['previous_owner']}) stopped without a "
+            "terminal event; its start command was redelivered"
+        )
+    return Claim(
+        "run", attempt=attempt, cancel_reason=row["cancel_reason"], restart_reason=restart
+    )
+
+
 @dataclass(frozen=True)
 class StoredEvent:
     """One row of ``event_log`` as the trail shows it."""
@@ -110,18 +128,19 @@ class NewCase:
 
 ClaimOutcome = Literal["run", "ended", "busy", "cancel_queued", "unknown"]
 
-# The claim, decided and recorded in one statement (one round trip, one implicit
-# transaction; the row lock is held while the decision is made and written).
+# Claims of many cases, decided and recorded in one statement (one round trip,
+# one implicit transaction; the row locks, taken in case-id order like the
+# consumer's, are held while the decisions are made and written).
 _CLAIM = """
 WITH current AS (
     SELECT case_id, status, attempts_claimed, lease_owner, terminal_published,
            cancel_requested_at, cancel_reason, lease_expires_at > now() AS lease_live
-    FROM cases WHERE case_id = $1 FOR UPDATE
+    FROM cases WHERE case_id = ANY($1::uuid[]) ORDER BY case_id FOR UPDATE
 ), decided AS (
     SELECT c.*, CASE
         WHEN c.terminal_published
              OR c.status IN ('completed', 'failed', 'timed_out', 'cancelled')
-             OR EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = $1
+             OR EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = c.case_id
                         AND e.event_type = ANY($2::text[])) THEN 'ended'
         WHEN c.lease_live AND c.lease_owner IS DISTINCT FROM $3 THEN 'busy'
         WHEN c.cancel_requested_at IS NOT NULL AND c.attempts_claimed = 0 THEN 'cancel_queued'
@@ -132,11 +151,11 @@ WITH current AS (
                      lease_expires_at = now() + make_interval(secs => $4)
     FROM decided d
     WHERE cases.case_id = d.case_id AND d.outcome IN ('run', 'cancel_queued')
-    RETURNING cases.attempts_claimed
+    RETURNING cases.case_id, cases.attempts_claimed
 )
-SELECT d.outcome, d.cancel_reason, d.lease_owner AS previous_owner,
-       (SELECT attempts_claimed FROM claimed) AS attempt
-FROM decided d
+SELECT d.case_id, d.outcome, d.cancel_reason, d.lease_owner AS previous_owner,
+       c.attempts_claimed AS attempt
+FROM decided d LEFT JOIN claimed c USING (case_id)
 """
 
 
@@ -220,27 +239,20 @@ class CaseStore:
         ``cancel_queued``: cancelled before any attempt; publish ``CASE_CANCELLED``.
         ``unknown``: no such case.
         """
+        return (await self.claim_many([case_id], owner, lease_seconds))[case_id]
+
+    async def claim_many(
+        self, case_ids: Sequence[uuid.UUID], owner: str, lease_seconds: float
+    ) -> dict[uuid.UUID, Claim]:
+        """:meth:`claim` for several cases in one statement; one ``Claim`` per case id."""
         async with translate_errors():
-            row = await self._pool.fetchrow(
-                _CLAIM, case_id, list(TERMINAL_EVENT_TYPES), owner, lease_seconds
+            rows = await self._pool.fetch(
+                _CLAIM, list(case_ids), list(TERMINAL_EVENT_TYPES), owner, lease_seconds
             )
-        if row is None:
-            return Claim("unknown")
-        outcome = row["outcome"]
-        if outcome in ("ended", "busy"):
-            return Claim(outcome)
-        if outcome == "cancel_queued":
-            return Claim("cancel_queued", attempt=1, cancel_reason=row["cancel_reason"])
-        attempt = row["attempt"]
-        restart = None
-        if attempt > 1:
-            restart = (
-                f"attempt {attempt - 1} (worker {row['previous_owner']}) stopped without a "
-                "terminal event; its start command was redelivered"
-            )
-        return Claim(
-            "run", attempt=attempt, cancel_reason=row["cancel_reason"], restart_reason=restart
-        )
+        claims = {case_id: Claim("unknown") for case_id in case_ids}
+        for row in rows:
+            claims[row["case_id"]] = _claim_from_row(row)
+        return claims
 
     async def take_queued_for_cancel(
         self, case_id: uuid.UUID, owner: str, lease_seconds: float
@@ -269,13 +281,13 @@ class CaseStore:
                 list(case_ids), owner, lease_seconds,
             )
 
-    async def mark_terminal_published(self, case_id: uuid.UUID) -> None:
-        """The worker's note that this case's terminal event is confirmed by the broker."""
+    async def mark_terminal_published(self, *case_ids: uuid.UUID) -> None:
+        """The worker's note that these cases' terminal events are confirmed by the broker."""
         async with translate_errors():
             await self._pool.execute(
                 """UPDATE cases SET terminal_published = true, lease_owner = NULL,
-                   lease_expires_at = NULL WHERE case_id = $1""",
-                case_id,
+                   lease_expires_at = NULL WHERE case_id = ANY($1::uuid[])""",
+                list(case_ids),
             )
 
     async def request_cancel(
