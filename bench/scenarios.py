@@ -93,7 +93,7 @@ async def _submit_direct(settings: Settings, pool: asyncpg.Pool, cases: int, cyc
     await connection.close()
 
 
-async def concurrency_sweep(settings: Settings, levels: list[int], cycles: int = 4,
+async def concurrency_sweep(settings: Settings, levels: list[int], cycles: int = 10,
                             turn_ms: int = 500) -> list[dict[str, Any]]:
     """N concurrent cases on one worker process with a model that takes ``turn_ms`` a
     turn: throughput as a share of the ideal, and the worker's peak RSS. The span runs
