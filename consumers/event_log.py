@@ -28,12 +28,11 @@ from dataclasses import dataclass, field
 import aiormq
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
-from aiormq.abc import AbstractChannel as RawChannel
-from aiormq.abc import DeliveredMessage
 from tenacity import wait_exponential_jitter
 
 from consumers.writer import BatchOutcome, EventLogWriter
 from service.bus.dead_letter import REASON_HEADER, dead_letter
+from service.bus.deliveries import Delivery, Subscription
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.engine.loop import backoff_delay
@@ -53,46 +52,6 @@ class ConsumerStats:
     duplicates: int = 0
     dead_lettered: int = 0
     store_retries: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One message as the consumer needs it, straight from the AMQP channel it came on.
-
-    The consumer reads deliveries below aio-pika's message objects: at thousands
-    of events a second their per-message cost is most of the consumer's CPU.
-    """
-
-    channel: RawChannel
-    raw: DeliveredMessage
-
-    @property
-    def body(self) -> bytes:
-        return self.raw.body
-
-    @property
-    def delivery_tag(self) -> int:
-        return self.raw.delivery_tag or 0
-
-    @property
-    def message_id(self) -> str | None:
-        return self.raw.header.properties.message_id
-
-    @property
-    def type(self) -> str | None:
-        return self.raw.header.properties.message_type
-
-    @property
-    def correlation_id(self) -> str | None:
-        return self.raw.header.properties.correlation_id
-
-    @property
-    def routing_key(self) -> str | None:
-        return self.raw.routing_key
-
-    @property
-    def exchange(self) -> str | None:
-        return self.raw.exchange
 
 
 class _Inbox:
@@ -156,22 +115,8 @@ class EventLogConsumer:
         await self.topology.declare(channel)
         dead_letters = await Publisher.open(self.connection)
         inbox = _Inbox(self.batch_size)
-        consuming: dict[str, RawChannel] = {}
-
-        async def subscribe(*_: object) -> None:
-            # On the channel under the robust wrapper; after a reconnect the wrapper
-            # reopens it (prefetch included) and calls this again.
-            raw = await channel.get_underlay_channel()
-
-            async def deliver(message: DeliveredMessage) -> None:
-                inbox.put(Delivery(raw, message))
-
-            ok = await raw.basic_consume(self.topology.event_log_queue, deliver)
-            consuming.clear()
-            consuming[ok.consumer_tag or ""] = raw
-
-        channel.reopen_callbacks.add(subscribe)
-        await subscribe()
+        subscription = Subscription(channel, self.topology.event_log_queue, inbox.put)
+        await subscription.start()
         if ready is not None:
             ready.set()
         log.info("consuming %s", self.topology.event_log_queue)
@@ -186,10 +131,7 @@ class EventLogConsumer:
             stopping.cancel()
             # Unacknowledged messages (in the inbox, or a batch the store never
             # took) return to the queue when the channel closes.
-            channel.reopen_callbacks.discard(subscribe)
-            for tag, raw in consuming.items():
-                with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
-                    await raw.basic_cancel(tag)
+            await subscription.cancel()
             await dead_letters.channel.close()
             await channel.close()
 
@@ -271,6 +213,6 @@ class EventLogConsumer:
             last_by_channel[id(message.channel)] = message
         for message in last_by_channel.values():
             try:
-                await message.channel.basic_ack(message.delivery_tag, multiple=True)
+                await message.ack(multiple=True)
             except (aiormq.exceptions.AMQPError, RuntimeError) as exc:
                 log.info("ack on a closed channel skipped (%s); redelivery is harmless", exc)

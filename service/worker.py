@@ -32,6 +32,7 @@ from service.agents import AGENTS
 from service.agents.profile import AgentProfile
 from service.batching import Coalescer
 from service.bus.dead_letter import dead_letter
+from service.bus.deliveries import Delivery, Subscription
 from service.bus.publisher import EventPublisher, Publisher
 from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand, InvalidCommand
@@ -99,7 +100,6 @@ class CaseWorker:
         self._publisher = publisher
         self._sink = EventPublisher(publisher, self.topology)
         self._engine = ReactEngine(self._sink)
-        start_queue = await channel.get_queue(self.topology.case_start_queue, ensure=False)
         cancel_exchange = await channel.get_exchange(self.topology.cancel_exchange, ensure=False)
         cancel_queue = await channel.declare_queue(
             f"{self.topology.namespace}.cancel.{uuid.uuid4().hex}", exclusive=True,
@@ -108,20 +108,21 @@ class CaseWorker:
         await cancel_queue.bind(cancel_exchange)
         await cancel_queue.consume(self._on_cancel, no_ack=True)
 
-        async def on_start(message: AbstractIncomingMessage) -> None:
-            task = asyncio.create_task(self._handle_start(message))
+        def on_start(delivery: Delivery) -> None:
+            # A task of its own, not the channel's: a case outlives a lost channel.
+            task = asyncio.create_task(self._handle_start(delivery))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-        tag = await start_queue.consume(on_start)
+        starts = Subscription(channel, self.topology.case_start_queue, on_start)
+        await starts.start()
         renewer = asyncio.create_task(self._renew_leases())
         log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
         if ready is not None:
             ready.set()
         await stop.wait()
         self._stopping = True
-        with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
-            await start_queue.cancel(tag)
+        await starts.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.shutdown_grace)
         for task in self._tasks:
@@ -150,7 +151,7 @@ class CaseWorker:
             except StoreUnavailable as exc:
                 log.warning("could not renew leases: %s", exc)
 
-    async def _handle_start(self, message: AbstractIncomingMessage) -> None:
+    async def _handle_start(self, message: Delivery) -> None:
         try:
             command: CaseStartCommand = CaseStartCommand.from_json(message.body)
         except InvalidCommand as exc:
@@ -193,7 +194,7 @@ class CaseWorker:
             live.finished.set()
         await self._settle(message, command.case_id, done=done)
 
-    async def _settle(self, message: AbstractIncomingMessage, case_id: uuid.UUID,
+    async def _settle(self, message: Delivery, case_id: uuid.UUID,
                       *, done: bool) -> None:
         try:
             if done:

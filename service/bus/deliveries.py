@@ -1,0 +1,95 @@
+"""Consuming a queue below aio-pika's message objects, with its reconnects kept.
+
+At thousands of messages a second, aio-pika's per-message wrapper objects cost
+more CPU than the work they carry. Here a consumer is registered on the aiormq
+channel under a robust channel; when the robust connection comes back after a
+broker restart it reopens the channel (prefetch included) and the consumer is
+registered again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiormq
+from aio_pika.abc import AbstractRobustChannel
+from aiormq.abc import AbstractChannel as RawChannel
+from aiormq.abc import DeliveredMessage
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message as consumers need it, with the channel it came on (to settle it)."""
+
+    channel: RawChannel
+    raw: DeliveredMessage
+
+    @property
+    def body(self) -> bytes:
+        return self.raw.body
+
+    @property
+    def delivery_tag(self) -> int:
+        return self.raw.delivery_tag or 0
+
+    @property
+    def message_id(self) -> str | None:
+        return self.raw.header.properties.message_id
+
+    @property
+    def type(self) -> str | None:
+        return self.raw.header.properties.message_type
+
+    @property
+    def correlation_id(self) -> str | None:
+        return self.raw.header.properties.correlation_id
+
+    @property
+    def routing_key(self) -> str | None:
+        return self.raw.routing_key
+
+    @property
+    def exchange(self) -> str | None:
+        return self.raw.exchange
+
+    async def ack(self, *, multiple: bool = False) -> None:
+        """Raises if the channel it came on has closed: the broker redelivers it."""
+        await self.channel.basic_ack(self.delivery_tag, multiple=multiple)
+
+    async def nack(self, *, requeue: bool) -> None:
+        await self.channel.basic_nack(self.delivery_tag, requeue=requeue)
+
+
+@dataclass
+class Subscription:
+    """A consumer on ``queue`` that survives reconnects; ``on_delivery`` must not block."""
+
+    channel: AbstractRobustChannel
+    queue: str
+    on_delivery: Callable[[Delivery], None]
+    _consuming: dict[str, RawChannel] = field(default_factory=dict)
+
+    async def start(self) -> None:
+        self.channel.reopen_callbacks.add(self._subscribe)
+        await self._subscribe()
+
+    async def _subscribe(self, *_: object) -> None:
+        raw = await self.channel.get_underlay_channel()
+        on_delivery = self.on_delivery
+
+        async def deliver(message: DeliveredMessage) -> None:
+            on_delivery(Delivery(raw, message))
+
+        ok = await raw.basic_consume(self.queue, deliver)
+        self._consuming.clear()
+        self._consuming[ok.consumer_tag or ""] = raw
+
+    async def cancel(self) -> None:
+        """Stop deliveries; unsettled ones return to the queue when the channel closes."""
+        self.channel.reopen_callbacks.discard(self._subscribe)
+        for tag, raw in self._consuming.items():
+            with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
+                await raw.basic_cancel(tag)
+        self._consuming.clear()
