@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from service.events import (
+    EVENT_ID_NAMESPACE,
     CaseCompletedPayload,
     InvalidEvent,
     ReactCyclePayload,
@@ -123,3 +124,11 @@ def test_duration_must_be_an_integer_on_the_wire() -> None:
     raw["toolCalls"][0]["durationMs"] = 1.5
     with pytest.raises(ValueError, match="integer number of milliseconds"):
         ReactCyclePayload.model_validate(raw)
+
+
+def test_event_ids_are_uuid5_of_case_attempt_and_seq() -> None:
+    for _ in range(50):
+        case_id = uuid.uuid4()
+        for attempt, seq in ((1, 0), (2, 17), (3, 999)):
+            assert event_id_for(case_id, attempt, seq) == uuid.uuid5(
+                EVENT_ID_NAMESPACE, f"{case_id}:{attempt}:{seq}")

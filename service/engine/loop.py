@@ -95,6 +95,10 @@ class CancelSignal:
         Call it from the event loop's thread."""
         self.reason = reason
         self.event.set()
+        self.interrupt()
+
+    def interrupt(self) -> None:
+        """Abandon the model or tool call in flight, if any (cancel, or the deadline)."""
         for task in self._guarded:
             self._interrupted.add(task)
             task.cancel()
@@ -168,6 +172,7 @@ class RunState:
     retries: list[ModelRetry] = field(default_factory=list)
     """Model retries of the cycle in progress: on its REACT_CYCLE, or on the terminal
     event when the case ends before the cycle does."""
+    deadline_passed: bool = False
     in_flight: asyncio.Future[None] | None = None
     """The last event's publish, until its confirm has been awaited."""
     model_seconds: float | None = None
@@ -235,9 +240,17 @@ class ReactEngine:
             messages=[],
         )
         state.add(SystemMessage(spec.system_prompt), UserMessage(first_user_message(spec.input)))
+
+        def deadline_passed() -> None:
+            state.deadline_passed = True
+            cancel.interrupt()
+
+        # One timer for the whole attempt, not one per guarded call.
+        timer = loop.call_at(state.deadline, deadline_passed)
         try:
             return await self._attempt(state, model, tools, cancel)
         finally:
+            timer.cancel()
             if state.in_flight is not None and not state.in_flight.done():
                 state.in_flight.cancel()  # the attempt was abandoned (shutdown)
 
@@ -346,27 +359,26 @@ class ReactEngine:
         then the work is abandoned (cancelled) and ``_Interrupted`` says which.
 
         The work runs in the case's own task (no task per call, this is the hot
-        path); the deadline is ``asyncio.timeout_at`` and a cancel request cancels
-        this task, which is told apart from any other cancellation and undone.
+        path); the attempt's deadline timer and a cancel request both cancel this
+        task, which is told apart from any other cancellation and undone.
         """
-        if cancel.is_set:
+        interrupted = "cancelled" if cancel.is_set else "deadline" if state.deadline_passed \
+            else None
+        if interrupted is not None:
             if inspect.iscoroutine(work):
                 work.close()
-            raise _Interrupted("cancelled")
+            raise _Interrupted(interrupted)
         task = asyncio.current_task()
         assert task is not None
         cancel._guarded.add(task)
         try:
-            async with asyncio.timeout_at(state.deadline):
-                return await work
-        except TimeoutError:
-            raise _Interrupted("deadline") from None
+            return await work
         except asyncio.CancelledError:
             if task not in cancel._interrupted:
                 raise  # somebody else's cancellation (shutdown): let it through
             cancel._interrupted.discard(task)
             task.uncancel()
-            raise _Interrupted("cancelled") from None
+            raise _Interrupted("cancelled" if cancel.is_set else "deadline") from None
         finally:
             cancel._guarded.discard(task)
 
