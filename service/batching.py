@@ -53,8 +53,12 @@ class Coalescer(Generic[K, R]):
                             future.set_exception(exc)
                     continue
                 for key, future in batch:
-                    if not future.done():
+                    if future.done():
+                        continue
+                    if key in results:
                         future.set_result(results[key])
+                    else:
+                        future.set_exception(LookupError(f"no result for {key!r}"))
         finally:
             self._flusher = None
             # Cancelled mid-batch (shutdown): nobody is left waiting forever.

@@ -79,3 +79,13 @@ async def test_coalescer_gives_every_caller_of_a_failed_batch_the_error() -> Non
     assert all(isinstance(o, RuntimeError) for o in outcomes)
     with pytest.raises(RuntimeError):
         await coalesce(1)
+
+
+async def test_coalescer_reports_a_key_the_batch_left_unanswered() -> None:
+    async def partial(keys: Sequence[int]) -> dict[int, int]:
+        return {k: k for k in keys if k % 2 == 0}
+
+    coalesce = Coalescer(partial)
+    outcomes = await asyncio.gather(coalesce(2), coalesce(3), return_exceptions=True)
+    assert outcomes[0] == 2
+    assert isinstance(outcomes[1], LookupError)
