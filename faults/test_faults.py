@@ -139,6 +139,25 @@ async def test_consumer_killed_mid_batch(stack: Stack, pool: asyncpg.Pool) -> No
     await settle_and_check(stack, pool, "consumer kill -9 mid-batch", set(), set(cases))
 
 
+async def test_one_of_two_consumers_killed_while_cases_run(stack: Stack,
+                                                           pool: asyncpg.Pool) -> None:
+    # Two consumers share the queue, so one case's events are folded into its row
+    # by both; one of them dies mid-stream and comes back.
+    stack.start("consumer-2", "consumer")
+    accepted = await submit(stack, 40, latency_ms=100)
+    await asyncio.sleep(1.0)
+    stack.kill("consumer")
+    await all_ended(pool, accepted)
+    stack.start("consumer", "consumer")
+    await settle_and_check(stack, pool, "one of two consumers kill -9", accepted)
+    # Each case row counts each of its cycles once, whichever consumer folded it.
+    mismatched = await pool.fetch(
+        "SELECT c.case_id FROM cases c WHERE c.case_id = ANY($1::uuid[]) AND c.cycles <> "
+        "(SELECT count(*) FROM event_log e WHERE e.case_id = c.case_id "
+        "AND e.event_type = 'REACT_CYCLE')", list(accepted))
+    assert mismatched == []
+
+
 async def test_worker_killed_mid_case(stack: Stack, pool: asyncpg.Pool) -> None:
     accepted = await submit(stack, 20, latency_ms=400)
     await asyncio.sleep(1.2)
