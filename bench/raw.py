@@ -78,9 +78,10 @@ async def publish_confirmed(settings: Settings, count: int, in_flight: int = 100
             done.set()
 
     started = time.perf_counter()
-    await channel.basic_consume(queue, on_message)
+    consuming = await channel.basic_consume(queue, on_message)
     await asyncio.wait_for(done.wait(), 300)
     consume_rate = count / (time.perf_counter() - started)
+    await channel.basic_cancel(consuming.consumer_tag or "")
     await channel.queue_delete(queue)
     await connection.close()
     return {"messages": count, "bodyBytes": len(bodies[0]),
