@@ -159,6 +159,15 @@ FROM decided d LEFT JOIN claimed c USING (case_id)
 """
 
 
+# Statements that change several cases rows lock them first, in case-id order, as
+# the claim and the consumer's fold do: two of them never wait on each other in a
+# cycle (a deadlock).
+_LOCKED_IN_ORDER = """
+WITH locked AS MATERIALIZED (
+    SELECT case_id FROM cases WHERE case_id = ANY($1::uuid[]) ORDER BY case_id FOR UPDATE
+)"""
+
+
 @dataclass(frozen=True)
 class Claim:
     """What a worker may do with a start command it received."""
@@ -276,8 +285,9 @@ class CaseStore:
             return
         async with translate_errors():
             await self._pool.execute(
-                """UPDATE cases SET lease_expires_at = now() + make_interval(secs => $3)
-                   WHERE case_id = ANY($1::uuid[]) AND lease_owner = $2""",
+                _LOCKED_IN_ORDER + """
+                UPDATE cases SET lease_expires_at = now() + make_interval(secs => $3)
+                WHERE case_id IN (SELECT case_id FROM locked) AND lease_owner = $2""",
                 list(case_ids), owner, lease_seconds,
             )
 
@@ -285,8 +295,10 @@ class CaseStore:
         """The worker's note that these cases' terminal events are confirmed by the broker."""
         async with translate_errors():
             await self._pool.execute(
-                """UPDATE cases SET terminal_published = true, lease_owner = NULL,
-                   lease_expires_at = NULL WHERE case_id = ANY($1::uuid[])""",
+                _LOCKED_IN_ORDER + """
+                UPDATE cases SET terminal_published = true, lease_owner = NULL,
+                                 lease_expires_at = NULL
+                WHERE case_id IN (SELECT case_id FROM locked)""",
                 list(case_ids),
             )
 

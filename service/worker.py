@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiormq
+import asyncpg
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from service.agents import AGENTS
@@ -148,7 +149,8 @@ class CaseWorker:
             await asyncio.sleep(self.lease_seconds / 3)
             try:
                 await self.store.renew_leases(list(self._live), self.owner, self.lease_seconds)
-            except StoreUnavailable as exc:
+            except (StoreUnavailable, asyncpg.PostgresError) as exc:
+                # Never let the renewer die: without it every live case's lease lapses.
                 log.warning("could not renew leases: %s", exc)
 
     async def _handle_start(self, message: Delivery) -> None:

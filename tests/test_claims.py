@@ -89,3 +89,16 @@ async def test_coalescer_reports_a_key_the_batch_left_unanswered() -> None:
     outcomes = await asyncio.gather(coalesce(2), coalesce(3), return_exceptions=True)
     assert outcomes[0] == 2
     assert isinstance(outcomes[1], LookupError)
+
+
+async def test_renew_leases_extends_only_the_owners_leases(pool: asyncpg.Pool) -> None:
+    store = CaseStore(pool)
+    mine, theirs = [await new_case(store) for _ in range(2)]
+    await store.claim_many([mine], "w1", 1)
+    await store.claim_many([theirs], "w2", 1)
+    await store.renew_leases([theirs, mine], "w1", 60)
+    left = {r["case_id"]: float(r["left"]) for r in await pool.fetch(
+        "SELECT case_id, extract(epoch FROM lease_expires_at - now()) AS left FROM cases "
+        "WHERE case_id = ANY($1::uuid[])", [mine, theirs])}
+    assert left[mine] > 30
+    assert left[theirs] <= 1
