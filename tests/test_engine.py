@@ -11,7 +11,16 @@ from pydantic import BaseModel
 
 from service.agents import AGENTS
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.engine.chat import AssistantTurn, ChatMessage, ToolCallRequest, ToolSpec
+from service.engine.chat import (
+    AssistantTurn,
+    ChatMessage,
+    SystemMessage,
+    ToolCallRequest,
+    ToolSpec,
+    UserMessage,
+    count_tokens,
+    message_text,
+)
 from service.engine.loop import CancelSignal, ReactEngine, extract_answer
 from service.engine.scripted import ScriptedModel, call
 from service.engine.tools import InProcessWorkerRuntime, LocalTool, ToolBox, WorkerTool
@@ -285,3 +294,23 @@ async def test_events_are_confirmed_in_order_and_nothing_acts_before_the_trail_i
     # The model's turn overlaps the previous event's confirm (the model changes
     # nothing outside, so it need not wait).
     assert log.index("model asked") < log.index("confirmed 0")
+
+
+async def test_scripted_prompt_tokens_match_a_full_count_as_the_conversation_changes(
+) -> None:
+    model = ScriptedModel([AssistantTurn("ok")] * 4)
+    conversation: list[ChatMessage] = [SystemMessage("s" * 40), UserMessage("u" * 80)]
+
+    async def prompt_tokens(messages: list[ChatMessage]) -> int:
+        turn = await model.request(messages, [])
+        return turn.usage.input_tokens
+
+    def full(messages: list[ChatMessage]) -> int:
+        return sum(count_tokens(message_text(m)) for m in messages)
+
+    assert await prompt_tokens(list(conversation)) == full(conversation)
+    conversation.append(UserMessage("more " * 30))  # grown: the earlier total is reused
+    assert await prompt_tokens(list(conversation)) == full(conversation)
+    conversation[1] = UserMessage("short")  # an earlier message replaced (trimmed)
+    assert await prompt_tokens(list(conversation)) == full(conversation)
+    assert await prompt_tokens(conversation[:1]) == full(conversation[:1])  # shorter

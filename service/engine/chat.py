@@ -11,10 +11,10 @@ retried, ``ModelRejected`` ends the case with ``model_error``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
-from service.events import TokenUsage
+from service.events import ZERO_USAGE, TokenUsage
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class AssistantTurn:
 
     text: str
     tool_calls: tuple[ToolCallRequest, ...] = ()
-    usage: TokenUsage = field(default_factory=lambda: TokenUsage(input_tokens=0, output_tokens=0))
+    usage: TokenUsage = ZERO_USAGE  # immutable, so one instance serves every turn
     finish_reason: str = "stop"
     model: str = ""
     thinking: str | None = None

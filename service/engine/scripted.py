@@ -49,6 +49,7 @@ class ScriptedModel:
         # message is counted once, not once per turn).
         self._counted: dict[int, tuple[ChatMessage, int]] = {}
         self._counted_tools: dict[int, tuple[Sequence[ToolSpec], int]] = {}
+        self._prompt: tuple[tuple[ChatMessage, ...], int] = ((), 0)
 
     @property
     def name(self) -> str:
@@ -66,7 +67,7 @@ class ScriptedModel:
                 raise ModelRejected(f"script exhausted after {self._served} turns")
             turn = self._turns[self._served]
         self._served += 1
-        prompt = sum(self._count(m) for m in messages) + self._count_tools(tools)
+        prompt = self._count_prompt(messages) + self._count_tools(tools)
         completion = count_tokens(turn.text) + sum(
             count_tokens(c.name + orjson.dumps(c.arguments).decode()) for c in turn.tool_calls
         )
@@ -87,6 +88,19 @@ class ScriptedModel:
                      + count_tokens(orjson.dumps(t.parameters).decode()) for t in tools)
         self._counted_tools[id(tools)] = (tools, tokens)
         return tokens
+
+    def _count_prompt(self, messages: Sequence[ChatMessage]) -> int:
+        # The conversation grows by appending, so the total of the last prompt is
+        # reused when this one starts with the very same message objects.
+        seen, total = self._prompt
+        if len(messages) >= len(seen) and all(
+            a is b for a, b in zip(seen, messages[: len(seen)], strict=True)
+        ):
+            total += sum(self._count(m) for m in messages[len(seen):])
+        else:
+            total = sum(self._count(m) for m in messages)
+        self._prompt = (tuple(messages), total)
+        return total
 
     def _count(self, message: ChatMessage) -> int:
         known = self._counted.get(id(message))
