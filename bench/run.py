@@ -132,34 +132,35 @@ def plots(r: dict[str, Any], docs: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    offered = [x["offeredPerSecond"] for x in r["latency"]]
-    for key, label in (("p50Ms", "p50"), ("p95Ms", "p95"), ("p99Ms", "p99")):
-        ax.plot(offered, [x[key] for x in r["latency"]], marker="o", label=label)
-    ax.set_xlabel("offered load (REACT_CYCLE events/s)")
-    ax.set_ylabel("publish → committed (ms, log scale)")
-    ax.set_yscale("log")
-    ax.set_title("casetrail: latency against offered load")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(docs / "bench-latency.png", dpi=110)
-    plt.close(fig)
+    def draw(path: Path, title: str, xlabel: str, ylabel: str,
+             lines: list[tuple[list[Any], list[Any], dict[str, Any]]], log: bool = False) -> None:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for xs, ys, style in lines:
+            ax.plot(xs, ys, **style)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    offered = [x["offeredPerSecond"] for x in r["latency"]]
+    draw(docs / "bench-latency.png", "casetrail: latency against offered load",
+         "offered load (REACT_CYCLE events/s)", "publish → committed (ms, log scale)",
+         [(offered, [x[key] for x in r["latency"]], {"marker": "o", "label": label})
+          for key, label in (("p50Ms", "p50"), ("p95Ms", "p95"), ("p99Ms", "p99"))],
+         log=True)
     levels = [x["concurrentCases"] for x in r["concurrency"]]
-    ax.plot(levels, [x["cyclesPerSecond"] for x in r["concurrency"]], marker="o",
-            label="measured")
-    ax.plot(levels, [x["idealCyclesPerSecond"] for x in r["concurrency"]], linestyle="--",
-            label="ideal (500 ms a turn)")
-    ax.set_xlabel("concurrent cases on one worker")
-    ax.set_ylabel("cycles/s")
-    ax.set_title("casetrail: throughput against concurrency")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(docs / "bench-concurrency.png", dpi=110)
-    plt.close(fig)
+    draw(docs / "bench-concurrency.png", "casetrail: throughput against concurrency",
+         "concurrent cases on one worker", "cycles/s",
+         [(levels, [x["cyclesPerSecond"] for x in r["concurrency"]],
+           {"marker": "o", "label": "measured"}),
+          (levels, [x["idealCyclesPerSecond"] for x in r["concurrency"]],
+           {"linestyle": "--", "label": "ideal (500 ms a turn)"})])
 
 
 def main() -> None:

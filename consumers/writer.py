@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 
 from service.events import Event, event_payload_json
-from service.store import translate_errors
+from service.store import locked_cases_cte, translate_errors
 
 _LOCK_RETRIES = 5
 
@@ -31,9 +31,7 @@ WITH incoming AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::text[],
                          $6::timestamptz[], $7::smallint[], $8::text[])
         AS r(event_id, case_id, attempt, seq, event_type, occurred_at, schema_version, payload)
-), locked AS MATERIALIZED (
-    SELECT case_id FROM cases WHERE case_id = ANY($2::uuid[]) ORDER BY case_id FOR UPDATE
-), inserted AS (
+), """ + locked_cases_cte("$2") + """, inserted AS (
     INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
                            schema_version, payload)
     SELECT event_id, case_id, attempt, seq, event_type, occurred_at, schema_version,

@@ -162,10 +162,14 @@ FROM decided d LEFT JOIN claimed c USING (case_id)
 # Statements that change several cases rows lock them first, in case-id order, as
 # the claim and the consumer's fold do: two of them never wait on each other in a
 # cycle (a deadlock).
-_LOCKED_IN_ORDER = """
-WITH locked AS MATERIALIZED (
-    SELECT case_id FROM cases WHERE case_id = ANY($1::uuid[]) ORDER BY case_id FOR UPDATE
-)"""
+def locked_cases_cte(ids: str) -> str:
+    """``locked AS (...)``: a CTE that locks the cases rows whose ids are in the array
+    parameter ``ids`` (e.g. ``"$1"``), in case-id order. Read it before updating them."""
+    return (f"locked AS MATERIALIZED (SELECT case_id FROM cases WHERE case_id = "
+            f"ANY({ids}::uuid[]) ORDER BY case_id FOR UPDATE)")
+
+
+_LOCKED_IN_ORDER = "WITH " + locked_cases_cte("$1")
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,15 @@ async def processes(
         assert child.returncode in clean, f"{name} exited {child.returncode}: {log}"
 
 
+async def post_slow_case(client: httpx.AsyncClient, application: dict[str, Any],
+                         latency_ms: int) -> uuid.UUID:
+    """A loan case whose scripted model takes ``latency_ms`` a turn; its id."""
+    reply = await client.post("/cases", json={
+        "agent": "loan-officer", "input": application,
+        "model": {"provider": "scripted", "name": "slow", "latencyMs": latency_ms}})
+    return uuid.UUID(reply.json()["caseId"])
+
+
 async def test_the_seed_integration_test_done_for_real(
     processes: dict[str, Any], pool: asyncpg.Pool, amqp: aio_pika.abc.AbstractRobustConnection,
     settings: Settings,
@@ -128,11 +137,7 @@ async def test_a_killed_worker_leads_to_a_second_attempt(
 ) -> None:
     worker: subprocess.Popen[bytes] = processes["children"]["worker"]
     async with httpx.AsyncClient(base_url=processes["base_url"]) as client:
-        reply = await client.post("/cases", json={
-            "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0],
-            "model": {"provider": "scripted", "name": "slow", "latencyMs": 700},
-        })
-        case_id = uuid.UUID(reply.json()["caseId"])
+        case_id = await post_slow_case(client, SAMPLE_APPLICATIONS[0], latency_ms=700)
 
         async def first_cycle_stored() -> bool:
             return bool(await pool.fetchval(
@@ -259,10 +264,7 @@ async def test_sigterm_lets_the_worker_finish_the_case_it_holds(
 ) -> None:
     worker: subprocess.Popen[bytes] = processes["children"]["worker"]
     async with httpx.AsyncClient(base_url=processes["base_url"]) as client:
-        reply = await client.post("/cases", json={
-            "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[1],
-            "model": {"provider": "scripted", "name": "slow", "latencyMs": 400}})
-        case_id = uuid.UUID(reply.json()["caseId"])
+        case_id = await post_slow_case(client, SAMPLE_APPLICATIONS[1], latency_ms=400)
 
         async def running() -> bool:
             status = await pool.fetchval("SELECT status FROM cases WHERE case_id = $1", case_id)

@@ -173,6 +173,8 @@ class RunState:
     """Model retries of the cycle in progress: on its REACT_CYCLE, or on the terminal
     event when the case ends before the cycle does."""
     deadline_passed: bool = False
+    """Set by the attempt's deadline timer (a timer may fire a hair before the deadline's
+    clock reading, so this, not ``remaining()``, is what says it fired)."""
     in_flight: asyncio.Future[None] | None = None
     """The last event's publish, until its confirm has been awaited."""
     model_seconds: float | None = None
@@ -298,7 +300,6 @@ class ReactEngine:
             outcomes = await self._guard(state, cancel, tools.run_all(turn.tool_calls, key))
             state.add(*(o.observation for o in outcomes))
         reasoning = turn.text if not turn.thinking else f"{turn.thinking}\n\n{turn.text}".strip()
-        await self._settle(state)
         await self._send(
             state,
             ReactCyclePayload(
@@ -449,12 +450,12 @@ class ReactEngine:
         """Publish an event that a model turn follows. When turns take time (a real
         model), go on at once and let the next ``_settle`` await the confirm, so the
         turn hides the broker's latency; when they take none, an overlap has nothing
-        to hide and costs a task, so wait here. The caller has settled the previous
-        event, so at most one is ever in flight."""
+        to hide and costs a task, so wait here. Either way the previous event is
+        confirmed first, so at most one is ever in flight."""
         if state.model_seconds is not None and state.model_seconds < OVERLAP_MIN_MODEL_SECONDS:
             await self._emit(state, payload)
             return
-        assert state.in_flight is None
+        await self._settle(state)
         event = make_event(state.spec.case_id, state.spec.attempt, state.seq, payload)
         state.in_flight = asyncio.ensure_future(self._sink.emit(event))
         # A failure is raised where the publish is settled; this only keeps an
