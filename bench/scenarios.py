@@ -68,7 +68,7 @@ async def latency_at(settings: Settings, rates: list[int], seconds: float = 8.0
     return results
 
 
-async def _submit_direct(settings: Settings, pool: asyncpg.Pool, cases: int, cycles: int,
+async def submit_direct(settings: Settings, pool: asyncpg.Pool, cases: int, cycles: int,
                          latency_ms: int) -> None:
     """Queue cases the way the API does (row, then confirmed start command), without
     HTTP, so the worker alone is what is measured."""
@@ -108,7 +108,7 @@ async def concurrency_sweep(settings: Settings, levels: list[int], cycles: int =
         async with namespace(run) as pool:
             # Every case is queued before the worker starts, so what is measured is
             # the worker running them, not how fast this script can submit them.
-            await _submit_direct(run, pool, level, cycles, turn_ms)
+            await submit_direct(run, pool, level, cycles, turn_ms)
             stack = Processes(run)
             worker = stack.spawn("worker", "worker")
             stack.spawn("consumer", "consumer")
