@@ -74,3 +74,12 @@ async def ended(client: Any, case_id: str | Any, timeout: float = 20) -> dict[st
 
     result: dict[str, Any] = await wait_until(check, timeout)
     return result
+
+
+async def wait_for_sql(pool: Any, sql: str, *args: Any, timeout: float = 15.0) -> None:
+    """Poll until the single value ``sql`` selects is truthy; fail after ``timeout``."""
+
+    async def check() -> bool:
+        return bool(await pool.fetchval(sql, *args))
+
+    await wait_until(check, timeout)

@@ -21,7 +21,7 @@ import pytest
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
-from tests.helpers import ended, wait_until
+from tests.helpers import ended, wait_for_sql, wait_until
 from tests.stack import component_env, free_port, spawn
 
 
@@ -139,12 +139,8 @@ async def test_a_killed_worker_leads_to_a_second_attempt(
     async with httpx.AsyncClient(base_url=processes["base_url"]) as client:
         case_id = await post_slow_case(client, SAMPLE_APPLICATIONS[0], latency_ms=700)
 
-        async def first_cycle_stored() -> bool:
-            return bool(await pool.fetchval(
-                "SELECT count(*) FROM event_log WHERE case_id = $1 AND event_type = "
-                "'REACT_CYCLE'", case_id))
-
-        await wait_until(first_cycle_stored, timeout=20)
+        await wait_for_sql(pool, "SELECT count(*) FROM event_log WHERE case_id = $1 AND "
+                           "event_type = 'REACT_CYCLE'", case_id, timeout=20)
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait()
         processes["children"]["worker"] = spawn(settings, "worker")
@@ -266,11 +262,8 @@ async def test_sigterm_lets_the_worker_finish_the_case_it_holds(
     async with httpx.AsyncClient(base_url=processes["base_url"]) as client:
         case_id = await post_slow_case(client, SAMPLE_APPLICATIONS[1], latency_ms=400)
 
-        async def running() -> bool:
-            status = await pool.fetchval("SELECT status FROM cases WHERE case_id = $1", case_id)
-            return bool(status == "running")
-
-        await wait_until(running, timeout=20)
+        await wait_for_sql(pool, "SELECT status = 'running' FROM cases WHERE case_id = $1",
+                           case_id, timeout=20)
         worker.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(worker.wait, 30) == 0
         replacement = processes["children"]["worker"] = spawn(settings, "worker")

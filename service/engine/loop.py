@@ -103,6 +103,20 @@ class CancelSignal:
             self._interrupted.add(task)
             task.cancel()
 
+    def guard(self, task: asyncio.Task[Any]) -> None:
+        """``task`` is running a call that ``interrupt`` abandons."""
+        self._guarded.add(task)
+
+    def unguard(self, task: asyncio.Task[Any]) -> None:
+        self._guarded.discard(task)
+
+    def took_interruption(self, task: asyncio.Task[Any]) -> bool:
+        """Whether a cancellation of ``task`` came from ``interrupt`` (answered once)."""
+        if task in self._interrupted:
+            self._interrupted.discard(task)
+            return True
+        return False
+
     @property
     def is_set(self) -> bool:
         return self.event.is_set()
@@ -371,17 +385,16 @@ class ReactEngine:
             raise _Interrupted(interrupted)
         task = asyncio.current_task()
         assert task is not None
-        cancel._guarded.add(task)
+        cancel.guard(task)
         try:
             return await work
         except asyncio.CancelledError:
-            if task not in cancel._interrupted:
+            if not cancel.took_interruption(task):
                 raise  # somebody else's cancellation (shutdown): let it through
-            cancel._interrupted.discard(task)
             task.uncancel()
             raise _Interrupted("cancelled" if cancel.is_set else "deadline") from None
         finally:
-            cancel._guarded.discard(task)
+            cancel.unguard(task)
 
     def _started_payload(self, spec: CaseSpec, tools: ToolBox) -> CaseStartedPayload:
         return CaseStartedPayload(
