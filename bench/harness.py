@@ -22,7 +22,7 @@ import httpx
 from service.agents import CAPABILITIES
 from service.bus.topology import Topology
 from service.config import Settings
-from service.migrate import database_name, migrate
+from service.migrate import drop_database, migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,10 +85,7 @@ async def namespace(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
         channel = await connection.channel()
         await topology.delete_all(channel, sorted(CAPABILITIES))
         await connection.close()
-        admin = await asyncpg.connect(settings.database_url.rsplit("/", 1)[0] + "/postgres")
-        await admin.execute(
-            f'DROP DATABASE IF EXISTS "{database_name(settings.database_url)}" WITH (FORCE)')
-        await admin.close()
+        await drop_database(settings.database_url)
 
 
 async def wait_ready(base_url: str, timeout: float = 60) -> None:

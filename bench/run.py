@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import orjson
 
 from bench import raw, scenarios
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, namespace
 from service.config import Settings
+from service.migrate import drop_database, ensure_database
 
 PEER_PYTHON = ROOT / "bench" / ".venv-peer" / "bin" / "python"
 TARGETS = {
@@ -46,17 +46,14 @@ def machine() -> dict[str, Any]:
 
 async def peer(settings: Settings, cases: int, cycles: int) -> dict[str, Any]:
     url = settings.database_url + "_peer"
-    admin = await asyncpg.connect(settings.database_url.rsplit("/", 1)[0] + "/postgres")
-    name = url.rsplit("/", 1)[1]
-    await admin.execute(f'CREATE DATABASE "{name}"')
+    await ensure_database(url)
     try:
         result = await asyncio.to_thread(
             subprocess.run, [str(PEER_PYTHON), str(ROOT / "bench" / "peer_langgraph.py"), url,
                              str(cases), str(cycles), "50"],
             capture_output=True, text=True, timeout=1800, check=True)
     finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+        await drop_database(url)
     figures: dict[str, Any] = orjson.loads(result.stdout.strip().splitlines()[-1])
     return figures
 

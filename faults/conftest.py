@@ -16,11 +16,11 @@ import asyncpg
 import httpx
 import pytest
 
-from faults.checker import Report, declare_witness, table
+from faults.checker import Report, declare_witness, table, witness_name
 from service.agents import CAPABILITIES
 from service.bus.topology import Topology
 from service.config import Settings
-from service.migrate import database_name, migrate
+from service.migrate import drop_database, migrate
 from tests.helpers import wait_until
 from tests.stack import free_port, spawn
 
@@ -111,13 +111,9 @@ async def stack() -> AsyncIterator[Stack]:
         connection = await aio_pika.connect_robust(settings.amqp_url)
         channel = await connection.channel()
         await topology.delete_all(channel, sorted(CAPABILITIES))
-        await channel.queue_delete(f"{settings.namespace}.witness", if_unused=False,
-                                   if_empty=False)
+        await channel.queue_delete(witness_name(topology), if_unused=False, if_empty=False)
         await connection.close()
-        admin = await asyncpg.connect(settings.database_url.rsplit("/", 1)[0] + "/postgres")
-        await admin.execute(
-            f'DROP DATABASE IF EXISTS "{database_name(settings.database_url)}" WITH (FORCE)')
-        await admin.close()
+        await drop_database(settings.database_url)
 
 
 @pytest.fixture

@@ -83,6 +83,16 @@ async def ensure_database(url: str) -> None:
         await admin.close()
 
 
+async def drop_database(url: str) -> None:
+    """Drop the database named in ``url`` if it exists, closing its connections
+    (for the private databases of tests and benchmarks)."""
+    admin = await asyncpg.connect(_with_database(url, "postgres"))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database_name(url)}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
 async def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Bring the schema up to date; returns the names of the files applied now."""
     try:

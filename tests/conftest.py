@@ -20,7 +20,7 @@ import pytest
 from service.agents import CAPABILITIES
 from service.bus.topology import Topology
 from service.config import Settings
-from service.migrate import database_name, migrate
+from service.migrate import drop_database, migrate
 from service.store import create_pool
 
 _LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0", ""}
@@ -78,13 +78,7 @@ def topology(settings: Settings) -> Topology:
 async def database(settings: Settings) -> AsyncIterator[str]:
     await migrate(settings.database_url)
     yield settings.database_url
-    admin = await asyncpg.connect(settings.database_url.rsplit("/", 1)[0] + "/postgres")
-    try:
-        await admin.execute(
-            f'DROP DATABASE IF EXISTS "{database_name(settings.database_url)}" WITH (FORCE)'
-        )
-    finally:
-        await admin.close()
+    await drop_database(settings.database_url)
 
 
 @pytest.fixture(scope="session")

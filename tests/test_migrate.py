@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from service.errors import PermanentError
-from service.migrate import MIGRATIONS_DIR, migrate
+from service.migrate import MIGRATIONS_DIR, drop_database, migrate
 from tests.conftest import BASE_DB
 
 
@@ -42,6 +42,4 @@ async def test_concurrent_migrators_apply_each_file_once(tmp_path: Path) -> None
         with pytest.raises(PermanentError, match="changed after it was applied"):
             await migrate(url, edited)
     finally:
-        admin = await asyncpg.connect(BASE_DB.rsplit("/", 1)[0] + "/postgres")
-        await admin.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-        await admin.close()
+        await drop_database(url)
