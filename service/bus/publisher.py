@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
-from pamqp.commands import Basic
+from aiormq.abc import AbstractChannel as RawChannel
+from aiormq.abc import ChannelFrame, TaskType
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -26,6 +28,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from service.bus.frames import Properties, publish_frames
 from service.bus.topology import Topology
 from service.errors import BusUnavailable, PublishRejected
 from service.events import Event
@@ -53,12 +56,98 @@ async def connect(url: str, name: str) -> AbstractRobustConnection:
         raise BusUnavailable(f"cannot reach RabbitMQ at {where}: {exc}") from exc
 
 
+class ConfirmedChannel:
+    """Confirmed publishes on one aiormq channel, below ``basic_publish``.
+
+    ``basic_publish`` holds the channel's lock until the connection's writer task
+    has written and drained its frames, so concurrent publishes queue behind one
+    another at several task switches each. Here a publish encodes its frames
+    (``service.bus.frames``) and registers its confirm in the channel's own books
+    just as ``basic_publish`` does: the delivery tag, the confirmation future that
+    the channel's reader resolves on the broker's ack or nack (and rejects when the
+    channel closes), and the message id that its return handling looks up. The
+    frames go to a buffer that reaches the connection's writer once per event-loop
+    turn, in delivery-tag order, so the publishes of one turn leave in one write.
+
+    Nothing else may publish on the channel: the broker numbers publishes in the
+    order it receives them, and the tags here count on that.
+    """
+
+    def __init__(self, channel: RawChannel) -> None:
+        if not isinstance(channel, aiormq.Channel):
+            raise TypeError(f"needs an aiormq channel, not {type(channel).__name__}")
+        self.channel: aiormq.Channel = channel
+        self._buffer: list[bytes] = []
+        self._flush_scheduled = False
+        self._slow_put: TaskType | None = None
+
+    def publish(
+        self, exchange: str, routing_key: str, body: bytes, properties: Properties
+    ) -> asyncio.Future[Any]:
+        """Queue one publish; the future resolves on the broker's ack and fails on a
+        nack, a return (unroutable) or the channel closing."""
+        channel = self.channel
+        if channel.is_closed:
+            raise aiormq.exceptions.ChannelInvalidStateError("publisher channel is closed")
+        frames = publish_frames(channel.number, exchange, routing_key, body, properties,
+                                max_body_frame=channel.max_content_size)
+        channel.delivery_tag += 1
+        tag = channel.delivery_tag
+        confirmation = channel.create_future()
+        channel.confirmations[tag] = confirmation
+        returns, message_id = channel.message_id_delivery_tag, properties.message_id
+        returns[message_id] = tag
+
+        def forget(_: object) -> None:
+            if returns.get(message_id) == tag:
+                del returns[message_id]
+
+        confirmation.add_done_callback(forget)
+        self._buffer.append(frames)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            channel.loop.call_soon(self._flush)
+        return confirmation
+
+    def _take(self) -> ChannelFrame:
+        frame = ChannelFrame(payload=b"".join(self._buffer), should_close=False)
+        self._buffer.clear()
+        return frame
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._slow_put is not None or not self._buffer:
+            return  # a put waiting for room takes the buffer along when it is done
+        if self.channel.is_closed:
+            self._buffer.clear()  # their confirmations failed with the channel
+            return
+        frame = self._take()
+        try:
+            self.channel.write_queue.put_nowait(frame)
+        except asyncio.QueueFull:
+            self._slow_put = self.channel.create_task(self._put_waiting(frame))
+
+    async def _put_waiting(self, frame: ChannelFrame) -> None:
+        """The connection's write queue is full: wait for room, keeping the order."""
+        try:
+            while True:
+                await self.channel.write_queue.put(frame)
+                if not self._buffer or self.channel.is_closed:
+                    return
+                frame = self._take()
+        finally:
+            self._slow_put = None
+            if self.channel.is_closed:
+                self._buffer.clear()
+
+
 @dataclass
 class Publisher:
     """Publishes bytes with confirms on its own channel."""
 
     channel: AbstractChannel
     retry_seconds: float = PUBLISH_RETRY_SECONDS
+    _confirmed: ConfirmedChannel | None = field(default=None, init=False, repr=False)
 
     @classmethod
     async def open(cls, connection: AbstractRobustConnection, **kwargs: Any) -> Publisher:
@@ -66,20 +155,18 @@ class Publisher:
         return cls(channel, **kwargs)
 
     async def _send(
-        self, exchange: str, routing_key: str, body: bytes, properties: Basic.Properties
+        self, exchange: str, routing_key: str, body: bytes, properties: Properties
     ) -> None:
-        # Straight to the channel under aio-pika's robust wrapper (which restores it
-        # after a reconnect): the per-message wrapper objects cost more CPU than the
-        # publish itself on the hot path. The channel was opened with publisher
-        # confirms and on_return_raises, so this returns on the broker's ack and
-        # raises on a nack or a return.
+        # Straight to the aiormq channel under aio-pika's robust wrapper, which
+        # reopens it after a reconnect; a reopened channel gets a new
+        # ConfirmedChannel, with delivery tags counted from one again.
         if self.channel.is_closed:
             raise aiormq.exceptions.ChannelInvalidStateError("publisher channel is closed")
         channel = await self.channel.get_underlay_channel()
-        await channel.basic_publish(
-            body, exchange=exchange, routing_key=routing_key, properties=properties,
-            mandatory=True,
-        )
+        confirmed = self._confirmed
+        if confirmed is None or confirmed.channel is not channel:
+            confirmed = self._confirmed = ConfirmedChannel(channel)
+        await confirmed.publish(exchange, routing_key, body, properties)
 
     async def publish(
         self,
@@ -105,16 +192,16 @@ class Publisher:
             raise TypeError(
                 f"the bus carries bytes, not {type(body).__name__}: serialize it first"
             )
-        properties = Basic.Properties(
-            content_type="application/json",
-            delivery_mode=2 if persistent else 1,  # 2 = persistent: survives a restart
-            message_id=message_id,
+        properties = Properties(
+            # A message id is what the channel's return handling finds a publish by.
+            message_id=message_id or uuid.uuid4().hex,
+            persistent=persistent,  # delivery mode 2: survives a broker restart
             message_type=message_type,
             correlation_id=correlation_id,
             reply_to=reply_to,
             headers=headers,
-            expiration=None if expiration_seconds is None
-            else str(max(1, round(expiration_seconds * 1000))),
+            expiration_ms=None if expiration_seconds is None
+            else max(1, round(expiration_seconds * 1000)),
         )
         try:
             try:
