@@ -20,6 +20,7 @@ from typing import Annotated, Any, TypeVar
 import orjson
 import typer
 
+from service import gc_tuning
 from service.config import Settings, get_settings
 
 T = TypeVar("T")
@@ -33,7 +34,9 @@ app = typer.Typer(
 
 def _run(main: Coroutine[Any, Any, T]) -> T:
     """Run a component on uvloop where it is installed (a faster event loop, same
-    semantics), else on asyncio's own."""
+    semantics), else on asyncio's own, with the garbage collector tuned for a
+    long-running process."""
+    gc_tuning.tune(get_settings().gc_threshold)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
@@ -72,8 +75,10 @@ def api(
 
     _logging()
     settings = get_settings()
+    application = create_app(settings)
+    gc_tuning.tune(settings.gc_threshold)
     uvicorn.run(
-        create_app(settings), host=host or settings.api_host, port=port or settings.api_port,
+        application, host=host or settings.api_host, port=port or settings.api_port,
         log_level="warning", access_log=False,
     )
 

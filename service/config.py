@@ -7,6 +7,8 @@ from functools import lru_cache
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service import gc_tuning
+
 
 class Settings(BaseSettings):
     """Every knob casetrail reads. Each field is ``CASETRAIL_<NAME>`` in the environment."""
@@ -35,6 +37,11 @@ class Settings(BaseSettings):
     consumer_prefetch: int = 2000
     consumer_batch_size: int = 500
     consumer_linger_ms: float = 5.0
+    gc_threshold: int = Field(
+        default=gc_tuning.DEFAULT_THRESHOLD, ge=0,
+        description="Net allocations between young-object garbage collections in the "
+        "long-running components (service/gc_tuning.py); 0 keeps Python's default.",
+    )
 
     openai_api_key: str | None = Field(
         default=None, description="Falls back to OPENAI_API_KEY. Never logged or recorded."

@@ -21,6 +21,8 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from aiormq.abc import AbstractChannel as RawChannel
 from aiormq.abc import ChannelFrame, TaskType
+from aiormq.channel import Returning
+from pamqp.commands import Basic
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -71,6 +73,12 @@ class ConfirmedChannel:
 
     Nothing else may publish on the channel: the broker numbers publishes in the
     order it receives them, and the tags here count on that.
+
+    The broker's acks and nacks are settled by ``_on_confirm_frame`` below, which
+    replaces aiormq's handler on this channel (the channel's reader calls it by
+    that name). aiormq's walks every unconfirmed publish for each ``multiple``
+    ack, and schedules a callback for each one it settles: with 2,000 cases in
+    flight that was 40 % of the worker's CPU.
     """
 
     def __init__(self, channel: RawChannel) -> None:
@@ -80,6 +88,32 @@ class ConfirmedChannel:
         self._buffer: list[bytes] = []
         self._flush_scheduled = False
         self._slow_put: TaskType | None = None
+        setattr(channel, "_on_confirm_frame", self._on_confirm_frame)  # noqa: B010
+
+    async def _on_confirm_frame(self, frame: Basic.Ack | Basic.Nack) -> None:
+        """Settle the publishes an ack or nack covers. Confirmations are entered in
+        tag order, so a ``multiple`` one takes them from the front and stops at the
+        first later tag. (A return re-enters its tag at the back, as an already
+        settled ``Returning`` marker; a later ack clears it.)"""
+        confirmations = self.channel.confirmations
+        last = frame.delivery_tag
+        if frame.multiple:
+            tags = []
+            for tag in confirmations:
+                if tag > last:
+                    break
+                tags.append(tag)
+        else:
+            tags = [last]
+        for tag in tags:
+            confirmation = confirmations.pop(tag, None)
+            if confirmation is None or isinstance(confirmation, Returning) \
+                    or confirmation.done():  # returned, or its publisher stopped waiting
+                continue
+            if isinstance(frame, Basic.Ack):
+                confirmation.set_result(frame)
+            else:
+                confirmation.set_exception(aiormq.exceptions.DeliveryError(None, frame))
 
     def publish(
         self, exchange: str, routing_key: str, body: bytes, properties: Properties
