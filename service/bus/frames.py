@@ -19,7 +19,8 @@ from pamqp import encode
 FRAME_END = b"\xce"
 _FRAME_HEAD = struct.Struct(">BHI")
 _METHOD, _HEADER, _BODY = 1, 2, 3
-_PUBLISH_METHOD = struct.pack(">HHH", 60, 40, 0)  # basic.publish, ticket 0
+_BASIC = 60  # the class id of basic.* methods and of their content headers
+_PUBLISH_METHOD = struct.pack(">HHH", _BASIC, 40, 0)  # basic.publish, ticket 0
 _HEADER_HEAD = struct.Struct(">HHQH")  # class, weight, body size, property flags
 FRAME_OVERHEAD = _FRAME_HEAD.size + len(FRAME_END)
 """Bytes a frame adds around its payload: a body frame carries frame_max minus this."""
@@ -103,7 +104,7 @@ def publish_frames(
         b"\x01" if mandatory else b"\x00",
     ))
     flags, encoded = properties.encode()
-    header = _HEADER_HEAD.pack(60, 0, len(body), flags) + encoded
+    header = _HEADER_HEAD.pack(_BASIC, 0, len(body), flags) + encoded
     frames = [_frame(_METHOD, channel, method), _frame(_HEADER, channel, header)]
     for start in range(0, len(body), max_body_frame):
         frames.append(_frame(_BODY, channel, body[start:start + max_body_frame]))

@@ -90,6 +90,9 @@ class ConfirmedChannel:
         self._flush_scheduled = False
         self._slow_put: TaskType | None = None
         self._closed_by_broker = False
+        self._message_ids: dict[int, str] = {}
+        """Each unconfirmed publish's message id by tag, to clear its entry in the
+        channel's return lookup once the broker has settled it."""
         setattr(channel, "_on_confirm_frame", self._on_confirm_frame)  # noqa: B010
         on_close_frame = channel._on_close_frame
 
@@ -113,6 +116,7 @@ class ConfirmedChannel:
         first later tag. (A return re-enters its tag at the back, as an already
         settled ``Returning`` marker; a later ack clears it.)"""
         confirmations = self.channel.confirmations
+        returns, message_ids = self.channel.message_id_delivery_tag, self._message_ids
         last = frame.delivery_tag
         if frame.multiple:
             tags = []
@@ -123,6 +127,9 @@ class ConfirmedChannel:
         else:
             tags = [last]
         for tag in tags:
+            message_id = message_ids.pop(tag, None)
+            if message_id is not None and returns.get(message_id) == tag:
+                del returns[message_id]
             confirmation = confirmations.pop(tag, None)
             if confirmation is None or isinstance(confirmation, Returning) \
                     or confirmation.done():  # returned, or its publisher stopped waiting
@@ -146,14 +153,8 @@ class ConfirmedChannel:
         tag = channel.delivery_tag
         confirmation = channel.create_future()
         channel.confirmations[tag] = confirmation
-        returns, message_id = channel.message_id_delivery_tag, properties.message_id
-        returns[message_id] = tag
-
-        def forget(_: object) -> None:
-            if returns.get(message_id) == tag:
-                del returns[message_id]
-
-        confirmation.add_done_callback(forget)
+        channel.message_id_delivery_tag[properties.message_id] = tag
+        self._message_ids[tag] = properties.message_id
         self._buffer.append(frames)
         if not self._flush_scheduled:
             self._flush_scheduled = True
