@@ -5,11 +5,17 @@ more CPU than the work they carry. Here a consumer is registered on the aiormq
 channel under a robust channel; when the robust connection comes back after a
 broker restart it reopens the channel (prefetch included) and the consumer is
 registered again.
+
+aiormq hands each delivery to its consumer in a new task. The callback here only
+puts the message where the consumer's own loop takes it, so it is called in line
+instead, from the channel's reader (see ``_deliver_in_line``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,6 +23,10 @@ import aiormq
 from aio_pika.abc import AbstractRobustChannel
 from aiormq.abc import AbstractChannel as RawChannel
 from aiormq.abc import DeliveredMessage
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
+
+log = logging.getLogger("casetrail.bus")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +92,13 @@ class Subscription:
         async def deliver(message: DeliveredMessage) -> None:
             on_delivery(Delivery(raw, message))
 
-        ok = await raw.basic_consume(self.queue, deliver)
+        # The tag is chosen here so that the in-line delivery is in place before the
+        # broker's first delivery, which can reach the channel before consume-ok does.
+        tag = f"casetrail-{uuid.uuid4().hex}"
+        _deliver_in_line(raw, tag, on_delivery)
+        await raw.basic_consume(self.queue, deliver, consumer_tag=tag)
         self._consuming.clear()
-        self._consuming[ok.consumer_tag or ""] = raw
+        self._consuming[tag] = raw
 
     async def cancel(self) -> None:
         """Stop deliveries; unsettled ones return to the queue when the channel closes."""
@@ -93,3 +107,33 @@ class Subscription:
             with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
                 await raw.basic_cancel(tag)
         self._consuming.clear()
+
+
+def _deliver_in_line(raw: RawChannel, tag: str, on_delivery: Callable[[Delivery], None]
+                     ) -> None:
+    """Deliveries to ``tag`` on ``raw`` reach ``on_delivery`` from the channel's reader.
+
+    This replaces aiormq's ``_on_deliver_frame`` on this channel (its reader calls it
+    by that name) with one that reads the content as aiormq does and then calls
+    ``on_delivery`` directly, where aiormq would start a task for each message.
+    Deliveries to any other consumer on the channel go the usual way.
+    """
+    if not isinstance(raw, aiormq.Channel):
+        raise TypeError(f"needs an aiormq channel, not {type(raw).__name__}")
+    channel = raw
+    usual = channel._on_deliver_frame
+
+    async def on_deliver_frame(frame: Basic.Deliver) -> None:
+        if frame.consumer_tag != tag:
+            await usual(frame)
+            return
+        header = await channel._get_frame()
+        if not isinstance(header, ContentHeader):
+            raise ValueError(f"Unexpected frame {header!r} instead of ContentHeader")
+        message = await channel._read_content(frame, header)
+        try:
+            on_delivery(Delivery(channel, message))
+        except Exception:  # as aiormq does for a failing consumer: log, keep reading
+            log.exception("delivery handler failed on %s", tag)
+
+    setattr(channel, "_on_deliver_frame", on_deliver_frame)  # noqa: B010
