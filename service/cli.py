@@ -32,11 +32,12 @@ app = typer.Typer(
 )
 
 
-def _run(main: Coroutine[Any, Any, T]) -> T:
-    """Run a component on uvloop where it is installed (a faster event loop, same
-    semantics), else on asyncio's own, with the garbage collector tuned for a
-    long-running process."""
-    gc_tuning.tune(get_settings().gc_threshold)
+def _run(main: Coroutine[Any, Any, T], *, long_running: bool = False) -> T:
+    """Run ``main`` on uvloop where it is installed (a faster event loop, same
+    semantics), else on asyncio's own. A long-running component first gets the
+    garbage collector tuned for it; a short command would only pay for the freeze."""
+    if long_running:
+        gc_tuning.tune(get_settings().gc_threshold)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
@@ -89,7 +90,7 @@ def worker() -> None:
     from service.runtime import run_worker
 
     _logging()
-    _run(run_worker(get_settings()))
+    _run(run_worker(get_settings()), long_running=True)
 
 
 @app.command()
@@ -98,7 +99,7 @@ def consumer() -> None:
     from service.runtime import run_consumer
 
     _logging()
-    _run(run_consumer(get_settings()))
+    _run(run_consumer(get_settings()), long_running=True)
 
 
 @app.command("capability-worker")
@@ -118,7 +119,7 @@ def capability_worker(
         typer.echo(f"unknown capabilities {unknown}; known: {', '.join(sorted(CAPABILITIES))}",
                    err=True)
         raise typer.Exit(2)
-    _run(run_capability_worker(get_settings(), wanted, concurrency))
+    _run(run_capability_worker(get_settings(), wanted, concurrency), long_running=True)
 
 
 @app.command()
@@ -128,7 +129,7 @@ def up() -> None:
     from service.demo import run_stack
 
     _logging()
-    raise typer.Exit(_run(run_stack(get_settings())))
+    raise typer.Exit(_run(run_stack(get_settings()), long_running=True))
 
 
 @app.command()
@@ -144,7 +145,7 @@ def demo(
     settings = get_settings()
     if port:
         settings = settings.model_copy(update={"api_port": port})
-    raise typer.Exit(_run(run_demo(settings)))
+    raise typer.Exit(_run(run_demo(settings), long_running=True))
 
 
 @app.command()

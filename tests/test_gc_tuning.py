@@ -40,3 +40,14 @@ def test_the_threshold_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CASETRAIL_GC_THRESHOLD", "-1")
     with pytest.raises(ValueError, match="gc_threshold"):
         Settings()
+
+
+async def _frozen() -> int:
+    return gc.get_freeze_count()
+
+
+def test_only_long_running_commands_tune_the_collector(restore_gc: None) -> None:
+    from service import cli
+
+    assert cli._run(_frozen()) == 0
+    assert cli._run(_frozen(), long_running=True) > 1000
