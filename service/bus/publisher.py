@@ -32,6 +32,7 @@ from tenacity import (
 
 from service.bus.frames import Properties, publish_frames
 from service.bus.topology import Topology
+from service.engine.loop import backoff_delay
 from service.errors import BusUnavailable, PublishRejected
 from service.events import Event
 
@@ -47,6 +48,7 @@ _CONNECTION_ERRORS = (
     ConnectionError,
     asyncio.TimeoutError,
 )
+_RETRY_WAIT = wait_exponential_jitter(multiplier=0.1, max=3.0)
 
 
 async def connect(url: str, name: str) -> AbstractRobustConnection:
@@ -261,10 +263,13 @@ class Publisher:
                 await self._send(exchange, routing_key, body, properties)
                 return
             except _CONNECTION_ERRORS as exc:
-                log.warning("publish to %r failed (%r); retrying", exchange, exc)
+                # Wait as before any retry: the connection is likely still coming back.
+                delay = backoff_delay(_RETRY_WAIT, 1)
+                log.warning("publish to %r failed (%r); retrying in %.2fs", exchange, exc, delay)
+                await asyncio.sleep(delay)
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(_CONNECTION_ERRORS),
-                wait=wait_exponential_jitter(multiplier=0.1, max=3.0),
+                wait=_RETRY_WAIT,
                 stop=stop_after_delay(self.retry_seconds),
                 reraise=True,
             ):
