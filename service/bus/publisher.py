@@ -67,9 +67,10 @@ class ConfirmedChannel:
     has written and drained its frames, so concurrent publishes queue behind one
     another at several task switches each. Here a publish encodes its frames
     (``service.bus.frames``) and registers its confirm in the channel's own books
-    just as ``basic_publish`` does: the delivery tag, the confirmation future that
-    the channel's reader resolves on the broker's ack or nack (and rejects when the
-    channel closes), and the message id that its return handling looks up. The
+    as ``basic_publish`` does: the delivery tag, the confirmation future that the
+    channel's reader resolves on the broker's ack or nack (or fails on a return),
+    and the message id that its return handling looks up. The futures are plain
+    ones, failed here when the channel closes (``_fail_unconfirmed``). The
     frames go to a buffer that reaches the connection's writer once per event-loop
     turn, in delivery-tag order, so the publishes of one turn leave in one write.
 
@@ -107,6 +108,24 @@ class ConfirmedChannel:
             await on_close_frame(frame)
 
         setattr(channel, "_on_close_frame", closed_by_broker)  # noqa: B010
+        channel.closing.add_done_callback(self._fail_unconfirmed)
+
+    def _fail_unconfirmed(self, closing: asyncio.Future[Any]) -> None:
+        """The channel has closed: every publish still waiting fails with the reason.
+
+        The confirmations are plain futures, not entries in aiormq's future store,
+        which would fail them itself but adds three done-callbacks to each (two
+        stores, the channel's and its connection's, plus one to read the exception):
+        a third of a confirmed publish's client CPU."""
+        reason: BaseException = aiormq.exceptions.ChannelInvalidStateError(
+            "publisher channel closed")
+        if not closing.cancelled() and closing.exception() is not None:
+            reason = closing.exception()  # type: ignore[assignment]
+        for confirmation in self.channel.confirmations.values():
+            if isinstance(confirmation, asyncio.Future) and not confirmation.done():
+                confirmation.set_exception(reason)
+                confirmation.exception()  # retrieved: no warning if nobody waits any more
+        self._message_ids.clear()
 
     @property
     def is_closed(self) -> bool:
@@ -140,6 +159,7 @@ class ConfirmedChannel:
                 confirmation.set_result(frame)
             else:
                 confirmation.set_exception(aiormq.exceptions.DeliveryError(None, frame))
+                confirmation.exception()
 
     def publish(
         self, exchange: str, routing_key: str, body: bytes, properties: Properties
@@ -153,7 +173,7 @@ class ConfirmedChannel:
                                 max_body_frame=channel.max_content_size)
         channel.delivery_tag += 1
         tag = channel.delivery_tag
-        confirmation = channel.create_future()
+        confirmation = channel.loop.create_future()
         channel.confirmations[tag] = confirmation
         channel.message_id_delivery_tag[properties.message_id] = tag
         self._message_ids[tag] = properties.message_id
