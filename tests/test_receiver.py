@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from datetime import UTC, datetime
 from typing import Any
 
 import aiormq.connection
@@ -18,7 +19,7 @@ from pamqp.header import ContentHeader, ProtocolHeader
 from pamqp.heartbeat import Heartbeat
 
 import service.bus  # noqa: F401  (installs the reader)
-from service.bus.receiver import BufferedFrameReceiver, decode_frames
+from service.bus.receiver import BufferedFrameReceiver, _content_header, decode_frames
 
 FRAMES: list[tuple[int, Any]] = [
     (1, Basic.Deliver(consumer_tag="ctag-1", delivery_tag=1, redelivered=False,
@@ -31,6 +32,12 @@ FRAMES: list[tuple[int, Any]] = [
     (2, Basic.Deliver(consumer_tag="ünï", delivery_tag=2**62 + 5, redelivered=True,
                       exchange="", routing_key="rpc-queue")),
     (2, ContentHeader(0, 0, Basic.Properties())),
+    (2, ContentHeader(0, 2**40, Basic.Properties(
+        content_type="text/plain", content_encoding="gzip", delivery_mode=1, priority=7,
+        correlation_id="c-ü", reply_to="amq.rabbitmq.reply-to", expiration="2500",
+        message_id="m-1", message_type="PROBE", user_id="guest", app_id="casetrail"))),
+    (2, ContentHeader(0, 5, Basic.Properties(
+        message_id="stamped", timestamp=datetime(2026, 11, 30, 2, 0, tzinfo=UTC)))),
     (3, Basic.Ack(delivery_tag=77, multiple=True)),
     (3, Basic.Ack(delivery_tag=78, multiple=False)),
     (3, Basic.Nack(delivery_tag=79, multiple=True, requeue=False)),
@@ -82,6 +89,18 @@ def test_each_frame_decodes_as_pamqp_decodes_it() -> None:
     assert len(frames) == len(expected) == len(FRAMES)
     for ours, theirs in zip(frames, expected, strict=True):
         same(ours, theirs)
+
+
+def test_headers_with_plain_properties_skip_pamqp_and_the_others_do_not() -> None:
+    def payload(index: int) -> bytes:
+        return pamqp.frame.marshal(FRAMES[index][1], 1)[7:-1]
+
+    plain = [i for i, (_, f) in enumerate(FRAMES) if isinstance(f, ContentHeader)
+             and f.properties.headers is None and f.properties.timestamp is None]
+    assert len(plain) == 2
+    assert all(_content_header(payload(i)) is not None for i in plain)
+    assert _content_header(payload(1)) is None  # a headers table
+    assert _content_header(payload(6)) is None  # a timestamp
 
 
 def test_an_incomplete_frame_is_left_for_the_next_read() -> None:

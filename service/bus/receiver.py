@@ -6,9 +6,10 @@ header, slices it again and decodes it field by field. A consumer taking ten
 thousand events a second receives thirty thousand frames a second, and that was a
 sixth of its CPU. Here one ``read`` takes whatever the socket has buffered and
 every complete frame in it is decoded before the next read. The frames that come
-by the thousand (``basic.deliver``, ``basic.ack`` and content bodies) are decoded
-directly; every other frame, content headers included, still goes through pamqp,
-and each comes out as the same pamqp object aiormq's own reader would give.
+by the thousand (``basic.deliver``, ``basic.ack``, content headers with plain
+properties, and content bodies) are decoded directly; every other frame still goes
+through pamqp, and each comes out as the same pamqp object aiormq's own reader
+would give.
 
 aiormq builds its reader inside ``Connection.connect`` from the module's
 ``FrameReceiver`` name, so :func:`install` puts this class under that name. The
@@ -31,16 +32,30 @@ from pamqp.base import Frame
 from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.exceptions import PAMQPException
+from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
 _HEAD = struct.Struct(">BHI")  # frame type, channel, payload size
 _HEAD_SIZE = _HEAD.size
 _FRAME_END = 0xCE
-_METHOD, _BODY, _HEARTBEAT = 1, 3, 8
+_METHOD, _HEADER, _BODY, _HEARTBEAT = 1, 2, 3, 8
 _DELIVER = struct.pack(">HH", 60, 60)
 _ACK = struct.pack(">HH", 60, 80)
 _TAG_AND_BITS = struct.Struct(">qB")  # signed, as pamqp reads a long-long
 _READ_SIZE = 256 * 1024
+_HEADER_HEAD = struct.Struct(">HHQH")  # class, weight, body size, property flags
+_OCTET, _SHORT_STR = "octet", "shortstr"
+# Basic properties in wire order with their flag bits, as pamqp lists them. A header
+# with a table (headers), a timestamp or a second flag word goes to pamqp instead.
+_PROPERTIES = tuple(
+    (flag, name, Basic.Properties.amqp_type(name))
+    for name, flag in Basic.Properties.flags.items()
+    if Basic.Properties.amqp_type(name) in (_OCTET, _SHORT_STR)
+)
+_DECODED_ELSEWHERE = 0x0001 | sum(
+    flag for name, flag in Basic.Properties.flags.items()
+    if Basic.Properties.amqp_type(name) not in (_OCTET, _SHORT_STR)
+)
 
 
 def _short_str(payload: bytes, at: int) -> tuple[str, int]:
@@ -65,6 +80,27 @@ def _ack(payload: bytes) -> Basic.Ack:
     return Basic.Ack(delivery_tag=delivery_tag, multiple=bool(bits & 1))
 
 
+def _content_header(payload: bytes) -> ContentHeader | None:
+    """The header as pamqp decodes it (defaults, then each flagged property in
+    turn), or ``None`` when it carries a property decoded only by pamqp."""
+    class_id, weight, body_size, flags = _HEADER_HEAD.unpack_from(payload)
+    if flags & _DECODED_ELSEWHERE:
+        return None
+    properties = Basic.Properties()
+    at = _HEADER_HEAD.size
+    for flag, name, kind in _PROPERTIES:
+        if flags & flag:
+            value: int | str
+            if kind == _OCTET:
+                value, at = payload[at], at + 1
+            else:
+                value, at = _short_str(payload, at)
+            setattr(properties, name, value)
+    header = ContentHeader(weight, body_size, properties)
+    header.class_id = class_id
+    return header
+
+
 def decode_frames(data: bytes, frames: deque[ReceivedFrame]) -> int:
     """Decode every complete frame at the start of ``data`` onto ``frames``, each as
     pamqp's ``unmarshal`` gives it: ``(bytes taken, channel, frame)``. Returns how
@@ -86,6 +122,8 @@ def decode_frames(data: bytes, frames: deque[ReceivedFrame]) -> int:
                 frame = _deliver(payload)
             elif kind == _METHOD and payload[:4] == _ACK:
                 frame = _ack(payload)
+            elif kind == _HEADER and (header := _content_header(payload)) is not None:
+                frame = header
             else:
                 frame = pamqp.frame.unmarshal(data[at:end + 1])[2]
         except (PAMQPException, struct.error, UnicodeDecodeError, ValueError) as exc:
