@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections import deque
 from datetime import UTC, datetime
 from typing import Any
@@ -120,6 +121,16 @@ def test_a_frame_without_its_end_octet_is_refused() -> None:
     data[-1] = 0x00
     with pytest.raises(InvalidFrameError, match="0xCE"):
         decode_frames(bytes(data), deque())
+
+
+@pytest.mark.parametrize("index", [0, 5, 7])  # deliver, plain header, ack
+def test_a_truncated_frame_is_refused_as_a_frame_error(index: int) -> None:
+    frame = pamqp.frame.marshal(FRAMES[index][1], 1)
+    payload = frame[7:-1]
+    for cut in range(len(payload)):
+        short = struct.pack(">BHI", frame[0], 1, cut) + payload[:cut] + b"\xce"
+        with pytest.raises(InvalidFrameError):
+            decode_frames(short, deque())
 
 
 def test_an_unknown_method_is_refused() -> None:

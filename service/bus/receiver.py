@@ -126,7 +126,7 @@ def decode_frames(data: bytes, frames: deque[ReceivedFrame]) -> int:
                 frame = header
             else:
                 frame = pamqp.frame.unmarshal(data[at:end + 1])[2]
-        except (PAMQPException, struct.error, UnicodeDecodeError, ValueError) as exc:
+        except (PAMQPException, struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
             raise InvalidFrameError(str(exc)) from exc
         # pamqp counts a heartbeat as 8 bytes taken; aiormq only passes the count on.
         frames.append((8 if kind == _HEARTBEAT else end + 1 - at, channel, frame))
