@@ -7,7 +7,6 @@ import asyncio
 import os
 import statistics
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -23,6 +22,7 @@ from service.agents import CAPABILITIES
 from service.bus.topology import Topology
 from service.config import Settings
 from service.migrate import drop_database, migrate
+from service.supervisor import component_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,14 +36,6 @@ def bench_settings(**overrides: object) -> Settings:
     })
 
 
-def env_for(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    for key, value in settings.model_dump().items():
-        if value is not None:
-            env[f"CASETRAIL_{key.upper()}"] = str(value)
-    return env
-
-
 @dataclass
 class Processes:
     settings: Settings
@@ -51,8 +43,8 @@ class Processes:
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         log = open(f"/tmp/{self.settings.namespace}-{name}.log", "wb")  # noqa: SIM115
-        child = subprocess.Popen([sys.executable, "-m", "service.cli", *args],
-                                 env=env_for(self.settings), stdout=log, stderr=log)
+        child = subprocess.Popen(component_command(*args), env=self.settings.environment(),
+                                 stdout=log, stderr=log)
         self.children[name] = child
         return child
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 from pydantic import Field
@@ -60,6 +61,15 @@ class Settings(BaseSettings):
     tool_timeout_seconds: float = 10.0
     tool_attempts: int = 3
 
+
+    def environment(self, **extra: str) -> dict[str, str]:
+        """This process's environment with every setting set as ``CASETRAIL_<NAME>``
+        (then ``extra``), so that a component started with it reads these settings."""
+        env = dict(os.environ)
+        env.update({f"CASETRAIL_{name.upper()}": str(value)
+                    for name, value in self.model_dump().items() if value is not None})
+        env.update(extra)
+        return env
 
     def allowed_base_urls(self) -> set[str]:
         return {u.strip().rstrip("/") for u in self.model_base_urls.split(",") if u.strip()}

@@ -4,10 +4,8 @@ processes (as production runs them)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,6 +26,7 @@ from service.capability_worker import CapabilityWorker
 from service.config import Settings
 from service.providers import ModelFactory
 from service.store import CaseStore
+from service.supervisor import component_command
 from service.worker import CaseWorker
 
 
@@ -96,26 +95,13 @@ async def in_process_stack(
         await runtime.close()
 
 
-def component_env(settings: Settings, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({
-        "CASETRAIL_AMQP_URL": settings.amqp_url,
-        "CASETRAIL_DATABASE_URL": settings.database_url,
-        "CASETRAIL_NAMESPACE": settings.namespace,
-        "CASETRAIL_LEASE_SECONDS": str(settings.lease_seconds),
-        "CASETRAIL_TOOL_TIMEOUT_SECONDS": str(settings.tool_timeout_seconds),
-        **extra,
-    })
-    return env
-
-
 def spawn(settings: Settings, *args: str, **extra: str) -> subprocess.Popen[bytes]:
     """``casetrail ARGS`` as a real child process in the test namespace; its log goes to
     a temporary file (``child.log_path``) so a chatty child never blocks on a pipe."""
     log = tempfile.NamedTemporaryFile(prefix=f"casetrail-{args[0]}-", suffix=".log",  # noqa: SIM115
                                       delete=False)
     child = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", *args], env=component_env(settings, **extra),
+        component_command(*args), env=settings.environment(**extra),
         stdout=log, stderr=subprocess.STDOUT,
     )
     child.log_path = log.name  # type: ignore[attr-defined]

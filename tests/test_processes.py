@@ -22,7 +22,17 @@ import pytest
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
 from tests.helpers import ended, wait_for_sql, wait_until
-from tests.stack import component_env, free_port, spawn
+from tests.stack import free_port, spawn
+
+
+def test_a_component_started_with_the_environment_reads_the_same_settings(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in settings.environment(CASETRAIL_API_PORT="9123").items():
+        monkeypatch.setenv(name, value)
+    assert Settings() == settings.model_copy(update={"api_port": 9123})
+    assert Settings().consumer_linger_ms == 2.0 != Settings.model_fields[
+        "consumer_linger_ms"].default  # a test setting, not the default, reached the child
 
 
 async def stop_all(children: list[subprocess.Popen[bytes]]) -> None:
@@ -125,7 +135,7 @@ async def test_the_seed_integration_test_done_for_real(
     shown = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "service.cli", "trail", str(case_id)],
-        env=component_env(settings), capture_output=True, text=True, timeout=30, check=True,
+        env=settings.environment(), capture_output=True, text=True, timeout=30, check=True,
     )
     printed = shown.stdout
     assert "REACT_CYCLE #0" in printed and "credit-score" in printed
@@ -168,7 +178,7 @@ async def test_the_demo_runs_end_to_end(settings: Settings, database: str) -> No
     result = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "service.cli", "demo", "--port", str(free_port())],
-        env=component_env(settings, **demo_settings), capture_output=True, text=True,
+        env=settings.environment(**demo_settings), capture_output=True, text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -191,7 +201,7 @@ async def test_the_demo_runs_end_to_end(settings: Settings, database: str) -> No
 async def test_up_runs_the_stack_and_sigterm_stops_every_child(settings: Settings,
                                                                 database: str) -> None:
     port = free_port()
-    env = component_env(settings, CASETRAIL_NAMESPACE=settings.namespace + "-up",
+    env = settings.environment(CASETRAIL_NAMESPACE=settings.namespace + "-up",
                         CASETRAIL_API_PORT=str(port))
     up = subprocess.Popen(  # noqa: ASYNC220 - a child that outlives this call, on purpose
         [sys.executable, "-m", "service.cli", "up"], env=env,
@@ -236,7 +246,7 @@ async def test_tail_prints_live_events_filtered_by_type(
     case_id = uuid.uuid4()
     tail = subprocess.Popen(  # noqa: ASYNC220 - runs beside the test until it is stopped
         [sys.executable, "-m", "service.cli", "tail", "--types", "REACT_CYCLE", "--json"],
-        env=component_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        env=settings.environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert tail.stderr is not None and tail.stdout is not None
         banner = await asyncio.to_thread(tail.stderr.readline)
