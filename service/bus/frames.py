@@ -15,25 +15,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from pamqp import encode
+from pamqp.commands import Basic
 
+# The frame layout, shared with the reading side (service.bus.receiver).
 FRAME_END = b"\xce"
-_FRAME_HEAD = struct.Struct(">BHI")
-_METHOD, _HEADER, _BODY = 1, 2, 3
-_BASIC = 60  # the class id of basic.* methods and of their content headers
-_PUBLISH_METHOD = struct.pack(">HHH", _BASIC, 40, 0)  # basic.publish, ticket 0
-_HEADER_HEAD = struct.Struct(">HHQH")  # class, weight, body size, property flags
-FRAME_OVERHEAD = _FRAME_HEAD.size + len(FRAME_END)
+FRAME_HEAD = struct.Struct(">BHI")  # frame type, channel, payload size
+METHOD, HEADER, BODY, HEARTBEAT = 1, 2, 3, 8  # frame types
+BASIC = 60  # the class id of basic.* methods and of their content headers
+HEADER_HEAD = struct.Struct(">HHQH")  # class, weight, body size, property flags
+FRAME_OVERHEAD = FRAME_HEAD.size + len(FRAME_END)
 """Bytes a frame adds around its payload: a body frame carries frame_max minus this."""
 
-# Property flag bits, in the order the properties follow the flags (AMQP 0-9-1, basic).
-_CONTENT_TYPE = 1 << 15
-_HEADERS = 1 << 13
-_DELIVERY_MODE = 1 << 12
-_CORRELATION_ID = 1 << 10
-_REPLY_TO = 1 << 9
-_EXPIRATION = 1 << 8
-_MESSAGE_ID = 1 << 7
-_TYPE = 1 << 5
+_PUBLISH_METHOD = struct.pack(">HHH", BASIC, 40, 0)  # basic.publish, ticket 0
+# Property flag bits, as pamqp's specification lists them.
+_FLAGS = Basic.Properties.flags
+_CONTENT_TYPE = _FLAGS["content_type"]
+_HEADERS = _FLAGS["headers"]
+_DELIVERY_MODE = _FLAGS["delivery_mode"]
+_CORRELATION_ID = _FLAGS["correlation_id"]
+_REPLY_TO = _FLAGS["reply_to"]
+_EXPIRATION = _FLAGS["expiration"]
+_MESSAGE_ID = _FLAGS["message_id"]
+_TYPE = _FLAGS["message_type"]
 
 
 def _short(value: str, field: str) -> bytes:
@@ -82,7 +85,7 @@ class Properties:
 
 
 def _frame(kind: int, channel: int, payload: bytes) -> bytes:
-    return _FRAME_HEAD.pack(kind, channel, len(payload)) + payload + FRAME_END
+    return FRAME_HEAD.pack(kind, channel, len(payload)) + payload + FRAME_END
 
 
 def publish_frames(
@@ -104,8 +107,8 @@ def publish_frames(
         b"\x01" if mandatory else b"\x00",
     ))
     flags, encoded = properties.encode()
-    header = _HEADER_HEAD.pack(_BASIC, 0, len(body), flags) + encoded
-    frames = [_frame(_METHOD, channel, method), _frame(_HEADER, channel, header)]
+    header = HEADER_HEAD.pack(BASIC, 0, len(body), flags) + encoded
+    frames = [_frame(METHOD, channel, method), _frame(HEADER, channel, header)]
     for start in range(0, len(body), max_body_frame):
-        frames.append(_frame(_BODY, channel, body[start:start + max_body_frame]))
+        frames.append(_frame(BODY, channel, body[start:start + max_body_frame]))
     return b"".join(frames)

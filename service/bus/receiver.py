@@ -35,15 +35,23 @@ from pamqp.exceptions import PAMQPException
 from pamqp.header import ContentHeader
 from pamqp.heartbeat import Heartbeat
 
-_HEAD = struct.Struct(">BHI")  # frame type, channel, payload size
-_HEAD_SIZE = _HEAD.size
-_FRAME_END = 0xCE
-_METHOD, _HEADER, _BODY, _HEARTBEAT = 1, 2, 3, 8
-_DELIVER = struct.pack(">HH", 60, 60)
-_ACK = struct.pack(">HH", 60, 80)
+from service.bus.frames import (
+    BASIC,
+    BODY,
+    FRAME_END,
+    FRAME_HEAD,
+    HEADER,
+    HEADER_HEAD,
+    HEARTBEAT,
+    METHOD,
+)
+
+_HEAD_SIZE = FRAME_HEAD.size
+_FRAME_END = FRAME_END[0]
+_DELIVER = struct.pack(">HH", BASIC, 60)
+_ACK = struct.pack(">HH", BASIC, 80)
 _TAG_AND_BITS = struct.Struct(">qB")  # signed, as pamqp reads a long-long
 _READ_SIZE = 256 * 1024
-_HEADER_HEAD = struct.Struct(">HHQH")  # class, weight, body size, property flags
 _OCTET, _SHORT_STR = "octet", "shortstr"
 # Basic properties in wire order with their flag bits, as pamqp lists them. A header
 # with a table (headers), a timestamp or a second flag word goes to pamqp instead.
@@ -83,11 +91,11 @@ def _ack(payload: bytes) -> Basic.Ack:
 def _content_header(payload: bytes) -> ContentHeader | None:
     """The header as pamqp decodes it (defaults, then each flagged property in
     turn), or ``None`` when it carries a property decoded only by pamqp."""
-    class_id, weight, body_size, flags = _HEADER_HEAD.unpack_from(payload)
+    class_id, weight, body_size, flags = HEADER_HEAD.unpack_from(payload)
     if flags & _DECODED_ELSEWHERE:
         return None
     properties = Basic.Properties()
-    at = _HEADER_HEAD.size
+    at = HEADER_HEAD.size
     for flag, name, kind in _PROPERTIES:
         if flags & flag:
             value: int | str
@@ -107,7 +115,7 @@ def decode_frames(data: bytes, frames: deque[ReceivedFrame]) -> int:
     many bytes were taken; the rest is the start of a frame still arriving."""
     at, size = 0, len(data)
     while size - at >= _HEAD_SIZE:
-        kind, channel, length = _HEAD.unpack_from(data, at)
+        kind, channel, length = FRAME_HEAD.unpack_from(data, at)
         end = at + _HEAD_SIZE + length
         if end >= size:
             break  # the frame's end octet has not arrived yet
@@ -116,20 +124,20 @@ def decode_frames(data: bytes, frames: deque[ReceivedFrame]) -> int:
         payload = data[at + _HEAD_SIZE:end]
         frame: Frame | ContentBody | Heartbeat | pamqp.frame.FrameTypes
         try:
-            if kind == _BODY:
+            if kind == BODY:
                 frame = ContentBody(payload)
-            elif kind == _METHOD and payload[:4] == _DELIVER:
+            elif kind == METHOD and payload[:4] == _DELIVER:
                 frame = _deliver(payload)
-            elif kind == _METHOD and payload[:4] == _ACK:
+            elif kind == METHOD and payload[:4] == _ACK:
                 frame = _ack(payload)
-            elif kind == _HEADER and (header := _content_header(payload)) is not None:
+            elif kind == HEADER and (header := _content_header(payload)) is not None:
                 frame = header
             else:
                 frame = pamqp.frame.unmarshal(data[at:end + 1])[2]
         except (PAMQPException, struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
             raise InvalidFrameError(str(exc)) from exc
         # pamqp counts a heartbeat as 8 bytes taken; aiormq only passes the count on.
-        frames.append((8 if kind == _HEARTBEAT else end + 1 - at, channel, frame))
+        frames.append((8 if kind == HEARTBEAT else end + 1 - at, channel, frame))
         at = end + 1
     return at
 
