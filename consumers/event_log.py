@@ -31,11 +31,11 @@ from aio_pika.abc import AbstractRobustConnection
 from tenacity import wait_exponential_jitter
 
 from consumers.writer import BatchOutcome, EventLogWriter
+from service.backoff import backoff_delay
 from service.bus.dead_letter import REASON_HEADER, dead_letter
 from service.bus.deliveries import Delivery, Subscription
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
-from service.engine.loop import backoff_delay
 from service.errors import StoreUnavailable
 from service.events import Event, InvalidEvent, event_and_payload_from_json
 

@@ -30,9 +30,9 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from service.backoff import backoff_delay
 from service.bus.frames import Properties, publish_frames
 from service.bus.topology import Topology
-from service.engine.loop import backoff_delay
 from service.errors import BusUnavailable, PublishRejected
 from service.events import Event
 

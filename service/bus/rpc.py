@@ -28,9 +28,9 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustC
 from pydantic import Field
 from tenacity import wait_exponential_jitter
 
+from service.backoff import backoff_delay
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
-from service.engine.loop import backoff_delay
 from service.engine.tools import WorkerCallResult
 from service.errors import CasetrailError
 from service.events import ContractModel, JsonObject, ToolAttempt

@@ -34,6 +34,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 from tenacity import wait_exponential_jitter
 
+from service.backoff import backoff_delay
 from service.engine.chat import (
     AssistantTurn,
     ChatMessage,
@@ -488,15 +489,6 @@ class ReactEngine:
 def _retrieve(future: asyncio.Future[None]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-def backoff_delay(strategy: wait_exponential_jitter, attempt: int) -> float:
-    """The tenacity strategy's delay before retry number ``attempt``."""
-    from tenacity import RetryCallState
-
-    retry_state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-    retry_state.attempt_number = attempt
-    return float(strategy(retry_state))
 
 
 def cancelled_while_queued(case_id: uuid.UUID, reason: str | None) -> Sequence[Event]:
