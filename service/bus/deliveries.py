@@ -89,6 +89,8 @@ class Subscription:
         raw = await self.channel.get_underlay_channel()
         on_delivery = self.on_delivery
 
+        # basic_consume needs a callback of aiormq's kind; deliveries to this tag take
+        # the in-line path below, so this one only stands in for it.
         async def deliver(message: DeliveredMessage) -> None:
             on_delivery(Delivery(raw, message))
 
