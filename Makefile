@@ -32,8 +32,14 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# The bus-facing suites run a second time on the public aiormq path only
+# (service/bus/fastpath.py switched off), so both paths stay tested.
+BUS_TESTS := tests/test_pipeline.py tests/test_publisher.py tests/test_deliveries.py \
+             tests/test_worker_tools.py tests/test_processes.py tests/test_fastpath.py
+
 test: install services lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider
+	CASETRAIL_AMQP_FASTPATH=off $(BIN)/pytest -q -p no:cacheprovider $(BUS_TESTS)
 
 # Benchmarks: matplotlib for the plots in the project venv, and the peer
 # (LangGraph) in its own venv so it never becomes a project dependency.

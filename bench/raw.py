@@ -12,8 +12,8 @@ from typing import Any
 import aiormq
 import asyncpg
 
-from service.bus.frames import Properties
-from service.bus.publisher import ConfirmedChannel
+from service.bus.fastpath import ConfirmedChannel
+from service.bus.properties import Properties
 from service.config import Settings
 from service.events import (
     Event,

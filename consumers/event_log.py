@@ -25,23 +25,27 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import aiormq
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 from tenacity import wait_exponential_jitter
 
 from consumers.writer import BatchOutcome, EventLogWriter
 from service.backoff import backoff_delay
+from service.bus import fastpath
+from service.bus.connection import connect_patiently
 from service.bus.dead_letter import REASON_HEADER, dead_letter
 from service.bus.deliveries import Delivery, Subscription
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
-from service.errors import StoreUnavailable
+from service.config import Settings
+from service.errors import BusUnavailable, StoreUnavailable
 from service.events import Event, InvalidEvent, event_and_payload_from_json
+from service.store import pool_patiently
+from service.supervisor import run_until_signal
 
 log = logging.getLogger("casetrail.consumer")
 
-__all__ = ["REASON_HEADER", "ConsumerStats", "EventLogConsumer"]
+__all__ = ["REASON_HEADER", "ConsumerStats", "EventLogConsumer", "run_consumer"]
 
 @dataclass
 class ConsumerStats:
@@ -214,5 +218,23 @@ class EventLogConsumer:
         for message in last_by_channel.values():
             try:
                 await message.ack(multiple=True)
-            except (aiormq.exceptions.AMQPError, RuntimeError) as exc:
+            except BusUnavailable as exc:
                 log.info("ack on a closed channel skipped (%s); redelivery is harmless", exc)
+
+
+async def run_consumer(settings: Settings) -> None:
+    """The ``casetrail consumer`` component, until SIGINT or SIGTERM."""
+    fastpath.enable(settings.amqp_fastpath)
+    connection = await connect_patiently(settings.amqp_url, "casetrail-consumer")
+    pool = await pool_patiently(settings.database_url, 4)
+    consumer = EventLogConsumer(
+        connection, EventLogWriter(pool), Topology(settings.namespace),
+        prefetch=settings.consumer_prefetch, batch_size=settings.consumer_batch_size,
+        linger=settings.consumer_linger_ms / 1000,
+    )
+    try:
+        await run_until_signal(consumer.run)
+    finally:
+        await connection.close()
+        await pool.close()
+    log.info("consumer stopped: %s", consumer.stats)

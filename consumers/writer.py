@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from service.events import Event, event_payload_json
+from service.events import TERMINAL_EVENT_TYPES, Event, event_payload_json, sql_list
 from service.store import locked_cases_cte, translate_errors
 
 _LOCK_RETRIES = 5
@@ -26,12 +26,17 @@ _LOCK_RETRIES = 5
 # locked in one order (case id) before any is updated: ``locked`` is read through
 # an uncorrelated ARRAY(...) sub-select, which Postgres runs once, before the
 # update's first row, and two batches never wait on each other in a cycle.
-_INSERT_AND_FOLD = """
+_TERMINAL = sql_list(sorted(TERMINAL_EVENT_TYPES))
+_RUNNING = sql_list(("CASE_STARTED", "REACT_CYCLE"))
+_CYCLE = sql_list(("REACT_CYCLE",))
+_STARTED = sql_list(("CASE_STARTED",))
+_COMPLETED = sql_list(("CASE_COMPLETED",))
+_INSERT_AND_FOLD = f"""
 WITH incoming AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::text[],
                          $6::timestamptz[], $7::smallint[], $8::text[])
         AS r(event_id, case_id, attempt, seq, event_type, occurred_at, schema_version, payload)
-), """ + locked_cases_cte("$2") + """, inserted AS (
+), {locked_cases_cte("$2")}, inserted AS (
     INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
                            schema_version, payload)
     SELECT event_id, case_id, attempt, seq, event_type, occurred_at, schema_version,
@@ -41,20 +46,18 @@ WITH incoming AS (
     RETURNING event_id, case_id, attempt, seq, event_type, occurred_at, payload
 ), folded AS (
     SELECT case_id,
-           count(*) FILTER (WHERE event_type = 'REACT_CYCLE') AS cycles,
+           count(*) FILTER (WHERE event_type = {_CYCLE}) AS cycles,
            coalesce(sum((payload -> 'tokenUsage' ->> 'inputTokens')::bigint)
-                    FILTER (WHERE event_type = 'REACT_CYCLE'), 0) AS input_tokens,
+                    FILTER (WHERE event_type = {_CYCLE}), 0) AS input_tokens,
            coalesce(sum((payload -> 'tokenUsage' ->> 'outputTokens')::bigint)
-                    FILTER (WHERE event_type = 'REACT_CYCLE'), 0) AS output_tokens,
-           bool_or(event_type IN ('CASE_STARTED', 'REACT_CYCLE')) AS running,
-           min(occurred_at) FILTER (WHERE event_type = 'CASE_STARTED') AS started_at,
+                    FILTER (WHERE event_type = {_CYCLE}), 0) AS output_tokens,
+           bool_or(event_type IN ({_RUNNING})) AS running,
+           min(occurred_at) FILTER (WHERE event_type = {_STARTED}) AS started_at,
            (array_agg(event_type ORDER BY attempt DESC, seq DESC)
-                FILTER (WHERE event_type IN ('CASE_COMPLETED', 'CASE_FAILED', 'CASE_TIMED_OUT',
-                                             'CASE_CANCELLED')))[1]
+                FILTER (WHERE event_type IN ({_TERMINAL})))[1]
                AS terminal_type,
            (array_agg(payload ORDER BY attempt DESC, seq DESC)
-                FILTER (WHERE event_type IN ('CASE_COMPLETED', 'CASE_FAILED', 'CASE_TIMED_OUT',
-                                             'CASE_CANCELLED')))[1]
+                FILTER (WHERE event_type IN ({_TERMINAL})))[1]
                AS terminal_payload,
            max(occurred_at) AS last_at
     FROM inserted
@@ -71,7 +74,7 @@ WITH incoming AS (
             ELSE c.status END,
         answer = CASE
             WHEN c.status NOT IN ('completed', 'failed', 'timed_out', 'cancelled')
-                 AND f.terminal_type = 'CASE_COMPLETED' THEN f.terminal_payload -> 'answer'
+                 AND f.terminal_type = {_COMPLETED} THEN f.terminal_payload -> 'answer'
             ELSE c.answer END,
         outcome = CASE
             WHEN c.outcome IS NULL AND f.terminal_type IS NOT NULL

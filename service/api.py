@@ -21,16 +21,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from service.agents import AGENTS
+from service.bus import fastpath
+from service.bus.connection import connect_patiently
 from service.bus.publisher import EventPublisher, Publisher
 from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand
 from service.config import Settings
-from service.engine.loop import cancelled_while_queued
 from service.errors import BusUnavailable, CasetrailError, PublishRejected, StoreUnavailable
-from service.events import EVENT_TYPES, Limits, ModelRef
+from service.events import EVENT_TYPES, Limits, ModelRef, cancelled_while_queued
 from service.providers import base_url_problem
-from service.runtime import connect_patiently, pool_patiently
-from service.store import CaseStore, NewCase
+from service.store import CaseStore, NewCase, pool_patiently
 
 log = logging.getLogger("casetrail.api")
 
@@ -176,8 +176,9 @@ class Services:
         self.topology = Topology(settings.namespace)
 
     async def open(self) -> None:
-        self.pool = await pool_patiently(self.settings, 20)
-        self.connection = await connect_patiently(self.settings, "casetrail-api")
+        fastpath.enable(self.settings.amqp_fastpath)
+        self.pool = await pool_patiently(self.settings.database_url, 20)
+        self.connection = await connect_patiently(self.settings.amqp_url, "casetrail-api")
         self.store = CaseStore(self.pool)
         channel = await self.connection.channel()
         await self.topology.declare(channel)

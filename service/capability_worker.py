@@ -11,7 +11,6 @@ those it holds, and lets the broker hand back anything unacked.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -21,18 +20,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiormq
 import orjson
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractRobustConnection
 from pydantic import ValidationError
 
-from service.bus.dead_letter import dead_letter
+from service.bus.connection import connect_patiently
+from service.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from service.bus.publisher import Publisher
 from service.bus.rpc import ToolReply, ToolRequest
 from service.bus.topology import Topology
+from service.config import Settings
 from service.engine.tools import Capability
-from service.errors import PermanentError
+from service.errors import PermanentError, Reject
 from service.events import describe_validation_error
+from service.supervisor import run_until_signal
 
 log = logging.getLogger("casetrail.capability")
 
@@ -50,48 +51,43 @@ class CapabilityWorker:
     name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     served: int = 0
     _answers: OrderedDict[str, ToolReply] = field(default_factory=OrderedDict)
-    _in_flight: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         channel = await self.connection.channel()
         await channel.set_qos(prefetch_count=self.concurrency)
         publisher = await Publisher.open(self.connection, retry_seconds=10.0)
-        consumers = []
+        subscriptions, serving = [], []
         for capability in self.capabilities:
             queue = await self.topology.declare_capability_queue(channel, capability.name)
 
-            async def on_request(
-                message: AbstractIncomingMessage, target: Capability[Any] = capability
-            ) -> None:
-                task = asyncio.create_task(self._serve(message, target, publisher))
-                self._in_flight.add(task)
-                task.add_done_callback(self._in_flight.discard)
+            async def serve(message: Delivery, target: Capability[Any] = capability) -> None:
+                await self._serve(message, target, publisher)
 
-            consumers.append((queue, await queue.consume(on_request)))
+            tasks = TaskPerDelivery(serve, publisher, self.topology)
+            subscription = Subscription(channel, queue.name, tasks)
+            await subscription.start()
+            subscriptions.append(subscription)
+            serving.append(tasks)
         log.info("serving %s as %s", ", ".join(c.name for c in self.capabilities), self.name)
         if ready is not None:
             ready.set()
         await stop.wait()
-        for queue, tag in consumers:
-            with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
-                await queue.cancel(tag)
-        if self._in_flight:
-            await asyncio.wait(self._in_flight, timeout=30)
+        for subscription in subscriptions:
+            await subscription.cancel()
+        await asyncio.gather(*(tasks.drain(30) for tasks in serving))
         await publisher.channel.close()
         await channel.close()
 
     async def _serve(
-        self, message: AbstractIncomingMessage, capability: Capability[Any], publisher: Publisher
+        self, message: Delivery, capability: Capability[Any], publisher: Publisher
     ) -> None:
+        """Answer one request. Returning acks it; ``Reject`` dead-letters it."""
         try:
             request = ToolRequest.model_validate(orjson.loads(message.body))
         except (ValidationError, orjson.JSONDecodeError) as exc:
-            await dead_letter(publisher, self.topology, message, f"unreadable tool request: {exc}")
-            await message.ack()
-            return
+            raise Reject(f"unreadable tool request: {exc}") from exc
         if time.time() > request.deadline:
             log.info("request %s expired before it was served", message.message_id)
-            await message.ack()
             return
         reply = self._answers.get(request.idempotency_key)
         if reply is None or not reply.ok:
@@ -107,7 +103,6 @@ class CapabilityWorker:
                 )
             except PermanentError as exc:
                 log.info("caller of %s is gone (%s)", request.idempotency_key, exc)
-        await message.ack()
         self.served += 1
 
     async def _run(self, request: ToolRequest, capability: Capability[Any]) -> ToolReply:
@@ -127,3 +122,19 @@ class CapabilityWorker:
         if len(self._answers) > REMEMBERED_REPLIES:
             self._answers.popitem(last=False)
         return reply
+
+
+async def run_capability_worker(
+    settings: Settings, capabilities: Sequence[Capability[Any]], concurrency: int | None
+) -> None:
+    """The ``casetrail capability-worker`` component, until SIGINT or SIGTERM. It
+    keeps to the public aiormq path: its rate is the tools' own, not the bus's."""
+    connection = await connect_patiently(settings.amqp_url, "casetrail-capability-worker")
+    worker = CapabilityWorker(
+        connection, Topology(settings.namespace), capabilities,
+        concurrency=concurrency or settings.capability_concurrency,
+    )
+    try:
+        await run_until_signal(worker.run)
+    finally:
+        await connection.close()

@@ -87,7 +87,7 @@ def api(
 @app.command()
 def worker() -> None:
     """Run cases: consume start commands and drive the ReAct loop."""
-    from service.runtime import run_worker
+    from service.worker import run_worker
 
     _logging()
     _run(run_worker(get_settings()), long_running=True)
@@ -96,7 +96,7 @@ def worker() -> None:
 @app.command()
 def consumer() -> None:
     """Persist events from the bus into Postgres."""
-    from service.runtime import run_consumer
+    from consumers.event_log import run_consumer
 
     _logging()
     _run(run_consumer(get_settings()), long_running=True)
@@ -110,7 +110,7 @@ def capability_worker(
 ) -> None:
     """Serve WorkerTool capabilities (credit-score, risk-model-retrieval, ...)."""
     from service.agents import CAPABILITIES
-    from service.runtime import run_capability_worker
+    from service.capability_worker import run_capability_worker
 
     _logging()
     wanted = names or sorted(CAPABILITIES)
@@ -119,7 +119,8 @@ def capability_worker(
         typer.echo(f"unknown capabilities {unknown}; known: {', '.join(sorted(CAPABILITIES))}",
                    err=True)
         raise typer.Exit(2)
-    _run(run_capability_worker(get_settings(), wanted, concurrency), long_running=True)
+    _run(run_capability_worker(get_settings(), [CAPABILITIES[n] for n in wanted], concurrency),
+         long_running=True)
 
 
 @app.command()

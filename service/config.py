@@ -20,6 +20,13 @@ class Settings(BaseSettings):
     database_url: str = "postgresql://postgres@127.0.0.1:5432/casetrail"
     namespace: str = Field(default="casetrail", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
+    amqp_fastpath: bool = Field(
+        default=True,
+        description="Let the worker, consumer and API publish and consume below aiormq's "
+        "public API (service/bus/fastpath.py) when the installed aiormq and pamqp are the "
+        "versions it was written for; off: the public path only.",
+    )
+
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
 
     api_host: str = "127.0.0.1"

@@ -16,7 +16,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from service.agents import CAPABILITIES
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.bus.publisher import connect
+from service.bus.connection import connect
 from service.bus.topology import Topology
 from service.config import Settings
 from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, get_args
 
 import orjson
 from pydantic import (
@@ -41,17 +42,8 @@ EventType: TypeAlias = Literal[
     "CASE_TIMED_OUT",
     "CASE_CANCELLED",
 ]
-EVENT_TYPES: tuple[EventType, ...] = (
-    "CASE_STARTED",
-    "REACT_CYCLE",
-    "CASE_COMPLETED",
-    "CASE_FAILED",
-    "CASE_TIMED_OUT",
-    "CASE_CANCELLED",
-)
-TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(
-    {"CASE_COMPLETED", "CASE_FAILED", "CASE_TIMED_OUT", "CASE_CANCELLED"}
-)
+"""Every event type, once; the tuples, maps and SQL literals below are derived from it."""
+EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 
 JsonObject: TypeAlias = dict[str, Any]
 
@@ -399,21 +391,25 @@ Payload: TypeAlias = CaseStartedPayload | ReactCyclePayload | TerminalPayload
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 _EVENT_CLASSES: dict[str, type[EventBase]] = {
-    "CASE_STARTED": CaseStarted,
-    "REACT_CYCLE": ReactCycle,
-    "CASE_COMPLETED": CaseCompleted,
-    "CASE_FAILED": CaseFailed,
-    "CASE_TIMED_OUT": CaseTimedOut,
-    "CASE_CANCELLED": CaseCancelled,
+    cls.model_fields["event_type"].default: cls
+    for cls in get_args(get_args(Event)[0])
 }
 _PAYLOAD_EVENT: dict[type[ContractModel], type[EventBase]] = {
-    CaseStartedPayload: CaseStarted,
-    ReactCyclePayload: ReactCycle,
-    CaseCompletedPayload: CaseCompleted,
-    CaseFailedPayload: CaseFailed,
-    CaseTimedOutPayload: CaseTimedOut,
-    CaseCancelledPayload: CaseCancelled,
+    cls.model_fields["payload"].annotation: cls  # type: ignore[misc]
+    for cls in _EVENT_CLASSES.values()
 }
+TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(
+    cls.model_fields["event_type"].default for cls in get_args(TerminalEvent)
+)
+assert set(_EVENT_CLASSES) == set(EVENT_TYPES), "an event type without its class, or one more"
+
+
+def sql_list(types: Iterable[str]) -> str:
+    """``'A', 'B'``: event types as SQL string literals (names checked against the contract)."""
+    unknown = set(types) - set(EVENT_TYPES)
+    if unknown:
+        raise ValueError(f"not event types: {sorted(unknown)}")
+    return ", ".join(f"'{t}'" for t in types)
 MAX_EVENT_BYTES = 1_048_576
 """Events larger than this are refused by the consumer (and never produced)."""
 
@@ -443,6 +439,18 @@ def make_event(
         payload=payload,  # type: ignore[call-arg]
     )
     return event  # type: ignore[return-value]
+
+
+def cancelled_while_queued(case_id: uuid.UUID, reason: str | None) -> Sequence[Event]:
+    """The whole trail of a case cancelled before any worker ran it."""
+    return [
+        make_event(
+            case_id, 1, 0,
+            CaseCancelledPayload(
+                cycles_completed=0, token_totals=ZERO_USAGE, while_queued=True, reason=reason
+            ),
+        )
+    ]
 
 
 def describe_validation_error(error: ValidationError, root: str = "(root)") -> str:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import asyncpg
 import orjson
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from service.errors import StoreUnavailable
 from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
@@ -66,6 +67,22 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asy
         )
     assert pool is not None
     return pool
+
+
+STARTUP_PATIENCE_SECONDS = 60.0
+"""How long a component waits for the database to answer at start."""
+
+
+async def pool_patiently(url: str, size: int,
+                         patience: float = STARTUP_PATIENCE_SECONDS) -> asyncpg.Pool:
+    """A pool, waiting up to ``patience`` seconds for the database at start-up."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(StoreUnavailable), wait=wait_fixed(1),
+        stop=stop_after_delay(patience), reraise=True,
+    ):
+        with attempt:
+            return await create_pool(url, max_size=size)
+    raise AssertionError("unreachable")
 
 
 def _claim_from_row(row: asyncpg.Record) -> Claim:

@@ -25,26 +25,28 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import aiormq
 import asyncpg
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractRobustConnection
 
 from service.agents import AGENTS
 from service.agents.profile import AgentProfile
 from service.batching import Coalescer
-from service.bus.dead_letter import dead_letter
-from service.bus.deliveries import Delivery, Subscription
+from service.bus import fastpath
+from service.bus.connection import connect_patiently
+from service.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from service.bus.publisher import EventPublisher, Publisher
+from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand, InvalidCommand
-from service.config import get_settings
+from service.config import Settings, get_settings
 from service.engine.chat import ChatModel
-from service.engine.loop import CancelSignal, CaseSpec, ReactEngine, cancelled_while_queued
+from service.engine.loop import CancelSignal, CaseSpec, ReactEngine
 from service.engine.tools import ToolBox, WorkerRuntime
-from service.errors import CasetrailError, StoreUnavailable
-from service.events import ModelRef
+from service.errors import CasetrailError, Reject, StoreUnavailable, TransientError
+from service.events import ModelRef, cancelled_while_queued
 from service.providers import ModelFactory
-from service.store import CaseStore, Claim
+from service.store import CaseStore, Claim, pool_patiently
+from service.supervisor import run_until_signal
 
 log = logging.getLogger("casetrail.worker")
 
@@ -75,7 +77,6 @@ class CaseWorker:
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     )
     _live: dict[uuid.UUID, LiveCase] = field(default_factory=dict)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _stopping: bool = False
     # Claims and end notes of cases starting or ending together go to Postgres as
     # one statement each (a burst of start commands is one round trip, not 1,000).
@@ -98,7 +99,6 @@ class CaseWorker:
         await channel.set_qos(prefetch_count=self.concurrency)
         await self.topology.declare(channel)
         publisher = await Publisher.open(self.connection)
-        self._publisher = publisher
         self._sink = EventPublisher(publisher, self.topology)
         self._engine = ReactEngine(self._sink)
         cancel_exchange = await channel.get_exchange(self.topology.cancel_exchange, ensure=False)
@@ -107,15 +107,10 @@ class CaseWorker:
             auto_delete=True,
         )
         await cancel_queue.bind(cancel_exchange)
-        await cancel_queue.consume(self._on_cancel, no_ack=True)
-
-        def on_start(delivery: Delivery) -> None:
-            # A task of its own, not the channel's: a case outlives a lost channel.
-            task = asyncio.create_task(self._handle_start(delivery))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-        starts = Subscription(channel, self.topology.case_start_queue, on_start)
+        cancels = Subscription(channel, cancel_queue.name, self._on_cancel, no_ack=True)
+        await cancels.start()
+        running = TaskPerDelivery(self._handle_start, publisher, self.topology)
+        starts = Subscription(channel, self.topology.case_start_queue, running)
         await starts.start()
         renewer = asyncio.create_task(self._renew_leases())
         log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
@@ -124,16 +119,13 @@ class CaseWorker:
         await stop.wait()
         self._stopping = True
         await starts.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=self.shutdown_grace)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancels.cancel()
+        await running.drain(self.shutdown_grace)
         renewer.cancel()
         await publisher.channel.close()
         await channel.close()
 
-    async def _on_cancel(self, message: AbstractIncomingMessage) -> None:
+    def _on_cancel(self, message: Delivery) -> None:
         try:
             command: CancelCommand = CancelCommand.from_json(message.body)
         except InvalidCommand as exc:
@@ -154,26 +146,20 @@ class CaseWorker:
                 log.warning("could not renew leases: %s", exc)
 
     async def _handle_start(self, message: Delivery) -> None:
+        """Run the case a start command names. Returning acks the command; ``Reject``
+        dead-letters it; a ``TransientError`` (or cancellation) hands it back."""
         try:
             command: CaseStartCommand = CaseStartCommand.from_json(message.body)
         except InvalidCommand as exc:
-            await dead_letter(self._publisher, self.topology, message,
-                              f"unreadable start command: {exc}")
-            await message.ack()
-            return
-        agent = AGENTS.get(command.agent)
-        if agent is None:
-            await dead_letter(self._publisher, self.topology, message,
-                              f"unknown agent {command.agent!r}")
-            await message.ack()
-            return
+            raise Reject(f"unreadable start command: {exc}") from exc
+        if command.agent not in AGENTS:
+            raise Reject(f"unknown agent {command.agent!r}")
         live = self._live.get(command.case_id)
         if live is not None:
             # The broker redelivered the start command of a case this process is
             # still running (its channel was lost, e.g. a broker restart). Never a
             # second attempt beside the live one: settle this copy once it ends.
             await live.finished.wait()
-            await self._settle(message, command.case_id, done=True)
             return
         # Registered before the claim, so a cancel broadcast that arrives while the
         # case is being claimed is not missed.
@@ -183,30 +169,17 @@ class CaseWorker:
         except asyncio.CancelledError:
             # Shutdown abandoned this case: hand it back for the next attempt.
             await self._release(command.case_id)
-            with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
-                await message.nack(requeue=True)
             raise
         except CasetrailError as exc:
             log.error("case %s could not finish here (%s); handing it back", command.case_id,
                       exc)
             await self._release(command.case_id)
-            done = False
+            raise TransientError(f"case {command.case_id} handed back: {exc}") from exc
         finally:
             del self._live[command.case_id]
             live.finished.set()
-        await self._settle(message, command.case_id, done=done)
-
-    async def _settle(self, message: Delivery, case_id: uuid.UUID,
-                      *, done: bool) -> None:
-        try:
-            if done:
-                await message.ack()
-            else:
-                await message.nack(requeue=True)
-        except (aiormq.exceptions.AMQPError, RuntimeError) as exc:
-            # The channel this came on is gone; the broker redelivers the command
-            # and the claim will find the case ended.
-            log.info("settling start command for %s skipped: %s", case_id, exc)
+        if not done:
+            raise TransientError(f"worker stopping before case {command.case_id} ran")
 
     async def _claim_and_run(self, command: CaseStartCommand, signal: CancelSignal) -> bool:
         """True when the case has reached its terminal event (ack the command)."""
@@ -270,3 +243,27 @@ class CaseWorker:
     async def _release(self, case_id: uuid.UUID) -> None:
         with contextlib.suppress(StoreUnavailable):
             await self.store.renew_leases([case_id], self.owner, 0)
+
+
+async def run_worker(settings: Settings) -> None:
+    """The ``casetrail worker`` component, until SIGINT or SIGTERM."""
+    fastpath.enable(settings.amqp_fastpath)
+    connection = await connect_patiently(settings.amqp_url, "casetrail-worker")
+    pool = await pool_patiently(settings.database_url, 10)
+    topology = Topology(settings.namespace)
+    runtime = BusWorkerRuntime(
+        connection, topology, await Publisher.open(connection),
+        default_policy=RetryPolicy(attempts=settings.tool_attempts,
+                                   timeout_seconds=settings.tool_timeout_seconds),
+    )
+    await runtime.start()
+    worker = CaseWorker(connection, CaseStore(pool), topology, runtime,
+                        models=ModelFactory(settings),
+                        concurrency=settings.worker_concurrency,
+                        lease_seconds=settings.lease_seconds)
+    try:
+        await run_until_signal(worker.run)
+    finally:
+        await runtime.close()
+        await connection.close()
+        await pool.close()

@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 
 from service.agents import CAPABILITIES
+from service.bus import fastpath
 from service.bus.topology import Topology
 from service.config import Settings
 from service.migrate import drop_database, migrate
@@ -99,3 +100,22 @@ async def amqp(settings: Settings, topology: Topology) -> AsyncIterator[
     channel = await connection.channel()
     await topology.delete_all(channel, [*sorted(CAPABILITIES), "nobody-home", "slow-echo"])
     await connection.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _amqp_fastpath(settings: Settings) -> None:
+    """In-process components take the fast path as the real ones do, unless the run
+    says ``CASETRAIL_AMQP_FASTPATH=off`` (``make test`` runs the bus tests both ways)."""
+    fastpath.enable(settings.amqp_fastpath)
+
+
+@pytest.fixture
+async def queue(amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology
+                ) -> AsyncIterator[aio_pika.abc.AbstractQueue]:
+    """A private queue, reached through the default exchange by its name."""
+    channel = await amqp.channel()
+    name = f"{topology.namespace}.private-{uuid.uuid4().hex[:8]}"
+    declared = await channel.declare_queue(name, exclusive=True)
+    yield declared
+    await declared.delete(if_unused=False, if_empty=False)
+    await channel.close()

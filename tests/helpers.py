@@ -7,6 +7,8 @@ import asyncio
 import uuid
 from typing import Any
 
+import aio_pika
+
 from service.agents import AGENTS, CAPABILITIES
 from service.engine.loop import CaseSpec
 from service.engine.tools import InProcessWorkerRuntime, ToolBox, ToolSource
@@ -83,3 +85,17 @@ async def wait_for_sql(pool: Any, sql: str, *args: Any, timeout: float = 15.0) -
         return bool(await pool.fetchval(sql, *args))
 
     await wait_until(check, timeout)
+
+
+async def drain(queue: aio_pika.abc.AbstractQueue, count: int
+                ) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    """``count`` messages from ``queue`` (no ack), within 10 s."""
+    got: list[aio_pika.abc.AbstractIncomingMessage] = []
+    async with asyncio.timeout(10):
+        while len(got) < count:
+            message = await queue.get(no_ack=True, fail=False)
+            if message is None:
+                await asyncio.sleep(0.02)
+            else:
+                got.append(message)
+    return got

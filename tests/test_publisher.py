@@ -1,48 +1,18 @@
-"""The publisher's own confirm bookkeeping against the real broker: many publishes in
-flight on one channel, each settled by its own ack, nack or return."""
+"""The publisher against the real broker: many publishes in flight on one channel,
+each settled by its own ack, nack or return. ``make test`` runs these with the fast
+path on and again with ``CASETRAIL_AMQP_FASTPATH=off``."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import aio_pika
-import pytest
-from aiormq.abc import ChannelFrame
-from pamqp.heartbeat import Heartbeat
 
-from service.bus.frames import Properties
-from service.bus.publisher import ConfirmedChannel, Publisher
+from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.errors import BusUnavailable, PublishRejected
-
-
-@pytest.fixture
-async def queue(amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology
-                ) -> AsyncIterator[aio_pika.abc.AbstractQueue]:
-    """A private queue, reached through the default exchange by its name."""
-    channel = await amqp.channel()
-    name = f"{topology.namespace}.publisher-{uuid.uuid4().hex[:8]}"
-    declared = await channel.declare_queue(name, exclusive=True)
-    yield declared
-    await declared.delete(if_unused=False, if_empty=False)
-    await channel.close()
-
-
-Message = aio_pika.abc.AbstractIncomingMessage
-
-
-async def drain(queue: aio_pika.abc.AbstractQueue, count: int) -> list[Message]:
-    got: list[Message] = []
-    async with asyncio.timeout(10):
-        while len(got) < count:
-            message = await queue.get(no_ack=True, fail=False)
-            if message is None:
-                await asyncio.sleep(0.02)
-            else:
-                got.append(message)
-    return got
+from tests.helpers import drain
 
 
 async def test_publishes_in_flight_together_are_each_settled_by_their_own_confirm(
@@ -104,29 +74,6 @@ async def test_a_body_larger_than_a_frame_arrives_whole(
     (message,) = await drain(queue, 1)
     assert message.body == body
     await publisher.channel.close()
-
-
-async def test_publishes_keep_their_order_when_the_connection_write_queue_is_full(
-    amqp: aio_pika.abc.AbstractRobustConnection, queue: aio_pika.abc.AbstractQueue
-) -> None:
-    channel = await amqp.channel(publisher_confirms=True, on_return_raises=True)
-    confirmed = ConfirmedChannel(await channel.get_underlay_channel())
-    first = [confirmed.publish("", queue.name, str(i).encode(), Properties(message_id=f"q-{i}"))
-             for i in range(25)]
-    # The buffer is handed over at the end of this turn; by then the connection's
-    # bounded write queue is full (of heartbeats, harmless to the broker), so the
-    # hand-over has to wait for room while later publishes pile up behind it.
-    heartbeat = ChannelFrame.marshall(0, [Heartbeat()])
-    while not confirmed.channel.write_queue.full():
-        confirmed.channel.write_queue.put_nowait(heartbeat)
-    await asyncio.sleep(0)
-    later = [confirmed.publish("", queue.name, str(i).encode(), Properties(message_id=f"q-{i}"))
-             for i in range(25, 50)]
-    async with asyncio.timeout(10):
-        await asyncio.gather(*first, *later)
-    arrived = await drain(queue, 50)
-    assert [m.body for m in arrived] == [str(i).encode() for i in range(50)]
-    await channel.close()
 
 
 async def test_a_channel_closed_by_the_broker_fails_its_publish_and_the_rest_recover(

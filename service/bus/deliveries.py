@@ -1,32 +1,51 @@
-"""Consuming a queue below aio-pika's message objects, with its reconnects kept.
+"""The one way casetrail consumes a queue.
 
-At thousands of messages a second, aio-pika's per-message wrapper objects cost
-more CPU than the work they carry. Here a consumer is registered on the aiormq
-channel under a robust channel; when the robust connection comes back after a
-broker restart it reopens the channel (prefetch included) and the consumer is
-registered again.
+A :class:`Subscription` registers a consumer on the aiormq channel under a robust
+aio-pika channel (aio-pika's per-message wrapper objects cost more CPU than the
+work they carry at thousands of messages a second); when the robust connection
+comes back after a broker restart it reopens the channel, prefetch included, and
+the consumer is registered again. Each message reaches ``on_delivery`` as a
+:class:`Delivery`, from a task of aiormq's (the public path) or in line from the
+channel's reader (``service.bus.fastpath``, when the component switched it on).
 
-aiormq hands each delivery to its consumer in a new task. The callback here only
-puts the message where the consumer's own loop takes it, so it is called in line
-instead, from the channel's reader (see ``_deliver_in_line``).
+How a message is settled is steered by what its handler raises, never by the
+handler touching the channel (:func:`settled`):
+
+- it returns: ack;
+- ``Reject(reason)``: the message goes to the dead-letter exchange with the reason
+  in its headers, then ack;
+- a ``TransientError`` (or the task being cancelled on shutdown): nack with
+  requeue, so the broker hands it out again.
+
+The event-log consumer settles its batches itself (one ``multiple`` ack per batch,
+after the commit), with the same dead-letter path for the messages it rejects.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiormq
-from aio_pika.abc import AbstractRobustChannel
+from aio_pika.abc import AbstractChannel, AbstractRobustChannel
 from aiormq.abc import AbstractChannel as RawChannel
 from aiormq.abc import DeliveredMessage
-from pamqp.commands import Basic
-from pamqp.header import ContentHeader
+
+from service.bus import fastpath
+from service.bus.dead_letter import dead_letter
+from service.bus.publisher import Publisher
+from service.bus.topology import Topology
+from service.errors import BusUnavailable, Reject, TransientError
 
 log = logging.getLogger("casetrail.bus")
+
+_CLOSED = (aiormq.exceptions.AMQPError, RuntimeError)
+"""What settling on a channel that has since closed raises."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +76,18 @@ class Delivery:
         return self.raw.header.properties.correlation_id
 
     @property
+    def reply_to(self) -> str | None:
+        return self.raw.header.properties.reply_to
+
+    @property
+    def user_id(self) -> str | None:
+        return self.raw.header.properties.user_id
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        return self.raw.header.properties.headers or {}
+
+    @property
     def routing_key(self) -> str | None:
         return self.raw.routing_key
 
@@ -65,77 +96,120 @@ class Delivery:
         return self.raw.exchange
 
     async def ack(self, *, multiple: bool = False) -> None:
-        """Raises if the channel it came on has closed: the broker redelivers it."""
-        await self.channel.basic_ack(self.delivery_tag, multiple=multiple)
+        """Raises ``BusUnavailable`` if the channel it came on has closed: the broker
+        then redelivers it."""
+        try:
+            await self.channel.basic_ack(self.delivery_tag, multiple=multiple)
+        except _CLOSED as exc:
+            raise BusUnavailable(f"cannot ack on a closed channel: {exc!r}") from exc
 
     async def nack(self, *, requeue: bool) -> None:
-        await self.channel.basic_nack(self.delivery_tag, requeue=requeue)
+        try:
+            await self.channel.basic_nack(self.delivery_tag, requeue=requeue)
+        except _CLOSED as exc:
+            raise BusUnavailable(f"cannot nack on a closed channel: {exc!r}") from exc
+
+
+def _wrap(channel: RawChannel, message: DeliveredMessage) -> Delivery:
+    return Delivery(channel, message)
 
 
 @dataclass
 class Subscription:
-    """A consumer on ``queue`` that survives reconnects; ``on_delivery`` must not block."""
+    """A consumer on ``queue`` that survives reconnects (on a robust channel);
+    ``on_delivery`` must not block.
 
-    channel: AbstractRobustChannel
+    With ``no_ack`` the broker counts a message delivered as settled (tool replies)."""
+
+    channel: AbstractChannel
     queue: str
     on_delivery: Callable[[Delivery], None]
+    no_ack: bool = False
+    fast: bool = field(default_factory=fastpath.enabled)
+    """Deliveries in line from the channel's reader (``fastpath.deliver_in_line``)."""
     _consuming: dict[str, RawChannel] = field(default_factory=dict)
 
     async def start(self) -> None:
-        self.channel.reopen_callbacks.add(self._subscribe)
+        if isinstance(self.channel, AbstractRobustChannel):
+            self.channel.reopen_callbacks.add(self._subscribe)
         await self._subscribe()
 
     async def _subscribe(self, *_: object) -> None:
         raw = await self.channel.get_underlay_channel()
         on_delivery = self.on_delivery
 
-        # basic_consume needs a callback of aiormq's kind; deliveries to this tag take
-        # the in-line path below, so this one only stands in for it.
         async def deliver(message: DeliveredMessage) -> None:
-            on_delivery(Delivery(raw, message))
+            try:
+                on_delivery(Delivery(raw, message))
+            except Exception:  # log, keep consuming: one bad message must not stop the rest
+                log.exception("delivery handler failed on %s", self.queue)
 
-        # The tag is chosen here so that the in-line delivery is in place before the
+        # The tag is chosen here so that an in-line delivery is in place before the
         # broker's first delivery, which can reach the channel before consume-ok does.
+        # (basic_consume still needs its callback; the in-line path stands in for it.)
         tag = f"casetrail-{uuid.uuid4().hex}"
-        _deliver_in_line(raw, tag, on_delivery)
-        await raw.basic_consume(self.queue, deliver, consumer_tag=tag)
+        if self.fast:
+            fastpath.deliver_in_line(raw, tag, on_delivery, _wrap)
+        await raw.basic_consume(self.queue, deliver, consumer_tag=tag, no_ack=self.no_ack)
         self._consuming.clear()
         self._consuming[tag] = raw
 
     async def cancel(self) -> None:
         """Stop deliveries; unsettled ones return to the queue when the channel closes."""
-        self.channel.reopen_callbacks.discard(self._subscribe)
+        if isinstance(self.channel, AbstractRobustChannel):
+            self.channel.reopen_callbacks.discard(self._subscribe)
         for tag, raw in self._consuming.items():
-            with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
+            with contextlib.suppress(*_CLOSED):
                 await raw.basic_cancel(tag)
         self._consuming.clear()
 
 
-def _deliver_in_line(raw: RawChannel, tag: str, on_delivery: Callable[[Delivery], None]
-                     ) -> None:
-    """Deliveries to ``tag`` on ``raw`` reach ``on_delivery`` from the channel's reader.
-
-    This replaces aiormq's ``_on_deliver_frame`` on this channel (its reader calls it
-    by that name) with one that reads the content as aiormq does and then calls
-    ``on_delivery`` directly, where aiormq would start a task for each message.
-    Deliveries to any other consumer on the channel go the usual way.
-    """
-    if not isinstance(raw, aiormq.Channel):
-        raise TypeError(f"needs an aiormq channel, not {type(raw).__name__}")
-    channel = raw
-    usual = channel._on_deliver_frame
-
-    async def on_deliver_frame(frame: Basic.Deliver) -> None:
-        if frame.consumer_tag != tag:
-            await usual(frame)
-            return
-        header = await channel._get_frame()
-        if not isinstance(header, ContentHeader):
-            raise ValueError(f"Unexpected frame {header!r} instead of ContentHeader")
-        message = await channel._read_content(frame, header)
+async def settle(delivery: Delivery, outcome: Awaitable[None], *,
+                 dead_letters: Publisher, topology: Topology) -> None:
+    """Await ``outcome`` (the handling of ``delivery``) and settle the delivery by how
+    it ended (see the module). A channel closed meanwhile leaves it unsettled: the
+    broker redelivers it, and every handler here is idempotent."""
+    try:
         try:
-            on_delivery(Delivery(channel, message))
-        except Exception:  # as aiormq does for a failing consumer: log, keep reading
-            log.exception("delivery handler failed on %s", tag)
+            await outcome
+        except Reject as exc:
+            await dead_letter(dead_letters, topology, delivery, exc.reason)
+            await delivery.ack()
+        except TransientError as exc:
+            log.info("message %s handed back (%s)", delivery.message_id, exc)
+            await delivery.nack(requeue=True)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BusUnavailable):
+                await delivery.nack(requeue=True)
+            raise
+        else:
+            await delivery.ack()
+    except BusUnavailable as exc:
+        log.info("settling %s skipped (%s); the broker redelivers it", delivery.message_id, exc)
 
-    setattr(channel, "_on_deliver_frame", on_deliver_frame)  # noqa: B010
+
+@dataclass
+class TaskPerDelivery:
+    """Runs ``handle`` for each delivery in a task of its own (a case outlives the
+    channel it came on) and settles it with :func:`settle`; ``drain`` waits for them."""
+
+    handle: Callable[[Delivery], Awaitable[None]]
+    dead_letters: Publisher
+    topology: Topology
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def __call__(self, delivery: Delivery) -> None:
+        task = asyncio.create_task(settle(delivery, self.handle(delivery),
+                                          dead_letters=self.dead_letters,
+                                          topology=self.topology))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the tasks in flight, then cancel the rest (each
+        hands its message back)."""
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=timeout)
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -11,16 +11,16 @@ the output byte for byte against pamqp's own encoding.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Any
 
 from pamqp import encode
 from pamqp.commands import Basic
 
-# The frame layout, shared with the reading side (service.bus.receiver).
+from service.bus.properties import Properties
+
+# The frame layout.
 FRAME_END = b"\xce"
 FRAME_HEAD = struct.Struct(">BHI")  # frame type, channel, payload size
-METHOD, HEADER, BODY, HEARTBEAT = 1, 2, 3, 8  # frame types
+METHOD, HEADER, BODY = 1, 2, 3  # frame types
 BASIC = 60  # the class id of basic.* methods and of their content headers
 HEADER_HEAD = struct.Struct(">HHQH")  # class, weight, body size, property flags
 FRAME_OVERHEAD = FRAME_HEAD.size + len(FRAME_END)
@@ -46,42 +46,30 @@ def _short(value: str, field: str) -> bytes:
     return bytes((len(data),)) + data
 
 
-@dataclass(frozen=True, slots=True)
-class Properties:
-    """The message properties casetrail sets (a subset of AMQP's basic properties)."""
-
-    message_id: str
-    content_type: str = "application/json"
-    persistent: bool = True
-    message_type: str | None = None
-    correlation_id: str | None = None
-    reply_to: str | None = None
-    expiration_ms: int | None = None
-    headers: dict[str, Any] | None = None
-
-    def encode(self) -> tuple[int, bytes]:
-        """The property flags and the encoded property list, in wire order. As in
-        pamqp, an empty string is left out (an empty table is sent)."""
-        flags = _CONTENT_TYPE | _DELIVERY_MODE | _MESSAGE_ID
-        parts = [_short(self.content_type, "content_type")]
-        if self.headers is not None:
-            flags |= _HEADERS
-            parts.append(encode.field_table(self.headers))
-        parts.append(b"\x02" if self.persistent else b"\x01")
-        if self.correlation_id:
-            flags |= _CORRELATION_ID
-            parts.append(_short(self.correlation_id, "correlation_id"))
-        if self.reply_to:
-            flags |= _REPLY_TO
-            parts.append(_short(self.reply_to, "reply_to"))
-        if self.expiration_ms is not None:
-            flags |= _EXPIRATION
-            parts.append(_short(str(self.expiration_ms), "expiration"))
-        parts.append(_short(self.message_id, "message_id"))
-        if self.message_type:
-            flags |= _TYPE
-            parts.append(_short(self.message_type, "type"))
-        return flags, b"".join(parts)
+def encode_properties(properties: Properties) -> tuple[int, bytes]:
+    """The property flags and the encoded property list, in wire order. As in
+    pamqp, an empty string is left out (an empty table is sent)."""
+    p = properties
+    flags = _CONTENT_TYPE | _DELIVERY_MODE | _MESSAGE_ID
+    parts = [_short(p.content_type, "content_type")]
+    if p.headers is not None:
+        flags |= _HEADERS
+        parts.append(encode.field_table(p.headers))
+    parts.append(b"\x02" if p.persistent else b"\x01")
+    if p.correlation_id:
+        flags |= _CORRELATION_ID
+        parts.append(_short(p.correlation_id, "correlation_id"))
+    if p.reply_to:
+        flags |= _REPLY_TO
+        parts.append(_short(p.reply_to, "reply_to"))
+    if p.expiration_ms is not None:
+        flags |= _EXPIRATION
+        parts.append(_short(str(p.expiration_ms), "expiration"))
+    parts.append(_short(p.message_id, "message_id"))
+    if p.message_type:
+        flags |= _TYPE
+        parts.append(_short(p.message_type, "type"))
+    return flags, b"".join(parts)
 
 
 def _frame(kind: int, channel: int, payload: bytes) -> bytes:
@@ -106,7 +94,7 @@ def publish_frames(
         _short(routing_key, "routing_key"),
         b"\x01" if mandatory else b"\x00",
     ))
-    flags, encoded = properties.encode()
+    flags, encoded = encode_properties(properties)
     header = HEADER_HEAD.pack(BASIC, 0, len(body), flags) + encoded
     frames = [_frame(METHOD, channel, method), _frame(HEADER, channel, header)]
     for start in range(0, len(body), max_body_frame):

@@ -24,11 +24,12 @@ from datetime import timedelta
 from typing import Any, Literal
 
 import orjson
-from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from pydantic import Field
 from tenacity import wait_exponential_jitter
 
 from service.backoff import backoff_delay
+from service.bus.deliveries import Delivery, Subscription
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.engine.tools import WorkerCallResult
@@ -89,24 +90,29 @@ class BusWorkerRuntime:
     policies: Mapping[str, RetryPolicy] = field(default_factory=dict)
     _pending: dict[str, _PendingCall] = field(default_factory=dict)
     _declared: set[str] = field(default_factory=set)
-    _reply_queue: AbstractQueue | None = None
-    _channel: Any = None
+    _reply_queue: str | None = None
+    _channel: AbstractChannel | None = None
+    _replies: Subscription | None = None
 
     async def start(self) -> None:
         channel = await self.connection.channel()
         # A named exclusive queue: a robust connection re-declares it with the same
         # name after a reconnect, so replies keep finding the caller.
         name = f"{self.topology.namespace}.reply.{uuid.uuid4().hex}"
-        self._reply_queue = await channel.declare_queue(name, exclusive=True, auto_delete=True)
-        await self._reply_queue.consume(self._on_reply, no_ack=True)
-        self._channel = channel
+        await channel.declare_queue(name, exclusive=True, auto_delete=True)
+        self._replies = Subscription(channel, name, self._on_reply, no_ack=True)
+        await self._replies.start()
+        self._reply_queue, self._channel = name, channel
 
     async def close(self) -> None:
         for pending in self._pending.values():
             pending.future.cancel()
-        await self._channel.close()
+        if self._replies is not None:
+            await self._replies.cancel()
+        if self._channel is not None:
+            await self._channel.close()
 
-    async def _on_reply(self, message: AbstractIncomingMessage) -> None:
+    def _on_reply(self, message: Delivery) -> None:
         try:
             reply = ToolReply.model_validate(orjson.loads(message.body))
         except (ValueError, orjson.JSONDecodeError) as exc:
@@ -120,13 +126,14 @@ class BusWorkerRuntime:
 
     async def _ensure_queue(self, capability: str) -> None:
         if capability not in self._declared:
+            assert self._channel is not None
             await self.topology.declare_capability_queue(self._channel, capability)
             self._declared.add(capability)
 
     async def execute(
         self, capability: str, args: Mapping[str, Any], *, call_id: str
     ) -> WorkerCallResult:
-        if self._reply_queue is None:
+        if self._reply_queue is None or self._channel is None:
             raise CasetrailError("BusWorkerRuntime.start() was not called")
         policy = self.policies.get(capability, self.default_policy)
         await self._ensure_queue(capability)
@@ -151,7 +158,7 @@ class BusWorkerRuntime:
                     orjson.dumps(request.model_dump(mode="json", by_alias=True)),
                     message_id=f"{call_id}#{attempt}",
                     correlation_id=call_id,
-                    reply_to=self._reply_queue.name,
+                    reply_to=self._reply_queue,
                     headers={IDEMPOTENCY_HEADER: call_id},
                     expiration_seconds=policy.timeout_seconds,
                 )

@@ -491,25 +491,10 @@ def _retrieve(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
-def cancelled_while_queued(case_id: uuid.UUID, reason: str | None) -> Sequence[Event]:
-    """The whole trail of a case cancelled before any worker ran it."""
-    return [
-        make_event(
-            case_id,
-            1,
-            0,
-            CaseCancelledPayload(
-                cycles_completed=0, token_totals=ZERO_USAGE, while_queued=True, reason=reason
-            ),
-        )
-    ]
-
-
 __all__ = [
     "CancelSignal",
     "CaseSpec",
     "EventSink",
     "ReactEngine",
-    "cancelled_while_queued",
     "extract_answer",
 ]
