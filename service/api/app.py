@@ -1,4 +1,4 @@
-"""The REST API: start cases, read them, read their trail, cancel them.
+"""The FastAPI application: its services and its routes.
 
 ``POST /cases`` is a promise: the answer ``202`` comes only after the case row
 is committed *and* the broker has confirmed the start command; if either
@@ -10,17 +10,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import orjson
 from fastapi import Body, FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic.alias_generators import to_camel
+from pydantic import ValidationError
 
 from service.agents import AGENTS
+from service.api.middleware import BodyLimit
+from service.api.schemas import CancelRequest, CaseRequest, LimitsRequest
 from service.bus import fastpath
 from service.bus.connection import connect_patiently
 from service.bus.publisher import EventPublisher, Publisher
@@ -34,52 +35,6 @@ from service.store import CaseStore, NewCase, pool_patiently
 
 log = logging.getLogger("casetrail.api")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class _Camel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-
-class LimitsRequest(_Camel):
-    """Overrides of the agent's default limits, within the server's caps."""
-
-    max_cycles: int | None = Field(default=None, ge=1)
-    deadline_seconds: float | None = Field(default=None, gt=0)
-
-
-class CaseRequest(_Camel):
-    """Start a case."""
-
-    model_config = _Camel.model_config | {
-        "json_schema_extra": {
-            "examples": [
-                {
-                    "agent": "loan-officer",
-                    "input": {
-                        "applicantId": "A-1001", "applicantName": "Maria Okafor",
-                        "loanAmount": 25000, "termMonths": 60, "monthlyIncome": 9000,
-                        "monthlyDebt": 2100, "purpose": "home improvement",
-                    },
-                    "limits": {"maxCycles": 8, "deadlineSeconds": 60},
-                }
-            ]
-        }
-    }
-
-    agent: str = Field(description="An agent name from GET /agents.")
-    input: dict[str, Any] = Field(description="Validated against the agent's input schema.")
-    limits: LimitsRequest | None = None
-    model: ModelRef | None = Field(default=None, description="Overrides the agent's model.")
-
-
-class CancelRequest(_Camel):
-    reason: str | None = Field(default=None, max_length=1000)
-
 
 def _unprocessable(problems: list[tuple[list[str | int], str]]) -> HTTPException:
     return HTTPException(
@@ -88,47 +43,6 @@ def _unprocessable(problems: list[tuple[list[str | int], str]]) -> HTTPException
             {"loc": ["body", *loc], "msg": msg, "type": "value_error"} for loc, msg in problems
         ],
     )
-
-
-class BodyLimit:
-    """Answers 413 to a request body larger than ``limit`` bytes, declared or streamed."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._too_large(send)
-            return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._too_large(send)
-
-    async def _too_large(self, send: Send) -> None:
-        body = orjson.dumps({"detail": f"request body exceeds {self.limit} bytes"})
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 class OrjsonResponse(Response):

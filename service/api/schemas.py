@@ -1,0 +1,50 @@
+"""The API's request bodies (responses are built as plain JSON in the routes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from service.events import ModelRef
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class LimitsRequest(_Camel):
+    """Overrides of the agent's default limits, within the server's caps."""
+
+    max_cycles: int | None = Field(default=None, ge=1)
+    deadline_seconds: float | None = Field(default=None, gt=0)
+
+
+class CaseRequest(_Camel):
+    """Start a case."""
+
+    model_config = _Camel.model_config | {
+        "json_schema_extra": {
+            "examples": [
+                {
+                    "agent": "loan-officer",
+                    "input": {
+                        "applicantId": "A-1001", "applicantName": "Maria Okafor",
+                        "loanAmount": 25000, "termMonths": 60, "monthlyIncome": 9000,
+                        "monthlyDebt": 2100, "purpose": "home improvement",
+                    },
+                    "limits": {"maxCycles": 8, "deadlineSeconds": 60},
+                }
+            ]
+        }
+    }
+
+    agent: str = Field(description="An agent name from GET /agents.")
+    input: dict[str, Any] = Field(description="Validated against the agent's input schema.")
+    limits: LimitsRequest | None = None
+    model: ModelRef | None = Field(default=None, description="Overrides the agent's model.")
+
+
+class CancelRequest(_Camel):
+    reason: str | None = Field(default=None, max_length=1000)

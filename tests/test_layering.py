@@ -1,0 +1,56 @@
+"""The architecture, checked: what the API process loads, and where the broker
+library may be touched."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCTION = [*sorted((ROOT / "service").rglob("*.py")),
+              *sorted((ROOT / "consumers").rglob("*.py"))]
+
+
+def test_the_api_process_loads_no_worker_capability_worker_or_consumer_code() -> None:
+    code = (
+        "import sys\n"
+        "from service.api import create_app\n"
+        "from service.config import Settings\n"
+        "create_app(Settings())\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith(('service', 'consumers'))))\n"
+    )
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True, cwd=ROOT).stdout.split())
+    assert "service.api.app" in loaded  # the probe really built the app
+    forbidden = {"service.worker", "service.capability_worker", "service.bus.rpc",
+                 "service.bus.deliveries", "service.engine.loop", "service.demo"}
+    assert not loaded & forbidden, sorted(loaded & forbidden)
+    assert not any(m == "consumers" or m.startswith("consumers.") for m in loaded)
+
+
+def test_no_private_aiormq_member_is_used_outside_the_fast_path_module() -> None:
+    private = re.compile(
+        r"\._(on_confirm_frame|on_close_frame|on_deliver_frame|get_frame|read_content)\b"
+        r"|\b(confirmations|message_id_delivery_tag|write_queue|delivery_tag \+=)\b"
+        r"|FrameReceiver"
+    )
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in PRODUCTION if path.name != "fastpath.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if private.search(line)
+    ]
+    assert offenders == []
+
+
+def test_aiormq_and_its_exceptions_stay_inside_the_bus_package() -> None:
+    """Code above the adapters decides by casetrail's own error kinds (service.errors)."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in PRODUCTION if "bus" not in path.relative_to(ROOT).parts
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"^\s*(import|from)\s+(aiormq|pamqp)\b|\baiormq\.exceptions\b", line)
+    ]
+    assert offenders == []
