@@ -105,6 +105,23 @@ UtcTimestamp = Annotated[AwareDatetime, PlainSerializer(_utc_to_wire, return_typ
 """An aware datetime, written as ISO 8601 in UTC with microseconds and ``Z``."""
 
 
+def _numeric(annotation: Any) -> bool:
+    return annotation in (int, float) or any(a in (int, float) for a in get_args(annotation))
+
+
+def refuse_boolean_numbers(model: type[BaseModel], data: Any) -> Any:
+    """Lax validation reads ``true`` as the number 1; a number field here refuses it.
+    (Called by the bases' ``mode="before"`` validators, so every nested model checks
+    its own fields.)"""
+    if isinstance(data, dict):
+        for name, info in model.model_fields.items():
+            key = info.alias or name
+            value = data.get(key, data.get(name))
+            if isinstance(value, bool) and _numeric(info.annotation):
+                raise ValueError(f"{key}: must be a number, not {str(value).lower()}")
+    return data
+
+
 class ContractModel(BaseModel):
     """Base of every contract type: camelCase on the wire, strict, immutable."""
 
@@ -240,6 +257,13 @@ class ModelRef(ContractModel):
         default=None, ge=0, le=60_000,
         description="Scripted models only: how long each turn takes, to simulate a real model.",
     )
+
+    # Checked here, not in ContractModel: events are validated on the consumer's
+    # hot path, and only what a client sends needs it.
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        return refuse_boolean_numbers(cls, data)
 
 
 class Limits(ContractModel):

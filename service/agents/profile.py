@@ -7,19 +7,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
 from service.engine.chat import ChatMessage, ToolResultMessage, UserMessage
 from service.engine.scripted import ScriptFn
 from service.engine.tools import Capability, ToolSource, source_label
-from service.events import Limits, ModelRef
+from service.events import Limits, ModelRef, refuse_boolean_numbers
 
 
 class CamelModel(BaseModel):
     """Base for agent inputs and tool arguments: camelCase JSON, unknown keys refused."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        return refuse_boolean_numbers(cls, data)
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,27 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import orjson
-from fastapi import Body, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi import Body, FastAPI, Header, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from service.agents import AGENTS
 from service.api.middleware import BodyLimit
-from service.api.schemas import CancelRequest, CaseRequest, LimitsRequest
+from service.api.openapi import exact_openapi
+from service.api.schemas import (
+    AgentList,
+    CancelAccepted,
+    CancelRequest,
+    CaseAccepted,
+    CaseRequest,
+    CaseView,
+    Health,
+    LimitsRequest,
+    Problem,
+    Readiness,
+    Trail,
+    ValidationProblem,
+)
 from service.bus import fastpath
 from service.bus.connection import connect_patiently
 from service.bus.publisher import EventPublisher, Publisher
@@ -30,10 +44,56 @@ from service.commands import CancelCommand, CaseStartCommand
 from service.config import Settings
 from service.errors import BusUnavailable, CasetrailError, PublishRejected, StoreUnavailable
 from service.events import EVENT_TYPES, Limits, ModelRef, cancelled_while_queued
-from service.providers import base_url_problem
+from service.providers import model_problem
 from service.store import CaseStore, NewCase, pool_patiently
 
 log = logging.getLogger("casetrail.api")
+
+_ERRORS: dict[int, tuple[type, str]] = {
+    400: (Problem, "The body is not readable JSON"),
+    404: (Problem, "No such case"),
+    409: (Problem, "Conflicts with the case's state or an earlier request"),
+    413: (Problem, "The body is larger than CASETRAIL_MAX_BODY_BYTES"),
+    422: (ValidationProblem, "A field is invalid: each one with the reason"),
+    503: (Problem, "Broker or database unavailable; nothing was kept"),
+}
+
+
+def _unstorable_text(value: Any, loc: list[str | int]) -> list[str | int] | None:
+    """Where ``value`` holds text Postgres cannot store (a NUL character) or UTF-8
+    cannot encode (a lone surrogate), or ``None``."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return loc
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return loc
+        return None
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if (found := _unstorable_text(key, loc) if isinstance(key, str) else None) is not None:
+            return found
+        if (found := _unstorable_text(item, [*loc, key])) is not None:
+            return found
+    return None
+
+
+def _refuse_unstorable_text(body: Any, root: str) -> None:
+    if (loc := _unstorable_text(body, [root] if root else [])) is not None:
+        raise _unprocessable([(loc, "text may not contain NUL characters or lone surrogates")])
+
+
+def _responses(ok: int, model: type, description: str, *errors: int
+               ) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI responses of a route: its success and every error it can return."""
+    described: dict[int | str, dict[str, Any]] = {ok: {"model": model,
+                                                       "description": description}}
+    for code in errors:
+        error_model, error_description = _ERRORS[code]
+        described[code] = {"model": error_model, "description": error_description}
+    return described
 
 
 def _unprocessable(problems: list[tuple[list[str | int], str]]) -> HTTPException:
@@ -131,15 +191,11 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
     async def bus_down(request: Request, exc: BusUnavailable) -> JSONResponse:
         return JSONResponse({"detail": "message broker unavailable, try again"}, status_code=503)
 
-    @app.post("/cases", status_code=202, summary="Start a case", responses={
-        202: {"description": "Accepted: the case is recorded and its start command confirmed",
-              "content": {"application/json": {"example": {
-                  "caseId": "6c1f…", "status": "queued", "agent": "loan-officer"}}}},
-        409: {"description": "Idempotency-Key reused with another body"},
-        413: {"description": "Body too large"},
-        422: {"description": "Unknown agent, invalid input, limits beyond the caps"},
-        503: {"description": "Broker or database unavailable; nothing was kept"},
-    })
+    @app.post("/cases", status_code=202, summary="Start a case", response_model=None,
+              responses=_responses(
+                  202, CaseAccepted,
+                  "Accepted: the case is recorded and its start command confirmed",
+                  400, 409, 413, 422, 503))
     async def start_case(
         request: Annotated[CaseRequest, Body()],
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
@@ -156,10 +212,11 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             raise _unprocessable([
                 (["input", *e["loc"]], e["msg"]) for e in exc.errors(include_url=False)
             ]) from None
+        _refuse_unstorable_text(request.model_dump(mode="python", by_alias=True), "")
         limits = _limits(request.limits, agent.default_limits, settings)
         model = request.model or agent.default_model
-        if problem := base_url_problem(model, settings):
-            raise _unprocessable([(["model", "baseUrl"], problem)])
+        if problem := model_problem(model, settings):
+            raise _unprocessable([(["model", problem[0]], problem[1])])
         case_input = validated.model_dump(mode="json", by_alias=True)
         digest = hashlib.sha256(orjson.dumps(
             {"agent": agent.name, "input": case_input, "limits": limits.model_dump(),
@@ -192,21 +249,25 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             "links": {"self": f"/cases/{case_id}", "events": f"/cases/{case_id}/events"},
         }, status_code=202, headers=headers)
 
-    @app.get("/cases/{case_id}", summary="A case's status, totals and answer")
+    @app.get("/cases/{case_id}", summary="A case's status, totals and answer",
+             response_model=None,
+             responses=_responses(200, CaseView, "The case", 404, 422, 503))
     async def get_case(case_id: uuid.UUID) -> Response:
         row = await services.store.get_case(case_id)
         if row is None:
             raise HTTPException(404, f"no case {case_id}")
         return OrjsonResponse(_case_view(row))
 
-    @app.get("/cases/{case_id}/events", summary="The case's trail, in order")
-    async def get_events(
-        case_id: uuid.UUID,
-        types: Annotated[str | None, Query(
-            description="Comma-separated event types, e.g. REACT_CYCLE,CASE_COMPLETED"
-        )] = None,
-    ) -> Response:
-        wanted = [t.strip() for t in types.split(",") if t.strip()] if types else []
+    @app.get("/cases/{case_id}/events", summary="The case's trail, in order",
+             response_model=None,
+             responses=_responses(200, Trail, "The trail in (attempt, seq) order",
+                                  404, 422, 503))
+    async def get_events(case_id: uuid.UUID, request: Request) -> Response:
+        # ``types`` is a comma-separated list (``?types=REACT_CYCLE,CASE_COMPLETED``),
+        # read here and described in the OpenAPI document as an array of the event
+        # types, style form, not exploded (service/api/openapi.py).
+        types = request.query_params.get("types")
+        wanted = types.split(",") if types else []
         unknown = [t for t in wanted if t not in EVENT_TYPES]
         if unknown:
             raise HTTPException(422, [{
@@ -218,11 +279,15 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             raise HTTPException(404, f"no case {case_id}")
         return OrjsonResponse({"caseId": str(case_id), "events": [e.as_json() for e in events]})
 
-    @app.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop")
+    @app.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",
+              response_model=None,
+              responses=_responses(202, CancelAccepted, "The case is stopping or stopped",
+                                   400, 404, 409, 413, 422, 503))
     async def cancel_case(
         case_id: uuid.UUID, request: Annotated[CancelRequest | None, Body()] = None
     ) -> dict[str, Any]:
         reason = request.reason if request else None
+        _refuse_unstorable_text(reason, "reason")
         outcome = await services.store.request_cancel(case_id, reason)
         if outcome == "unknown":
             raise HTTPException(404, f"no case {case_id}")
@@ -242,15 +307,19 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         )
         return {"caseId": str(case_id), "status": "cancelling"}
 
-    @app.get("/agents", summary="The agent profiles")
+    @app.get("/agents", summary="The agent profiles", response_model=None,
+             responses=_responses(200, AgentList, "Every agent a case may name"))
     async def agents() -> dict[str, Any]:
         return {"agents": [agent.describe() for agent in AGENTS.values()]}
 
-    @app.get("/healthz", summary="The process is alive")
+    @app.get("/healthz", summary="The process is alive", response_model=None,
+             responses=_responses(200, Health, "Alive"))
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="Broker and database are reachable")
+    @app.get("/readyz", summary="Broker and database are reachable", response_model=None,
+             responses=_responses(200, Readiness, "Ready") | {
+                 503: {"model": Readiness, "description": "Broker or database unreachable"}})
     async def readyz(response: Response) -> dict[str, Any]:
         checks: dict[str, str] = {}
         try:
@@ -264,6 +333,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         response.status_code = 200 if ready else 503
         return {"ready": ready, "checks": checks}
 
+    app.openapi = lambda: exact_openapi(app, settings)  # type: ignore[method-assign]
     return app
 
 

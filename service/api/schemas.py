@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from service.events import ModelRef
+from service.events import ModelRef, refuse_boolean_numbers
 
 
 class _Camel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        return refuse_boolean_numbers(cls, data)
 
 
 class LimitsRequest(_Camel):
@@ -48,3 +53,125 @@ class CaseRequest(_Camel):
 
 class CancelRequest(_Camel):
     reason: str | None = Field(default=None, max_length=1000)
+
+
+# Responses: the routes write their JSON directly (orjson); these models only
+# describe it in the OpenAPI document, and the contract test checks every
+# response against them.
+
+
+class Problem(BaseModel):
+    """An error the caller can read: what went wrong, in words."""
+
+    detail: str
+
+
+class Issue(BaseModel):
+    """One problem with a request: where (``loc``) and why (``msg``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationProblem(BaseModel):
+    """The request was understood but refused: each field and the reason."""
+
+    detail: list[Issue]
+
+
+class CaseLinks(BaseModel):
+    self: str
+    events: str
+
+
+class CaseAccepted(BaseModel):
+    """A case recorded and its start command confirmed by the broker."""
+
+    caseId: str
+    status: str
+    agent: str
+    limits: dict[str, Any]
+    model: dict[str, Any]
+    links: CaseLinks
+
+
+class TokenTotals(BaseModel):
+    inputTokens: int
+    outputTokens: int
+
+
+class CaseView(BaseModel):
+    """A case's status, totals and answer."""
+
+    caseId: str
+    agent: str
+    status: str
+    attempts: int
+    cycles: int
+    tokenUsage: TokenTotals
+    answer: Any
+    outcome: dict[str, Any] | None
+    input: dict[str, Any]
+    model: dict[str, Any]
+    limits: dict[str, Any]
+    cancelRequested: bool
+    createdAt: str | None
+    startedAt: str | None
+    endedAt: str | None
+
+
+class StoredEnvelope(BaseModel):
+    """One event of the trail, as on the bus, plus when it was stored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    eventId: str
+    caseId: str
+    attempt: int
+    seq: int
+    eventType: str
+    occurredAt: str
+    recordedAt: str
+    schemaVersion: int
+    payload: dict[str, Any]
+
+
+class Trail(BaseModel):
+    caseId: str
+    events: list[StoredEnvelope]
+
+
+class CancelAccepted(BaseModel):
+    caseId: str
+    status: str = Field(description="`cancelled` at once if no worker had it, else `cancelling`.")
+
+
+class AgentTool(BaseModel):
+    name: str
+    source: str
+    description: str
+
+
+class AgentDescription(BaseModel):
+    name: str
+    description: str
+    tools: list[AgentTool]
+    inputSchema: dict[str, Any]
+    defaultModel: dict[str, Any]
+    defaultLimits: dict[str, Any]
+
+
+class AgentList(BaseModel):
+    agents: list[AgentDescription]
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    ready: bool
+    checks: dict[str, str]

@@ -38,15 +38,17 @@ class UnavailableProvider:
         raise ModelRejected(self._reason)
 
 
-def base_url_problem(ref: ModelRef, settings: Settings) -> str | None:
-    """Why ``ref.base_url`` may not be used, or ``None`` when it may."""
+def model_problem(ref: ModelRef, settings: Settings) -> tuple[str, str] | None:
+    """The field of ``ref`` that may not be used and why, or ``None`` when all may."""
+    if ref.latency_ms is not None and ref.provider != "scripted":
+        return "latencyMs", "latencyMs applies to the scripted provider only"
     if ref.base_url is None:
         return None
     if ref.provider == "scripted":
-        return "baseUrl applies to the openai and anthropic providers only"
+        return "baseUrl", "baseUrl applies to the openai and anthropic providers only"
     if ref.base_url.rstrip("/") not in settings.allowed_base_urls():
-        return (f"baseUrl {ref.base_url!r} is not one the operator allowed "
-                "(CASETRAIL_MODEL_BASE_URLS)")
+        return "baseUrl", (f"baseUrl {ref.base_url!r} is not one the operator allowed "
+                           "(CASETRAIL_MODEL_BASE_URLS)")
     return None
 
 
@@ -57,9 +59,9 @@ class ModelFactory:
         self._settings = settings
 
     def __call__(self, ref: ModelRef, agent: AgentProfile) -> ChatModel:
-        problem = base_url_problem(ref, self._settings)
+        problem = model_problem(ref, self._settings)
         if problem:
-            return UnavailableProvider(ref, problem)
+            return UnavailableProvider(ref, problem[1])
         timeout = self._settings.model_timeout_seconds
         match ref.provider:
             case "scripted":

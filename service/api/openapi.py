@@ -1,0 +1,145 @@
+"""The OpenAPI document, made exact where FastAPI's generation cannot be.
+
+FastAPI describes what the route signatures say. Three things a client needs to
+know are decided elsewhere, so they are written in here, from the same data the
+routes check against:
+
+- the body of ``POST /cases`` is one of the agents: each agent's name with that
+  agent's own input schema (``oneOf``, discriminated by ``agent``);
+- the limits' caps and the model a case may choose (``latencyMs`` for the scripted
+  provider only; ``baseUrl`` only one the operator allowed) come from the settings;
+- ``types`` on ``GET /cases/{case_id}/events`` is a comma-separated list of event
+  types (an array, ``style: form``, ``explode: false``).
+
+The contract test (tests/test_openapi_contract.py) runs schemathesis with every
+check against a running stack, so a route that answers something this document
+does not say fails the tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from service.agents import AGENTS
+from service.config import Settings
+from service.events import EVENT_TYPES
+
+_REF = "#/components/schemas/{model}"
+
+
+def _title(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("-"))
+
+
+def _limits(settings: Settings) -> dict[str, Any]:
+    return {
+        "type": "object", "additionalProperties": False,
+        "description": "Overrides of the agent's default limits, within the server's caps.",
+        "properties": {
+            "maxCycles": {"anyOf": [{"type": "integer", "minimum": 1,
+                                     "maximum": settings.max_cycles_cap}, {"type": "null"}]},
+            "deadlineSeconds": {"anyOf": [{"type": "number", "exclusiveMinimum": 0,
+                                           "maximum": settings.max_deadline_seconds},
+                                          {"type": "null"}]},
+        },
+    }
+
+
+def _model_choice(settings: Settings) -> dict[str, Any]:
+    name = {"type": "string", "minLength": 1, "maxLength": 200}
+    absent = {"type": "null"}
+    allowed = sorted(settings.allowed_base_urls())
+    remote: dict[str, Any] = {
+        "provider": {"enum": ["openai", "anthropic"]}, "name": name, "latencyMs": absent,
+        "baseUrl": {"anyOf": [{"enum": allowed}, absent]} if allowed else absent,
+    }
+    return {
+        "description": "Overrides the agent's model.",
+        "oneOf": [
+            {"type": "object", "additionalProperties": False, "required": ["provider", "name"],
+             "properties": {"provider": {"const": "scripted"}, "name": name,
+                            "baseUrl": absent,
+                            "latencyMs": {"anyOf": [{"type": "integer", "minimum": 0,
+                                                     "maximum": 60_000}, absent]}}},
+            {"type": "object", "additionalProperties": False, "required": ["provider", "name"],
+             "properties": remote},
+        ],
+    }
+
+
+def _input_defs() -> set[str]:
+    """The names of the models nested in the agents' inputs."""
+    return {name for agent in AGENTS.values()
+            for name in agent.input_model.model_json_schema(by_alias=True).get("$defs", {})}
+
+
+def _case_requests(schemas: dict[str, Any]) -> dict[str, Any]:
+    """``CaseRequest`` as one of the agents, each with its own input schema."""
+    variants, mapping = [], {}
+    for agent in AGENTS.values():
+        input_schema = agent.input_model.model_json_schema(by_alias=True, ref_template=_REF)
+        schemas.update(input_schema.pop("$defs", {}))
+        input_name = f"{_title(agent.name)}Input"
+        schemas[input_name] = input_schema
+        request_name = f"{_title(agent.name)}CaseRequest"
+        schemas[request_name] = {
+            "type": "object", "additionalProperties": False, "required": ["agent", "input"],
+            "title": request_name, "description": agent.description,
+            "properties": {
+                "agent": {"const": agent.name},
+                "input": {"$ref": _REF.format(model=input_name)},
+                "limits": {"anyOf": [{"$ref": _REF.format(model="LimitsRequest")},
+                                     {"type": "null"}]},
+                "model": {"anyOf": [{"$ref": _REF.format(model="ModelChoice")},
+                                    {"type": "null"}]},
+            },
+        }
+        variants.append({"$ref": _REF.format(model=request_name)})
+        mapping[agent.name] = _REF.format(model=request_name)
+    return {"title": "CaseRequest", "description": "Start a case of one of the agents.",
+            "oneOf": variants, "discriminator": {"propertyName": "agent", "mapping": mapping}}
+
+
+_NO_NUL = {"pattern": "\\u0000"}
+
+
+def _refuse_nul(schema: Any) -> None:
+    """Every string a request body may hold: no NUL character (Postgres text cannot
+    store one, so the API refuses it with 422)."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "string" and "enum" not in schema and "const" not in schema:
+            schema["not"] = _NO_NUL
+        for value in schema.values():
+            _refuse_nul(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            _refuse_nul(item)
+
+
+def exact_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
+    """FastAPI's document with the parts above written in (built once, then cached)."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    document = get_openapi(title=app.title, version=app.version,
+                           description=app.description, routes=app.routes)
+    schemas = document["components"]["schemas"]
+    schemas["LimitsRequest"] = _limits(settings)
+    schemas["ModelChoice"] = _model_choice(settings)
+    schemas["CaseRequest"] = _case_requests(schemas)
+    del schemas["ModelRef"]  # described by ModelChoice now
+    for name, schema in schemas.items():
+        if name.endswith(("CaseRequest", "Input", "Choice")) or name in (
+                "CancelRequest", "LimitsRequest") or name in _input_defs():
+            _refuse_nul(schema)
+    events = document["paths"]["/cases/{case_id}/events"]["get"]
+    events.setdefault("parameters", []).append({
+        "name": "types", "in": "query", "required": False, "style": "form", "explode": False,
+        "description": "Only these event types (comma-separated), e.g. "
+                       "REACT_CYCLE,CASE_COMPLETED; all when absent.",
+        "schema": {"type": "array", "items": {"enum": list(EVENT_TYPES)}},
+    })
+    app.openapi_schema = document
+    return document
