@@ -81,10 +81,14 @@ async def run(quick: bool) -> dict[str, Any]:
     rounds = 1 if quick else ROUNDS
     cases, cycles = int(1000 * scale), 10
     results: dict[str, Any] = {"machine": machine(), "rounds": rounds}
-    e2e_runs, peer_runs, raw_runs = [], [], []
+    e2e_runs, public_runs, peer_runs, raw_runs = [], [], [], []
     for i in range(rounds):
         print(f"end to end, round {i + 1} of {rounds} ...", flush=True)
         e2e_runs.append(await end_to_end(cases, cycles, settings=bench_settings(api_port=8790)))
+        print(f"end to end on the public aiormq path, round {i + 1} of {rounds} ...",
+              flush=True)
+        public_runs.append(await end_to_end(
+            cases, cycles, settings=bench_settings(api_port=8790, amqp_fastpath=False)))
         print(f"peer (LangGraph + AsyncPostgresSaver), round {i + 1} of {rounds} ...",
               flush=True)
         peer_runs.append(await peer(bench_settings(), cases, cycles))
@@ -93,6 +97,8 @@ async def run(quick: bool) -> dict[str, Any]:
         async with namespace(settings):
             raw_runs.append(await raw.publish_confirmed(settings, int(20000 * scale)))
     results["endToEndRuns"], results["peerRuns"] = e2e_runs, peer_runs
+    results["endToEndPublicRuns"] = public_runs
+    results["endToEndPublic"] = median_run(public_runs, "cyclesPerSecond")
     results["rawBusRuns"] = raw_runs
     results["endToEnd"] = median_run(e2e_runs, "cyclesPerSecond")
     results["peer"] = median_run(peer_runs, "cyclesPerSecond")
@@ -122,6 +128,10 @@ async def run(quick: bool) -> dict[str, Any]:
          for _ in range(rounds)]
         for n in (1, 2)]
     results["ingest"] = [median_run(runs, "eventsPerSecond") for runs in results["ingestRuns"]]
+    results["ingestPublicRuns"] = [
+        await scenarios.consumer_ingest(bench_settings(amqp_fastpath=False),
+                                        int(100_000 * scale)) for _ in range(rounds)]
+    results["ingestPublic"] = median_run(results["ingestPublicRuns"], "eventsPerSecond")
     print("POST /cases ...", flush=True)
     results["api"] = await scenarios.api_posts(bench_settings(api_port=8797),
                                                requests=int(3000 * scale) or 300)
@@ -144,6 +154,7 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     rows = [
         ("end-to-end durable cycles/s", f"{e2e:,.0f}", f"≥ {TARGETS['e2e']:,}",
          f"REST → worker → bus → consumer → Postgres; {spread(e2e_runs)}"),
+        *(_public_path_rows(r, e2e)),
         ("  CPU per durable cycle, all processes",
          f"{sum(cpu.values()) / r['endToEnd']['cycles'] * 1000:.2f} ms", "",
          ", ".join(f"{name} {seconds:.2f}" for name, seconds in cpu.items()) + " CPU-s"),
@@ -179,6 +190,22 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
          f"{r['api']['concurrency']}"),
     ]
     return rows
+
+
+def _public_path_rows(r: dict[str, Any], e2e: float) -> list[tuple[str, str, str, str]]:
+    """What the public aiormq path costs (``CASETRAIL_AMQP_FASTPATH=off``), measured in
+    the same rounds; runs recorded before the fast path became optional have none."""
+    if "endToEndPublic" not in r:
+        return []
+    public = r["endToEndPublic"]["cyclesPerSecond"]
+    ingest = r["ingestPublic"]
+    return [
+        ("  same, public aiormq path", f"{public:,.0f}", "",
+         f"CASETRAIL_AMQP_FASTPATH=off: {public / e2e:.0%} of the fast path; "
+         f"{spread([x['cyclesPerSecond'] for x in r['endToEndPublicRuns']])}"),
+        ("  consumer ingest, public aiormq path", f"{ingest['eventsPerSecond']:,} events/s", "",
+         f"1 process; {spread([x['eventsPerSecond'] for x in r['ingestPublicRuns']])}"),
+    ]
 
 
 def plots(r: dict[str, Any], docs: Path) -> None:

@@ -4,10 +4,9 @@ CPython frees almost every object by reference counting; the cyclic collector ru
 every time allocations outnumber deallocations by its first threshold (700 by
 default), and each run walks the young objects and, more rarely, everything. A
 worker with a thousand cases in flight keeps a large live heap, so with the
-defaults the collector ran 370 times in a run of 12,000 events and took about a
-quarter of the worker's CPU (``python -m bench.worker_alone``), and 10 % of a
-consumer's. Very little of that work found garbage: at a threshold of 50,000 the
-same run collected 4 times.
+defaults the collector takes a large share of the worker's CPU and finds very
+little garbage (measured with ``python -m bench.worker_alone``; the figures are in
+docs/benchmarks.md, in the row on the garbage collector).
 
 So each component, once it has imported and built what it keeps for its life,
 moves those objects to the collector's permanent generation (``gc.freeze``: full

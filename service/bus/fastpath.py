@@ -13,8 +13,8 @@ What it does, and why (figures in docs/benchmarks.md):
   channel's lock until the connection's writer task has written and drained the
   frames, so concurrent publishes queue behind one another at several task switches
   each; and aiormq settles a ``multiple`` ack by walking every unconfirmed publish and
-  scheduling a callback for each one. With 2,000 cases in flight the two were 40 % of
-  the worker's CPU. Here the frames are encoded once (``service.bus.frames``), the
+  scheduling a callback for each one, which dominated the worker's CPU with
+  thousands of cases in flight. Here the frames are encoded once (``service.bus.frames``), the
   publishes of one event-loop turn leave in one write, and an ack settles the
   publishes it covers from the front of the (tag-ordered) confirmations.
 - :func:`deliver_in_line` hands each delivery to a subscription's handler from the
