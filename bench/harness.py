@@ -7,6 +7,7 @@ import asyncio
 import os
 import statistics
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -21,6 +22,8 @@ import httpx
 from service.agents import CAPABILITIES
 from service.bus.topology import Topology
 from service.config import Settings
+from service.integrity import Signer
+from service.keyfile import worker_signer, write_signer
 from service.migrate import drop_database, migrate
 from service.supervisor import component_command
 
@@ -28,11 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench_settings(**overrides: object) -> Settings:
+    """Settings of a private bench stack, with a signing key of its own (made here;
+    ``namespace`` registers it)."""
     suffix = uuid.uuid4().hex[:6]
     base = Settings()
     url = base.database_url.rsplit("/", 1)[0] + f"/casetrail_bench_{suffix}"
+    key_file = Path(tempfile.gettempdir()) / f"casetrail-bench-{suffix}.signing-key.pem"
+    write_signer(key_file, Signer.generate())
     return base.model_copy(update={
-        "database_url": url, "namespace": f"casetrail-bench-{suffix}", **overrides,
+        "database_url": url, "namespace": f"casetrail-bench-{suffix}",
+        "signing_key_file": str(key_file), **overrides,
     })
 
 
@@ -66,6 +74,9 @@ async def namespace(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
     await migrate(settings.database_url)
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
     assert pool is not None
+    signer = worker_signer(settings)
+    await pool.execute("INSERT INTO signing_keys (key_id, public_key) VALUES ($1, $2) "
+                       "ON CONFLICT DO NOTHING", signer.key_id, signer.public_key)
     connection = await aio_pika.connect_robust(settings.amqp_url)
     channel = await connection.channel()
     topology = Topology(settings.namespace)
@@ -78,6 +89,7 @@ async def namespace(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
         await topology.delete_all(channel, sorted(CAPABILITIES))
         await connection.close()
         await drop_database(settings.database_url)
+        await asyncio.to_thread(Path(settings.signing_key_file or "").unlink, missing_ok=True)
 
 
 async def wait_ready(base_url: str, timeout: float = 60) -> None:

@@ -20,6 +20,7 @@ from service.bus.topology import Topology
 from service.commands import CaseStartCommand
 from service.config import Settings
 from service.events import Limits, ModelRef, make_event
+from service.keyfile import worker_signer
 
 
 async def latency_at(settings: Settings, rates: list[int], seconds: float = 8.0
@@ -33,7 +34,7 @@ async def latency_at(settings: Settings, rates: list[int], seconds: float = 8.0
         connection = await aio_pika.connect_robust(settings.amqp_url)
         try:
             publisher = EventPublisher(await Publisher.open(connection),
-                                       Topology(settings.namespace))
+                                       Topology(settings.namespace), worker_signer(settings))
             await asyncio.sleep(2)  # the consumer is up
             for rate in rates:
                 total = int(rate * seconds)
@@ -142,17 +143,16 @@ async def consumer_ingest(settings: Settings, count: int = 100_000, consumers: i
     share one ``recorded_at``), so process start-up is reported apart."""
     async with namespace(settings) as pool:
         connection = await aio_pika.connect_robust(settings.amqp_url)
-        publisher = await Publisher.open(connection)
-        topology = Topology(settings.namespace)
+        sink = EventPublisher(await Publisher.open(connection), Topology(settings.namespace),
+                              worker_signer(settings))
         events = sample_cycles(count)
         gate = asyncio.Semaphore(1000)
 
         async def one(event: Any) -> None:
             async with gate:
-                await publisher.publish(topology.events_exchange, event.routing_key,
-                                        event.to_json(), message_id=str(event.event_id),
-                                        message_type=event.event_type)
+                await sink.emit(event)
 
+        # In seq order, as a worker emits an attempt's events (each chained to the last).
         await asyncio.gather(*(one(e) for e in events))
         await connection.close()
         stack = Processes(settings)

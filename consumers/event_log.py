@@ -5,10 +5,13 @@ within ``linger`` of the first), validates each with the event contract,
 writes the valid ones in one transaction, and only then acknowledges the
 batch. Nothing is acknowledged before it is committed.
 
-- A message it cannot read (bad JSON, wrong schema version, missing field,
-  unknown type, oversized) goes to the dead-letter exchange with the reason in
-  its headers; its neighbours are stored.
-- The same ``(caseId, attempt, seq)`` arriving with other content is
+- A message that is not a genuine event (not published by the worker's identity,
+  unsigned, a hash or signature that does not verify, an unknown or retired key:
+  ``consumers.admission``) or that it cannot read (bad JSON, an old or unknown
+  schema version, a missing field, an unknown type, oversized) goes to the
+  dead-letter exchange with the reason in its headers, and never touches
+  ``cases``; its neighbours are stored.
+- The same ``(caseId, attempt, seq)`` arriving with other signed bytes is
   dead-lettered as a conflict.
 - Postgres unavailable: nothing is acknowledged; the batch is retried with
   backoff until it commits (or the consumer stops, and the broker redelivers).
@@ -29,6 +32,7 @@ import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 from tenacity import wait_exponential_jitter
 
+from consumers.admission import Admission, KeyRing, Refused
 from consumers.writer import BatchOutcome, EventLogWriter
 from service.backoff import backoff_delay
 from service.bus import fastpath
@@ -39,11 +43,13 @@ from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.config import Settings
 from service.errors import BusUnavailable, StoreUnavailable
-from service.events import Event, InvalidEvent, event_and_payload_from_json
-from service.store import pool_patiently
+from service.events import SignedEvent
+from service.store import KeyRegistry, pool_patiently
 from service.supervisor import run_until_signal
 
 log = logging.getLogger("casetrail.consumer")
+
+_STORE_BACKOFF = wait_exponential_jitter(multiplier=0.2, max=5.0)
 
 __all__ = ["REASON_HEADER", "ConsumerStats", "EventLogConsumer", "run_consumer"]
 
@@ -107,6 +113,7 @@ class EventLogConsumer:
     connection: AbstractRobustConnection
     writer: EventLogWriter
     topology: Topology
+    admission: Admission
     prefetch: int = 2000
     batch_size: int = 500
     linger: float = 0.005
@@ -145,15 +152,19 @@ class EventLogConsumer:
         dead_letters: Publisher,
         stop: asyncio.Event,
     ) -> None:
-        readable: list[tuple[Delivery, Event, str]] = []
+        key_ids = {k for m in batch if (k := Admission.key_id_of(m.headers))}
+        if not await self._know_keys(key_ids, stop):
+            return  # stopping during an outage: the broker redelivers the batch
+        readable: list[tuple[Delivery, SignedEvent]] = []
         rejected: list[tuple[Delivery, str]] = []
+        admit = self.admission.admit
         for message in batch:
             try:
-                readable.append((message, *event_and_payload_from_json(message.body)))
-            except InvalidEvent as exc:
-                rejected.append((message, str(exc)))
-        events = [event for _, event, _ in readable]
-        outcome = await self._write(events, [payload for _, _, payload in readable], stop)
+                readable.append((message, admit(message.body, message.headers,
+                                                message.user_id)))
+            except Refused as exc:
+                rejected.append((message, exc.reason))
+        outcome = await self._write([signed for _, signed in readable], stop)
         if outcome is None:
             return  # stopping during an outage: the broker redelivers the batch
         for index, reason in outcome.conflicts.items():
@@ -166,38 +177,53 @@ class EventLogConsumer:
         self.stats.duplicates += outcome.duplicates
         self.stats.dead_lettered += len(rejected)
 
-    async def _write(
-        self, events: Sequence[Event], payloads: Sequence[str], stop: asyncio.Event
-    ) -> BatchOutcome | None:
-        """Commit the batch, waiting out a Postgres outage; ``None`` if told to stop first."""
-        backoff = wait_exponential_jitter(multiplier=0.2, max=5.0)
+    async def _wait_out_outage(self, exc: StoreUnavailable, failures: int,
+                               stop: asyncio.Event) -> bool:
+        """Back off after a Postgres outage; False when told to stop meanwhile."""
+        self.stats.store_retries += 1
+        delay = backoff_delay(_STORE_BACKOFF, failures)
+        log.warning("store unavailable (%s); retrying in %.1fs", exc, delay)
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+            return False
+        except TimeoutError:
+            return True
+
+    async def _know_keys(self, key_ids: set[str], stop: asyncio.Event) -> bool:
+        """Read the registered keys again if the batch names one not seen yet."""
         failures = 0
         while True:
             try:
-                return await self.writer.write(events, payloads)
+                await self.admission.keys.knows_all(key_ids)
+                return True
             except StoreUnavailable as exc:
                 failures += 1
-                self.stats.store_retries += 1
-                delay = backoff_delay(backoff, failures)
-                log.warning("store unavailable (%s); retrying in %.1fs", exc, delay)
-                try:
-                    await asyncio.wait_for(stop.wait(), delay)
+                if not await self._wait_out_outage(exc, failures, stop):
+                    return False
+
+    async def _write(self, signed: Sequence[SignedEvent], stop: asyncio.Event
+                     ) -> BatchOutcome | None:
+        """Commit the batch, waiting out a Postgres outage; ``None`` if told to stop first."""
+        failures = 0
+        while True:
+            try:
+                return await self.writer.write(signed)
+            except StoreUnavailable as exc:
+                failures += 1
+                if not await self._wait_out_outage(exc, failures, stop):
                     return None
-                except TimeoutError:
-                    continue
             except asyncpg.PostgresError as exc:
-                if len(events) == 1:
+                if len(signed) == 1:
                     return BatchOutcome(0, 0, {0: f"database refused the event: {exc}"})
                 log.warning("batch refused (%s); isolating the event that caused it", exc)
-                return await self._write_one_by_one(events, payloads, stop)
+                return await self._write_one_by_one(signed, stop)
 
-    async def _write_one_by_one(
-        self, events: Sequence[Event], payloads: Sequence[str], stop: asyncio.Event
-    ) -> BatchOutcome | None:
+    async def _write_one_by_one(self, signed: Sequence[SignedEvent], stop: asyncio.Event
+                                ) -> BatchOutcome | None:
         inserted = duplicates = 0
         conflicts: dict[int, str] = {}
-        for index, event in enumerate(events):
-            outcome = await self._write([event], [payloads[index]], stop)
+        for index, one in enumerate(signed):
+            outcome = await self._write([one], stop)
             if outcome is None:
                 return None
             inserted += outcome.inserted
@@ -227,8 +253,11 @@ async def run_consumer(settings: Settings) -> None:
     fastpath.enable(settings.amqp_fastpath)
     connection = await connect_patiently(settings.amqp_url, "casetrail-consumer")
     pool = await pool_patiently(settings.database_url, 4)
+    keys = KeyRing(KeyRegistry(pool))
+    await keys.refresh(force=True)
     consumer = EventLogConsumer(
         connection, EventLogWriter(pool), Topology(settings.namespace),
+        Admission(settings.worker_broker_identity(), keys),
         prefetch=settings.consumer_prefetch, batch_size=settings.consumer_batch_size,
         linger=settings.consumer_linger_ms / 1000,
     )

@@ -2,8 +2,9 @@
 transaction per batch.
 
 Inserts are idempotent (``ON CONFLICT DO NOTHING`` on the event id, which is
-derived from ``(caseId, attempt, seq)``). A duplicate whose content differs
-from the stored row is reported as a conflict, never dropped silently.
+derived from ``(caseId, attempt, seq)``). A duplicate whose signed bytes differ
+from the stored row's (another hash) is reported as a conflict, never dropped
+silently.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import asyncpg
 
-from service.events import TERMINAL_EVENT_TYPES, Event, event_payload_json, sql_list
+from service.events import TERMINAL_EVENT_TYPES, SignedEvent, sql_list
 from service.store import locked_cases_cte, translate_errors
 
 _LOCK_RETRIES = 5
@@ -34,13 +35,16 @@ _COMPLETED = sql_list(("CASE_COMPLETED",))
 _INSERT_AND_FOLD = f"""
 WITH incoming AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::text[],
-                         $6::timestamptz[], $7::smallint[], $8::text[])
-        AS r(event_id, case_id, attempt, seq, event_type, occurred_at, schema_version, payload)
+                         $6::timestamptz[], $7::smallint[], $8::text[], $9::text[],
+                         $10::text[], $11::text[], $12::text[], $13::text[], $14::bytea[])
+        AS r(event_id, case_id, attempt, seq, event_type, occurred_at, schema_version, payload,
+             tenant_id, prev_hash, hash, key_id, sig, body)
 ), {locked_cases_cte("$2")}, inserted AS (
     INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
-                           schema_version, payload)
+                           schema_version, payload, tenant_id, prev_hash, hash, key_id, sig,
+                           body)
     SELECT event_id, case_id, attempt, seq, event_type, occurred_at, schema_version,
-           payload::jsonb
+           payload::jsonb, tenant_id, prev_hash, hash, key_id, sig, body
     FROM incoming
     ON CONFLICT DO NOTHING
     RETURNING event_id, case_id, attempt, seq, event_type, occurred_at, payload
@@ -93,10 +97,10 @@ SELECT event_id FROM inserted
 
 _CONFLICTS = """
 SELECT r.idx
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[])
-    AS r(event_id, event_type, payload, idx)
+FROM unnest($1::uuid[], $2::text[], $3::int[])
+    AS r(event_id, hash, idx)
 JOIN event_log e USING (event_id)
-WHERE e.event_type <> r.event_type OR e.payload <> r.payload::jsonb
+WHERE e.hash IS DISTINCT FROM r.hash
 """
 
 
@@ -115,21 +119,17 @@ class EventLogWriter:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def write(
-        self, events: Sequence[Event], payloads: Sequence[str] | None = None
-    ) -> BatchOutcome:
-        """Store ``events`` once each and fold them into ``cases``; commit; report.
+    async def write(self, signed: Sequence[SignedEvent]) -> BatchOutcome:
+        """Store ``signed`` events once each, exactly as signed, and fold them into
+        ``cases``; commit; report.
 
-        ``payloads`` are the events' payloads as JSON text when the caller already
-        has them (the consumer does: the validated wire form), else they are made.
         Raises ``StoreUnavailable`` when Postgres cannot be reached (nothing
         committed), and lets other database errors through for the caller to
         isolate the event that caused them.
         """
-        if not events:
+        if not signed:
             return BatchOutcome(0, 0, {})
-        if payloads is None:
-            payloads = [event_payload_json(e).decode() for e in events]
+        events = [s.event for s in signed]
         columns = (
             [e.event_id for e in events],
             [e.case_id for e in events],
@@ -138,7 +138,13 @@ class EventLogWriter:
             [e.event_type for e in events],
             [e.occurred_at for e in events],
             [e.schema_version for e in events],
-            payloads,
+            [s.payload for s in signed],
+            [e.tenant_id for e in events],
+            [s.integrity.prev_hash for s in signed],
+            [s.integrity.hash for s in signed],
+            [s.integrity.key_id for s in signed],
+            [s.integrity.sig for s in signed],
+            [s.body for s in signed],
         )
         # One statement, so one implicit transaction and one round trip: the insert
         # and the fold into cases commit together or not at all. The conflict check
@@ -149,7 +155,7 @@ class EventLogWriter:
                     rows = await conn.fetch(_INSERT_AND_FOLD, *columns)
                     conflicts: dict[int, str] = {}
                     if len(rows) < len(events):
-                        conflicts = await self._conflicts(conn, events, payloads, rows)
+                        conflicts = await self._conflicts(conn, signed, rows)
                 except (asyncpg.DeadlockDetectedError, asyncpg.SerializationError):
                     # Only possible between concurrent batches holding the same new
                     # events; the statement rolled back, so run it again.
@@ -167,10 +173,10 @@ class EventLogWriter:
     async def _conflicts(
         self,
         conn: Any,
-        events: Sequence[Event],
-        payloads: Sequence[str],
+        signed: Sequence[SignedEvent],
         inserted: list[asyncpg.Record],
     ) -> dict[int, str]:
+        events = [s.event for s in signed]
         new = {row["event_id"] for row in inserted}
         first_seen: dict[object, int] = {}
         candidates = []
@@ -184,8 +190,7 @@ class EventLogWriter:
         rows = await conn.fetch(
             _CONFLICTS,
             [events[i].event_id for i in candidates],
-            [events[i].event_type for i in candidates],
-            [payloads[i] for i in candidates],
+            [signed[i].integrity.hash for i in candidates],
             candidates,
         )
         return {

@@ -20,7 +20,10 @@ from faults.checker import Report, declare_witness, table, witness_name
 from service.agents import CAPABILITIES
 from service.bus.topology import Topology
 from service.config import Settings
+from service.integrity import Signer
+from service.keyfile import write_signer
 from service.migrate import drop_database, migrate
+from service.store import KeyRegistry, create_pool
 from tests.helpers import wait_until
 from tests.stack import free_port, spawn
 
@@ -74,16 +77,25 @@ class Stack:
 
 
 @pytest.fixture
-async def stack() -> AsyncIterator[Stack]:
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     suffix = uuid.uuid4().hex[:8]
     base = Settings()
+    key_file = tmp_path / "worker-signing-key.pem"
+    signer = Signer.generate()
+    write_signer(key_file, signer)
     settings = base.model_copy(update={
         "database_url": base.database_url.rsplit("/", 1)[0] + f"/casetrail_faults_{suffix}",
         "namespace": f"casetrail-faults-{suffix}",
         "lease_seconds": 15.0,
         "tool_timeout_seconds": 2.0,
+        "signing_key_file": str(key_file),
     })
     await migrate(settings.database_url)
+    # Registered before anything runs: fault scenarios also publish signed events
+    # themselves, and the consumer must know the key from the first one.
+    keys_pool = await create_pool(settings.database_url, max_size=1)
+    await KeyRegistry(keys_pool).register(signer.key_id, signer.public_key)
+    await keys_pool.close()
     topology = Topology(settings.namespace)
     connection = await aio_pika.connect_robust(settings.amqp_url)
     channel = await connection.channel()

@@ -24,6 +24,7 @@ from service.bus.dead_letter import REASON_HEADER
 from service.bus.publisher import EventPublisher, Publisher
 from service.bus.topology import Topology
 from service.events import make_event
+from service.keyfile import worker_signer
 from tests.helpers import wait_until
 from tests.test_pipeline import cycle, started
 
@@ -111,7 +112,8 @@ async def _not(check: Any) -> bool:
 async def test_consumer_killed_mid_batch(stack: Stack, pool: asyncpg.Pool) -> None:
     stack.kill("consumer")
     connection = await aio_pika.connect_robust(stack.settings.amqp_url)
-    sink = EventPublisher(await Publisher.open(connection), Topology(stack.settings.namespace))
+    sink = EventPublisher(await Publisher.open(connection), Topology(stack.settings.namespace),
+                          worker_signer(stack.settings))
     cases = [uuid.uuid4() for _ in range(100)]
     gate = asyncio.Semaphore(500)
 
@@ -190,7 +192,7 @@ async def test_poison_on_the_bus(stack: Stack, pool: asyncpg.Pool) -> None:
     connection = await aio_pika.connect_robust(stack.settings.amqp_url)
     topology = Topology(stack.settings.namespace)
     publisher = await Publisher.open(connection)
-    sink = EventPublisher(publisher, topology)
+    sink = EventPublisher(publisher, topology, worker_signer(stack.settings))
     case_id = uuid.uuid4()
     good = [started(case_id), cycle(case_id, 1, 0), cycle(case_id, 2, 1)]
     valid = orjson.loads(good[1].to_json())
@@ -202,7 +204,7 @@ async def test_poison_on_the_bus(stack: Stack, pool: asyncpg.Pool) -> None:
         (orjson.dumps({k: v for k, v in valid.items() if k != "payload"}), "payload"),
         (b'{"x": "' + b"y" * 10_000_000 + b'"}', "byte limit"),
     ]
-    key = f"case.{case_id}.REACT_CYCLE"
+    key = f"case.default.{case_id}.REACT_CYCLE"
     for event, (body, _) in zip(good, poison, strict=False):
         await sink.emit(event)
         await publisher.publish(topology.events_exchange, key, body)

@@ -45,6 +45,18 @@ def _run(main: Coroutine[Any, Any, T], *, long_running: bool = False) -> T:
     return uvloop.run(main)
 
 
+def _component(name: str, main: Coroutine[Any, Any, None]) -> None:
+    """Run a long-running component; a configuration it cannot run with (no signing
+    key, a retired key, ...) is a clear message and exit status 2, not a traceback."""
+    from service.errors import PermanentError
+
+    try:
+        _run(main, long_running=True)
+    except PermanentError as exc:
+        typer.echo(f"casetrail {name}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 def _logging(level: str | None = None) -> None:
     level = level or get_settings().log_level
     logging.basicConfig(
@@ -90,7 +102,7 @@ def worker() -> None:
     from service.worker import run_worker
 
     _logging()
-    _run(run_worker(get_settings()), long_running=True)
+    _component("worker", run_worker(get_settings()))
 
 
 @app.command()
@@ -99,7 +111,7 @@ def consumer() -> None:
     from consumers.event_log import run_consumer
 
     _logging()
-    _run(run_consumer(get_settings()), long_running=True)
+    _component("consumer", run_consumer(get_settings()))
 
 
 @app.command("capability-worker")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from urllib.parse import urlsplit
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,6 +26,17 @@ class Settings(BaseSettings):
         description="Let the worker, consumer and API publish and consume below aiormq's "
         "public API (service/bus/fastpath.py) when the installed aiormq and pamqp are the "
         "versions it was written for; off: the public path only.",
+    )
+
+    worker_broker_user: str | None = Field(
+        default=None,
+        description="The broker user the worker publishes events as; the consumer refuses "
+        "events with any other AMQP user_id. Default: the user of CASETRAIL_AMQP_URL.",
+    )
+    signing_key_file: str | None = Field(
+        default=None,
+        description="The worker's Ed25519 signing key (PEM, from `casetrail signer "
+        "generate`). A worker refuses to start without one.",
     )
 
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
@@ -77,6 +89,10 @@ class Settings(BaseSettings):
                     for name, value in self.model_dump().items() if value is not None})
         env.update(extra)
         return env
+
+    def worker_broker_identity(self) -> str:
+        """The broker user whose events the consumer admits."""
+        return self.worker_broker_user or urlsplit(self.amqp_url).username or "guest"
 
     def allowed_base_urls(self) -> set[str]:
         return {u.strip().rstrip("/") for u in self.model_base_urls.split(",") if u.strip()}

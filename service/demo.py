@@ -20,6 +20,7 @@ from service.bus.connection import connect
 from service.bus.topology import Topology
 from service.config import Settings
 from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
+from service.keyfile import ensure_local_signer
 from service.migrate import migrate
 from service.store import CaseStore, create_pool
 from service.supervisor import Stack, stack_commands
@@ -66,6 +67,7 @@ async def _wait_ready(base_url: str, stack: Stack, timeout: float = 60.0) -> Non
 
 async def run_stack(settings: Settings) -> int:
     """``casetrail up``: the whole stack as child processes until Ctrl-C or SIGTERM."""
+    settings = ensure_local_signer(settings)
     applied = await migrate(settings.database_url)
     _say(f"migrations: {', '.join(applied) or 'up to date'}")
     stack = Stack(stack_commands(settings.api_port, sorted(CAPABILITIES)))
@@ -96,6 +98,7 @@ def _label(case_id: str, names: dict[str, str]) -> str:
 async def run_demo(settings: Settings) -> int:
     """Stack up, sample cases in, cycles shown live, trails read back from Postgres."""
     _say("== casetrail demo ==")
+    settings = ensure_local_signer(settings)
     await migrate(settings.database_url)
     stack = Stack(stack_commands(settings.api_port, sorted(CAPABILITIES)))
     stack.start()
@@ -208,7 +211,7 @@ async def tail_events(settings: Settings, case: str | None, types: Sequence[str]
     channel = await connection.channel()
     exchange = await Topology(settings.namespace).declare_events_exchange(channel)
     queue = await channel.declare_queue(exclusive=True, auto_delete=True)
-    scope = f"case.{case}" if case else "case.*"
+    scope = f"case.*.{case}" if case else "case.*.*"
     for key in [f"{scope}.{t}" for t in types] or [f"{scope}.#"]:
         await queue.bind(exchange, routing_key=key)
     stop = asyncio.Event()

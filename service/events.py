@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, TypeAlias, get_args
 
@@ -31,7 +32,12 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-SCHEMA_VERSION: Literal[1] = 1
+from service.integrity import Integrity, Signer, canonical
+
+SCHEMA_VERSION: Literal[2] = 2
+"""2: canonical (RFC 8785) bodies, ``tenantId``, signed (service.integrity)."""
+DEFAULT_TENANT = "default"
+"""The tenant of every case until tenants are configured."""
 EVENT_ID_NAMESPACE = uuid.UUID("6f1c2d4e-9a57-4c1b-8e3f-2b7a5d0c9e11")
 
 EventType: TypeAlias = Literal[
@@ -279,12 +285,17 @@ class ToolOffer(ContractModel):
     name: str
     source: Literal["worker", "local"]
     description: str
+    input_schema_digest: str = Field(
+        description="SHA-256 (hex) of the RFC 8785 canonical JSON of the tool's argument "
+                    "schema: two runs offered the same tool only if these agree.")
 
 
 class CaseStartedPayload(ContractModel):
     """The first event of every attempt: who runs the case, with what, on what input."""
 
     agent: str
+    agent_version: str = Field(description="The agent profile's version.")
+    casetrail_version: str = Field(description="The casetrail release that ran the attempt.")
     model: ModelRef
     system_prompt_digest: str = Field(description="sha256 of the system prompt, hex.")
     tools_offered: tuple[ToolOffer, ...]
@@ -347,11 +358,13 @@ class EventBase(ContractModel):
 
     event_id: uuid.UUID
     case_id: uuid.UUID
+    tenant_id: str = Field(default=DEFAULT_TENANT, pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+                           description="The tenant the case belongs to.")
     attempt: int = Field(ge=1, description="Run of the case: 1, then 2 after a worker died.")
     seq: int = Field(ge=0, description="0, 1, 2, ... within an attempt, without gaps.")
     event_type: EventType
     occurred_at: UtcTimestamp
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
 
     @model_validator(mode="after")
     def _event_id_is_derived(self) -> EventBase:
@@ -360,13 +373,14 @@ class EventBase(ContractModel):
         return self
 
     def to_json(self) -> bytes:
-        """The wire form: UTF-8 JSON bytes."""
-        return orjson.dumps(self.model_dump(mode="json", by_alias=True))
+        """The wire form, the bytes that are hashed and signed: the envelope as RFC 8785
+        canonical JSON in UTF-8 (``integrity`` travels beside it)."""
+        return canonical(self.model_dump(mode="json", by_alias=True))
 
     @property
     def routing_key(self) -> str:
-        """``case.<caseId>.<EVENT_TYPE>`` on the events exchange."""
-        return f"case.{self.case_id}.{self.event_type}"
+        """``case.<tenantId>.<caseId>.<EVENT_TYPE>`` on the events exchange."""
+        return f"case.{self.tenant_id}.{self.case_id}.{self.event_type}"
 
     @property
     def is_terminal(self) -> bool:
@@ -444,6 +458,7 @@ def make_event(
     seq: int,
     payload: Payload,
     occurred_at: datetime | None = None,
+    tenant_id: str = DEFAULT_TENANT,
 ) -> Event:
     """Build the envelope around ``payload``; the event type follows from the payload's type."""
     if attempt < 1 or seq < 0:
@@ -455,6 +470,7 @@ def make_event(
     event = cls.model_construct(
         event_id=event_id_for(case_id, attempt, seq),
         case_id=case_id,
+        tenant_id=tenant_id,
         attempt=attempt,
         seq=seq,
         event_type=cls.model_fields["event_type"].default,
@@ -504,7 +520,10 @@ def event_and_payload_from_json(data: bytes) -> tuple[Event, str]:
         raise InvalidEvent("the event must be a JSON object")
     version = raw.get("schemaVersion")
     if version != SCHEMA_VERSION:
-        raise InvalidEvent(f"schemaVersion: {version!r} is not supported (expected 1)")
+        older = isinstance(version, int) and version < SCHEMA_VERSION
+        raise InvalidEvent(f"schemaVersion: {version!r} is {'older than' if older else 'not'} "
+                           f"the current version {SCHEMA_VERSION}"
+                           f"{' (unsigned events are refused)' if older else ''}")
     event_type = raw.get("eventType")
     if event_type not in _EVENT_CLASSES:
         raise InvalidEvent(f"eventType: unknown event type {event_type!r}")
@@ -513,6 +532,35 @@ def event_and_payload_from_json(data: bytes) -> tuple[Event, str]:
     except ValidationError as exc:
         raise InvalidEvent(describe_validation_error(exc)) from None
     return event, orjson.dumps(raw["payload"]).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class SignedEvent:
+    """An event with the exact bytes that were signed and their integrity, as the
+    consumer admits it and the event log stores it."""
+
+    event: Event
+    body: bytes
+    integrity: Integrity
+    payload: str
+    """The payload as JSON text (what ``event_log.payload`` stores)."""
+
+    @classmethod
+    def seal(cls, event: Event, signer: Signer, prev_hash: str) -> SignedEvent:
+        """Sign ``event`` after ``prev_hash`` (tests, benchmarks and the worker's sink)."""
+        body = event.to_json()
+        return cls(event, body, signer.seal(prev_hash, body),
+                   event_payload_json(event).decode())
+
+
+def seal_chain(events: Sequence[Event], signer: Signer) -> list[SignedEvent]:
+    """One attempt's events, in seq order, chained and signed as the worker does."""
+    sealed: list[SignedEvent] = []
+    prev_hash = "0" * 64
+    for event in events:
+        sealed.append(SignedEvent.seal(event, signer, prev_hash))
+        prev_hash = sealed[-1].integrity.hash
+    return sealed
 
 
 def event_payload_json(event: Event) -> bytes:

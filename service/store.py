@@ -17,8 +17,10 @@ import asyncpg
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from service.errors import StoreUnavailable
+from service.errors import PermanentError, StoreUnavailable
 from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
+from service.integrity import Integrity, public_key_text
+from service.verification import PublicKey
 
 _TRANSIENT = (
     OSError,
@@ -103,12 +105,17 @@ def _claim_from_row(row: asyncpg.Record) -> Claim:
     )
 
 
+_EVENT_COLUMNS = ("event_id, case_id, tenant_id, attempt, seq, event_type, occurred_at, "
+                  "recorded_at, schema_version, payload, prev_hash, hash, key_id, sig")
+
+
 @dataclass(frozen=True)
 class StoredEvent:
     """One row of ``event_log`` as the trail shows it."""
 
     event_id: uuid.UUID
     case_id: uuid.UUID
+    tenant_id: str
     attempt: int
     seq: int
     event_type: str
@@ -116,12 +123,39 @@ class StoredEvent:
     recorded_at: datetime
     schema_version: int
     payload: dict[str, Any]
+    prev_hash: str | None = None
+    hash: str | None = None
+    key_id: str | None = None
+    sig: str | None = None
+    body: bytes | None = None
 
-    def as_json(self) -> dict[str, Any]:
-        """The envelope form (camelCase), as on the bus, plus ``recordedAt``."""
+    @property
+    def integrity(self) -> Integrity | None:
+        if self.hash is None or self.prev_hash is None or self.key_id is None \
+                or self.sig is None:
+            return None
+        return Integrity(self.prev_hash, self.hash, self.key_id, self.sig)
+
+    def columns(self) -> dict[str, Any]:
+        """The queried columns, named as in the envelope (compared with the signed body)."""
         return {
             "eventId": str(self.event_id),
             "caseId": str(self.case_id),
+            "tenantId": self.tenant_id,
+            "eventType": self.event_type,
+            "occurredAt": self.occurred_at,
+            "schemaVersion": self.schema_version,
+            "payload": self.payload,
+        }
+
+    def as_json(self) -> dict[str, Any]:
+        """The envelope form (camelCase), as on the bus, with its ``integrity`` (``None``
+        for a version-1 event) and ``recordedAt``."""
+        integrity = self.integrity
+        return {
+            "eventId": str(self.event_id),
+            "caseId": str(self.case_id),
+            "tenantId": self.tenant_id,
             "attempt": self.attempt,
             "seq": self.seq,
             "eventType": self.event_type,
@@ -129,6 +163,7 @@ class StoredEvent:
             "recordedAt": self.recorded_at.isoformat().replace("+00:00", "Z"),
             "schemaVersion": self.schema_version,
             "payload": self.payload,
+            "integrity": integrity.as_json() if integrity else None,
         }
 
 
@@ -245,18 +280,18 @@ class CaseStore:
         return None if row is None else dict(row)
 
     async def find_by_case_and_types(
-        self, case_id: uuid.UUID, types: Sequence[str] | None = None
+        self, case_id: uuid.UUID, types: Sequence[str] | None = None, *,
+        with_body: bool = False,
     ) -> list[StoredEvent]:
         """The auditor's query: one case's events of the given types, in ``(attempt, seq)``
-        order."""
+        order; ``with_body`` adds the signed bytes (to verify or export them)."""
         wanted = list(types) if types else list(EVENT_TYPES)
         async with translate_errors():
             rows = await self._pool.fetch(
-                """SELECT event_id, case_id, attempt, seq, event_type, occurred_at, recorded_at,
-                          schema_version, payload
-                   FROM event_log
-                   WHERE case_id = $1 AND event_type = ANY($2::text[])
-                   ORDER BY attempt, seq""",
+                f"""SELECT {_EVENT_COLUMNS}{", body" if with_body else ""}
+                    FROM event_log
+                    WHERE case_id = $1 AND event_type = ANY($2::text[])
+                    ORDER BY attempt, seq""",
                 case_id, wanted,
             )
         return [StoredEvent(**dict(r)) for r in rows]
@@ -283,22 +318,6 @@ class CaseStore:
         for row in rows:
             claims[row["case_id"]] = _claim_from_row(row)
         return claims
-
-    async def take_queued_for_cancel(
-        self, case_id: uuid.UUID, owner: str, lease_seconds: float
-    ) -> bool:
-        """Claim attempt 1 of a cancelled case that no worker has started, so its
-        ``CASE_CANCELLED`` can be published at once; False when a worker got there first."""
-        async with translate_errors():
-            row = await self._pool.fetchrow(
-                """UPDATE cases SET attempts_claimed = 1, lease_owner = $2,
-                          lease_expires_at = now() + make_interval(secs => $3)
-                   WHERE case_id = $1 AND attempts_claimed = 0
-                     AND cancel_requested_at IS NOT NULL
-                   RETURNING case_id""",
-                case_id, owner, lease_seconds,
-            )
-        return row is not None
 
     async def renew_leases(self, case_ids: Sequence[uuid.UUID], owner: str,
                            lease_seconds: float) -> None:
@@ -340,3 +359,55 @@ class CaseStore:
                 return "requested"
             exists = await self._pool.fetchval("SELECT 1 FROM cases WHERE case_id = $1", case_id)
         return "ended" if exists else "unknown"
+
+
+class KeyRegistry:
+    """The public keys events are signed with (``signing_keys``)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def register(self, key_id: str, public_key: bytes) -> PublicKey:
+        """Record a worker's key (idempotent); the key as registered, retired or not."""
+        async with translate_errors():
+            await self._pool.execute(
+                """INSERT INTO signing_keys (key_id, public_key) VALUES ($1, $2)
+                   ON CONFLICT (key_id) DO NOTHING""", key_id, public_key)
+            row = await self._pool.fetchrow(
+                "SELECT key_id, public_key, not_valid_after FROM signing_keys WHERE key_id = $1",
+                key_id)
+        assert row is not None
+        if bytes(row["public_key"]) != public_key:
+            raise PermanentError(f"key id {key_id} is registered with another public key")
+        return PublicKey(row["key_id"], bytes(row["public_key"]), row["not_valid_after"])
+
+    async def all(self) -> list[PublicKey]:
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                "SELECT key_id, public_key, not_valid_after FROM signing_keys ORDER BY created_at")
+        return [PublicKey(r["key_id"], bytes(r["public_key"]), r["not_valid_after"])
+                for r in rows]
+
+    async def describe(self) -> list[dict[str, Any]]:
+        """Every key as ``GET /signing-keys`` shows it."""
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                """SELECT key_id, public_key, created_at, retired_at, not_valid_after
+                   FROM signing_keys ORDER BY created_at""")
+        return [{"keyId": r["key_id"], "publicKey": public_key_text(bytes(r["public_key"])),
+                 "createdAt": _stamp(r["created_at"]), "retiredAt": _stamp(r["retired_at"]),
+                 "notValidAfter": _stamp(r["not_valid_after"])} for r in rows]
+
+    async def retire(self, key_id: str, not_valid_after: datetime | None = None
+                     ) -> Literal["retired", "unknown"]:
+        """From ``not_valid_after`` (default now) on, nothing this key signed verifies."""
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                """UPDATE signing_keys SET retired_at = coalesce(retired_at, now()),
+                          not_valid_after = coalesce($2, now())
+                   WHERE key_id = $1 RETURNING key_id""", key_id, not_valid_after)
+        return "retired" if row is not None else "unknown"
+
+
+def _stamp(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat().replace("+00:00", "Z")

@@ -42,10 +42,18 @@ from service.config import Settings, get_settings
 from service.engine.chat import ChatModel
 from service.engine.loop import CancelSignal, CaseSpec, ReactEngine
 from service.engine.tools import ToolBox, WorkerRuntime
-from service.errors import CasetrailError, Reject, StoreUnavailable, TransientError
+from service.errors import (
+    CasetrailError,
+    PermanentError,
+    Reject,
+    StoreUnavailable,
+    TransientError,
+)
 from service.events import ModelRef, cancelled_while_queued
+from service.integrity import Signer
+from service.keyfile import worker_signer
 from service.providers import ModelFactory
-from service.store import CaseStore, Claim, pool_patiently
+from service.store import CaseStore, Claim, KeyRegistry, pool_patiently
 from service.supervisor import run_until_signal
 
 log = logging.getLogger("casetrail.worker")
@@ -67,6 +75,7 @@ class CaseWorker:
     store: CaseStore
     topology: Topology
     runtime: WorkerRuntime
+    signer: Signer
     models: Callable[[ModelRef, AgentProfile], ChatModel] = field(
         default_factory=lambda: ModelFactory(get_settings())
     )
@@ -99,7 +108,7 @@ class CaseWorker:
         await channel.set_qos(prefetch_count=self.concurrency)
         await self.topology.declare(channel)
         publisher = await Publisher.open(self.connection)
-        self._sink = EventPublisher(publisher, self.topology)
+        self._sink = EventPublisher(publisher, self.topology, self.signer)
         self._engine = ReactEngine(self._sink)
         cancel_exchange = await channel.get_exchange(self.topology.cancel_exchange, ensure=False)
         cancel_queue = await channel.declare_queue(
@@ -225,7 +234,7 @@ class CaseWorker:
             case_id=command.case_id, attempt=attempt, agent=agent.name,
             system_prompt=agent.system_prompt, input=command.input, limits=command.limits,
             model=command.model, restart_reason=restart_reason,
-            context_budget=agent.context_budget_tokens,
+            context_budget=agent.context_budget_tokens, agent_version=agent.version,
         )
         tools = ToolBox(agent.tools, self.runtime)
         await self._engine.run(spec, self.models(command.model, agent), tools, signal)
@@ -247,9 +256,14 @@ class CaseWorker:
 
 async def run_worker(settings: Settings) -> None:
     """The ``casetrail worker`` component, until SIGINT or SIGTERM."""
+    signer = worker_signer(settings)
     fastpath.enable(settings.amqp_fastpath)
     connection = await connect_patiently(settings.amqp_url, "casetrail-worker")
     pool = await pool_patiently(settings.database_url, 10)
+    registered = await KeyRegistry(pool).register(signer.key_id, signer.public_key)
+    if registered.not_valid_after is not None:
+        raise PermanentError(f"signing key {signer.key_id} is retired: generate a new one")
+    log.info("signing events with key %s", signer.key_id)
     topology = Topology(settings.namespace)
     runtime = BusWorkerRuntime(
         connection, topology, await Publisher.open(connection),
@@ -257,7 +271,7 @@ async def run_worker(settings: Settings) -> None:
                                    timeout_seconds=settings.tool_timeout_seconds),
     )
     await runtime.start()
-    worker = CaseWorker(connection, CaseStore(pool), topology, runtime,
+    worker = CaseWorker(connection, CaseStore(pool), topology, runtime, signer,
                         models=ModelFactory(settings),
                         concurrency=settings.worker_concurrency,
                         lease_seconds=settings.lease_seconds)

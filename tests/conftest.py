@@ -17,12 +17,15 @@ import aio_pika
 import asyncpg
 import pytest
 
+from consumers.admission import Admission, KeyRing
 from service.agents import CAPABILITIES
 from service.bus import fastpath
 from service.bus.topology import Topology
 from service.config import Settings
+from service.integrity import Signer
+from service.keyfile import worker_signer, write_signer
 from service.migrate import drop_database, migrate
-from service.store import create_pool
+from service.store import KeyRegistry, create_pool
 
 _LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0", ""}
 _real_getaddrinfo = socket.getaddrinfo
@@ -57,9 +60,11 @@ BASE_DB = os.environ.get("CASETRAIL_DATABASE_URL", "postgresql://postgres@127.0.
 
 
 @pytest.fixture(scope="session")
-def settings() -> Settings:
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     suffix = uuid.uuid4().hex[:8]
     db_url = BASE_DB.rsplit("/", 1)[0] + f"/casetrail_test_{suffix}"
+    key_file = tmp_path_factory.mktemp("keys") / "worker-signing-key.pem"
+    write_signer(key_file, Signer.generate())  # the tests make their own key
     return Settings(
         amqp_url=BASE_AMQP,
         database_url=db_url,
@@ -67,7 +72,14 @@ def settings() -> Settings:
         consumer_linger_ms=2.0,
         lease_seconds=3.0,
         tool_timeout_seconds=2.0,
+        signing_key_file=str(key_file),
     )
+
+
+@pytest.fixture(scope="session")
+def signer(settings: Settings) -> Signer:
+    """The worker's key in these tests (registered in the test database by ``pool``)."""
+    return worker_signer(settings)
 
 
 @pytest.fixture(scope="session")
@@ -83,10 +95,19 @@ async def database(settings: Settings) -> AsyncIterator[str]:
 
 
 @pytest.fixture(scope="session")
-async def pool(database: str) -> AsyncIterator[asyncpg.Pool]:
+async def pool(database: str, signer: Signer) -> AsyncIterator[asyncpg.Pool]:
     pool = await create_pool(database, max_size=10)
+    await KeyRegistry(pool).register(signer.key_id, signer.public_key)
     yield pool
     await pool.close()
+
+
+@pytest.fixture(scope="session")
+async def admission(pool: asyncpg.Pool, settings: Settings) -> Admission:
+    """What an in-process consumer admits: the worker's identity and the registered keys."""
+    keys = KeyRing(KeyRegistry(pool))
+    await keys.refresh(force=True)
+    return Admission(settings.worker_broker_identity(), keys)
 
 
 @pytest.fixture(scope="session")

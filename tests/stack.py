@@ -15,6 +15,7 @@ import aio_pika
 import asyncpg
 import uvicorn
 
+from consumers.admission import Admission, KeyRing
 from consumers.event_log import EventLogConsumer
 from consumers.writer import EventLogWriter
 from service.agents import CAPABILITIES
@@ -24,8 +25,9 @@ from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
 from service.capability_worker import CapabilityWorker
 from service.config import Settings
+from service.keyfile import worker_signer
 from service.providers import ModelFactory
-from service.store import CaseStore
+from service.store import CaseStore, KeyRegistry
 from service.supervisor import component_command
 from service.worker import CaseWorker
 
@@ -73,10 +75,17 @@ async def in_process_stack(
     runtime = BusWorkerRuntime(amqp, topology, await Publisher.open(amqp),
                                default_policy=RetryPolicy(attempts=2, timeout_seconds=2.0))
     await runtime.start()
-    worker = CaseWorker(amqp, CaseStore(pool), topology, runtime,
+    signer = worker_signer(settings)
+    keys = KeyRegistry(pool)
+    await keys.register(signer.key_id, signer.public_key)
+    worker = CaseWorker(amqp, CaseStore(pool), topology, runtime, signer,
                         models=ModelFactory(settings), concurrency=worker_concurrency,
                         lease_seconds=settings.lease_seconds, shutdown_grace=1.0)
-    consumer = EventLogConsumer(amqp, EventLogWriter(pool), topology, linger=0.002)
+    ring = KeyRing(keys)
+    await ring.refresh(force=True)
+    consumer = EventLogConsumer(amqp, EventLogWriter(pool), topology,
+                                Admission(settings.worker_broker_identity(), ring),
+                                linger=0.002)
     capabilities = CapabilityWorker(amqp, topology, list(CAPABILITIES.values()))
     stop = asyncio.Event()
     readies = [asyncio.Event() for _ in range(3)]

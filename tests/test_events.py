@@ -39,15 +39,21 @@ def test_envelope_is_exact_and_event_id_is_deterministic() -> None:
     payload = ReactCyclePayload.model_validate(orjson.loads(SEED_CYCLE))
     at = datetime(2026, 11, 29, 19, 49, 19, 123456, tzinfo=UTC)
     event = make_event(CASE, 1, 3, payload, occurred_at=at)
-    wire = orjson.loads(event.to_json())
+    body = event.to_json()
+    wire = orjson.loads(body)
+    # RFC 8785: keys sorted, no whitespace; the body is exactly the canonical form.
     assert list(wire) == [
-        "eventId", "caseId", "attempt", "seq", "eventType", "occurredAt", "schemaVersion",
-        "payload",
+        "attempt", "caseId", "eventId", "eventType", "occurredAt", "payload", "schemaVersion",
+        "seq", "tenantId",
     ]
+    assert body.startswith(b'{"attempt":1,"caseId":"0b6f8a8e-4f0e-4c7a-9d0e-5f3c1b2a9d10",')
+    assert b" " not in body.replace(b"The credit score is 720. I should now retrieve the "
+                                    b"risk model...", b"")
     assert wire["eventId"] == str(event_id_for(CASE, 1, 3))
     assert wire["occurredAt"] == "2026-11-29T19:49:19.123456Z"
     assert wire["eventType"] == "REACT_CYCLE"
-    assert wire["schemaVersion"] == 1
+    assert wire["schemaVersion"] == 2
+    assert wire["tenantId"] == "default"
     assert event_id_for(CASE, 1, 3) == event_id_for(CASE, 1, 3) != event_id_for(CASE, 2, 3)
     assert event_from_json(event.to_json()) == event
 
@@ -93,7 +99,8 @@ def _valid_wire() -> dict[str, object]:
 @pytest.mark.parametrize(
     ("mutate", "names"),
     [
-        (lambda w: w.__setitem__("schemaVersion", 2), "schemaVersion"),
+        (lambda w: w.__setitem__("schemaVersion", 1), "schemaVersion: 1 is older"),
+        (lambda w: w.__setitem__("schemaVersion", 3), "schemaVersion"),
         (lambda w: w.__setitem__("eventType", "CASE_EXPLODED"), "eventType"),
         (lambda w: w.pop("caseId"), "caseId"),
         (lambda w: w["payload"].pop("answer"), "payload.answer"),

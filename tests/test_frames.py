@@ -18,12 +18,7 @@ FRAME_MAX = 131_072
 
 def pamqp_frames(channel: int, exchange: str, key: str, body: bytes, props: Properties,
                  mandatory: bool, max_body_frame: int) -> bytes:
-    properties = Basic.Properties(
-        content_type=props.content_type, delivery_mode=2 if props.persistent else 1,
-        message_id=props.message_id, message_type=props.message_type,
-        correlation_id=props.correlation_id, reply_to=props.reply_to,
-        headers=props.headers,
-        expiration=None if props.expiration_ms is None else str(props.expiration_ms))
+    properties = props.to_basic()
     frames: list[Any] = [
         Basic.Publish(exchange=exchange, routing_key=key, mandatory=mandatory),
         ContentHeader(0, len(body), properties),
@@ -34,8 +29,12 @@ def pamqp_frames(channel: int, exchange: str, key: str, body: bytes, props: Prop
 
 
 CASES = [
-    ("events", "case.1b4e28ba-2fa1-11d2-883f-0016d3cca427.REACT_CYCLE", b'{"a":1}' * 100,
-     Properties(message_id="e1", message_type="REACT_CYCLE", correlation_id="c1")),
+    ("events", "case.default.1b4e28ba-2fa1-11d2-883f-0016d3cca427.REACT_CYCLE",
+     b'{"a":1}' * 100,
+     Properties(message_id="e1", message_type="REACT_CYCLE", correlation_id="c1",
+                user_id="casetrail-worker",
+                headers={"x-casetrail-integrity": {"prevHash": "0" * 64, "hash": "a" * 64,
+                                                   "keyId": "b" * 16, "sig": "c" * 86}})),
     ("", "rpc-queue", b"", Properties(message_id="m", reply_to="amq.rabbitmq.reply-to",
                                        correlation_id="7", expiration_ms=2500)),
     ("dead", "", "åäö ✓".encode(), Properties(

@@ -14,6 +14,7 @@ import asyncpg
 import orjson
 import pytest
 
+from consumers.admission import Admission
 from consumers.event_log import REASON_HEADER, EventLogConsumer
 from consumers.writer import EventLogWriter
 from service.bus.publisher import EventPublisher, Publisher
@@ -30,11 +31,14 @@ from service.events import (
     Limits,
     ModelRef,
     ReactCyclePayload,
+    SignedEvent,
     TokenUsage,
     ToolCallRecord,
     event_from_json,
     make_event,
+    seal_chain,
 )
+from service.integrity import Signer, canonical
 from service.store import CaseStore, NewCase
 from tests.helpers import wait_until
 
@@ -43,10 +47,11 @@ USAGE = TokenUsage(input_tokens=100, output_tokens=10)
 
 @pytest.fixture(scope="module")
 async def consumer(
-    amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool, topology: Topology
+    amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool, topology: Topology,
+    admission: Admission,
 ) -> AsyncIterator[EventLogConsumer]:
     stop, ready = asyncio.Event(), asyncio.Event()
-    worker = EventLogConsumer(amqp, EventLogWriter(pool), topology, linger=0.002)
+    worker = EventLogConsumer(amqp, EventLogWriter(pool), topology, admission, linger=0.002)
     task = asyncio.create_task(worker.run(stop, ready))
     await asyncio.wait_for(ready.wait(), 10)
     yield worker
@@ -60,13 +65,14 @@ async def publisher(amqp: aio_pika.abc.AbstractRobustConnection) -> Publisher:
 
 
 @pytest.fixture(scope="module")
-def sink(publisher: Publisher, topology: Topology) -> EventPublisher:
-    return EventPublisher(publisher, topology)
+def sink(publisher: Publisher, topology: Topology, signer: Signer) -> EventPublisher:
+    return EventPublisher(publisher, topology, signer)
 
 
 def started(case_id: uuid.UUID, attempt: int = 1) -> Event:
     return make_event(case_id, attempt, 0, CaseStartedPayload(
-        agent="loan-officer", model=ModelRef(provider="scripted", name="s"),
+        agent="loan-officer", agent_version="1.0.0", casetrail_version="test",
+        model=ModelRef(provider="scripted", name="s"),
         system_prompt_digest="ab" * 32, tools_offered=(),
         limits=Limits(max_cycles=3, deadline_seconds=10), input={"applicantId": "A-1001"},
     ))
@@ -96,7 +102,8 @@ def completed(case_id: uuid.UUID, seq: int, cycles: int = 1) -> Event:
 async def stored(pool: asyncpg.Pool, case_id: uuid.UUID) -> list[Event]:
     rows = await CaseStore(pool).find_by_case_and_types(case_id)
     return [event_from_json(orjson.dumps({k: v for k, v in r.as_json().items()
-                                          if k != "recordedAt"})) for r in rows]
+                                          if k not in ("recordedAt", "integrity")}))
+            for r in rows]
 
 
 async def count_rows(pool: asyncpg.Pool, case_id: uuid.UUID, n: int) -> bool:
@@ -150,12 +157,13 @@ async def test_unroutable_publish_raises(publisher: Publisher, topology: Topolog
 
 
 async def test_redelivery_is_stored_once_and_order_is_restored(
-    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool
+    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool, signer: Signer
 ) -> None:
     case_id = await new_case(pool)
     events = [started(case_id), cycle(case_id, 1, 0), cycle(case_id, 2, 1), completed(case_id, 3)]
-    for event in [events[2], events[0], events[3], events[0], events[1], events[2]]:
-        await sink.emit(event)
+    sealed = seal_chain(events, signer)
+    for one in [sealed[2], sealed[0], sealed[3], sealed[0], sealed[1], sealed[2]]:
+        await sink.publish_sealed(one.event, one.body, one.integrity)
     await wait_until(lambda: count_rows(pool, case_id, 4))
     await asyncio.sleep(0.3)  # any late duplicate would land by now
     assert await count_rows(pool, case_id, 4)
@@ -228,23 +236,24 @@ async def dead_letters(amqp: aio_pika.abc.AbstractRobustConnection, topology: To
 async def test_poison_is_dead_lettered_with_its_reason_and_neighbours_are_stored(
     consumer: EventLogConsumer, sink: EventPublisher, publisher: Publisher,
     topology: Topology, pool: asyncpg.Pool, amqp: aio_pika.abc.AbstractRobustConnection,
+    signer: Signer,
 ) -> None:
     case_id = uuid.uuid4()
     good = [started(case_id), cycle(case_id, 1, 0), completed(case_id, 2)]
     valid = orjson.loads(good[1].to_json())
-    wrong_version = {**valid, "schemaVersion": 2}
+    wrong_version = {**valid, "schemaVersion": 1}
     missing = {k: v for k, v in valid.items() if k != "occurredAt"}
     unknown = {**valid, "eventType": "CASE_EXPLODED"}
     conflict = orjson.loads(good[1].to_json())
     conflict["payload"]["reasoningText"] = "a different story"
     poison: list[tuple[bytes, str]] = [
         (b"{this is not json", "not valid JSON"),
-        (orjson.dumps(wrong_version), "schemaVersion"),
+        (orjson.dumps(wrong_version), "schemaVersion: 1 is older"),
         (orjson.dumps(missing), "occurredAt"),
         (orjson.dumps(unknown), "unknown event type"),
         (b'{"pad": "' + b"x" * 10_000_000 + b'"}', "byte limit"),
     ]
-    key = f"case.{case_id}.REACT_CYCLE"
+    key = f"case.default.{case_id}.REACT_CYCLE"
     await sink.emit(good[0])
     for body, _ in poison[:3]:
         await publisher.publish(topology.events_exchange, key, body)
@@ -253,7 +262,11 @@ async def test_poison_is_dead_lettered_with_its_reason_and_neighbours_are_stored
         await publisher.publish(topology.events_exchange, key, body)
     await sink.emit(good[2])
     await wait_until(lambda: count_rows(pool, case_id, 3))
-    await publisher.publish(topology.events_exchange, key, orjson.dumps(conflict))
+    # Other content under the same (case, attempt, seq), signed with the worker's own
+    # key (a worker bug, not a forgery): stored first-write-wins, the second refused.
+    first = seal_chain(good, signer)[0]
+    await sink.publish_sealed(good[1], canonical(conflict),
+                              signer.seal(first.integrity.hash, canonical(conflict)))
     received = await dead_letters(amqp, topology, len(poison) + 1)
     assert len(received) == len(poison) + 1
     reasons = [str((m.headers or {}).get(REASON_HEADER)) for m in received]
@@ -271,12 +284,12 @@ async def test_event_messages_carry_the_designed_properties(
     exchange = await channel.get_exchange(topology.events_exchange, ensure=False)
     case_id = uuid.uuid4()
     queue = await channel.declare_queue(exclusive=True, auto_delete=True)
-    await queue.bind(exchange, routing_key=f"case.{case_id}.#")
+    await queue.bind(exchange, routing_key=f"case.*.{case_id}.#")
     event = started(case_id)
     await sink.emit(event)
     message = await wait_until(lambda: queue.get(no_ack=True, fail=False), timeout=10)
     assert message.body == event.to_json()
-    assert message.routing_key == f"case.{case_id}.CASE_STARTED"
+    assert message.routing_key == f"case.default.{case_id}.CASE_STARTED"
     assert message.content_type == "application/json"
     assert message.message_id == str(event.event_id)
     assert message.type == "CASE_STARTED"
@@ -286,7 +299,7 @@ async def test_event_messages_carry_the_designed_properties(
 
 
 async def test_concurrent_batches_fold_into_shared_cases_once_each(
-    pool: asyncpg.Pool,
+    pool: asyncpg.Pool, signer: Signer,
 ) -> None:
     # Several consumers write at once: batches that touch the same cases in
     # opposite orders all commit, and each event is counted once.
@@ -296,7 +309,8 @@ async def test_concurrent_batches_fold_into_shared_cases_once_each(
     batches = []
     for r in range(rounds):
         order = cases if r % 2 == 0 else list(reversed(cases))
-        batches.append([cycle(c, r + 1, r) for c in order])
+        batches.append([SignedEvent.seal(cycle(c, r + 1, r), signer, "0" * 64)
+                        for c in order])
     outcomes = await asyncio.gather(*(writer.write(batch) for batch in batches))
     assert sum(o.inserted for o in outcomes) == rounds * len(cases)
     assert all(not o.conflicts for o in outcomes)
@@ -309,10 +323,10 @@ async def test_concurrent_batches_fold_into_shared_cases_once_each(
 
 async def test_two_consumers_share_the_queue_and_store_each_event_once(
     consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool,
-    amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology,
+    amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology, admission: Admission,
 ) -> None:
     stop, ready = asyncio.Event(), asyncio.Event()
-    second = EventLogConsumer(amqp, EventLogWriter(pool), topology, prefetch=20,
+    second = EventLogConsumer(amqp, EventLogWriter(pool), topology, admission, prefetch=20,
                               batch_size=10, linger=0.002)
     task = asyncio.create_task(second.run(stop, ready))
     await asyncio.wait_for(ready.wait(), 10)

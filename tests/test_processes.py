@@ -21,6 +21,7 @@ import pytest
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
+from service.keyfile import worker_signer
 from tests.helpers import ended, wait_for_sql, wait_until
 from tests.stack import free_port, spawn
 
@@ -93,7 +94,7 @@ async def test_the_seed_integration_test_done_for_real(
     channel = await amqp.channel()
     exchange = await channel.get_exchange(f"{settings.namespace}.events", ensure=False)
     subscriber = await channel.declare_queue(exclusive=True, auto_delete=True)
-    await subscriber.bind(exchange, routing_key="case.*.REACT_CYCLE")
+    await subscriber.bind(exchange, routing_key="case.*.*.REACT_CYCLE")
     async with httpx.AsyncClient(base_url=processes["base_url"]) as client:
         reply = await client.post("/cases", json={"agent": "loan-officer",
                                                   "input": SAMPLE_APPLICATIONS[2]})
@@ -251,7 +252,8 @@ async def test_tail_prints_live_events_filtered_by_type(
         assert tail.stderr is not None and tail.stdout is not None
         banner = await asyncio.to_thread(tail.stderr.readline)
         assert b"tailing" in banner
-        sink = EventPublisher(await Publisher.open(amqp), Topology(settings.namespace))
+        sink = EventPublisher(await Publisher.open(amqp), Topology(settings.namespace),
+                              worker_signer(settings))
         for event in (started(case_id), cycle(case_id, 1, 0), completed(case_id, 2)):
             await sink.emit(event)
         line = await asyncio.wait_for(asyncio.to_thread(tail.stdout.readline), 10)

@@ -41,6 +41,8 @@ class AgentProfile:
     script: ScriptFn
     capabilities: tuple[Capability[Any], ...] = ()
     context_budget_tokens: int = 32_000
+    version: str = "1.0.0"
+    """Bumped when the prompt, the tools or the policy change; recorded in CASE_STARTED."""
 
     def input_schema(self) -> dict[str, Any]:
         return self.input_model.model_json_schema(by_alias=True)
@@ -49,6 +51,7 @@ class AgentProfile:
         """The public description served by ``GET /agents``."""
         return {
             "name": self.name,
+            "version": self.version,
             "description": self.description,
             "tools": [
                 {"name": t.name, "source": source_label(t), "description": t.description}

@@ -38,12 +38,12 @@ from service.api.schemas import (
 )
 from service.bus import fastpath
 from service.bus.connection import connect_patiently
-from service.bus.publisher import EventPublisher, Publisher
+from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand
 from service.config import Settings
 from service.errors import BusUnavailable, CasetrailError, PublishRejected, StoreUnavailable
-from service.events import EVENT_TYPES, Limits, ModelRef, cancelled_while_queued
+from service.events import EVENT_TYPES, Limits, ModelRef
 from service.providers import model_problem
 from service.store import CaseStore, NewCase, pool_patiently
 
@@ -293,13 +293,9 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             raise HTTPException(404, f"no case {case_id}")
         if outcome == "ended":
             raise HTTPException(409, f"case {case_id} has already ended")
-        owner = f"api:{uuid.uuid4().hex[:6]}"
-        if await services.store.take_queued_for_cancel(case_id, owner, settings.lease_seconds):
-            sink = EventPublisher(services.publisher, services.topology)
-            for event in cancelled_while_queued(case_id, reason):
-                await sink.emit(event)
-            await services.store.mark_terminal_published(case_id)
-            return {"caseId": str(case_id), "status": "cancelled"}
+        # Only the worker emits case events: a case still queued gets its
+        # CASE_CANCELLED from the worker that receives its start command, at once
+        # and without running it; a running one stops at its next step.
         await services.publisher.publish(
             services.topology.cancel_exchange, "",
             CancelCommand(case_id=case_id, reason=reason).to_json(),

@@ -157,6 +157,7 @@ class AgentTool(BaseModel):
 
 class AgentDescription(BaseModel):
     name: str
+    version: str
     description: str
     tools: list[AgentTool]
     inputSchema: dict[str, Any]

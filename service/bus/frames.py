@@ -37,6 +37,7 @@ _REPLY_TO = _FLAGS["reply_to"]
 _EXPIRATION = _FLAGS["expiration"]
 _MESSAGE_ID = _FLAGS["message_id"]
 _TYPE = _FLAGS["message_type"]
+_USER_ID = _FLAGS["user_id"]
 
 
 def _short(value: str, field: str) -> bytes:
@@ -69,6 +70,9 @@ def encode_properties(properties: Properties) -> tuple[int, bytes]:
     if p.message_type:
         flags |= _TYPE
         parts.append(_short(p.message_type, "type"))
+    if p.user_id:
+        flags |= _USER_ID
+        parts.append(_short(p.user_id, "user_id"))
     return flags, b"".join(parts)
 
 

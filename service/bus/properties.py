@@ -20,6 +20,9 @@ class Properties:
     reply_to: str | None = None
     expiration_ms: int | None = None
     headers: dict[str, Any] | None = None
+    user_id: str | None = None
+    """The publishing connection's broker user: RabbitMQ refuses a message whose
+    user_id is not the connection's, so a consumer knows who published it."""
 
     def to_basic(self) -> Basic.Properties:
         """The same properties as pamqp's object, for aiormq's ``basic_publish``."""
@@ -32,4 +35,5 @@ class Properties:
             expiration=None if self.expiration_ms is None else str(self.expiration_ms),
             message_id=self.message_id,
             message_type=self.message_type or None,
+            user_id=self.user_id or None,
         )

@@ -33,8 +33,10 @@ from service.backoff import backoff_delay
 from service.bus import fastpath
 from service.bus.properties import Properties
 from service.bus.topology import Topology
-from service.errors import BusUnavailable, PublishRejected
+from service.errors import BusUnavailable, CasetrailError, PublishRejected
 from service.events import Event
+from service.integrity import GENESIS, Integrity, Signer
+from service.integrity import HEADER as INTEGRITY_HEADER
 
 log = logging.getLogger("casetrail.bus")
 
@@ -57,6 +59,8 @@ class Publisher:
 
     channel: AbstractChannel
     retry_seconds: float = PUBLISH_RETRY_SECONDS
+    user_id: str | None = None
+    """The connection's broker user, set on every message (the broker checks it)."""
     fast: bool = field(default_factory=fastpath.enabled)
     """Publish through ``fastpath.ConfirmedChannel`` (else aiormq's ``basic_publish``)."""
     _confirmed: fastpath.ConfirmedChannel | None = field(default=None, init=False, repr=False)
@@ -64,6 +68,8 @@ class Publisher:
     @classmethod
     async def open(cls, connection: AbstractRobustConnection, **kwargs: Any) -> Publisher:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        url = getattr(connection, "url", None)  # aio-pika's connections carry theirs
+        kwargs.setdefault("user_id", url.user if url is not None else None)
         return cls(channel, **kwargs)
 
     async def _send(
@@ -119,6 +125,7 @@ class Publisher:
             headers=headers,
             expiration_ms=None if expiration_seconds is None
             else max(1, round(expiration_seconds * 1000)),
+            user_id=self.user_id,
         )
         try:
             try:
@@ -148,17 +155,47 @@ class Publisher:
 
 @dataclass
 class EventPublisher:
-    """The engine's ``EventSink`` on RabbitMQ: one message per event, as it happens."""
+    """The engine's ``EventSink`` on RabbitMQ: one message per event, as it happens,
+    each chained to the one before it in its attempt and signed (service.integrity).
+
+    The body is the event's canonical bytes; the integrity goes in the
+    ``x-casetrail-integrity`` header. An attempt's events are emitted in seq order
+    (the engine emits one after the other), so the chain's head is kept here from
+    one event to the next, and dropped after the terminal event.
+    """
 
     publisher: Publisher
     topology: Topology
+    signer: Signer
+    _heads: dict[tuple[uuid.UUID, int], tuple[int, str]] = field(default_factory=dict)
 
     async def emit(self, event: Event) -> None:
+        chain = (event.case_id, event.attempt)
+        if event.seq == 0:
+            prev_hash = GENESIS
+        else:
+            head = self._heads.get(chain)
+            if head is None or head[0] != event.seq - 1:
+                raise CasetrailError(
+                    f"event {event.seq} of case {event.case_id} attempt {event.attempt} does "
+                    f"not follow the last one emitted ({head[0] if head else 'none'})")
+            prev_hash = head[1]
+        body = event.to_json()
+        integrity = self.signer.seal(prev_hash, body)
+        if event.is_terminal:
+            self._heads.pop(chain, None)
+        else:
+            self._heads[chain] = (event.seq, integrity.hash)
+        await self.publish_sealed(event, body, integrity)
+
+    async def publish_sealed(self, event: Event, body: bytes, integrity: Integrity) -> None:
+        """Publish an event already signed (``emit`` does it for every event)."""
         await self.publisher.publish(
             self.topology.events_exchange,
             event.routing_key,
-            event.to_json(),
+            body,
             message_id=str(event.event_id),
             message_type=event.event_type,
             correlation_id=str(event.case_id),
+            headers={INTEGRITY_HEADER: integrity.as_json()},
         )

@@ -34,6 +34,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 from tenacity import wait_exponential_jitter
 
+from service import CASETRAIL_VERSION
 from service.backoff import backoff_delay
 from service.engine.chat import (
     AssistantTurn,
@@ -48,6 +49,7 @@ from service.engine.chat import (
 from service.engine.tools import ToolBox, ToolOutcome
 from service.errors import ModelRejected, ModelUnavailable
 from service.events import (
+    DEFAULT_TENANT,
     ZERO_USAGE,
     CaseCancelledPayload,
     CaseCompletedPayload,
@@ -135,6 +137,8 @@ class CaseSpec:
     limits: Limits
     model: ModelRef
     restart_reason: str | None = None
+    agent_version: str = "unversioned"
+    tenant_id: str = DEFAULT_TENANT
     context_budget: int | None = None
     """Tokens the conversation may take; beyond it the oldest observations are shortened."""
 
@@ -400,11 +404,14 @@ class ReactEngine:
     def _started_payload(self, spec: CaseSpec, tools: ToolBox) -> CaseStartedPayload:
         return CaseStartedPayload(
             agent=spec.agent,
+            agent_version=spec.agent_version,
+            casetrail_version=CASETRAIL_VERSION,
             model=spec.model,
             system_prompt_digest=system_prompt_digest(spec.system_prompt),
             tools_offered=tuple(
-                ToolOffer(name=name, source=source, description=description)
-                for name, source, description in tools.offers
+                ToolOffer(name=name, source=source, description=description,
+                          input_schema_digest=digest)
+                for name, source, description, digest in tools.offers
             ),
             limits=spec.limits,
             input=spec.input,
@@ -455,7 +462,8 @@ class ReactEngine:
     async def _emit(self, state: RunState, payload: Payload) -> Event:
         """Publish after every earlier event is confirmed, and wait for this one too."""
         await self._settle(state)
-        event = make_event(state.spec.case_id, state.spec.attempt, state.seq, payload)
+        event = make_event(state.spec.case_id, state.spec.attempt, state.seq, payload,
+                           tenant_id=state.spec.tenant_id)
         await self._sink.emit(event)
         state.seq += 1
         return event
@@ -470,7 +478,8 @@ class ReactEngine:
             await self._emit(state, payload)
             return
         await self._settle(state)
-        event = make_event(state.spec.case_id, state.spec.attempt, state.seq, payload)
+        event = make_event(state.spec.case_id, state.spec.attempt, state.seq, payload,
+                           tenant_id=state.spec.tenant_id)
         state.in_flight = asyncio.ensure_future(self._sink.emit(event))
         # A failure is raised where the publish is settled; this only keeps an
         # abandoned attempt's failure from being reported as never retrieved.

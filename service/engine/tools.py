@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar, assert_never
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar, assert_never, cast
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
 from service.engine.chat import ToolCallRequest, ToolResultMessage, ToolSpec
 from service.events import ToolAttempt, ToolCallRecord, describe_validation_error
+from service.integrity import canonical
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -33,6 +35,11 @@ ArgsT = TypeVar("ArgsT", bound=BaseModel)
 @functools.cache
 def _schema(args_model: type[BaseModel]) -> dict[str, Any]:
     return args_model.model_json_schema()
+
+
+@functools.cache
+def _schema_digest(args_model: type[BaseModel]) -> str:
+    return hashlib.sha256(canonical(_schema(args_model))).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -175,9 +182,12 @@ class ToolBox:
         return self._specs
 
     @property
-    def offers(self) -> list[tuple[str, str, str]]:
-        """``(name, source, description)`` of every tool, for ``CASE_STARTED``."""
-        return [(t.name, source_label(t), t.description) for t in self._tools.values()]
+    def offers(self) -> list[tuple[str, str, str, str]]:
+        """``(name, source, description, input schema digest)`` of every tool, for
+        ``CASE_STARTED``: the digest is SHA-256 of the argument schema's canonical JSON."""
+        return [(t.name, source_label(t), t.description,
+                 _schema_digest(cast("type[BaseModel]", t.args_model)))
+                for t in self._tools.values()]
 
     async def run_all(self, calls: Sequence[ToolCallRequest], key: str) -> list[ToolOutcome]:
         """Run a turn's calls concurrently; outcomes keep the model's order.

@@ -1,0 +1,172 @@
+"""How an event proves itself: canonical bytes, a hash chain per attempt, Ed25519.
+
+No I/O. The worker signs with it as it emits, the consumer checks each event with it
+before storing, and ``verify`` / ``verify-bundle`` check whole trails with it.
+
+- The body of an event is ``JCS(envelope without "integrity")``: RFC 8785 canonical
+  JSON (the ``rfc8785`` package) in UTF-8, so a subscriber still reads it with
+  ``json.loads`` and every verifier hashes the same bytes.
+- ``hash = SHA-256(prevHash || 0x0A || body)``, where ``prevHash`` is the previous
+  event's hash of the same attempt as 64 lowercase hex ASCII characters (64 ``0`` for
+  seq 0); ``hash`` is written the same way. Each attempt is one chain.
+- ``sig`` = Ed25519 over the 32 raw hash bytes, base64url without padding; a public
+  key is its 32 raw bytes (base64 with padding where it is written down); ``keyId`` =
+  the first 16 hex characters of SHA-256 of those 32 bytes.
+
+The integrity object travels beside the body (AMQP header ``x-casetrail-integrity``)
+and inside the envelope where REST and bundles show an event. docs/bundle.md has the
+same rules with test vectors.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import rfc8785
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+    load_pem_private_key,
+)
+
+HEADER = "x-casetrail-integrity"
+"""The AMQP header an event's integrity travels in."""
+
+GENESIS = "0" * 64
+"""``prevHash`` of the first event (seq 0) of every attempt."""
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX16 = re.compile(r"^[0-9a-f]{16}$")
+_B64URL = re.compile(r"^[A-Za-z0-9_-]{86}$")  # 64 signature bytes, no padding
+
+
+class IntegrityError(ValueError):
+    """An integrity object that is malformed (not one that fails to verify)."""
+
+
+def canonical(value: Any) -> bytes:
+    """RFC 8785 canonical JSON of ``value``, UTF-8."""
+    return rfc8785.dumps(value)
+
+
+def chain_hash(prev_hash: str, body: bytes) -> str:
+    """``SHA-256(prevHash || 0x0A || body)`` as 64 lowercase hex characters."""
+    return hashlib.sha256(prev_hash.encode("ascii") + b"\n" + body).hexdigest()
+
+
+def key_id(public_key: bytes) -> str:
+    """The first 16 hex characters of SHA-256 of the 32 raw public-key bytes."""
+    return hashlib.sha256(public_key).hexdigest()[:16]
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64url(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def public_key_text(public_key: bytes) -> str:
+    """A public key as written down: its 32 raw bytes, base64 with padding."""
+    return base64.b64encode(public_key).decode("ascii")
+
+
+def public_key_from_text(text: str) -> bytes:
+    """The 32 raw bytes of a base64 public key; ``IntegrityError`` if it is not one."""
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise IntegrityError(f"not a base64 public key: {exc}") from None
+    if len(raw) != 32:
+        raise IntegrityError(f"an Ed25519 public key is 32 bytes, not {len(raw)}")
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class Integrity:
+    """Where an event sits in its chain, and who signed it."""
+
+    prev_hash: str
+    hash: str
+    key_id: str
+    sig: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"prevHash": self.prev_hash, "hash": self.hash, "keyId": self.key_id,
+                "sig": self.sig}
+
+    @classmethod
+    def from_json(cls, value: object) -> Integrity:
+        """Read the header's or an envelope's object; ``IntegrityError`` names what is
+        malformed."""
+        if not isinstance(value, dict):
+            raise IntegrityError("integrity must be an object")
+        fields = {}
+        for name, pattern in (("prevHash", _HEX64), ("hash", _HEX64), ("keyId", _HEX16),
+                              ("sig", _B64URL)):
+            item = value.get(name)
+            if isinstance(item, bytes):  # an AMQP long string may arrive as bytes
+                item = item.decode("ascii", errors="replace")
+            if not isinstance(item, str) or not pattern.match(item):
+                raise IntegrityError(f"integrity.{name} is missing or malformed")
+            fields[name] = item
+        return cls(fields["prevHash"], fields["hash"], fields["keyId"], fields["sig"])
+
+
+def signature_valid(public_key: bytes, hash_hex: str, sig: str) -> bool:
+    """Whether ``sig`` is the Ed25519 signature by ``public_key`` of the 32 hash bytes."""
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(
+            _unb64url(sig), bytes.fromhex(hash_hex))
+    except (InvalidSignature, ValueError, binascii.Error):
+        return False
+    return True
+
+
+class Signer:
+    """An Ed25519 signing key: signs chain hashes as the worker emits."""
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self._key = private_key
+        self.public_key: bytes = private_key.public_key().public_bytes(
+            Encoding.Raw, PublicFormat.Raw)
+        self.key_id = key_id(self.public_key)
+
+    @classmethod
+    def generate(cls) -> Signer:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_pem(cls, pem: bytes) -> Signer:
+        """A key as ``to_pem`` writes it (PKCS #8 PEM, unencrypted)."""
+        try:
+            key = load_pem_private_key(pem, password=None)
+        except (ValueError, TypeError) as exc:
+            raise IntegrityError(f"not a PEM private key: {exc}") from None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise IntegrityError(f"not an Ed25519 key but {type(key).__name__}")
+        return cls(key)
+
+    def to_pem(self) -> bytes:
+        return self._key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+
+    def sign(self, hash_hex: str) -> str:
+        return _b64url(self._key.sign(bytes.fromhex(hash_hex)))
+
+    def seal(self, prev_hash: str, body: bytes) -> Integrity:
+        """The integrity of ``body`` chained after ``prev_hash``."""
+        digest = chain_hash(prev_hash, body)
+        return Integrity(prev_hash, digest, self.key_id, self.sign(digest))

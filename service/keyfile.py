@@ -1,0 +1,53 @@
+"""Signing keys on disk: the worker's Ed25519 key as a PEM file only its owner reads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from service.config import Settings
+from service.errors import PermanentError
+from service.integrity import IntegrityError, Signer
+
+LOCAL_KEY_DIR = Path(".casetrail")
+"""Where ``casetrail up`` and ``demo`` keep the key they make for a developer stack."""
+
+
+def write_signer(path: Path, signer: Signer) -> None:
+    """Write ``signer`` to ``path`` (mode 0600); refuses to overwrite a key."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(signer.to_pem())
+
+
+def read_signer(path: Path) -> Signer:
+    """The key in ``path``; ``PermanentError`` saying what is wrong with it."""
+    try:
+        return Signer.from_pem(path.read_bytes())
+    except OSError as exc:
+        raise PermanentError(f"cannot read the signing key {path}: {exc.strerror}") from None
+    except IntegrityError as exc:
+        raise PermanentError(f"{path} is not a signing key: {exc}") from None
+
+
+def worker_signer(settings: Settings) -> Signer:
+    """The worker's key, from ``CASETRAIL_SIGNING_KEY_FILE``; without one it must not run."""
+    if not settings.signing_key_file:
+        raise PermanentError(
+            "CASETRAIL_SIGNING_KEY_FILE is not set: the worker signs every event it emits. "
+            "Create a key with `casetrail signer generate -o FILE` and point the variable "
+            "at it.")
+    return read_signer(Path(settings.signing_key_file))
+
+
+def ensure_local_signer(settings: Settings) -> Settings:
+    """For a developer stack (``up``, ``demo``): the configured key, or one made and kept
+    under ``.casetrail/`` for this namespace. Children started later inherit it."""
+    if settings.signing_key_file:
+        return settings
+    path = LOCAL_KEY_DIR / f"{settings.namespace}.signing-key.pem"
+    if not path.exists():
+        write_signer(path, Signer.generate())
+    os.environ["CASETRAIL_SIGNING_KEY_FILE"] = str(path.resolve())
+    return settings.model_copy(update={"signing_key_file": str(path.resolve())})

@@ -1,0 +1,216 @@
+"""Whether a trail is intact: every attempt's chain, every signature, completeness.
+
+No I/O: the API and ``casetrail verify`` give it the stored rows and the registered
+keys, ``verify-bundle`` the events of a bundle and the keys it was told to trust.
+Each problem names the attempt and seq it was found at and a machine-readable code:
+
+    unsigned          a version-1 event (stored before signing existed)
+    malformed         the signed bytes are not an event envelope
+    hash_mismatch     the hash is not SHA-256(prevHash || 0x0A || body)
+    broken_link       prevHash is not the previous event's hash (or zeros at seq 0)
+    unknown_key       signed with a key that is not registered (or not trusted)
+    retired_key       signed under a key after its not-valid-after time
+    bad_signature     the signature does not verify under the key
+    seq_gap           an attempt's seq does not run 0, 1, 2 ... (an event is missing)
+    column_mismatch   a queried column (payload, event_type, ...) differs from the body
+    missing_terminal  the case ended (or every attempt stopped) without its terminal event
+    extra_terminal    more than one terminal event
+    terminal_not_last the terminal event is not on the case's last attempt
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from service.events import TERMINAL_EVENT_TYPES
+from service.integrity import GENESIS, Integrity, chain_hash, signature_valid
+
+ADMINISTRATIVE_EVENT_TYPES: frozenset[str] = frozenset({"CASE_ERASED"})
+"""Events after the terminal one that the completeness rule ignores."""
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    """A registered (or trusted) signing key and the time after which it signs nothing."""
+
+    key_id: str
+    public_key: bytes
+    not_valid_after: datetime | None = None
+
+
+@dataclass(frozen=True)
+class TrailEvent:
+    """One event as stored: its signed bytes and integrity, and the queried columns
+    (``columns``, compared with the bytes; empty for a bundle, which has only bytes)."""
+
+    attempt: int
+    seq: int
+    schema_version: int
+    body: bytes | None
+    integrity: Integrity | None
+    columns: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Problem:
+    attempt: int | None
+    seq: int | None
+    code: str
+    message: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "seq": self.seq, "code": self.code,
+                "message": self.message}
+
+
+@dataclass
+class Report:
+    """The verdict on one case's trail."""
+
+    case_id: str
+    events: int = 0
+    complete: bool = False
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return self.events > 0 and not self.problems
+
+    def as_json(self) -> dict[str, Any]:
+        return {"caseId": self.case_id, "verified": self.verified, "complete": self.complete,
+                "events": self.events, "attempts": self.attempts,
+                "problems": [p.as_json() for p in self.problems]}
+
+    def first_problem(self) -> str:
+        if not self.problems:
+            return "no events" if not self.events else "none"
+        p = self.problems[0]
+        where = f"attempt {p.attempt} seq {p.seq}: " if p.attempt is not None else ""
+        return f"{where}{p.code}: {p.message}"
+
+
+def _stamp(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    return None
+
+
+def _check_signed(event: TrailEvent, prev_hash: str, keys: Mapping[str, PublicKey],
+                  problems: list[Problem]) -> dict[str, Any] | None:
+    """The checks on one signed event; its envelope when the body reads as one."""
+    at, integrity, body = (event.attempt, event.seq), event.integrity, event.body
+    assert integrity is not None and body is not None
+
+    def problem(code: str, message: str) -> None:
+        problems.append(Problem(*at, code, message))
+
+    if integrity.prev_hash != prev_hash:
+        problem("broken_link", f"prevHash {integrity.prev_hash[:12]}… does not follow "
+                               f"{prev_hash[:12]}…")
+    if chain_hash(integrity.prev_hash, body) != integrity.hash:
+        problem("hash_mismatch", "the signed bytes do not hash to the recorded hash")
+    key = keys.get(integrity.key_id)
+    envelope: dict[str, Any] | None
+    try:
+        parsed = orjson.loads(body)
+        envelope = parsed if isinstance(parsed, dict) else None
+    except orjson.JSONDecodeError:
+        envelope = None
+    if envelope is None:
+        problem("malformed", "the signed bytes are not a JSON envelope")
+    if key is None:
+        problem("unknown_key", f"key {integrity.key_id} is not registered or not trusted")
+    else:
+        occurred = _stamp(envelope.get("occurredAt")) if envelope else None
+        if key.not_valid_after is not None and (occurred is None
+                                                or occurred > key.not_valid_after):
+            problem("retired_key", f"signed under key {key.key_id} after its not-valid-after "
+                                   f"time {key.not_valid_after.isoformat()}")
+        if not signature_valid(key.public_key, integrity.hash, integrity.sig):
+            problem("bad_signature", f"the signature does not verify under key {key.key_id}")
+    if envelope is not None:
+        for name in ("attempt", "seq"):
+            if envelope.get(name) != getattr(event, name):
+                problem("column_mismatch", f"{name} is {getattr(event, name)} but the signed "
+                                           f"event says {envelope.get(name)!r}")
+        for name, value in event.columns.items():
+            signed = envelope.get(name)
+            same = _stamp(signed) == _stamp(value) if name == "occurredAt" else signed == value
+            if not same:
+                problem("column_mismatch", f"the stored {name} differs from the signed event")
+    return envelope
+
+
+def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, PublicKey],
+                 *, case_ended: bool = False) -> Report:
+    """Check ``events`` (any order) of one case; ``case_ended`` when the case's own record
+    says it ended, so a missing terminal event is a problem even on a short trail."""
+    report = Report(case_id)
+    by_attempt: dict[int, list[TrailEvent]] = {}
+    for event in events:
+        by_attempt.setdefault(event.attempt, []).append(event)
+        report.events += 1
+    terminals: list[tuple[int, int]] = []
+    for attempt in sorted(by_attempt):
+        chain = sorted(by_attempt[attempt], key=lambda e: e.seq)
+        prev_hash, expected_seq, ended, head = GENESIS, 0, False, None
+        for event in chain:
+            if event.seq != expected_seq:
+                report.problems.append(Problem(
+                    attempt, event.seq, "seq_gap",
+                    f"seq {expected_seq}{'' if event.seq == expected_seq + 1 else '…'}"
+                    f"{'' if event.seq == expected_seq + 1 else event.seq - 1} is missing"
+                    if event.seq > expected_seq else f"seq {event.seq} appears twice"))
+            expected_seq = event.seq + 1
+            if event.integrity is None or event.body is None or event.schema_version < 2:
+                report.problems.append(Problem(attempt, event.seq, "unsigned",
+                                               "version-1 event: stored before signing, "
+                                               "it cannot be verified"))
+                event_type = event.columns.get("eventType")
+                prev_hash = GENESIS
+            else:
+                envelope = _check_signed(event, prev_hash, keys, report.problems)
+                event_type = (envelope or {}).get("eventType") or event.columns.get("eventType")
+                prev_hash = event.integrity.hash
+                head = prev_hash
+            if event_type in TERMINAL_EVENT_TYPES:
+                terminals.append((attempt, event.seq))
+                ended = True
+        report.attempts.append({"attempt": attempt, "events": len(chain), "headHash": head,
+                                "ended": ended})
+    last_attempt = max(by_attempt, default=None)
+    if len(terminals) > 1:
+        for attempt, seq in terminals[1:]:
+            report.problems.append(Problem(attempt, seq, "extra_terminal",
+                                           "a second terminal event"))
+    if terminals and terminals[0][0] != last_attempt:
+        attempt, seq = terminals[0]
+        report.problems.append(Problem(attempt, seq, "terminal_not_last",
+                                       f"the terminal event is on attempt {attempt}, not on "
+                                       f"the last attempt {last_attempt}"))
+    report.complete = bool(terminals)
+    if not terminals and case_ended:
+        report.problems.append(Problem(last_attempt, None, "missing_terminal",
+                                       "the case is recorded as ended but its trail has no "
+                                       "terminal event"))
+    report.problems.sort(key=lambda p: (p.attempt or 0, -1 if p.seq is None else p.seq))
+    return report
+
+
+def checked_at() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def keys_by_id(keys: Sequence[PublicKey]) -> dict[str, PublicKey]:
+    return {k.key_id: k for k in keys}
