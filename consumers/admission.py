@@ -18,6 +18,7 @@ over the stored trail (one event here cannot know whether its predecessor arrive
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -58,9 +59,16 @@ class KeyRing:
             self.keys = {k.key_id: k for k in await self.registry.all()}
 
     async def knows_all(self, key_ids: set[str]) -> None:
-        """Read the keys again if one of ``key_ids`` is not known yet (a new worker)."""
-        if not key_ids <= self.keys.keys():
-            await self.refresh()
+        """Read the keys again if one of ``key_ids`` is not known yet (a worker that
+        registered its key since the last read). Reads are at most one a second, so a
+        batch that arrives sooner waits for the next read rather than refusing a key
+        that may have been registered a moment ago."""
+        if key_ids <= self.keys.keys():
+            return
+        wait = self._read_at + KEY_REFRESH_SECONDS - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        await self.refresh()
 
 
 @dataclass(frozen=True)
@@ -70,8 +78,11 @@ class Admission:
     worker_user: str
     keys: KeyRing
 
-    @staticmethod
-    def key_id_of(headers: Mapping[str, Any]) -> str | None:
+    def key_id_of(self, headers: Mapping[str, Any], user_id: str | None) -> str | None:
+        """The key a message says it was signed with, if the worker published it (a
+        message from anyone else never makes the consumer read the keys again)."""
+        if user_id != self.worker_user:
+            return None
         value = headers.get(HEADER)
         key = value.get("keyId") if isinstance(value, dict) else None
         return key.decode() if isinstance(key, bytes) else key if isinstance(key, str) else None

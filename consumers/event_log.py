@@ -152,7 +152,8 @@ class EventLogConsumer:
         dead_letters: Publisher,
         stop: asyncio.Event,
     ) -> None:
-        key_ids = {k for m in batch if (k := Admission.key_id_of(m.headers))}
+        key_ids = {k for m in batch
+                   if (k := self.admission.key_id_of(m.headers, m.user_id))}
         if not await self._know_keys(key_ids, stop):
             return  # stopping during an outage: the broker redelivers the batch
         readable: list[tuple[Delivery, SignedEvent]] = []

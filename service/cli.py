@@ -15,6 +15,7 @@ import logging
 import os
 import uuid
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import orjson
@@ -181,23 +182,15 @@ def trail(
     raw: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
 ) -> None:
     """Print a case's persisted trail from Postgres."""
-    from service.store import CaseStore, create_pool
     from service.trail import format_trail
 
-    try:
-        parsed = uuid.UUID(case_id)
-    except ValueError:
-        typer.echo(f"not a case id: {case_id!r}", err=True)
-        raise typer.Exit(2) from None
+    parsed = _case_id(case_id)
 
-    async def read(settings: Settings) -> list[dict[str, object]]:
-        pool = await create_pool(settings.database_url, max_size=1)
-        try:
-            return [e.as_json() for e in await CaseStore(pool).find_by_case_and_types(parsed)]
-        finally:
-            await pool.close()
+    async def read(evidence: Any) -> tuple[list[dict[str, object]], Any]:
+        stored = await evidence.store.find_by_case_and_types(parsed)
+        return [e.as_json() for e in stored], await evidence.verify(parsed)
 
-    events = _run(read(get_settings()))
+    events, report = _run(_with_evidence(get_settings(), read))
     if not events:
         typer.echo(f"no events for case {case_id}", err=True)
         raise typer.Exit(1)
@@ -205,6 +198,177 @@ def trail(
         typer.echo(orjson.dumps(events, option=orjson.OPT_INDENT_2).decode())
     else:
         typer.echo(format_trail(case_id, events))
+        typer.echo("integrity: " + ("verified" if report.verified else
+                                    f"NOT verified ({report.first_problem()})")
+                   + (", complete" if report.complete else ", not complete"))
+
+
+signer_app = typer.Typer(help="The worker's Ed25519 signing key.", no_args_is_help=True)
+app.add_typer(signer_app, name="signer")
+
+
+@signer_app.command("generate")
+def signer_generate(
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the key "
+                                         "(PEM, mode 0600; an existing file is kept).")],
+) -> None:
+    """Make a new signing key; prints its key id and public key."""
+    from service.integrity import Signer, public_key_text
+    from service.keyfile import write_signer
+
+    signer = Signer.generate()
+    try:
+        write_signer(output, signer)
+    except FileExistsError:
+        typer.echo(f"{output} exists: a signing key is never overwritten", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"key {signer.key_id} written to {output}", err=True)
+    typer.echo(public_key_text(signer.public_key))
+
+
+@signer_app.command("public")
+def signer_public(key_file: Annotated[Path, typer.Argument(help="The PEM key file.")]) -> None:
+    """Print the base64 public key of a signing key (what auditors pass to --trust)."""
+    from service.errors import PermanentError
+    from service.integrity import public_key_text
+    from service.keyfile import read_signer
+
+    try:
+        typer.echo(public_key_text(read_signer(key_file).public_key))
+    except PermanentError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+
+
+@signer_app.command("retire")
+def signer_retire(
+    key_id: Annotated[str, typer.Argument(help="The key id (16 hex characters).")],
+    not_valid_after: Annotated[str | None, typer.Option(
+        help="ISO 8601 time after which nothing this key signed verifies (default: now; "
+             "set it earlier for a compromised key).")] = None,
+) -> None:
+    """Retire a key: events it signs from then on are refused and do not verify."""
+    from datetime import datetime
+
+    from service.store import KeyRegistry, create_pool
+
+    when = None
+    if not_valid_after:
+        try:
+            when = datetime.fromisoformat(not_valid_after.replace("Z", "+00:00"))
+        except ValueError:
+            typer.echo(f"not an ISO 8601 time: {not_valid_after!r}", err=True)
+            raise typer.Exit(2) from None
+
+    async def retire(settings: Settings) -> str:
+        pool = await create_pool(settings.database_url, max_size=1)
+        try:
+            return await KeyRegistry(pool).retire(key_id, when)
+        finally:
+            await pool.close()
+
+    if _run(retire(get_settings())) == "unknown":
+        typer.echo(f"no key {key_id}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"key {key_id} retired")
+
+
+def _case_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        typer.echo(f"not a case id: {text!r}", err=True)
+        raise typer.Exit(2) from None
+
+
+async def _with_evidence(settings: Settings, work: Any) -> Any:
+    from service.evidence import Evidence
+    from service.store import CaseStore, KeyRegistry, create_pool
+
+    pool = await create_pool(settings.database_url, max_size=2)
+    try:
+        return await work(Evidence(CaseStore(pool), KeyRegistry(pool)))
+    finally:
+        await pool.close()
+
+
+@app.command()
+def verify(
+    case_id: Annotated[str, typer.Argument(help="The case id.")],
+    raw: Annotated[bool, typer.Option("--json", help="Print the whole report as JSON.")]
+    = False,
+) -> None:
+    """Check a case's stored trail: exit 0 verified, 1 not (with the first problem),
+    2 could not check (unknown case, database down)."""
+    from service.errors import CasetrailError
+
+    parsed = _case_id(case_id)
+    try:
+        report = _run(_with_evidence(get_settings(), lambda ev: ev.verify(parsed)))
+    except CasetrailError as exc:
+        typer.echo(f"could not check: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if report is None:
+        typer.echo(f"no case {case_id}", err=True)
+        raise typer.Exit(2)
+    _report(report, raw)
+
+
+def _report(report: Any, raw: bool) -> None:
+    if raw:
+        typer.echo(orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode())
+    if report.verified:
+        if not raw:
+            typer.echo(f"verified: {report.events} events, {len(report.attempts)} attempt(s), "
+                       f"{'complete' if report.complete else 'still running'}")
+        return
+    typer.echo(f"NOT verified: {report.first_problem()}"
+               + (f" (+{len(report.problems) - 1} more)" if len(report.problems) > 1 else ""),
+               err=True)
+    raise typer.Exit(1)
+
+
+@app.command()
+def export(
+    case_id: Annotated[str, typer.Argument(help="The case id.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The bundle file to write.")],
+) -> None:
+    """Write a case's offline bundle: the events exactly as signed, and the public keys."""
+    from service.errors import CasetrailError
+
+    parsed = _case_id(case_id)
+    try:
+        bundle = _run(_with_evidence(get_settings(), lambda ev: ev.bundle(parsed)))
+    except CasetrailError as exc:
+        typer.echo(f"could not export: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if bundle is None:
+        typer.echo(f"no case {case_id}", err=True)
+        raise typer.Exit(2)
+    output.write_bytes(orjson.dumps(bundle, option=orjson.OPT_INDENT_2))
+    typer.echo(f"{len(bundle['events'])} events written to {output}", err=True)
+
+
+@app.command("verify-bundle")
+def verify_bundle_command(
+    bundle_file: Annotated[Path, typer.Argument(help="A bundle from `casetrail export`.")],
+    trust: Annotated[list[str], typer.Option(
+        "--trust", help="A trusted public key (base64) or a file with one; repeatable.")],
+    raw: Annotated[bool, typer.Option("--json", help="Print the whole report as JSON.")]
+    = False,
+) -> None:
+    """Check a bundle offline, with nothing but the file and the keys you trust: exit 0
+    verified, 1 not, 2 could not check."""
+    from service.evidence import BundleError, trusted_key, verify_bundle
+
+    try:
+        keys = [trusted_key(t) for t in trust]
+        bundle = orjson.loads(bundle_file.read_bytes())
+        report = verify_bundle(bundle, keys)
+    except (OSError, orjson.JSONDecodeError, BundleError) as exc:
+        typer.echo(f"could not check {bundle_file}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    _report(report, raw)
 
 
 def main() -> None:

@@ -20,9 +20,11 @@ from service.bus.connection import connect
 from service.bus.topology import Topology
 from service.config import Settings
 from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
-from service.keyfile import ensure_local_signer
+from service.evidence import Evidence, verify_bundle
+from service.integrity import public_key_text
+from service.keyfile import LOCAL_KEY_DIR, ensure_local_signer, worker_signer
 from service.migrate import migrate
-from service.store import CaseStore, create_pool
+from service.store import CaseStore, KeyRegistry, create_pool
 from service.supervisor import Stack, stack_commands
 from service.trail import AUDITOR_SQL, format_event, format_trail
 
@@ -186,18 +188,50 @@ async def _show_trails(settings: Settings, names: dict[str, str]) -> int:
             _say(f"  cycle {call['cycle_index']}  {call['tool_name']:<22} "
                  f"{call['tool_source']:<6} {call['duration_ms']:>5} ms  "
                  f"{orjson.dumps(call['tool_result']).decode()}")
+        intact = await _show_integrity(settings, Evidence(store, KeyRegistry(pool)), names)
     finally:
         await pool.close()
     _say("\n-- outcome --")
     for name, status, decision, cycles in decisions:
         _say(f"  {name:<40} {status:<10} {decision:<10} {cycles} cycles")
     loans = [d for n, _, d, _ in decisions if n.startswith("loan-officer")]
+    if not intact:
+        _say("a demo trail did not verify")
+        return 1
     if tuple(loans) != EXPECTED_DECISIONS:
         _say(f"unexpected loan decisions {loans}; expected {list(EXPECTED_DECISIONS)}")
         return 1
     _say("\nEvery cycle above was published to RabbitMQ as it happened and is now in "
          "Postgres.\nTry: casetrail trail " + next(iter(names)))
     return 0
+
+
+async def _show_integrity(settings: Settings, evidence: Evidence, names: dict[str, str]
+                          ) -> bool:
+    """Verify every demo trail, then export one bundle and check it offline."""
+    _say("\n-- integrity: hash chains and Ed25519 signatures --")
+    intact = True
+    for case_id, name in names.items():
+        report = await evidence.verify(uuid.UUID(case_id))
+        assert report is not None
+        intact = intact and report.verified and report.complete
+        verdict = "verified, complete" if report.verified and report.complete \
+            else f"NOT verified: {report.first_problem()}"
+        _say(f"  {name:<40} {report.events} events  {verdict}")
+    first = next(iter(names))
+    bundle = await evidence.bundle(uuid.UUID(first))
+    assert bundle is not None
+    path = LOCAL_KEY_DIR / f"{settings.namespace}-{first}.bundle.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(orjson.dumps(bundle, option=orjson.OPT_INDENT_2))
+    signer = worker_signer(settings)
+    offline = verify_bundle(orjson.loads(path.read_bytes()), [signer.public_key])
+    intact = intact and offline.verified
+    _say(f"  bundle of {names[first]}: {path} -> verify-bundle: "
+         + ("verified" if offline.verified else f"NOT verified: {offline.first_problem()}"))
+    _say(f"  check it yourself: casetrail verify-bundle {path} --trust "
+         f"{public_key_text(signer.public_key)}")
+    return intact
 
 
 async def tail_events(settings: Settings, case: str | None, types: Sequence[str],

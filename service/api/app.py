@@ -24,6 +24,7 @@ from service.api.middleware import BodyLimit
 from service.api.openapi import exact_openapi
 from service.api.schemas import (
     AgentList,
+    Bundle,
     CancelAccepted,
     CancelRequest,
     CaseAccepted,
@@ -33,8 +34,10 @@ from service.api.schemas import (
     LimitsRequest,
     Problem,
     Readiness,
+    SigningKeys,
     Trail,
     ValidationProblem,
+    VerifyReport,
 )
 from service.bus import fastpath
 from service.bus.connection import connect_patiently
@@ -44,8 +47,9 @@ from service.commands import CancelCommand, CaseStartCommand
 from service.config import Settings
 from service.errors import BusUnavailable, CasetrailError, PublishRejected, StoreUnavailable
 from service.events import EVENT_TYPES, Limits, ModelRef
+from service.evidence import Evidence
 from service.providers import model_problem
-from service.store import CaseStore, NewCase, pool_patiently
+from service.store import CaseStore, KeyRegistry, NewCase, pool_patiently
 
 log = logging.getLogger("casetrail.api")
 
@@ -142,6 +146,7 @@ class Services:
     """What the routes need, opened in the app's lifespan."""
 
     store: CaseStore
+    evidence: Evidence
     publisher: Publisher
     topology: Topology
 
@@ -154,6 +159,7 @@ class Services:
         self.pool = await pool_patiently(self.settings.database_url, 20)
         self.connection = await connect_patiently(self.settings.amqp_url, "casetrail-api")
         self.store = CaseStore(self.pool)
+        self.evidence = Evidence(self.store, KeyRegistry(self.pool))
         channel = await self.connection.channel()
         await self.topology.declare(channel)
         await channel.close()
@@ -256,7 +262,39 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         row = await services.store.get_case(case_id)
         if row is None:
             raise HTTPException(404, f"no case {case_id}")
-        return OrjsonResponse(_case_view(row))
+        view = _case_view(row)
+        view["integrity"] = await services.evidence.integrity_summary(case_id, row)
+        return OrjsonResponse(view)
+
+    @app.get("/cases/{case_id}/verify", summary="Whether the case's trail is intact",
+             response_model=None,
+             responses=_responses(200, VerifyReport,
+                                  "Every chain, signature and the completeness, checked",
+                                  404, 422, 503))
+    async def verify_case(case_id: uuid.UUID) -> Response:
+        report = await services.evidence.verify(case_id)
+        if report is None:
+            raise HTTPException(404, f"no case {case_id}")
+        return OrjsonResponse(report.as_json())
+
+    @app.get("/cases/{case_id}/bundle", summary="The case as an offline bundle",
+             response_model=None,
+             responses=_responses(200, Bundle,
+                                  "The events exactly as signed and the public keys "
+                                  "(check it with `casetrail verify-bundle`)", 404, 422, 503))
+    async def bundle_case(case_id: uuid.UUID) -> Response:
+        bundle = await services.evidence.bundle(case_id)
+        if bundle is None:
+            raise HTTPException(404, f"no case {case_id}")
+        return OrjsonResponse(bundle, headers={
+            "Content-Disposition": f'attachment; filename="casetrail-{case_id}.json"'})
+
+    @app.get("/signing-keys", summary="The public keys events are signed with",
+             response_model=None,
+             responses=_responses(200, SigningKeys, "Every registered key, retired ones too",
+                                  503))
+    async def signing_keys() -> Response:
+        return OrjsonResponse({"keys": await services.evidence.keys.describe()})
 
     @app.get("/cases/{case_id}/events", summary="The case's trail, in order",
              response_model=None,

@@ -103,8 +103,16 @@ class TokenTotals(BaseModel):
     outputTokens: int
 
 
+class IntegritySummary(BaseModel):
+    """Whether the case's trail verifies (GET /cases/{caseId}/verify has the details)."""
+
+    verified: bool
+    complete: bool
+    checkedAt: str
+
+
 class CaseView(BaseModel):
-    """A case's status, totals and answer."""
+    """A case's status, totals and answer, and whether its trail verifies."""
 
     caseId: str
     agent: str
@@ -121,6 +129,14 @@ class CaseView(BaseModel):
     createdAt: str | None
     startedAt: str | None
     endedAt: str | None
+    integrity: IntegritySummary
+
+
+class EventIntegrity(BaseModel):
+    prevHash: str
+    hash: str
+    keyId: str
+    sig: str
 
 
 class StoredEnvelope(BaseModel):
@@ -130,6 +146,7 @@ class StoredEnvelope(BaseModel):
 
     eventId: str
     caseId: str
+    tenantId: str
     attempt: int
     seq: int
     eventType: str
@@ -137,6 +154,9 @@ class StoredEnvelope(BaseModel):
     recordedAt: str
     schemaVersion: int
     payload: dict[str, Any]
+    integrity: EventIntegrity | None = Field(
+        description="The event's place in its attempt's hash chain and its signature; "
+                    "null for a version-1 event.")
 
 
 class Trail(BaseModel):
@@ -176,3 +196,61 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     ready: bool
     checks: dict[str, str]
+
+
+class VerifyAttempt(BaseModel):
+    attempt: int
+    events: int
+    headHash: str | None
+    ended: bool
+
+
+class VerifyProblem(BaseModel):
+    attempt: int | None
+    seq: int | None
+    code: str
+    message: str
+
+
+class VerifyReport(BaseModel):
+    """The verdict on a case's trail: chains, signatures, completeness."""
+
+    caseId: str
+    verified: bool
+    complete: bool
+    events: int
+    attempts: list[VerifyAttempt]
+    problems: list[VerifyProblem]
+
+
+class BundleEvent(BaseModel):
+    attempt: int
+    seq: int
+    body: str | None = Field(description="The signed bytes, as UTF-8 text.")
+    integrity: EventIntegrity | None
+
+
+class SigningKey(BaseModel):
+    keyId: str
+    publicKey: str = Field(description="The 32 raw public-key bytes, base64.")
+    createdAt: str | None
+    retiredAt: str | None
+    notValidAfter: str | None
+
+
+class Bundle(BaseModel):
+    """The offline bundle of one case (docs/bundle.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: str
+    caseId: str
+    tenantId: str
+    exportedAt: str
+    case: dict[str, Any]
+    events: list[BundleEvent]
+    keys: list[SigningKey]
+
+
+class SigningKeys(BaseModel):
+    keys: list[SigningKey]
