@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""A standalone verifier of casetrail bundles (docs/bundle.md), independent of casetrail.
+
+Needs only the standard library and ``cryptography`` (Ed25519). Usage:
+
+    python verify_bundle.py BUNDLE.json --trust BASE64_PUBLIC_KEY [--trust ...]
+
+Exit 0 when the bundle verifies, 1 when it does not (each problem printed), 2 when
+it cannot be read.
+"""
+
+import argparse
+import base64
+import hashlib
+import json
+import sys
+from datetime import datetime
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+GENESIS = "0" * 64
+TERMINAL = {"CASE_COMPLETED", "CASE_FAILED", "CASE_TIMED_OUT", "CASE_CANCELLED"}
+ENDED = {"completed", "failed", "timed_out", "cancelled"}
+
+
+def stamp(text):
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def check(bundle, trusted):
+    problems = []
+    keys = {}
+    listed = {k["keyId"]: k for k in bundle.get("keys", [])}
+    for raw in trusted:
+        kid = hashlib.sha256(raw).hexdigest()[:16]
+        keys[kid] = (raw, stamp(listed.get(kid, {}).get("notValidAfter")))
+    attempts = {}
+    for event in bundle["events"]:
+        attempts.setdefault(event["attempt"], []).append(event)
+    terminals = []
+    for attempt in sorted(attempts):
+        prev, expected = GENESIS, 0
+        for event in sorted(attempts[attempt], key=lambda e: e["seq"]):
+            where = f"attempt {attempt} seq {event['seq']}"
+            if event["seq"] != expected:
+                problems.append(f"{where}: seq_gap (expected seq {expected})")
+            expected = event["seq"] + 1
+            integrity, body = event.get("integrity"), (event.get("body") or "").encode()
+            if not integrity:
+                problems.append(f"{where}: unsigned")
+                continue
+            if integrity["prevHash"] != prev:
+                problems.append(f"{where}: broken_link")
+            digest = hashlib.sha256(integrity["prevHash"].encode() + b"\n" + body).hexdigest()
+            if digest != integrity["hash"]:
+                problems.append(f"{where}: hash_mismatch")
+            prev = integrity["hash"]
+            envelope = json.loads(body)
+            if (envelope.get("attempt"), envelope.get("seq")) != (attempt, event["seq"]):
+                problems.append(f"{where}: column_mismatch (the signed event is elsewhere)")
+            key = keys.get(integrity["keyId"])
+            if key is None:
+                problems.append(f"{where}: unknown_key {integrity['keyId']}")
+            else:
+                if key[1] and stamp(envelope.get("occurredAt")) > key[1]:
+                    problems.append(f"{where}: retired_key")
+                text = integrity["sig"]
+                sig = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+                try:
+                    Ed25519PublicKey.from_public_bytes(key[0]).verify(
+                        sig, bytes.fromhex(integrity["hash"]))
+                except InvalidSignature:
+                    problems.append(f"{where}: bad_signature")
+            if envelope.get("eventType") in TERMINAL:
+                terminals.append(attempt)
+    if len(terminals) > 1:
+        problems.append("extra_terminal: more than one terminal event")
+    if terminals and terminals[0] != max(attempts):
+        problems.append("terminal_not_last: the terminal event is not on the last attempt")
+    if not terminals and bundle.get("case", {}).get("status") in ENDED:
+        problems.append("missing_terminal: the case ended but the trail has no terminal event")
+    return problems, bool(terminals)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle")
+    parser.add_argument("--trust", action="append", required=True,
+                        help="a trusted Ed25519 public key, base64 (repeatable)")
+    args = parser.parse_args()
+    try:
+        with open(args.bundle, "rb") as handle:
+            bundle = json.load(handle)
+        if bundle.get("format") != "casetrail-bundle/1":
+            raise ValueError("not a casetrail-bundle/1 file")
+        trusted = [base64.b64decode(t, validate=True) for t in args.trust]
+    except (OSError, ValueError) as exc:
+        print(f"could not check: {exc}", file=sys.stderr)
+        return 2
+    problems, complete = check(bundle, trusted)
+    for problem in problems:
+        print(problem)
+    if problems or not bundle["events"]:
+        print("NOT verified")
+        return 1
+    print(f"verified: {len(bundle['events'])} events{', complete' if complete else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
