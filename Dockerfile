@@ -19,6 +19,8 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 WORKDIR /app
 COPY migrations ./migrations
+# Mount point of the worker's signing-key volume, owned by the user that writes it.
+RUN mkdir /keys && chown casetrail /keys
 USER casetrail
 EXPOSE 8000
 ENTRYPOINT ["casetrail"]

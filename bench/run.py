@@ -21,6 +21,7 @@ import orjson
 from bench import raw, scenarios
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, namespace
+from bench.integrity import integrity_costs
 from service.config import Settings
 from service.migrate import drop_database, ensure_database
 
@@ -132,6 +133,8 @@ async def run(quick: bool) -> dict[str, Any]:
         await scenarios.consumer_ingest(bench_settings(amqp_fastpath=False),
                                         int(100_000 * scale)) for _ in range(rounds)]
     results["ingestPublic"] = median_run(results["ingestPublicRuns"], "eventsPerSecond")
+    print("integrity costs per event ...", flush=True)
+    results["integrity"] = integrity_costs(int(5000 * scale) or 1000)
     print("POST /cases ...", flush=True)
     results["api"] = await scenarios.api_posts(bench_settings(api_port=8797),
                                                requests=int(3000 * scale) or 300)
@@ -185,11 +188,27 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
            f"{x['events']:,} queued events; {x['eventsPerSecondWithStartup']:,}/s "
            f"counting start-up; {spread([y['eventsPerSecond'] for y in runs])}")
           for x, runs in zip(r["ingest"], ingest_runs, strict=True)),
+        *_integrity_rows(r),
         ("POST /cases (1 uvicorn worker)", f"{r['api']['requestsPerSecond']:,.0f} req/s",
          f"≥ {TARGETS['apiRps']}", f"p99 {r['api']['p99Ms']:.0f} ms at concurrency "
          f"{r['api']['concurrency']}"),
     ]
     return rows
+
+
+def _integrity_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """CPU a 0.9 KB cycle event costs for its integrity, one core (bench/integrity.py)."""
+    if "integrity" not in r:
+        return []
+    c = r["integrity"]
+    return [
+        ("integrity CPU per event: canonical JSON", f"{c['canonicalMicroseconds']} µs", "",
+         f"RFC 8785 (rfc8785) of a {c['bodyBytes']}-byte envelope, in the worker"),
+        ("  chain hash + Ed25519 sign", f"{c['chainAndSignMicroseconds']} µs", "",
+         "in the worker"),
+        ("  hash + Ed25519 verify", f"{c['hashAndVerifyMicroseconds']} µs", "",
+         f"in the consumer; its whole admission check {c['consumerAdmitMicroseconds']} µs"),
+    ]
 
 
 def _public_path_rows(r: dict[str, Any], e2e: float) -> list[tuple[str, str, str, str]]:

@@ -46,14 +46,17 @@ class Refused(Exception):
 
 @dataclass
 class KeyRing:
-    """The registered signing keys, as the consumer last read them."""
+    """The registered signing keys, as the consumer last read them (``registry`` None:
+    a fixed set, never read again)."""
 
-    registry: KeyRegistry
+    registry: KeyRegistry | None
     keys: dict[str, PublicKey] = field(default_factory=dict)
     _read_at: float = float("-inf")
 
     async def refresh(self, *, force: bool = False) -> None:
         now = time.monotonic()
+        if self.registry is None:
+            return
         if force or now - self._read_at >= KEY_REFRESH_SECONDS:
             self._read_at = now
             self.keys = {k.key_id: k for k in await self.registry.all()}

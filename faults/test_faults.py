@@ -23,7 +23,8 @@ from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.bus.dead_letter import REASON_HEADER
 from service.bus.publisher import EventPublisher, Publisher
 from service.bus.topology import Topology
-from service.events import make_event
+from service.events import make_event, seal_chain
+from service.integrity import canonical
 from service.keyfile import worker_signer
 from tests.helpers import wait_until
 from tests.test_pipeline import cycle, started
@@ -192,7 +193,8 @@ async def test_poison_on_the_bus(stack: Stack, pool: asyncpg.Pool) -> None:
     connection = await aio_pika.connect_robust(stack.settings.amqp_url)
     topology = Topology(stack.settings.namespace)
     publisher = await Publisher.open(connection)
-    sink = EventPublisher(publisher, topology, worker_signer(stack.settings))
+    signer = worker_signer(stack.settings)
+    sink = EventPublisher(publisher, topology, signer)
     case_id = uuid.uuid4()
     good = [started(case_id), cycle(case_id, 1, 0), cycle(case_id, 2, 1)]
     valid = orjson.loads(good[1].to_json())
@@ -210,7 +212,10 @@ async def test_poison_on_the_bus(stack: Stack, pool: asyncpg.Pool) -> None:
         await publisher.publish(topology.events_exchange, key, body)
     await publisher.publish(topology.events_exchange, key, poison[-1][0])
     await wait_until(lambda: _rows(pool, case_id, 3), timeout=30)
-    await publisher.publish(topology.events_exchange, key, orjson.dumps(conflict))
+    # Other content for a stored (case, attempt, seq), signed with the worker's key.
+    body = canonical(conflict)
+    await sink.publish_sealed(good[1], body, signer.seal(
+        seal_chain(good, signer)[0].integrity.hash, body))
     await sink.emit(make_event(case_id, 1, 3, good[2].payload))
     await wait_until(lambda: _rows(pool, case_id, 4), timeout=30)
     channel = await connection.channel()

@@ -211,17 +211,22 @@ app.add_typer(signer_app, name="signer")
 def signer_generate(
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the key "
                                          "(PEM, mode 0600; an existing file is kept).")],
+    if_missing: Annotated[bool, typer.Option(
+        "--if-missing", help="A key already there is fine: keep it and print its public "
+                             "key (for a container's first start).")] = False,
 ) -> None:
-    """Make a new signing key; prints its key id and public key."""
+    """Make a new signing key; prints its base64 public key."""
     from service.integrity import Signer, public_key_text
-    from service.keyfile import write_signer
+    from service.keyfile import read_signer, write_signer
 
     signer = Signer.generate()
     try:
         write_signer(output, signer)
     except FileExistsError:
-        typer.echo(f"{output} exists: a signing key is never overwritten", err=True)
-        raise typer.Exit(2) from None
+        if not if_missing:
+            typer.echo(f"{output} exists: a signing key is never overwritten", err=True)
+            raise typer.Exit(2) from None
+        signer = read_signer(output)
     typer.echo(f"key {signer.key_id} written to {output}", err=True)
     typer.echo(public_key_text(signer.public_key))
 

@@ -25,6 +25,7 @@ COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text
 README = (ROOT / "README.md").read_text()
 SUBCOMMANDS = set(get_command(app).commands)  # type: ignore[attr-defined]
 OURS = {name: svc for name, svc in COMPOSE["services"].items() if "command" in svc}
+GROUPS = {"signer"}
 
 
 def test_the_cli_has_the_designed_subcommands() -> None:
@@ -41,10 +42,12 @@ def test_compose_has_every_component() -> None:
 def test_each_compose_service_runs_a_real_documented_subcommand(name: str) -> None:
     command = OURS[name]["command"]
     assert command[0] in SUBCOMMANDS
-    assert f"casetrail {command[0]}" in README
+    # A command group (``signer``) names its subcommand next.
+    path = command[:2] if command[0] in GROUPS else command[:1]
+    assert f"casetrail {' '.join(path)}" in README
     if command[0] == "capability-worker":
         assert set(command[1:]) == set(CAPABILITIES)
-    shown = subprocess.run([sys.executable, "-m", "service.cli", command[0], "--help"],
+    shown = subprocess.run([sys.executable, "-m", "service.cli", *path, "--help"],
                            capture_output=True, text=True, timeout=60, check=False)
     assert shown.returncode == 0, shown.stderr
     for option in (a for a in command[1:] if a.startswith("--")):
@@ -59,6 +62,17 @@ def test_start_order_waits_on_health_and_migrations() -> None:
         assert depends["rabbitmq"]["condition"] == "service_healthy"
         assert depends["postgres"]["condition"] == "service_healthy"
         assert depends["migrate"]["condition"] == "service_completed_successfully"
+
+
+def test_the_worker_signs_with_a_key_only_it_mounts() -> None:
+    worker, others = OURS["worker"], [s for n, s in OURS.items() if n not in
+                                      ("worker", "signing-key")]
+    assert worker["depends_on"]["signing-key"]["condition"] == \
+        "service_completed_successfully"
+    key_file = worker["environment"]["CASETRAIL_SIGNING_KEY_FILE"]
+    assert any(v.endswith(":/keys:ro") for v in worker["volumes"])
+    assert key_file.startswith("/keys/") and key_file in OURS["signing-key"]["command"]
+    assert all("volumes" not in s for s in others)
 
 
 def test_dockerfile_is_slim_non_root_and_runs_the_cli() -> None:

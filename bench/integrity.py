@@ -1,0 +1,59 @@
+"""What the integrity costs per event, on one core: canonicalising the envelope
+(RFC 8785), chaining and signing it (the worker), checking it (the consumer).
+``python -m bench.integrity [EVENTS]``."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from bench.raw import sample_cycles
+from consumers.admission import Admission, KeyRing, Refused
+from service.integrity import GENESIS, HEADER, Signer, chain_hash, signature_valid
+from service.verification import PublicKey
+
+
+def _per_event(seconds: float, count: int) -> float:
+    return round(seconds / count * 1e6, 1)
+
+
+def integrity_costs(count: int = 5000) -> dict[str, Any]:
+    events = sample_cycles(count)
+    signer = Signer.generate()
+    started = time.process_time()
+    bodies = [e.to_json() for e in events]
+    canonical = time.process_time() - started
+    started = time.process_time()
+    seals, prev = [], GENESIS
+    for body in bodies:
+        seal = signer.seal(prev, body)
+        seals.append(seal)
+        prev = seal.hash
+    sealing = time.process_time() - started
+    started = time.process_time()
+    assert all(chain_hash(s.prev_hash, b) == s.hash and
+               signature_valid(signer.public_key, s.hash, s.sig)
+               for s, b in zip(seals, bodies, strict=True))
+    verifying = time.process_time() - started
+    ring = KeyRing(registry=None, keys={signer.key_id: PublicKey(signer.key_id,
+                                                                   signer.public_key)})
+    admission = Admission("worker", ring)
+    started = time.process_time()
+    for seal, body in zip(seals, bodies, strict=True):
+        try:
+            admission.admit(body, {HEADER: seal.as_json()}, "worker")
+        except Refused as exc:  # pragma: no cover - a benchmark of genuine events
+            raise AssertionError(exc.reason) from exc
+    admitting = time.process_time() - started
+    return {
+        "events": count, "bodyBytes": len(bodies[0]),
+        "canonicalMicroseconds": _per_event(canonical, count),
+        "chainAndSignMicroseconds": _per_event(sealing, count),
+        "hashAndVerifyMicroseconds": _per_event(verifying, count),
+        "consumerAdmitMicroseconds": _per_event(admitting, count),
+    }
+
+
+if __name__ == "__main__":
+    print(integrity_costs(int(sys.argv[1]) if len(sys.argv) > 1 else 5000))
