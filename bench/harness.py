@@ -30,13 +30,17 @@ from service.supervisor import component_command
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_KEYS = tempfile.TemporaryDirectory(prefix="casetrail-bench-keys-")
+"""The bench stacks' signing keys; removed when the benchmark process exits."""
+
+
 def bench_settings(**overrides: object) -> Settings:
     """Settings of a private bench stack, with a signing key of its own (made here;
     ``namespace`` registers it)."""
     suffix = uuid.uuid4().hex[:6]
     base = Settings()
     url = base.database_url.rsplit("/", 1)[0] + f"/casetrail_bench_{suffix}"
-    key_file = Path(tempfile.gettempdir()) / f"casetrail-bench-{suffix}.signing-key.pem"
+    key_file = Path(_KEYS.name) / f"casetrail-bench-{suffix}.signing-key.pem"
     write_signer(key_file, Signer.generate())
     return base.model_copy(update={
         "database_url": url, "namespace": f"casetrail-bench-{suffix}",
@@ -89,7 +93,6 @@ async def namespace(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
         await topology.delete_all(channel, sorted(CAPABILITIES))
         await connection.close()
         await drop_database(settings.database_url)
-        await asyncio.to_thread(Path(settings.signing_key_file or "").unlink, missing_ok=True)
 
 
 async def wait_ready(base_url: str, timeout: float = 60) -> None:

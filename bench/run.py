@@ -26,9 +26,12 @@ from service.config import Settings
 from service.migrate import drop_database, ensure_database
 
 PEER_PYTHON = ROOT / "bench" / ".venv-peer" / "bin" / "python"
-TARGETS = {
-    "e2e": 2500, "peerRatio": 15, "ingest": 15000, "p99At1000": 100, "concurrencyShare": 0.9,
-    "workerRss": 300, "apiRps": 800,
+TARGETS: dict[str, Any] = {
+    # With every event signed by the worker and verified by the consumer (the
+    # provable-trail targets): ingest 6,000 events/s in one process, 10,000 in two,
+    # and at least 10x the peer; end to end stays at 2,500.
+    "e2e": 2500, "peerRatio": 10, "ingest": (6000, 10000), "p99At1000": 100,
+    "concurrencyShare": 0.9, "workerRss": 300, "apiRps": 800,
 }
 
 
@@ -184,7 +187,8 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
          f"{spread(top_runs, '{:.1%}')}"),
         ("  worker peak RSS", f"{top['workerPeakRssMb']} MB", f"≤ {TARGETS['workerRss']} MB", ""),
         *((f"consumer ingest alone, {x['consumers']} process{'es' if x['consumers'] > 1 else ''}",
-           f"{x['eventsPerSecond']:,} events/s", f"≥ {TARGETS['ingest']:,}",
+           f"{x['eventsPerSecond']:,} events/s",
+           f"≥ {TARGETS['ingest'][min(x['consumers'], 2) - 1]:,}",
            f"{x['events']:,} queued events; {x['eventsPerSecondWithStartup']:,}/s "
            f"counting start-up; {spread([y['eventsPerSecond'] for y in runs])}")
           for x, runs in zip(r["ingest"], ingest_runs, strict=True)),

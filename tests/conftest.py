@@ -15,6 +15,7 @@ from typing import Any
 
 import aio_pika
 import asyncpg
+import httpx
 import pytest
 
 from consumers.admission import Admission, KeyRing
@@ -26,6 +27,7 @@ from service.integrity import Signer
 from service.keyfile import worker_signer, write_signer
 from service.migrate import drop_database, migrate
 from service.store import KeyRegistry, create_pool
+from tests.stack import InProcessStack
 
 _LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0", ""}
 _real_getaddrinfo = socket.getaddrinfo
@@ -140,3 +142,10 @@ async def queue(amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology
     yield declared
     await declared.delete(if_unused=False, if_empty=False)
     await channel.close()
+
+
+@pytest.fixture
+async def client(stack: InProcessStack) -> AsyncIterator[httpx.AsyncClient]:
+    """HTTP to the API of the module's ``stack`` (a module defines its own, sized for it)."""
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as http:
+        yield http

@@ -33,12 +33,6 @@ async def stack(
         yield running
 
 
-@pytest.fixture
-async def client(stack: InProcessStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as http:
-        yield http
-
-
 async def start(client: httpx.AsyncClient, case_input: dict[str, Any] = APPROVE,
                 **extra: Any) -> str:
     reply = await client.post("/cases", json={"agent": "loan-officer", "input": case_input,

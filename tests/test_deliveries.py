@@ -12,9 +12,11 @@ import aio_pika
 import pytest
 from aiormq.abc import DeliveredMessage
 
-from service.bus.deliveries import Delivery, Subscription
+from service.bus.dead_letter import REASON_HEADER
+from service.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
+from service.errors import Reject, TransientError
 from tests.helpers import wait_until
 
 
@@ -97,4 +99,50 @@ async def test_a_failing_handler_is_logged_and_later_deliveries_still_arrive(
     assert "delivery handler failed" in caplog.text
     assert "handler broke" in caplog.text
     await subscription.cancel()
+    await publisher.channel.close()
+
+
+async def test_what_a_handler_raises_decides_how_its_message_is_settled(
+    amqp: aio_pika.abc.AbstractRobustConnection,
+    channel: aio_pika.abc.AbstractRobustChannel,
+    topology: Topology,
+) -> None:
+    """Returning acks; ``Reject`` dead-letters with the reason; a ``TransientError``
+    hands the message back, and the broker delivers it again."""
+    queue = await private_queue(channel, topology)
+    seen: list[tuple[str | None, bool]] = []
+
+    async def handle(delivery: Delivery) -> None:
+        seen.append((delivery.message_id, delivery.raw.redelivered or False))
+        if delivery.message_id == "poison":
+            raise Reject("poison: cannot be read")
+        if delivery.message_id == "flaky" and not delivery.raw.redelivered:
+            raise TransientError("database away")
+
+    publisher = await Publisher.open(amqp)
+    running = TaskPerDelivery(handle, publisher, topology)
+    subscription = Subscription(channel, queue, running)
+    await subscription.start()
+    for message_id in ("fine", "poison", "flaky"):
+        await publisher.publish("", queue, b"{}", message_id=message_id)
+    await wait_for(lambda: ("flaky", True) in seen)
+    await running.drain(5)
+    assert sorted(seen) == [("fine", False), ("flaky", False), ("flaky", True),
+                            ("poison", False)]
+    dead = await channel.get_queue(topology.dead_letter_queue, ensure=False)
+    reasons = {}
+    for _ in range(100):
+        message = await dead.get(no_ack=False, fail=False)
+        if message is None:
+            break
+        if message.message_id == "poison":
+            reasons[message.message_id] = (message.headers or {}).get(REASON_HEADER)
+            await message.ack()
+        else:
+            await message.nack(requeue=True)
+    assert reasons == {"poison": "poison: cannot be read"}
+    await subscription.cancel()
+    # Nothing is left unsettled: the queue is empty once the consumer is gone.
+    declared = await channel.declare_queue(queue, passive=True)
+    assert declared.declaration_result.message_count == 0
     await publisher.channel.close()

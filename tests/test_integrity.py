@@ -50,12 +50,6 @@ async def stack(
         yield running
 
 
-@pytest.fixture
-async def client(stack: InProcessStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as http:
-        yield http
-
-
 async def decided(client: httpx.AsyncClient, application: dict[str, Any] = DECLINE) -> str:
     reply = await client.post("/cases", json={"agent": "loan-officer", "input": application})
     assert reply.status_code == 202, reply.text

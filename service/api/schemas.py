@@ -4,32 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, ConfigDict, Field
 
-from service.events import ModelRef, refuse_boolean_numbers
-
-
-class _Camel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_boolean_numbers(cls, data: Any) -> Any:
-        return refuse_boolean_numbers(cls, data)
+from service.agents.profile import CamelModel
+from service.events import ModelRef
 
 
-class LimitsRequest(_Camel):
+class LimitsRequest(CamelModel):
     """Overrides of the agent's default limits, within the server's caps."""
 
     max_cycles: int | None = Field(default=None, ge=1)
     deadline_seconds: float | None = Field(default=None, gt=0)
 
 
-class CaseRequest(_Camel):
+class CaseRequest(CamelModel):
     """Start a case."""
 
-    model_config = _Camel.model_config | {
+    model_config = CamelModel.model_config | {
         "json_schema_extra": {
             "examples": [
                 {
@@ -51,7 +42,7 @@ class CaseRequest(_Camel):
     model: ModelRef | None = Field(default=None, description="Overrides the agent's model.")
 
 
-class CancelRequest(_Camel):
+class CancelRequest(CamelModel):
     reason: str | None = Field(default=None, max_length=1000)
 
 
