@@ -12,6 +12,7 @@ import orjson
 
 from bench.harness import (
     Processes,
+    api_key,
     bench_settings,
     cpu_seconds,
     namespace,
@@ -24,14 +25,16 @@ from service.config import Settings
 PORT = 8790
 
 
-def ab_post(url: str, body: dict[str, Any], requests: int, concurrency: int) -> dict[str, float]:
+def ab_post(url: str, body: dict[str, Any], requests: int, concurrency: int,
+            key: str) -> dict[str, float]:
     """POST ``body`` ``requests`` times with ApacheBench (keep-alive): a client light
     enough not to be the bottleneck on a 2-core machine. Fails on any non-2xx."""
     with tempfile.NamedTemporaryFile("wb", suffix=".json", delete=False) as f:
         f.write(orjson.dumps(body))
     out = subprocess.run(
         ["ab", "-q", "-k", "-n", str(requests), "-c", str(concurrency), "-p", f.name,
-         "-T", "application/json", url], capture_output=True, text=True, check=True,
+         "-T", "application/json", "-H", f"Authorization: Bearer {key}", url],
+        capture_output=True, text=True, check=True,
     ).stdout
     figures = {}
     for line in out.splitlines():
@@ -46,15 +49,17 @@ def ab_post(url: str, body: dict[str, Any], requests: int, concurrency: int) -> 
     return figures
 
 
-async def post_cases(base_url: str, body: dict[str, Any], cases: int,
+async def post_cases(base_url: str, body: dict[str, Any], cases: int, key: str,
                      concurrency: int = 32) -> dict[str, float]:
-    return await asyncio.to_thread(ab_post, f"{base_url}/cases", body, cases, concurrency)
+    return await asyncio.to_thread(ab_post, f"{base_url}/cases", body, cases, concurrency,
+                                   key)
 
 
 async def end_to_end(cases: int, cycles: int, workers: int = 1,
                      settings: Settings | None = None) -> dict[str, Any]:
     settings = settings or bench_settings(api_port=PORT)
     async with namespace(settings) as pool:
+        key = await api_key(pool)
         stack = Processes(settings)
         stack.spawn("api", "api", "--port", str(settings.api_port))
         for i in range(workers):
@@ -65,7 +70,7 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
             body = {"agent": "throughput-probe", "input": {"cycles": cycles}}
             before = {n: cpu_seconds(c.pid) for n, c in stack.children.items()} | service_cpu()
             started = time.time()
-            await post_cases(f"http://127.0.0.1:{settings.api_port}", body, cases)
+            await post_cases(f"http://127.0.0.1:{settings.api_port}", body, cases, key)
             posted = time.time()
             await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type = "
                             "'CASE_COMPLETED'", cases)

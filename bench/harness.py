@@ -25,6 +25,7 @@ from service.config import Settings
 from service.integrity import Signer
 from service.keyfile import worker_signer, write_signer
 from service.migrate import drop_database, migrate
+from service.store import ApiKeyStore
 from service.supervisor import component_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +45,14 @@ def bench_settings(**overrides: object) -> Settings:
     write_signer(key_file, Signer.generate())
     return base.model_copy(update={
         "database_url": url, "namespace": f"casetrail-bench-{suffix}",
-        "signing_key_file": str(key_file), **overrides,
+        "signing_key_file": str(key_file), "bench_mode": True, **overrides,
     })
+
+
+async def api_key(pool: asyncpg.Pool) -> str:
+    """An API key for a bench stack's requests (tenant ``default``)."""
+    _, key = await ApiKeyStore(pool).create("default", ("cases:start", "cases:read"), "bench")
+    return key
 
 
 @dataclass

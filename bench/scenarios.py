@@ -13,7 +13,15 @@ import asyncpg
 import orjson
 
 from bench.e2e import ab_post
-from bench.harness import Processes, namespace, peak_rss_mb, percentiles, wait_ready, wait_rows
+from bench.harness import (
+    Processes,
+    api_key,
+    namespace,
+    peak_rss_mb,
+    percentiles,
+    wait_ready,
+    wait_rows,
+)
 from bench.raw import sample_cycles
 from service.bus.publisher import EventPublisher, Publisher
 from service.bus.topology import Topology
@@ -180,14 +188,17 @@ async def consumer_ingest(settings: Settings, count: int = 100_000, consumers: i
 async def api_posts(settings: Settings, requests: int = 3000, concurrency: int = 32
                     ) -> dict[str, Any]:
     """``POST /cases`` with one uvicorn worker (no case worker: commands queue up)."""
-    async with namespace(settings):
+    async with namespace(settings) as pool:
+        key = await api_key(pool)
         stack = Processes(settings)
         stack.spawn("api", "api", "--port", str(settings.api_port))
         try:
             await wait_ready(f"http://127.0.0.1:{settings.api_port}")
+            # Every request's key is checked (a cached lookup and one SHA-256).
             figures = await asyncio.to_thread(
                 ab_post, f"http://127.0.0.1:{settings.api_port}/cases",
-                {"agent": "throughput-probe", "input": {"cycles": 3}}, requests, concurrency)
+                {"agent": "throughput-probe", "input": {"cycles": 3}}, requests, concurrency,
+                key)
         finally:
             stack.stop()
     return {"requests": requests, "concurrency": concurrency, **figures}

@@ -23,7 +23,7 @@ from service.config import Settings
 from service.integrity import Signer
 from service.keyfile import write_signer
 from service.migrate import drop_database, migrate
-from service.store import KeyRegistry, create_pool
+from service.store import ApiKeyStore, KeyRegistry, create_pool
 from tests.helpers import wait_until
 from tests.stack import free_port, spawn
 
@@ -54,6 +54,8 @@ def rabbit(action: str) -> None:
 class Stack:
     settings: Settings
     base_url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    """The API key of the stack's own requests."""
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
@@ -89,12 +91,15 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         "lease_seconds": 15.0,
         "tool_timeout_seconds": 2.0,
         "signing_key_file": str(key_file),
+        "bench_mode": True,  # slow scripted models (latencyMs)
     })
     await migrate(settings.database_url)
     # Registered before anything runs: fault scenarios also publish signed events
     # themselves, and the consumer must know the key from the first one.
     keys_pool = await create_pool(settings.database_url, max_size=1)
     await KeyRegistry(keys_pool).register(signer.key_id, signer.public_key)
+    _, api_key = await ApiKeyStore(keys_pool).create(
+        "default", ("cases:start", "cases:read", "cases:cancel", "models:override"), "faults")
     await keys_pool.close()
     topology = Topology(settings.namespace)
     connection = await aio_pika.connect_robust(settings.amqp_url)
@@ -103,7 +108,8 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     await declare_witness(connection, topology)
     await connection.close()
     port = free_port()
-    running = Stack(settings, f"http://127.0.0.1:{port}")
+    running = Stack(settings, f"http://127.0.0.1:{port}",
+                    {"Authorization": f"Bearer {api_key}"})
     running.start("api", "api", "--port", str(port))
     running.start("worker", "worker")
     running.start("consumer", "consumer")

@@ -34,7 +34,8 @@ TERMINAL = ("completed", "failed", "timed_out", "cancelled")
 
 async def submit(stack: Stack, count: int, latency_ms: int = 300) -> set[uuid.UUID]:
     accepted: set[uuid.UUID] = set()
-    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30,
+                                 headers=stack.headers) as client:
         for i in range(count):
             reply = await client.post("/cases", json={
                 "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[i % 3],
@@ -75,7 +76,8 @@ async def test_broker_restart_while_50_cases_run(stack: Stack, pool: asyncpg.Poo
     await asyncio.to_thread(rabbit, "stop_app")
     try:
         # What cannot be promised is refused: 503, and no case row left waiting.
-        async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=30,
+                                 headers=stack.headers) as client:
             reply = await client.post("/cases", json={"agent": "loan-officer",
                                                       "input": SAMPLE_APPLICATIONS[0]})
         assert reply.status_code == 503, reply.text
@@ -94,7 +96,8 @@ async def test_postgres_down_for_10s_while_ingesting(stack: Stack, pool: asyncpg
     await asyncio.to_thread(pg_cluster, "stop")
     try:
         await wait_until(lambda: _not(stack.ready), timeout=15)
-        async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=30,
+                                 headers=stack.headers) as client:
             reply = await client.post("/cases", json={"agent": "loan-officer",
                                                       "input": SAMPLE_APPLICATIONS[0]})
         assert reply.status_code == 503

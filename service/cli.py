@@ -203,6 +203,67 @@ def trail(
                    + (", complete" if report.complete else ", not complete"))
 
 
+keys_app = typer.Typer(help="API keys: who may call the REST API.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+
+async def _with_keys(settings: Settings, work: Any) -> Any:
+    from service.store import ApiKeyStore, create_pool
+
+    pool = await create_pool(settings.database_url, max_size=1)
+    try:
+        return await work(ApiKeyStore(pool))
+    finally:
+        await pool.close()
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="The tenant the key acts for.")],
+    scopes: Annotated[str, typer.Option(help="Comma-separated: cases:start, cases:read, "
+                                             "cases:cancel, models:override, pii:read, admin.")],
+    name: Annotated[str | None, typer.Option(help="A label for people.")] = None,
+    expires_days: Annotated[int | None, typer.Option(min=1, help="Days until it stops "
+                                                              "working.")] = None,
+) -> None:
+    """Create an API key; the key alone goes to stdout, once (only its hash is kept)."""
+    from datetime import UTC, datetime, timedelta
+
+    from service.auth import AuthError, check_tenant, parse_scopes
+
+    try:
+        wanted = parse_scopes(scopes)
+        check_tenant(tenant)
+    except AuthError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    expires = datetime.now(UTC) + timedelta(days=expires_days) if expires_days else None
+    key_id, key = _run(_with_keys(get_settings(),
+                                  lambda store: store.create(tenant, wanted, name, expires)))
+    typer.echo(f"key {key_id} for tenant {tenant} ({', '.join(wanted)}) created; it is shown "
+               "only now", err=True)
+    typer.echo(key)
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """One key a line, its id first (never the key itself)."""
+    for record in _run(_with_keys(get_settings(), lambda store: store.all())):
+        state = ("revoked" if record.revoked_at else
+                 f"expires {record.expires_at:%Y-%m-%d}" if record.expires_at else "active")
+        typer.echo(f"{record.key_id}  {record.tenant:<16} {','.join(record.scopes):<40} "
+                   f"{state:<18} {record.name or ''}".rstrip())
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key id.")]) -> None:
+    """Revoke a key; every API process refuses it within a second."""
+    if not _run(_with_keys(get_settings(), lambda store: store.revoke(key_id))):
+        typer.echo(f"no key {key_id}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"key {key_id} revoked")
+
+
 signer_app = typer.Typer(help="The worker's Ed25519 signing key.", no_args_is_help=True)
 app.add_typer(signer_app, name="signer")
 

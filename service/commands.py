@@ -13,6 +13,7 @@ import orjson
 from pydantic import ValidationError
 
 from service.events import (
+    DEFAULT_TENANT,
     ContractModel,
     JsonObject,
     Limits,
@@ -43,10 +44,13 @@ class CaseStartCommand(_Command):
     """Run this case: sent once by the API after the case row is committed."""
 
     case_id: uuid.UUID
+    tenant_id: str = DEFAULT_TENANT
     agent: str
     input: JsonObject
     model: ModelRef
     limits: Limits
+    started_by: str | None = None
+    """Who started the case (``key:<keyId>``), recorded in its CASE_STARTED."""
 
 
 class CancelCommand(_Command):
@@ -54,3 +58,4 @@ class CancelCommand(_Command):
 
     case_id: uuid.UUID
     reason: str | None = None
+    by: str | None = None

@@ -39,6 +39,12 @@ class Settings(BaseSettings):
         "generate`). A worker refuses to start without one.",
     )
 
+    bench_mode: bool = Field(
+        default=False,
+        description="Allow what only benchmarks and tests may use: the throughput-probe "
+        "agent and the scripted model's latencyMs. Off, the API refuses them (422).",
+    )
+
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
 
     api_host: str = "127.0.0.1"

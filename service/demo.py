@@ -24,7 +24,7 @@ from service.evidence import Evidence, verify_bundle
 from service.integrity import public_key_text
 from service.keyfile import LOCAL_KEY_DIR, ensure_local_signer, worker_signer
 from service.migrate import migrate
-from service.store import CaseStore, KeyRegistry, create_pool
+from service.store import ApiKeyStore, CaseStore, KeyRegistry, create_pool
 from service.supervisor import Stack, stack_commands
 from service.trail import AUDITOR_SQL, format_event, format_trail
 
@@ -100,8 +100,7 @@ def _label(case_id: str, names: dict[str, str]) -> str:
 async def run_demo(settings: Settings) -> int:
     """Stack up, sample cases in, cycles shown live, trails read back from Postgres."""
     _say("== casetrail demo ==")
-    settings = ensure_local_signer(settings)
-    await migrate(settings.database_url)
+    settings, key = await _prepare(settings)
     stack = Stack(stack_commands(settings.api_port, sorted(CAPABILITIES)))
     stack.start()
     base_url = f"http://127.0.0.1:{settings.api_port}"
@@ -124,7 +123,8 @@ async def run_demo(settings: Settings) -> int:
         names: dict[str, str] = {}
         submissions = [("loan-officer", app, app["applicantName"]) for app in SAMPLE_APPLICATIONS]
         submissions.append(("aml-screening", AML_SAMPLE, AML_SAMPLE["customerName"]))
-        async with httpx.AsyncClient(base_url=base_url, timeout=10.0) as client:
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=base_url, timeout=10.0, headers=headers) as client:
             for agent, case_input, who in submissions:
                 reply = await client.post("/cases", json={"agent": agent, "input": case_input},
                                           headers={"Idempotency-Key": str(uuid.uuid4())})
@@ -149,11 +149,38 @@ async def run_demo(settings: Settings) -> int:
                     ended.add(event["caseId"])
             for case_id in names:
                 await _until_recorded(client, case_id)
-        return await _show_trails(settings, names)
+        return _show_api_use(await _show_trails(settings, names), key, base_url,
+                             next(iter(names)))
     finally:
         if connection is not None:
             await connection.close()
         await asyncio.to_thread(stack.stop)
+
+
+DEMO_TENANT = "default"
+
+
+def _show_api_use(code: int, key: str, base_url: str, case_id: str) -> int:
+    _say(f"\nThe API wants a key (this demo made one for tenant {DEMO_TENANT}):\n"
+         f"  curl -s -H 'Authorization: Bearer {key}' {base_url}/cases/{case_id}\n"
+         f"  curl -s -H 'Authorization: Bearer {key}' {base_url}/cases/{case_id}/verify\n"
+         "Make your own: casetrail keys create --tenant acme --scopes "
+         "cases:start,cases:read,cases:cancel")
+    return code
+
+
+async def _prepare(settings: Settings) -> tuple[Settings, str]:
+    """A signing key for the worker, the schema, and an API key for the demo's requests
+    (tenant ``default``, the scopes a case needs)."""
+    settings = ensure_local_signer(settings)
+    await migrate(settings.database_url)
+    pool = await create_pool(settings.database_url, max_size=1)
+    try:
+        _, key = await ApiKeyStore(pool).create(
+            DEMO_TENANT, ("cases:start", "cases:read", "cases:cancel"), "casetrail demo")
+    finally:
+        await pool.close()
+    return settings, key
 
 
 async def _until_recorded(client: httpx.AsyncClient, case_id: str) -> None:

@@ -304,6 +304,8 @@ class CaseStartedPayload(ContractModel):
     restart_reason: str | None = Field(
         default=None, description="On attempt 2+, why the case started again."
     )
+    started_by: str | None = Field(
+        default=None, description="Who started the case: ``key:<keyId>`` of the API key.")
 
 
 class CaseTotals(ContractModel):
@@ -351,6 +353,8 @@ class CaseCancelledPayload(CaseTotals):
 
     while_queued: bool = Field(description="True when the case never started running.")
     reason: str | None = None
+    cancelled_by: str | None = Field(
+        default=None, description="Who asked the case to stop: ``key:<keyId>``.")
 
 
 class EventBase(ContractModel):
@@ -481,14 +485,18 @@ def make_event(
     return event  # type: ignore[return-value]
 
 
-def cancelled_while_queued(case_id: uuid.UUID, reason: str | None) -> Sequence[Event]:
+def cancelled_while_queued(case_id: uuid.UUID, reason: str | None,
+                           by: str | None = None, tenant_id: str = DEFAULT_TENANT
+                           ) -> Sequence[Event]:
     """The whole trail of a case cancelled before any worker ran it."""
     return [
         make_event(
             case_id, 1, 0,
             CaseCancelledPayload(
-                cycles_completed=0, token_totals=ZERO_USAGE, while_queued=True, reason=reason
+                cycles_completed=0, token_totals=ZERO_USAGE, while_queued=True, reason=reason,
+                cancelled_by=by,
             ),
+            tenant_id=tenant_id,
         )
     ]
 

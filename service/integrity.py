@@ -56,9 +56,34 @@ class IntegrityError(ValueError):
     """An integrity object that is malformed (not one that fails to verify)."""
 
 
+SAFE_INTEGER = 2**53 - 1
+"""RFC 8785 numbers are IEEE doubles: integers beyond this are not exact in them."""
+
+
+def _representable(value: Any) -> Any:
+    """``value`` with every integer beyond ±(2**53 - 1) written as a double when that is
+    exact, else as its decimal string (I-JSON's advice for such numbers)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        if abs(value) <= SAFE_INTEGER:
+            return value
+        return float(value) if int(float(value)) == value else str(value)
+    if isinstance(value, dict):
+        return {k: _representable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_representable(v) for v in value]
+    return value
+
+
 def canonical(value: Any) -> bytes:
-    """RFC 8785 canonical JSON of ``value``, UTF-8."""
-    return rfc8785.dumps(value)
+    """RFC 8785 canonical JSON of ``value``, UTF-8. An integer beyond the range a double
+    holds exactly (a tool's or a model's, say) is written as a double when exact, else
+    as a string; the signed bytes are then what the trail records."""
+    try:
+        return rfc8785.dumps(value)
+    except rfc8785.IntegerDomainError:
+        return rfc8785.dumps(_representable(value))
 
 
 def chain_hash(prev_hash: str, body: bytes) -> str:

@@ -17,6 +17,7 @@ import asyncpg
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from service.auth import ApiKeyRecord, key_hash, new_key
 from service.errors import PermanentError, StoreUnavailable
 from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
 from service.integrity import Integrity, public_key_text
@@ -92,7 +93,8 @@ def _claim_from_row(row: asyncpg.Record) -> Claim:
     if outcome in ("ended", "busy"):
         return Claim(outcome)
     if outcome == "cancel_queued":
-        return Claim("cancel_queued", attempt=1, cancel_reason=row["cancel_reason"])
+        return Claim("cancel_queued", attempt=1, cancel_reason=row["cancel_reason"],
+                     cancelled_by=row["cancelled_by"])
     attempt = row["attempt"]
     restart = None
     if attempt > 1:
@@ -101,7 +103,8 @@ def _claim_from_row(row: asyncpg.Record) -> Claim:
             "terminal event; its start command was redelivered"
         )
     return Claim(
-        "run", attempt=attempt, cancel_reason=row["cancel_reason"], restart_reason=restart
+        "run", attempt=attempt, cancel_reason=row["cancel_reason"], restart_reason=restart,
+        cancelled_by=row["cancelled_by"]
     )
 
 
@@ -176,6 +179,8 @@ class NewCase:
     limits: dict[str, Any]
     request_digest: str
     idempotency_key: str | None
+    tenant_id: str = "default"
+    started_by: str | None = None
 
 
 ClaimOutcome = Literal["run", "ended", "busy", "cancel_queued", "unknown"]
@@ -186,7 +191,8 @@ ClaimOutcome = Literal["run", "ended", "busy", "cancel_queued", "unknown"]
 _CLAIM = """
 WITH current AS (
     SELECT case_id, status, attempts_claimed, lease_owner, terminal_published,
-           cancel_requested_at, cancel_reason, lease_expires_at > now() AS lease_live
+           cancel_requested_at, cancel_reason, cancelled_by,
+           lease_expires_at > now() AS lease_live
     FROM cases WHERE case_id = ANY($1::uuid[]) ORDER BY case_id FOR UPDATE
 ), decided AS (
     SELECT c.*, CASE
@@ -205,7 +211,8 @@ WITH current AS (
     WHERE cases.case_id = d.case_id AND d.outcome IN ('run', 'cancel_queued')
     RETURNING cases.case_id, cases.attempts_claimed
 )
-SELECT d.case_id, d.outcome, d.cancel_reason, d.lease_owner AS previous_owner,
+SELECT d.case_id, d.outcome, d.cancel_reason, d.cancelled_by,
+       d.lease_owner AS previous_owner,
        c.attempts_claimed AS attempt
 FROM decided d LEFT JOIN claimed c USING (case_id)
 """
@@ -232,6 +239,7 @@ class Claim:
     attempt: int = 0
     cancel_reason: str | None = None
     restart_reason: str | None = None
+    cancelled_by: str | None = None
 
 
 class CaseStore:
@@ -252,17 +260,19 @@ class CaseStore:
         async with translate_errors():
             row = await self._pool.fetchrow(
                 """INSERT INTO cases (case_id, agent, input, model, limits, request_digest,
-                                      idempotency_key)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7)
-                   ON CONFLICT (idempotency_key) DO NOTHING
+                                      idempotency_key, tenant_id, started_by)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                   ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL
+                   DO NOTHING
                    RETURNING *""",
                 case.case_id, case.agent, case.input, case.model, case.limits,
-                case.request_digest, case.idempotency_key,
+                case.request_digest, case.idempotency_key, case.tenant_id, case.started_by,
             )
             if row is not None:
                 return dict(row), True
             existing = await self._pool.fetchrow(
-                "SELECT * FROM cases WHERE idempotency_key = $1", case.idempotency_key
+                "SELECT * FROM cases WHERE tenant_id = $1 AND idempotency_key = $2",
+                case.tenant_id, case.idempotency_key,
             )
         assert existing is not None
         return dict(existing), False
@@ -343,17 +353,18 @@ class CaseStore:
             )
 
     async def request_cancel(
-        self, case_id: uuid.UUID, reason: str | None
+        self, case_id: uuid.UUID, reason: str | None, by: str | None = None
     ) -> Literal["requested", "ended", "unknown"]:
         async with translate_errors():
             row = await self._pool.fetchrow(
                 """UPDATE cases SET cancel_requested_at = coalesce(cancel_requested_at, now()),
-                          cancel_reason = coalesce(cancel_reason, $2), updated_at = now()
+                          cancel_reason = coalesce(cancel_reason, $2),
+                          cancelled_by = coalesce(cancelled_by, $3), updated_at = now()
                    WHERE case_id = $1
                      AND NOT terminal_published
                      AND status NOT IN ('completed', 'failed', 'timed_out', 'cancelled')
                    RETURNING case_id""",
-                case_id, reason,
+                case_id, reason, by,
             )
             if row is not None:
                 return "requested"
@@ -411,3 +422,44 @@ class KeyRegistry:
 
 def _stamp(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+class ApiKeyStore:
+    """API keys (``api_keys``): created, listed, revoked, and found by id."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def create(self, tenant: str, scopes: Sequence[str], name: str | None = None,
+                     expires_at: datetime | None = None) -> tuple[str, str]:
+        """A new key for ``tenant``; returns ``(key_id, key)``. The key is not kept."""
+        key_id, key = new_key()
+        async with translate_errors():
+            await self._pool.execute(
+                """INSERT INTO api_keys (key_id, key_hash, tenant_id, scopes, name, expires_at)
+                   VALUES ($1, $2, $3, $4, $5, $6)""",
+                key_id, key_hash(key), tenant, list(scopes), name, expires_at)
+        return key_id, key
+
+    async def find(self, key_id: str) -> ApiKeyRecord | None:
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                "SELECT * FROM api_keys WHERE key_id = $1", key_id)
+        return None if row is None else _key_record(row)
+
+    async def all(self) -> list[ApiKeyRecord]:
+        async with translate_errors():
+            rows = await self._pool.fetch("SELECT * FROM api_keys ORDER BY created_at")
+        return [_key_record(r) for r in rows]
+
+    async def revoke(self, key_id: str) -> bool:
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                """UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
+                   WHERE key_id = $1 RETURNING key_id""", key_id)
+        return row is not None
+
+
+def _key_record(row: asyncpg.Record) -> ApiKeyRecord:
+    return ApiKeyRecord(row["key_id"], row["key_hash"], row["tenant_id"], tuple(row["scopes"]),
+                        row["name"], row["created_at"], row["expires_at"], row["revoked_at"])

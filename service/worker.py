@@ -143,7 +143,7 @@ class CaseWorker:
         live = self._live.get(command.case_id)
         if live is not None:
             log.info("cancelling case %s", command.case_id)
-            live.signal.cancel(command.reason)
+            live.signal.cancel(command.reason, command.by)
 
     async def _renew_leases(self) -> None:
         while True:
@@ -211,13 +211,14 @@ class CaseWorker:
                     await asyncio.sleep(self.lease_seconds / 2)
                     continue
                 case "cancel_queued":
-                    for event in cancelled_while_queued(command.case_id, claim.cancel_reason):
+                    for event in cancelled_while_queued(command.case_id, claim.cancel_reason,
+                                                        claim.cancelled_by, command.tenant_id):
                         await self._sink.emit(event)
                     await self._mark_ended(command.case_id)
                     return True
                 case "run":
                     if claim.cancel_reason is not None and not signal.is_set:
-                        signal.cancel(claim.cancel_reason)
+                        signal.cancel(claim.cancel_reason, claim.cancelled_by)
                     await self._run(command, claim.attempt, claim.restart_reason, signal)
                     return True
         return False
@@ -235,6 +236,7 @@ class CaseWorker:
             system_prompt=agent.system_prompt, input=command.input, limits=command.limits,
             model=command.model, restart_reason=restart_reason,
             context_budget=agent.context_budget_tokens, agent_version=agent.version,
+            tenant_id=command.tenant_id, started_by=command.started_by,
         )
         tools = ToolBox(agent.tools, self.runtime)
         await self._engine.run(spec, self.models(command.model, agent), tools, signal)

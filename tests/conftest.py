@@ -26,7 +26,7 @@ from service.config import Settings
 from service.integrity import Signer
 from service.keyfile import worker_signer, write_signer
 from service.migrate import drop_database, migrate
-from service.store import KeyRegistry, create_pool
+from service.store import ApiKeyStore, KeyRegistry, create_pool
 from tests.stack import InProcessStack
 
 _LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0", ""}
@@ -75,6 +75,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         lease_seconds=3.0,
         tool_timeout_seconds=2.0,
         signing_key_file=str(key_file),
+        bench_mode=True,  # the tests use slow scripted models (latencyMs)
     )
 
 
@@ -144,8 +145,26 @@ async def queue(amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology
     await channel.close()
 
 
+TEST_SCOPES = ("cases:start", "cases:read", "cases:cancel", "models:override")
+
+
+@pytest.fixture(scope="session")
+async def api_key(pool: asyncpg.Pool) -> str:
+    """An API key of the default tenant with every scope a case needs."""
+    _, key = await ApiKeyStore(pool).create("default", TEST_SCOPES, "tests")
+    return key
+
+
+@pytest.fixture(scope="session")
+def auth_headers(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"}
+
+
 @pytest.fixture
-async def client(stack: InProcessStack) -> AsyncIterator[httpx.AsyncClient]:
-    """HTTP to the API of the module's ``stack`` (a module defines its own, sized for it)."""
-    async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as http:
+async def client(stack: InProcessStack, auth_headers: dict[str, str]
+                 ) -> AsyncIterator[httpx.AsyncClient]:
+    """HTTP to the API of the module's ``stack`` (a module defines its own, sized for it),
+    as the default tenant's key."""
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=10,
+                                 headers=auth_headers) as http:
         yield http

@@ -139,3 +139,17 @@ def test_event_ids_are_uuid5_of_case_attempt_and_seq() -> None:
         for attempt, seq in ((1, 0), (2, 17), (3, 999)):
             assert event_id_for(case_id, attempt, seq) == uuid.uuid5(
                 EVENT_ID_NAMESPACE, f"{case_id}:{attempt}:{seq}")
+
+
+def test_an_integer_beyond_what_a_double_holds_exactly_still_canonicalises() -> None:
+    """RFC 8785 numbers are doubles: a tool's 2**60 + 1 is kept exact as a string, an
+    integer a double holds exactly stays a number, and the body still parses."""
+    record = ToolCallRecord(tool_name="t", tool_args={"account": 2**60 + 1},
+                            tool_result={"big": 13460324501093648, "small": 7},
+                            tool_source="local", duration=timedelta(milliseconds=1))
+    payload = ReactCyclePayload(cycle_index=0, reasoning_text="r", tool_calls=(record,),
+                                token_usage=TokenUsage(input_tokens=1, output_tokens=1))
+    body = make_event(CASE, 1, 1, payload).to_json()
+    call = orjson.loads(body)["payload"]["toolCalls"][0]
+    assert call["toolArgs"] == {"account": "1152921504606846977"}
+    assert call["toolResult"] == {"big": 13460324501093648, "small": 7}

@@ -36,7 +36,7 @@ def schemathesis_command() -> list[str]:
 
 @pytest.mark.timeout(300)
 async def test_every_route_answers_as_the_openapi_document_says(
-    stack: InProcessStack, tmp_path: Path
+    stack: InProcessStack, tmp_path: Path, api_key: str
 ) -> None:
     async with httpx.AsyncClient(base_url=stack.base_url) as client:
         document = (await client.get("/openapi.json")).json()
@@ -46,6 +46,9 @@ async def test_every_route_answers_as_the_openapi_document_says(
         *schemathesis_command(), "run", f"{stack.base_url}/openapi.json",
         "--checks", "all", "--phases", "examples,coverage,fuzzing,stateful",
         "--max-examples", "50", "--workers", "1", "--seed", "20261201",
+        # As a caller holding every scope a case needs; the `ignored_auth` check also
+        # sends each request without it and with a wrong one, and expects 401.
+        "--header", f"Authorization: Bearer {api_key}",
         cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await process.communicate()

@@ -50,7 +50,8 @@ async def stop_all(children: list[subprocess.Popen[bytes]]) -> None:
 
 @pytest.fixture(scope="module")
 async def processes(
-    settings: Settings, database: str, amqp: aio_pika.abc.AbstractRobustConnection
+    settings: Settings, database: str, amqp: aio_pika.abc.AbstractRobustConnection,
+    auth_headers: dict[str, str],
 ) -> AsyncIterator[dict[str, Any]]:
     port = free_port()
     children = {
@@ -69,7 +70,7 @@ async def processes(
             return False
 
     await wait_until(ready, timeout=30, interval=0.2)
-    yield {"base_url": base_url, "children": children}
+    yield {"base_url": base_url, "children": children, "headers": auth_headers}
     await stop_all(list(children.values()))
     for name, child in children.items():
         # uvicorn re-raises the SIGTERM it handled once it has shut down cleanly.
@@ -95,7 +96,8 @@ async def test_the_seed_integration_test_done_for_real(
     exchange = await channel.get_exchange(f"{settings.namespace}.events", ensure=False)
     subscriber = await channel.declare_queue(exclusive=True, auto_delete=True)
     await subscriber.bind(exchange, routing_key="case.*.*.REACT_CYCLE")
-    async with httpx.AsyncClient(base_url=processes["base_url"]) as client:
+    async with httpx.AsyncClient(base_url=processes["base_url"],
+                                 headers=processes["headers"]) as client:
         reply = await client.post("/cases", json={"agent": "loan-officer",
                                                   "input": SAMPLE_APPLICATIONS[2]})
         assert reply.status_code == 202
@@ -147,7 +149,8 @@ async def test_a_killed_worker_leads_to_a_second_attempt(
     processes: dict[str, Any], pool: asyncpg.Pool, settings: Settings
 ) -> None:
     worker: subprocess.Popen[bytes] = processes["children"]["worker"]
-    async with httpx.AsyncClient(base_url=processes["base_url"]) as client:
+    async with httpx.AsyncClient(base_url=processes["base_url"],
+                                 headers=processes["headers"]) as client:
         case_id = await post_slow_case(client, SAMPLE_APPLICATIONS[0], latency_ms=700)
 
         await wait_for_sql(pool, "SELECT count(*) FROM event_log WHERE case_id = $1 AND "
@@ -271,7 +274,8 @@ async def test_sigterm_lets_the_worker_finish_the_case_it_holds(
     processes: dict[str, Any], pool: asyncpg.Pool, settings: Settings
 ) -> None:
     worker: subprocess.Popen[bytes] = processes["children"]["worker"]
-    async with httpx.AsyncClient(base_url=processes["base_url"]) as client:
+    async with httpx.AsyncClient(base_url=processes["base_url"],
+                                 headers=processes["headers"]) as client:
         case_id = await post_slow_case(client, SAMPLE_APPLICATIONS[1], latency_ms=400)
 
         await wait_for_sql(pool, "SELECT status = 'running' FROM cases WHERE case_id = $1",

@@ -199,7 +199,7 @@ async def openai_server() -> AsyncIterator[FakeLLM]:
 
 async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
     settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
-    openai_server: FakeLLM,
+    openai_server: FakeLLM, auth_headers: dict[str, str],
 ) -> None:
     base_url = f"{openai_server.base_url}/v1"
     allowed = settings.model_copy(update={"model_base_urls": base_url,
@@ -213,7 +213,7 @@ async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
     ]
     model = {"provider": "openai", "name": "gpt-test", "baseUrl": base_url}
     async with in_process_stack(allowed, amqp, pool) as stack, \
-            httpx.AsyncClient(base_url=stack.base_url) as client:
+            httpx.AsyncClient(base_url=stack.base_url, headers=auth_headers) as client:
         refused = await client.post("/cases", json={
             "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0],
             "model": {**model, "baseUrl": "http://198.51.100.7/v1"}})

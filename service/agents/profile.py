@@ -41,6 +41,8 @@ class AgentProfile:
     script: ScriptFn
     capabilities: tuple[Capability[Any], ...] = ()
     context_budget_tokens: int = 32_000
+    bench_only: bool = False
+    """Offered only with CASETRAIL_BENCH_MODE=1 (a load generator, not an agent)."""
     version: str = "1.0.0"
     """Bumped when the prompt, the tools or the policy change; recorded in CASE_STARTED."""
 

@@ -47,6 +47,7 @@ def think(messages: Sequence[ChatMessage]) -> AssistantTurn:
 
 THROUGHPUT_PROBE = AgentProfile(
     name="throughput-probe",
+    bench_only=True,
     description="Synthetic agent for benchmarks: N cycles of a local tool, then an answer.",
     system_prompt="Call tick until told otherwise.",
     tools=(LocalTool("tick", "Counts one.", TickArgs, tick_async),),

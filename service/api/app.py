@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import orjson
-from fastapi import Body, FastAPI, Header, HTTPException, Request, Response
+from fastapi import Body, Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -39,6 +39,8 @@ from service.api.schemas import (
     ValidationProblem,
     VerifyReport,
 )
+from service.api.security import Caller
+from service.auth import Principal
 from service.bus import fastpath
 from service.bus.connection import connect_patiently
 from service.bus.publisher import Publisher
@@ -49,18 +51,25 @@ from service.errors import BusUnavailable, CasetrailError, PublishRejected, Stor
 from service.events import EVENT_TYPES, Limits, ModelRef
 from service.evidence import Evidence
 from service.providers import model_problem
-from service.store import CaseStore, KeyRegistry, NewCase, pool_patiently
+from service.store import ApiKeyStore, CaseStore, KeyRegistry, NewCase, pool_patiently
 
 log = logging.getLogger("casetrail.api")
 
 _ERRORS: dict[int, tuple[type, str]] = {
     400: (Problem, "The body is not readable JSON"),
+    401: (Problem, "No valid API key: a WWW-Authenticate: Bearer challenge"),
+    403: (Problem, "The API key lacks a scope this route needs (named)"),
     404: (Problem, "No such case"),
     409: (Problem, "Conflicts with the case's state or an earlier request"),
     413: (Problem, "The body is larger than CASETRAIL_MAX_BODY_BYTES"),
     422: (ValidationProblem, "A field is invalid: each one with the reason"),
     503: (Problem, "Broker or database unavailable; nothing was kept"),
 }
+
+
+def _offered(settings: Settings) -> list[str]:
+    """The agents a case may name here (bench-only ones in bench mode only)."""
+    return [name for name, agent in AGENTS.items() if settings.bench_mode or not agent.bench_only]
 
 
 def _unstorable_text(value: Any, loc: list[str | int]) -> list[str | int] | None:
@@ -153,6 +162,7 @@ class Services:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topology = Topology(settings.namespace)
+        self.caller = Caller()
 
     async def open(self) -> None:
         fastpath.enable(self.settings.amqp_fastpath)
@@ -160,6 +170,7 @@ class Services:
         self.connection = await connect_patiently(self.settings.amqp_url, "casetrail-api")
         self.store = CaseStore(self.pool)
         self.evidence = Evidence(self.store, KeyRegistry(self.pool))
+        self.caller.keys = ApiKeyStore(self.pool)
         channel = await self.connection.channel()
         await self.topology.declare(channel)
         await channel.close()
@@ -174,6 +185,14 @@ class Services:
 
 def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in one place
     services = Services(settings)
+    caller = services.caller
+    # Dependencies as defaults, not in Annotated[...]: annotations are strings here
+    # (from __future__), evaluated where `caller` is not in scope.
+    reader = Depends(caller.requires("cases:read"))
+    starter = Depends(caller.requires("cases:start"))
+    canceller = Depends(caller.requires("cases:cancel"))
+    any_key = Depends(caller.requires())
+    public = Depends(caller.anyone())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -188,6 +207,16 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         lifespan=lifespan,
     )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    # FastAPI's own document routes are public (DESIGN.md, "Public routes").
+    app.router.dependencies.clear()
+
+    async def owned_case(case_id: uuid.UUID, principal: Principal) -> dict[str, Any]:
+        """The case, if it belongs to the caller's tenant: another tenant's case is a
+        404, never a 403, so its existence is not confirmed."""
+        row = await services.store.get_case(case_id)
+        if row is None or row["tenant_id"] != principal.tenant:
+            raise HTTPException(404, f"no case {case_id}")
+        return row
 
     @app.exception_handler(StoreUnavailable)
     async def store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:
@@ -201,17 +230,24 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
               responses=_responses(
                   202, CaseAccepted,
                   "Accepted: the case is recorded and its start command confirmed",
-                  400, 409, 413, 422, 503))
+                  400, 401, 403, 409, 413, 422, 503))
     async def start_case(
         request: Annotated[CaseRequest, Body()],
+        principal: Principal = starter,
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     ) -> Response:
         """Validate, record the case as ``queued``, publish its start command with a
         confirm, then answer 202. A repeated ``Idempotency-Key`` returns the first case."""
+        if request.model is not None and not principal.allows("models:override"):
+            raise HTTPException(403, "this API key lacks the scope 'models:override' "
+                                     "(needed to send model)")
         agent = AGENTS.get(request.agent)
+        if agent is not None and agent.bench_only and not settings.bench_mode:
+            raise _unprocessable([(["agent"], f"agent {agent.name!r} is for benchmarks and "
+                                             "tests only (CASETRAIL_BENCH_MODE=1)")])
         if agent is None:
             raise _unprocessable([(["agent"], f"unknown agent {request.agent!r}; the agents are: "
-                                             + ", ".join(sorted(AGENTS)))])
+                                             + ", ".join(sorted(_offered(settings))))])
         try:
             validated = agent.input_model.model_validate(request.input)
         except ValidationError as exc:
@@ -223,6 +259,10 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         model = request.model or agent.default_model
         if problem := model_problem(model, settings):
             raise _unprocessable([(["model", problem[0]], problem[1])])
+        if request.model is not None and request.model.latency_ms is not None \
+                and not settings.bench_mode:
+            raise _unprocessable([(["model", "latencyMs"], "latencyMs is for benchmarks and "
+                                   "tests only (CASETRAIL_BENCH_MODE=1)")])
         case_input = validated.model_dump(mode="json", by_alias=True)
         digest = hashlib.sha256(orjson.dumps(
             {"agent": agent.name, "input": case_input, "limits": limits.model_dump(),
@@ -233,6 +273,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             model=model.model_dump(mode="json", by_alias=True, exclude_none=True),
             limits=limits.model_dump(mode="json", by_alias=True),
             request_digest=digest, idempotency_key=idempotency_key,
+            tenant_id=principal.tenant, started_by=principal.subject,
         )
         row, created = await services.store.insert_case(new)
         headers = {"Location": f"/cases/{row['case_id']}"}
@@ -243,11 +284,9 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             if row["attempts_claimed"] == 0 and row["status"] == "queued":
                 # The first request may have died before its start command was
                 # confirmed; another copy is harmless (the claim runs it once).
-                await _publish_start(services, row["case_id"], agent.name, case_input, model,
-                                     limits, forget_on_failure=False)
+                await _publish_start(services, row, forget_on_failure=False)
         else:
-            await _publish_start(services, new.case_id, agent.name, case_input, model, limits,
-                                 forget_on_failure=True)
+            await _publish_start(services, row, forget_on_failure=True)
         case_id = str(row["case_id"])
         return OrjsonResponse({
             "caseId": case_id, "status": row["status"], "agent": agent.name,
@@ -257,11 +296,10 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
 
     @app.get("/cases/{case_id}", summary="A case's status, totals and answer",
              response_model=None,
-             responses=_responses(200, CaseView, "The case", 404, 422, 503))
-    async def get_case(case_id: uuid.UUID) -> Response:
-        row = await services.store.get_case(case_id)
-        if row is None:
-            raise HTTPException(404, f"no case {case_id}")
+             responses=_responses(200, CaseView, "The case", 401, 403, 404, 422, 503))
+    async def get_case(case_id: uuid.UUID,
+                       principal: Principal = reader) -> Response:
+        row = await owned_case(case_id, principal)
         view = _case_view(row)
         view["integrity"] = await services.evidence.integrity_summary(case_id, row)
         return OrjsonResponse(view)
@@ -270,22 +308,24 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
              response_model=None,
              responses=_responses(200, VerifyReport,
                                   "Every chain, signature and the completeness, checked",
-                                  404, 422, 503))
-    async def verify_case(case_id: uuid.UUID) -> Response:
-        report = await services.evidence.verify(case_id)
-        if report is None:
-            raise HTTPException(404, f"no case {case_id}")
+                                  401, 403, 404, 422, 503))
+    async def verify_case(case_id: uuid.UUID,
+                          principal: Principal = reader) -> Response:
+        report = await services.evidence.verify(case_id, await owned_case(case_id, principal))
+        assert report is not None
         return OrjsonResponse(report.as_json())
 
     @app.get("/cases/{case_id}/bundle", summary="The case as an offline bundle",
              response_model=None,
              responses=_responses(200, Bundle,
                                   "The events exactly as signed and the public keys "
-                                  "(check it with `casetrail verify-bundle`)", 404, 422, 503))
-    async def bundle_case(case_id: uuid.UUID) -> Response:
+                                  "(check it with `casetrail verify-bundle`)",
+                                  401, 403, 404, 422, 503))
+    async def bundle_case(case_id: uuid.UUID,
+                          principal: Principal = reader) -> Response:
+        await owned_case(case_id, principal)
         bundle = await services.evidence.bundle(case_id)
-        if bundle is None:
-            raise HTTPException(404, f"no case {case_id}")
+        assert bundle is not None
         return OrjsonResponse(bundle, headers={
             "Content-Disposition": f'attachment; filename="casetrail-{case_id}.json"'})
 
@@ -293,14 +333,17 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
              response_model=None,
              responses=_responses(200, SigningKeys, "Every registered key, retired ones too",
                                   503))
-    async def signing_keys() -> Response:
+    async def signing_keys(
+        _: Principal = public,
+    ) -> Response:
         return OrjsonResponse({"keys": await services.evidence.keys.describe()})
 
     @app.get("/cases/{case_id}/events", summary="The case's trail, in order",
              response_model=None,
              responses=_responses(200, Trail, "The trail in (attempt, seq) order",
-                                  404, 422, 503))
-    async def get_events(case_id: uuid.UUID, request: Request) -> Response:
+                                  401, 403, 404, 422, 503))
+    async def get_events(case_id: uuid.UUID, request: Request,
+                         principal: Principal = reader) -> Response:
         # ``types`` is a comma-separated list (``?types=REACT_CYCLE,CASE_COMPLETED``),
         # read here and described in the OpenAPI document as an array of the event
         # types, style form, not exploded (service/api/openapi.py).
@@ -312,21 +355,23 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
                 "loc": ["query", "types"], "type": "value_error",
                 "msg": f"unknown event types {unknown}; known: {', '.join(EVENT_TYPES)}",
             }])
+        await owned_case(case_id, principal)
         events = await services.store.find_by_case_and_types(case_id, wanted or None)
-        if not events and await services.store.get_case(case_id) is None:
-            raise HTTPException(404, f"no case {case_id}")
         return OrjsonResponse({"caseId": str(case_id), "events": [e.as_json() for e in events]})
 
     @app.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",
               response_model=None,
               responses=_responses(202, CancelAccepted, "The case is stopping or stopped",
-                                   400, 404, 409, 413, 422, 503))
+                                   400, 401, 403, 404, 409, 413, 422, 503))
     async def cancel_case(
-        case_id: uuid.UUID, request: Annotated[CancelRequest | None, Body()] = None
+        case_id: uuid.UUID,
+        principal: Principal = canceller,
+        request: Annotated[CancelRequest | None, Body()] = None,
     ) -> dict[str, Any]:
         reason = request.reason if request else None
         _refuse_unstorable_text(reason, "reason")
-        outcome = await services.store.request_cancel(case_id, reason)
+        await owned_case(case_id, principal)
+        outcome = await services.store.request_cancel(case_id, reason, principal.subject)
         if outcome == "unknown":
             raise HTTPException(404, f"no case {case_id}")
         if outcome == "ended":
@@ -336,31 +381,34 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         # and without running it; a running one stops at its next step.
         await services.publisher.publish(
             services.topology.cancel_exchange, "",
-            CancelCommand(case_id=case_id, reason=reason).to_json(),
+            CancelCommand(case_id=case_id, reason=reason, by=principal.subject).to_json(),
             message_type="CANCEL", correlation_id=str(case_id),
         )
         return {"caseId": str(case_id), "status": "cancelling"}
 
     @app.get("/agents", summary="The agent profiles", response_model=None,
-             responses=_responses(200, AgentList, "Every agent a case may name"))
-    async def agents() -> dict[str, Any]:
-        return {"agents": [agent.describe() for agent in AGENTS.values()]}
+             responses=_responses(200, AgentList, "Every agent a case may name", 401, 503))
+    async def agents(
+        _: Principal = any_key,
+    ) -> dict[str, Any]:
+        return {"agents": [AGENTS[name].describe() for name in _offered(settings)]}
 
     @app.get("/healthz", summary="The process is alive", response_model=None,
              responses=_responses(200, Health, "Alive"))
-    async def healthz() -> dict[str, str]:
+    async def healthz(_: Principal = public) -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/readyz", summary="Broker and database are reachable", response_model=None,
              responses=_responses(200, Readiness, "Ready") | {
                  503: {"model": Readiness, "description": "Broker or database unreachable"}})
-    async def readyz(response: Response) -> dict[str, Any]:
+    async def readyz(response: Response,
+                     _: Principal = public) -> dict[str, Any]:
         checks: dict[str, str] = {}
         try:
             await services.store.ping()
             checks["database"] = "ok"
-        except CasetrailError as exc:
-            checks["database"] = str(exc)
+        except CasetrailError:
+            checks["database"] = "unreachable"  # no internal error text on a public route
         checks["broker"] = "ok" if not services.connection.is_closed and \
             not services.publisher.channel.is_closed else "disconnected"
         ready = all(v == "ok" for v in checks.values())
@@ -385,18 +433,13 @@ def _limits(requested: LimitsRequest | None, default: Limits, settings: Settings
     return Limits(max_cycles=max_cycles, deadline_seconds=deadline)
 
 
-async def _publish_start(
-    services: Services,
-    case_id: uuid.UUID,
-    agent: str,
-    case_input: dict[str, Any],
-    model: ModelRef,
-    limits: Limits,
-    *,
-    forget_on_failure: bool,
-) -> None:
-    command = CaseStartCommand(case_id=case_id, agent=agent, input=case_input, model=model,
-                               limits=limits)
+async def _publish_start(services: Services, row: dict[str, Any], *,
+                         forget_on_failure: bool) -> None:
+    case_id = row["case_id"]
+    command = CaseStartCommand(case_id=case_id, tenant_id=row["tenant_id"], agent=row["agent"],
+                               input=row["input"], model=ModelRef.model_validate(row["model"]),
+                               limits=Limits.model_validate(row["limits"]),
+                               started_by=row["started_by"])
     try:
         await services.publisher.publish(
             services.topology.commands_exchange, Topology.START_KEY, command.to_json(),

@@ -7,7 +7,8 @@ routes check against:
 - the body of ``POST /cases`` is one of the agents: each agent's name with that
   agent's own input schema (``oneOf``, discriminated by ``agent``);
 - the limits' caps and the model a case may choose (``latencyMs`` for the scripted
-  provider only; ``baseUrl`` only one the operator allowed) come from the settings;
+  provider in bench mode only; ``baseUrl`` only one the operator allowed) come from
+  the settings, and so does whether the bench-only agent is offered;
 - ``types`` on ``GET /cases/{case_id}/events`` is a comma-separated list of event
   types (an array, ``style: form``, ``explode: false``).
 
@@ -51,6 +52,9 @@ def _limits(settings: Settings) -> dict[str, Any]:
 def _model_choice(settings: Settings) -> dict[str, Any]:
     name = {"type": "string", "minLength": 1, "maxLength": 200}
     absent = {"type": "null"}
+    # The scripted model's latencyMs only in bench mode (benchmarks and tests).
+    latency = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 60_000}, absent]} \
+        if settings.bench_mode else absent
     allowed = sorted(settings.allowed_base_urls())
     remote: dict[str, Any] = {
         "provider": {"enum": ["openai", "anthropic"]}, "name": name, "latencyMs": absent,
@@ -61,9 +65,7 @@ def _model_choice(settings: Settings) -> dict[str, Any]:
         "oneOf": [
             {"type": "object", "additionalProperties": False, "required": ["provider", "name"],
              "properties": {"provider": {"const": "scripted"}, "name": name,
-                            "baseUrl": absent,
-                            "latencyMs": {"anyOf": [{"type": "integer", "minimum": 0,
-                                                     "maximum": 60_000}, absent]}}},
+                            "baseUrl": absent, "latencyMs": latency}},
             {"type": "object", "additionalProperties": False, "required": ["provider", "name"],
              "properties": remote},
         ],
@@ -76,10 +78,12 @@ def _input_defs() -> set[str]:
             for name in agent.input_model.model_json_schema(by_alias=True).get("$defs", {})}
 
 
-def _case_requests(schemas: dict[str, Any]) -> dict[str, Any]:
+def _case_requests(schemas: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """``CaseRequest`` as one of the agents, each with its own input schema."""
     variants, mapping = [], {}
     for agent in AGENTS.values():
+        if agent.bench_only and not settings.bench_mode:
+            continue
         input_schema = agent.input_model.model_json_schema(by_alias=True, ref_template=_REF)
         schemas.update(input_schema.pop("$defs", {}))
         input_name = f"{_title(agent.name)}Input"
@@ -128,7 +132,7 @@ def exact_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
     schemas = document["components"]["schemas"]
     schemas["LimitsRequest"] = _limits(settings)
     schemas["ModelChoice"] = _model_choice(settings)
-    schemas["CaseRequest"] = _case_requests(schemas)
+    schemas["CaseRequest"] = _case_requests(schemas, settings)
     del schemas["ModelRef"]  # described by ModelChoice now
     for name, schema in schemas.items():
         if name.endswith(("CaseRequest", "Input", "Choice")) or name in (

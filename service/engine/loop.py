@@ -90,13 +90,15 @@ class CancelSignal:
 
     event: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str | None = None
+    by: str | None = None
+    """Who asked (``key:<keyId>``), recorded in CASE_CANCELLED."""
     _guarded: set[asyncio.Task[Any]] = field(default_factory=set)
     _interrupted: set[asyncio.Task[Any]] = field(default_factory=set)
 
-    def cancel(self, reason: str | None = None) -> None:
+    def cancel(self, reason: str | None = None, by: str | None = None) -> None:
         """Ask the case to stop; a model or tool call in flight is abandoned now.
         Call it from the event loop's thread."""
-        self.reason = reason
+        self.reason, self.by = reason, by
         self.event.set()
         self.interrupt()
 
@@ -139,6 +141,7 @@ class CaseSpec:
     restart_reason: str | None = None
     agent_version: str = "unversioned"
     tenant_id: str = DEFAULT_TENANT
+    started_by: str | None = None
     context_budget: int | None = None
     """Tokens the conversation may take; beyond it the oldest observations are shortened."""
 
@@ -416,6 +419,7 @@ class ReactEngine:
             limits=spec.limits,
             input=spec.input,
             restart_reason=spec.restart_reason,
+            started_by=spec.started_by,
         )
 
     async def _failed(self, state: RunState, code: Any, message: str) -> TerminalEvent:
@@ -451,6 +455,7 @@ class ReactEngine:
                 token_totals=state.usage,
                 while_queued=False,
                 reason=cancel.reason,
+                cancelled_by=cancel.by,
             ),
         )
 

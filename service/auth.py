@@ -1,0 +1,94 @@
+"""Who may do what: API keys, scopes and the principal a request acts as. No I/O.
+
+An API key is ``ct_<keyId>_<secret>``: ``keyId`` (12 hex characters) finds the
+record, and only SHA-256 of the whole key is kept, so a stolen table yields no key.
+The secret is 256 random bits, which is why a fast hash is enough here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+
+SCOPES = ("cases:start", "cases:read", "cases:cancel", "models:override", "pii:read", "admin")
+"""Every scope a key can hold; ``admin`` holds them all."""
+
+TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+_KEY = re.compile(r"^ct_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
+
+
+class AuthError(ValueError):
+    """A key or a scope list that is not well formed."""
+
+
+def new_key() -> tuple[str, str]:
+    """A fresh ``(key_id, key)``."""
+    key_id = secrets.token_hex(6)
+    return key_id, f"ct_{key_id}_{secrets.token_urlsafe(32)}"
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_id_of(key: str) -> str | None:
+    """The key id of something shaped like a key, else ``None``."""
+    match = _KEY.match(key)
+    return match.group(1) if match else None
+
+
+def hash_matches(key: str, stored_hash: str) -> bool:
+    return hmac.compare_digest(key_hash(key), stored_hash)
+
+
+def parse_scopes(text: str) -> tuple[str, ...]:
+    scopes = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    unknown = [s for s in scopes if s not in SCOPES]
+    if unknown or not scopes:
+        raise AuthError(f"unknown scopes {unknown}; the scopes are: {', '.join(SCOPES)}"
+                        if unknown else "at least one scope is needed")
+    return scopes
+
+
+def check_tenant(tenant: str) -> str:
+    if not TENANT_PATTERN.match(tenant):
+        raise AuthError(f"tenant {tenant!r} must match {TENANT_PATTERN.pattern}")
+    return tenant
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts as: a tenant, the scopes granted, and the credential's id."""
+
+    tenant: str
+    scopes: frozenset[str]
+    subject: str
+    """``key:<keyId>`` for an API key; recorded as who started or cancelled a case."""
+
+    def allows(self, scope: str) -> bool:
+        return scope in self.scopes or "admin" in self.scopes
+
+
+@dataclass(frozen=True)
+class ApiKeyRecord:
+    key_id: str
+    key_hash: str
+    tenant: str
+    scopes: tuple[str, ...]
+    name: str | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+    def principal(self, key: str, now: datetime) -> Principal | None:
+        """The principal ``key`` acts as, or ``None`` if it is not this record's, or is
+        revoked or expired."""
+        if not hash_matches(key, self.key_hash) or self.revoked_at is not None:
+            return None
+        if self.expires_at is not None and self.expires_at <= now:
+            return None
+        return Principal(self.tenant, frozenset(self.scopes), f"key:{self.key_id}")

@@ -1,0 +1,207 @@
+"""Who may do what (real uvicorn, real Postgres, real broker): every route states its
+caller, keys are checked on every request, scopes are enforced, and a tenant never
+sees another's case."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import aio_pika
+import asyncpg
+import httpx
+import pytest
+from fastapi.routing import APIRoute
+
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.api import create_app
+from service.config import Settings
+from service.store import ApiKeyStore
+from tests.helpers import ended
+from tests.stack import InProcessStack, in_process_stack, serve_api
+
+PUBLIC = {"/healthz", "/readyz", "/signing-keys"}
+"""DESIGN.md's public routes that exist so far (FastAPI's own /openapi.json and /docs too)."""
+LOAN = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[2]}
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool
+) -> AsyncIterator[InProcessStack]:
+    async with in_process_stack(settings, amqp, pool, worker_concurrency=4) as running:
+        yield running
+
+
+async def key(pool: asyncpg.Pool, tenant: str, *scopes: str,
+              expires_at: datetime | None = None) -> tuple[str, dict[str, str]]:
+    key_id, secret = await ApiKeyStore(pool).create(tenant, scopes, "auth test", expires_at)
+    return key_id, {"Authorization": f"Bearer {secret}"}
+
+
+def test_every_route_states_its_caller_and_only_the_designed_ones_are_public(
+    settings: Settings,
+) -> None:
+    app = create_app(settings)
+    callers: dict[str, tuple[str, ...]] = {}
+    for route in app.routes:
+        if not isinstance(route, APIRoute):
+            continue  # FastAPI's own /openapi.json and /docs: public by design
+        stated: list[tuple[str, ...]] = [
+            who for d in route.dependant.dependencies
+            if (who := getattr(d.call, "casetrail_caller", None))]
+        assert len(stated) == 1, f"{route.path} {route.methods} states no caller"
+        callers[f"{sorted(route.methods or ())[0]} {route.path}"] = stated[0]
+    public = {path.split(" ", 1)[1] for path, who in callers.items() if who == ("public",)}
+    assert public == PUBLIC
+    assert callers["POST /cases"] == ("cases:start",)
+    assert callers["GET /cases/{case_id}"] == ("cases:read",)
+    assert callers["POST /cases/{case_id}/cancel"] == ("cases:cancel",)
+    document = app.openapi()
+    assert document["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
+
+
+async def test_without_a_valid_key_every_private_route_answers_401(
+    stack: InProcessStack, pool: asyncpg.Pool,
+) -> None:
+    revoked_id, revoked = await key(pool, "default", "cases:read")
+    assert await ApiKeyStore(pool).revoke(revoked_id)
+    _, expired = await key(pool, "default", "cases:read",
+                           expires_at=datetime.now(UTC) - timedelta(seconds=1))
+    async with httpx.AsyncClient(base_url=stack.base_url) as http:
+        for headers in ({}, {"Authorization": "Bearer nonsense"},
+                        {"Authorization": "Basic dXNlcjpwYXNz"}, revoked, expired,
+                        {"Authorization": "Bearer ct_000000000000_" + "A" * 43}):
+            for method, path in (("GET", f"/cases/{uuid.uuid4()}"), ("POST", "/cases"),
+                                 ("GET", "/agents")):
+                reply = await http.request(method, path, headers=headers, json=LOAN)
+                assert reply.status_code == 401, (headers, path, reply.text)
+                assert reply.headers["www-authenticate"] == "Bearer"
+        for path in PUBLIC:
+            assert (await http.get(path)).status_code == 200
+
+
+async def test_revocation_takes_effect_within_a_second(
+    stack: InProcessStack, pool: asyncpg.Pool,
+) -> None:
+    key_id, headers = await key(pool, "default", "cases:read")
+    async with httpx.AsyncClient(base_url=stack.base_url, headers=headers) as http:
+        assert (await http.get("/agents")).status_code == 200
+        assert await ApiKeyStore(pool).revoke(key_id)
+        await asyncio.sleep(1.1)
+        assert (await http.get("/agents")).status_code == 401
+
+
+async def test_scopes_are_enforced_and_named(
+    stack: InProcessStack, pool: asyncpg.Pool,
+) -> None:
+    _, reader = await key(pool, "default", "cases:read")
+    _, starter = await key(pool, "default", "cases:start")
+    async with httpx.AsyncClient(base_url=stack.base_url) as http:
+        refused = await http.post("/cases", json=LOAN, headers=reader)
+        assert refused.status_code == 403 and "cases:start" in refused.json()["detail"]
+        override = await http.post("/cases", headers=starter, json={
+            **LOAN, "model": {"provider": "scripted", "name": "lending-policy"}})
+        assert override.status_code == 403 and "models:override" in override.json()["detail"]
+        accepted = await http.post("/cases", json=LOAN, headers=starter)
+        assert accepted.status_code == 202
+        case_id = accepted.json()["caseId"]
+        cancel = await http.post(f"/cases/{case_id}/cancel", headers=reader)
+        assert cancel.status_code == 403 and "cases:cancel" in cancel.json()["detail"]
+
+
+async def test_a_tenant_never_sees_another_tenants_case(
+    stack: InProcessStack, pool: asyncpg.Pool,
+) -> None:
+    scopes = ("cases:start", "cases:read", "cases:cancel")
+    a_id, tenant_a = await key(pool, "acme", *scopes)
+    _, tenant_b = await key(pool, "globex", *scopes)
+    async with httpx.AsyncClient(base_url=stack.base_url) as http:
+        started = await http.post("/cases", json=LOAN,
+                                  headers={**tenant_a, "Idempotency-Key": "loan-7"})
+        assert started.status_code == 202
+        case_id = started.json()["caseId"]
+        other = await http.post("/cases", json=LOAN,
+                                headers={**tenant_b, "Idempotency-Key": "loan-7"})
+        assert other.status_code == 202 and other.json()["caseId"] != case_id
+        for method, path in (("GET", ""), ("GET", "/events"), ("GET", "/verify"),
+                             ("GET", "/bundle"), ("POST", "/cancel")):
+            reply = await http.request(method, f"/cases/{case_id}{path}", headers=tenant_b)
+            assert reply.status_code == 404, (path, reply.text)
+        http.headers.update(tenant_a)
+        case = await ended(http, case_id)
+        trail = (await http.get(f"/cases/{case_id}/events")).json()["events"]
+    assert case["answer"]["decision"] == "decline"
+    assert {e["tenantId"] for e in trail} == {"acme"}
+    assert trail[0]["payload"]["startedBy"] == f"key:{a_id}"
+    assert await pool.fetchval("SELECT tenant_id FROM cases WHERE case_id = $1",
+                               uuid.UUID(case_id)) == "acme"
+
+
+async def test_who_cancelled_a_case_is_in_its_trail(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, api_key: str,
+) -> None:
+    slow = {**LOAN, "model": {"provider": "scripted", "name": "slow", "latencyMs": 1500}}
+    case_id = (await client.post("/cases", json=slow)).json()["caseId"]
+    await asyncio.sleep(0.3)
+    assert (await client.post(f"/cases/{case_id}/cancel", json={"reason": "withdrawn"})
+            ).status_code == 202
+    case = await ended(client, case_id)
+    assert case["status"] == "cancelled"
+    terminal = (await client.get(f"/cases/{case_id}/events")).json()["events"][-1]
+    key_id = api_key.split("_")[1]
+    assert terminal["payload"]["cancelledBy"] == f"key:{key_id}"
+
+
+async def test_bench_only_features_are_refused_outside_bench_mode(
+    settings: Settings, stack: InProcessStack, auth_headers: dict[str, str],
+) -> None:
+    production = settings.model_copy(update={"bench_mode": False})
+    async with serve_api(production) as base_url, \
+            httpx.AsyncClient(base_url=base_url, headers=auth_headers) as http:
+        probe = await http.post("/cases", json={"agent": "throughput-probe",
+                                                "input": {"cycles": 2}})
+        assert probe.status_code == 422 and "benchmarks" in probe.text
+        slow = await http.post("/cases", json={
+            **LOAN, "model": {"provider": "scripted", "name": "s", "latencyMs": 100}})
+        assert slow.status_code == 422 and "latencyMs" in slow.text
+        names = {a["name"] for a in (await http.get("/agents")).json()["agents"]}
+        assert "throughput-probe" not in names and "loan-officer" in names
+        document = (await http.get("/openapi.json")).json()
+        assert "ThroughputProbeCaseRequest" not in document["components"]["schemas"]
+
+
+def run_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
+                          text=True, env=settings.environment(), timeout=60, check=False)
+
+
+async def test_keys_are_shown_once_listed_without_the_secret_and_revocable(
+    settings: Settings, stack: InProcessStack,
+) -> None:
+    made = await asyncio.to_thread(run_cli, settings, "keys", "create", "--tenant", "initech",
+                                   "--scopes", "cases:read", "--name", "auditor")
+    assert made.returncode == 0, made.stderr
+    secret = made.stdout.strip()
+    assert secret.startswith("ct_") and "\n" not in secret
+    key_id = secret.split("_")[1]
+    listed = await asyncio.to_thread(run_cli, settings, "keys", "list")
+    line = next(x for x in listed.stdout.splitlines() if x.startswith(key_id))
+    assert "initech" in line and "auditor" in line and secret not in listed.stdout
+    bad = await asyncio.gather(
+        asyncio.to_thread(run_cli, settings, "keys", "create", "--tenant", "Bad Tenant",
+                          "--scopes", "cases:read"),
+        asyncio.to_thread(run_cli, settings, "keys", "create", "--tenant", "ok",
+                          "--scopes", "cases:everything"))
+    assert [b.returncode for b in bad] == [2, 2]
+    async with httpx.AsyncClient(base_url=stack.base_url,
+                                 headers={"Authorization": f"Bearer {secret}"}) as http:
+        assert (await http.get("/agents")).status_code == 200
+        revoked = await asyncio.to_thread(run_cli, settings, "keys", "revoke", key_id)
+        assert revoked.returncode == 0
+        await asyncio.sleep(1.1)
+        assert (await http.get("/agents")).status_code == 401
