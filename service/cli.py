@@ -264,6 +264,70 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key id.")]) -> N
     typer.echo(f"key {key_id} revoked")
 
 
+sql_role_app = typer.Typer(help="SQL login roles that see one tenant's rows.",
+                           no_args_is_help=True)
+app.add_typer(sql_role_app, name="sql-role")
+
+
+def reader_role(namespace: str, tenant: str) -> str:
+    """``<namespace>_reader_<tenant>``: a test stack's roles never meet a live one's."""
+    import re
+
+    return f"{re.sub(r'[^a-z0-9_]', '_', namespace)[:20]}_reader_{tenant}"
+
+
+@sql_role_app.command("create")
+def sql_role_create(
+    tenant: Annotated[str, typer.Option(help="The tenant whose rows the role sees.")],
+    password: Annotated[str | None, typer.Option(
+        help="Its password (default: a new random one, printed in the URL).")] = None,
+) -> None:
+    """Create (or update) the tenant's reader role; prints a connection URL for it. It
+    may SELECT event_log, cases and the views, and sees only the tenant's rows."""
+    import secrets
+    from urllib.parse import quote, urlsplit
+
+    from service.auth import AuthError, check_tenant
+    from service.store import TenantReaders, create_pool
+
+    try:
+        check_tenant(tenant)
+    except AuthError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    settings = get_settings()
+    role, secret = reader_role(settings.namespace, tenant), password or secrets.token_urlsafe(18)
+
+    async def create() -> None:
+        pool = await create_pool(settings.database_url, max_size=1)
+        try:
+            await TenantReaders(pool).create(role, tenant, secret)
+        finally:
+            await pool.close()
+
+    _run(create())
+    url = urlsplit(settings.database_url)
+    where = f"{url.hostname}:{url.port or 5432}{url.path}"
+    typer.echo(f"postgresql://{role}:{quote(secret, safe='')}@{where}")
+
+
+@sql_role_app.command("drop")
+def sql_role_drop(tenant: Annotated[str, typer.Option(help="The tenant.")]) -> None:
+    """Remove the tenant's reader role."""
+    from service.store import TenantReaders, create_pool
+
+    settings = get_settings()
+
+    async def drop() -> None:
+        pool = await create_pool(settings.database_url, max_size=1)
+        try:
+            await TenantReaders(pool).drop(reader_role(settings.namespace, tenant))
+        finally:
+            await pool.close()
+
+    _run(drop())
+
+
 signer_app = typer.Typer(help="The worker's Ed25519 signing key.", no_args_is_help=True)
 app.add_typer(signer_app, name="signer")
 

@@ -463,3 +463,37 @@ class ApiKeyStore:
 def _key_record(row: asyncpg.Record) -> ApiKeyRecord:
     return ApiKeyRecord(row["key_id"], row["key_hash"], row["tenant_id"], tuple(row["scopes"]),
                         row["name"], row["created_at"], row["expires_at"], row["revoked_at"])
+
+
+class TenantReaders:
+    """Login roles for SQL users that see one tenant's rows (row-level security)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def create(self, role: str, tenant: str, password: str) -> None:
+        """Create (or re-grant) ``role`` for ``tenant`` with ``password``, idempotently."""
+        async with translate_errors(), self._pool.acquire() as conn, conn.transaction():
+            exists = await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role)
+            verb = "ALTER" if exists else "CREATE"
+            await conn.execute(await conn.fetchval(
+                f"SELECT format('{verb} ROLE %I LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                "NOINHERIT PASSWORD %L', $1::text, $2::text)", role, password))
+            grants = await conn.fetchval(
+                "SELECT format('GRANT CONNECT ON DATABASE %I TO %I; "
+                "GRANT USAGE ON SCHEMA public TO %I; "
+                "GRANT SELECT ON event_log, cases, react_cycles, react_tool_calls TO %I', "
+                "current_database(), $1::text, $1::text, $1::text)", role)
+            await conn.execute(grants)
+            await conn.execute(
+                """INSERT INTO tenant_readers (role_name, tenant_id) VALUES ($1, $2)
+                   ON CONFLICT (role_name) DO UPDATE SET tenant_id = excluded.tenant_id""",
+                role, tenant)
+
+    async def drop(self, role: str) -> None:
+        async with translate_errors(), self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("DELETE FROM tenant_readers WHERE role_name = $1", role)
+            if await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role):
+                await conn.execute(await conn.fetchval(
+                    "SELECT format('DROP OWNED BY %I; DROP ROLE %I', $1::text, $1::text)",
+                    role))

@@ -205,3 +205,47 @@ async def test_keys_are_shown_once_listed_without_the_secret_and_revocable(
         assert revoked.returncode == 0
         await asyncio.sleep(1.1)
         assert (await http.get("/agents")).status_code == 401
+
+
+async def test_a_tenants_sql_role_sees_only_its_rows_in_tables_and_views(
+    settings: Settings, stack: InProcessStack, pool: asyncpg.Pool,
+) -> None:
+    """Two tenants' cases run; each tenant's reader role (``casetrail sql-role create``)
+    queries event_log, cases and both views and sees its own rows only."""
+    scopes = ("cases:start", "cases:read")
+    tenants = {"umbrella": await key(pool, "umbrella", *scopes),
+               "hooli": await key(pool, "hooli", *scopes)}
+    cases: dict[str, str] = {}
+    async with httpx.AsyncClient(base_url=stack.base_url) as http:
+        for tenant, (_, headers) in tenants.items():
+            http.headers.update(headers)
+            cases[tenant] = (await http.post("/cases", json=LOAN)).json()["caseId"]
+            await ended(http, cases[tenant])
+    urls: dict[str, str] = {}
+    try:
+        for tenant in tenants:
+            made = await asyncio.to_thread(run_cli, settings, "sql-role", "create",
+                                           "--tenant", tenant)
+            assert made.returncode == 0, made.stderr
+            urls[tenant] = made.stdout.strip()
+        for tenant, url in urls.items():
+            conn = await asyncpg.connect(url)
+            try:
+                seen = {
+                    table: {str(r[0]) for r in await conn.fetch(
+                        f"SELECT DISTINCT case_id FROM {table}")}
+                    for table in ("event_log", "cases", "react_cycles", "react_tool_calls")}
+                tenants_seen = {r[0] for r in await conn.fetch(
+                    "SELECT DISTINCT tenant_id FROM event_log")}
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await conn.execute("DELETE FROM event_log")
+            finally:
+                await conn.close()
+            assert tenants_seen == {tenant}
+            for table, ids in seen.items():
+                assert ids == {cases[tenant]}, (tenant, table, ids)
+    finally:
+        for tenant in tenants:
+            await asyncio.to_thread(run_cli, settings, "sql-role", "drop", "--tenant", tenant)
+    assert not await pool.fetchval(
+        "SELECT count(*) FROM pg_roles WHERE rolname LIKE '%_reader_umbrella'")
