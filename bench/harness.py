@@ -45,7 +45,10 @@ def bench_settings(**overrides: object) -> Settings:
     write_signer(key_file, Signer.generate())
     return base.model_copy(update={
         "database_url": url, "namespace": f"casetrail-bench-{suffix}",
-        "signing_key_file": str(key_file), "bench_mode": True, **overrides,
+        "signing_key_file": str(key_file), "bench_mode": True,
+        # A load generator is one tenant starting thousands of cases a second.
+        "tenant_max_active_cases": 1_000_000, "tenant_max_starts_per_minute": 10_000_000,
+        **overrides,
     })
 
 

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import os
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service import gc_tuning
+
+
+class TenantQuota(BaseModel):
+    """One tenant's limits, where they differ from the defaults."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    max_active_cases: int | None = Field(default=None, ge=1)
+    max_starts_per_minute: int | None = Field(default=None, ge=1)
 
 
 class Settings(BaseSettings):
@@ -38,6 +49,17 @@ class Settings(BaseSettings):
         description="The worker's Ed25519 signing key (PEM, from `casetrail signer "
         "generate`). A worker refuses to start without one.",
     )
+
+    tenant_max_active_cases: int = Field(
+        default=1000, ge=1, description="Cases one tenant may have queued or running at once; "
+        "beyond it POST /cases answers 429 with Retry-After.")
+    tenant_max_starts_per_minute: int = Field(
+        default=600, ge=1, description="Cases one tenant may start in any minute; beyond it "
+        "429 with Retry-After.")
+    tenant_quotas: dict[str, TenantQuota] = Field(
+        default_factory=dict,
+        description='Per-tenant overrides, JSON: {"acme": {"maxActiveCases": 50, '
+        '"maxStartsPerMinute": 120}}.')
 
     bench_mode: bool = Field(
         default=False,
@@ -91,14 +113,22 @@ class Settings(BaseSettings):
         """This process's environment with every setting set as ``CASETRAIL_<NAME>``
         (then ``extra``), so that a component started with it reads these settings."""
         env = dict(os.environ)
-        env.update({f"CASETRAIL_{name.upper()}": str(value)
-                    for name, value in self.model_dump().items() if value is not None})
+        env.update({f"CASETRAIL_{name.upper()}":
+                    json.dumps(value) if isinstance(value, dict | list) else str(value)
+                    for name, value in self.model_dump(mode="json", by_alias=True).items()
+                    if value is not None})
         env.update(extra)
         return env
 
     def worker_broker_identity(self) -> str:
         """The broker user whose events the consumer admits."""
         return self.worker_broker_user or urlsplit(self.amqp_url).username or "guest"
+
+    def quota(self, tenant: str) -> tuple[int, int]:
+        """``(max active cases, max starts per minute)`` for ``tenant``."""
+        override = self.tenant_quotas.get(tenant, TenantQuota())
+        return (override.max_active_cases or self.tenant_max_active_cases,
+                override.max_starts_per_minute or self.tenant_max_starts_per_minute)
 
     def allowed_base_urls(self) -> set[str]:
         return {u.strip().rstrip("/") for u in self.model_base_urls.split(",") if u.strip()}

@@ -277,6 +277,12 @@ class CaseStore:
         assert existing is not None
         return dict(existing), False
 
+    async def idempotency_key_used(self, tenant: str, key: str) -> bool:
+        async with translate_errors():
+            return bool(await self._pool.fetchval(
+                "SELECT 1 FROM cases WHERE tenant_id = $1 AND idempotency_key = $2",
+                tenant, key))
+
     async def delete_unstarted(self, case_id: uuid.UUID) -> None:
         """Remove a case whose start command the broker would not take (no events exist)."""
         async with translate_errors():
@@ -497,3 +503,24 @@ class TenantReaders:
                 await conn.execute(await conn.fetchval(
                     "SELECT format('DROP OWNED BY %I; DROP ROLE %I', $1::text, $1::text)",
                     role))
+
+
+async def tenant_load(pool: asyncpg.Pool, tenant: str, max_active: int,
+                      max_per_minute: int) -> tuple[bool, bool, int]:
+    """``(over the active limit, over the per-minute limit, seconds to wait)``. Each
+    count stops one past its limit, so a check costs the same however busy a tenant is."""
+    async with translate_errors():
+        row = await pool.fetchrow(
+            """SELECT
+                 (SELECT count(*) FROM (SELECT 1 FROM cases WHERE tenant_id = $1
+                    AND status IN ('queued', 'running') LIMIT $2) a) AS active,
+                 (SELECT count(*) FROM (SELECT created_at FROM cases WHERE tenant_id = $1
+                    AND created_at > now() - interval '1 minute' LIMIT $3) r) AS recent,
+                 (SELECT ceil(extract(epoch FROM min(created_at) + interval '1 minute' - now()))
+                    FROM (SELECT created_at FROM cases WHERE tenant_id = $1
+                          AND created_at > now() - interval '1 minute'
+                          ORDER BY created_at DESC LIMIT $3) w) AS wait""",
+            tenant, max_active, max_per_minute)
+    assert row is not None
+    return (row["active"] >= max_active, row["recent"] >= max_per_minute,
+            max(1, int(row["wait"] or 1)))

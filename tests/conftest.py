@@ -22,7 +22,7 @@ from consumers.admission import Admission, KeyRing
 from service.agents import CAPABILITIES
 from service.bus import fastpath
 from service.bus.topology import Topology
-from service.config import Settings
+from service.config import Settings, TenantQuota
 from service.integrity import Signer
 from service.keyfile import worker_signer, write_signer
 from service.migrate import drop_database, migrate
@@ -76,6 +76,11 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         tool_timeout_seconds=2.0,
         signing_key_file=str(key_file),
         bench_mode=True,  # the tests use slow scripted models (latencyMs)
+        # The suite starts many cases in a minute as one tenant (schemathesis alone
+        # hundreds); two tenants keep small limits for the quota tests.
+        tenant_max_starts_per_minute=100_000,
+        tenant_quotas={"tiny": TenantQuota(max_active_cases=1),
+                       "hasty": TenantQuota(max_starts_per_minute=2)},
     )
 
 

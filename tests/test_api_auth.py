@@ -249,3 +249,26 @@ async def test_a_tenants_sql_role_sees_only_its_rows_in_tables_and_views(
             await asyncio.to_thread(run_cli, settings, "sql-role", "drop", "--tenant", tenant)
     assert not await pool.fetchval(
         "SELECT count(*) FROM pg_roles WHERE rolname LIKE '%_reader_umbrella'")
+
+
+async def test_a_tenant_over_its_quota_gets_429_and_nothing_is_kept(
+    stack: InProcessStack, pool: asyncpg.Pool,
+) -> None:
+    slow = {**LOAN, "model": {"provider": "scripted", "name": "slow", "latencyMs": 1500}}
+    scopes = ("cases:start", "cases:read", "models:override")
+    _, tiny = await key(pool, "tiny", *scopes)
+    _, hasty = await key(pool, "hasty", *scopes)
+    async with httpx.AsyncClient(base_url=stack.base_url) as http:
+        assert (await http.post("/cases", json=slow, headers=tiny)).status_code == 202
+        busy = await http.post("/cases", json=slow, headers=tiny)
+        assert busy.status_code == 429 and "queued or running" in busy.json()["detail"]
+        assert int(busy.headers["retry-after"]) > 0
+        for _ in range(2):
+            assert (await http.post("/cases", json=LOAN, headers=hasty)).status_code == 202
+        fast = await http.post("/cases", json=LOAN, headers=hasty)
+        assert fast.status_code == 429 and "last minute" in fast.json()["detail"]
+        assert 1 <= int(fast.headers["retry-after"]) <= 60
+    counts = {r["tenant_id"]: r["count"] for r in await pool.fetch(
+        "SELECT tenant_id, count(*) FROM cases WHERE tenant_id IN ('tiny', 'hasty') "
+        "GROUP BY tenant_id")}
+    assert counts == {"tiny": 1, "hasty": 2}

@@ -51,7 +51,14 @@ from service.errors import BusUnavailable, CasetrailError, PublishRejected, Stor
 from service.events import EVENT_TYPES, Limits, ModelRef
 from service.evidence import Evidence
 from service.providers import model_problem
-from service.store import ApiKeyStore, CaseStore, KeyRegistry, NewCase, pool_patiently
+from service.store import (
+    ApiKeyStore,
+    CaseStore,
+    KeyRegistry,
+    NewCase,
+    pool_patiently,
+    tenant_load,
+)
 
 log = logging.getLogger("casetrail.api")
 
@@ -61,6 +68,7 @@ _ERRORS: dict[int, tuple[type, str]] = {
     403: (Problem, "The API key lacks a scope this route needs (named)"),
     404: (Problem, "No such case"),
     409: (Problem, "Conflicts with the case's state or an earlier request"),
+    429: (Problem, "The tenant's quota is used up; Retry-After says when to try again"),
     413: (Problem, "The body is larger than CASETRAIL_MAX_BODY_BYTES"),
     422: (ValidationProblem, "A field is invalid: each one with the reason"),
     503: (Problem, "Broker or database unavailable; nothing was kept"),
@@ -230,7 +238,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
               responses=_responses(
                   202, CaseAccepted,
                   "Accepted: the case is recorded and its start command confirmed",
-                  400, 401, 403, 409, 413, 422, 503))
+                  400, 401, 403, 409, 413, 422, 429, 503))
     async def start_case(
         request: Annotated[CaseRequest, Body()],
         principal: Principal = starter,
@@ -275,6 +283,9 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             request_digest=digest, idempotency_key=idempotency_key,
             tenant_id=principal.tenant, started_by=principal.subject,
         )
+        if idempotency_key is None or not await services.store.idempotency_key_used(
+                principal.tenant, idempotency_key):
+            await _within_quota(services, principal.tenant)
         row, created = await services.store.insert_case(new)
         headers = {"Location": f"/cases/{row['case_id']}"}
         if not created:
@@ -431,6 +442,21 @@ def _limits(requested: LimitsRequest | None, default: Limits, settings: Settings
     if problems:
         raise _unprocessable(problems)
     return Limits(max_cycles=max_cycles, deadline_seconds=deadline)
+
+
+async def _within_quota(services: Services, tenant: str) -> None:
+    """429 with Retry-After when the tenant has too many cases queued or running, or
+    started too many in the last minute (checked before the case is kept)."""
+    max_active, max_per_minute = services.settings.quota(tenant)
+    too_many, too_fast, wait = await tenant_load(services.pool, tenant, max_active,
+                                                 max_per_minute)
+    if too_many:
+        raise HTTPException(429, f"tenant {tenant!r} has {max_active} cases queued or "
+                                 "running, its limit; try again when some have ended",
+                            headers={"Retry-After": "5"})
+    if too_fast:
+        raise HTTPException(429, f"tenant {tenant!r} started {max_per_minute} cases in the "
+                                 "last minute, its limit", headers={"Retry-After": str(wait)})
 
 
 async def _publish_start(services: Services, row: dict[str, Any], *,
