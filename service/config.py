@@ -61,6 +61,15 @@ class Settings(BaseSettings):
         description='Per-tenant overrides, JSON: {"acme": {"maxActiveCases": 50, '
         '"maxStartsPerMinute": 120}}.')
 
+    oidc_issuer: str | None = Field(
+        default=None, description="OIDC issuer (iss) whose JWTs the API accepts beside API "
+        "keys; with the audience and the JWKS URL, OIDC is on.")
+    oidc_audience: str | None = Field(default=None, description="The aud a token must carry.")
+    oidc_jwks_url: str | None = Field(default=None, description="The issuer's JWKS URL.")
+    oidc_tenant_claim: str = Field(default="tenant", description="The claim naming the tenant.")
+    oidc_scopes_claim: str = Field(
+        default="scope", description="The claim with the scopes (space-separated or a list).")
+
     bench_mode: bool = Field(
         default=False,
         description="Allow what only benchmarks and tests may use: the throughput-probe "

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from service.agents import AGENTS
 from service.api.middleware import BodyLimit
+from service.api.oidc import OidcVerifier
 from service.api.openapi import exact_openapi
 from service.api.schemas import (
     AgentList,
@@ -170,7 +171,7 @@ class Services:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topology = Topology(settings.namespace)
-        self.caller = Caller()
+        self.caller = Caller(oidc=OidcVerifier.from_settings(settings))
 
     async def open(self) -> None:
         fastpath.enable(self.settings.amqp_fastpath)

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from fastapi import HTTPException, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from service.api.oidc import OidcVerifier
 from service.auth import ApiKeyRecord, Principal, key_id_of
 from service.store import ApiKeyStore
 
@@ -30,7 +31,8 @@ CACHE_SECONDS = 1.0
 ANONYMOUS = Principal(tenant="", scopes=frozenset(), subject="anonymous")
 
 bearer = HTTPBearer(auto_error=False, scheme_name="apiKey",
-                    description="An API key from `casetrail keys create` (`ct_…`).")
+                    description="An API key from `casetrail keys create` (`ct_…`), or an "
+                                "OIDC access token when the operator configured an issuer.")
 
 CallerDependency = Callable[..., Awaitable[Principal]]
 
@@ -44,11 +46,14 @@ class Caller:
     """The API's authenticator: API keys, cached briefly."""
 
     keys: ApiKeyStore | None = None
+    oidc: OidcVerifier | None = None
     _cache: dict[str, tuple[float, ApiKeyRecord | None]] = field(default_factory=dict)
 
     async def principal(self, token: str) -> Principal | None:
         key_id = key_id_of(token)
-        if key_id is None or self.keys is None:
+        if key_id is None:
+            return None if self.oidc is None else await self.oidc.principal(token)
+        if self.keys is None:
             return None
         now = time.monotonic()
         cached = self._cache.get(key_id)
