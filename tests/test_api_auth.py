@@ -272,3 +272,36 @@ async def test_a_tenant_over_its_quota_gets_429_and_nothing_is_kept(
         "SELECT tenant_id, count(*) FROM cases WHERE tenant_id IN ('tiny', 'hasty') "
         "GROUP BY tenant_id")}
     assert counts == {"tiny": 1, "hasty": 2}
+
+
+async def test_a_full_start_queue_is_503_with_retry_after_and_nothing_is_kept(
+    client: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool,
+) -> None:
+    """The operator bounds the start queue with a RabbitMQ policy (max-length,
+    reject-publish): when it is full the broker nacks, and the API answers 503 and
+    forgets the case."""
+    name = f"{settings.namespace}-start-limit"
+    queue = f"^{settings.namespace}\\.case-start$".replace("-", "\\-")
+    policy = ["rabbitmqctl", "-q", "set_policy", name, queue,
+              '{"max-length": 0, "overflow": "reject-publish"}', "--apply-to", "queues"]
+    before = await pool.fetchval("SELECT count(*) FROM cases")
+    await asyncio.to_thread(subprocess.run, policy, check=True, capture_output=True)
+    accepted: list[str] = []
+    slow = {**LOAN, "model": {"provider": "scripted", "name": "slow", "latencyMs": 3000}}
+    try:
+        for _ in range(50):
+            reply = await client.post("/cases", json=slow)
+            if reply.status_code != 202:
+                break
+            accepted.append(reply.json()["caseId"])  # the queue is not full yet
+            await asyncio.sleep(0.1)
+        assert reply.status_code == 503, reply.text
+        assert reply.headers["retry-after"] == "5"
+        assert "nothing was kept" in reply.json()["detail"]
+        kept = await pool.fetchval("SELECT count(*) FROM cases") - before
+    finally:
+        await asyncio.to_thread(subprocess.run, ["rabbitmqctl", "-q", "clear_policy", name],
+                                check=True, capture_output=True)
+        for case_id in accepted:  # slow cases: stop them rather than leave them running
+            await client.post(f"/cases/{case_id}/cancel")
+    assert kept == len(accepted)  # the refused case left no row

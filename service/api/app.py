@@ -63,6 +63,9 @@ from service.store import (
 
 log = logging.getLogger("casetrail.api")
 
+RETRY_LATER = {"Retry-After": "5"}
+"""On a 503: the broker or the database is away or full; nothing was kept."""
+
 _ERRORS: dict[int, tuple[type, str]] = {
     400: (Problem, "The body is not readable JSON"),
     401: (Problem, "No valid API key: a WWW-Authenticate: Bearer challenge"),
@@ -229,11 +232,13 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
 
     @app.exception_handler(StoreUnavailable)
     async def store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:
-        return JSONResponse({"detail": "database unavailable, try again"}, status_code=503)
+        return JSONResponse({"detail": "database unavailable, try again"}, status_code=503,
+                            headers=RETRY_LATER)
 
     @app.exception_handler(BusUnavailable)
     async def bus_down(request: Request, exc: BusUnavailable) -> JSONResponse:
-        return JSONResponse({"detail": "message broker unavailable, try again"}, status_code=503)
+        return JSONResponse({"detail": "message broker unavailable, try again"},
+                            status_code=503, headers=RETRY_LATER)
 
     @app.post("/cases", status_code=202, summary="Start a case", response_model=None,
               responses=_responses(
@@ -476,5 +481,6 @@ async def _publish_start(services: Services, row: dict[str, Any], *,
         log.error("start command for %s not accepted: %s", case_id, exc)
         if forget_on_failure:
             await services.store.delete_unstarted(case_id)
-        raise HTTPException(503, "message broker did not accept the case; nothing was kept") \
-            from exc
+        # A full start queue (its length limit, reject-publish) lands here too.
+        raise HTTPException(503, "message broker did not accept the case; nothing was kept",
+                            headers=RETRY_LATER) from exc
