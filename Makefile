@@ -21,9 +21,11 @@ services:
 	@scripts/ensure-services
 
 demo: install services
+	$(BIN)/casetrail setup
 	$(BIN)/casetrail demo
 
 up: install services
+	$(BIN)/casetrail setup
 	$(BIN)/casetrail up
 
 lint: install

@@ -68,6 +68,21 @@ def _logging(level: str | None = None) -> None:
 
 
 @app.command()
+def setup() -> None:
+    """Set up, idempotently, what the broker needs beyond what components declare: the
+    start queue's length limit (a RabbitMQ policy, set with rabbitmqctl)."""
+    from service.errors import PermanentError
+    from service.setup import apply_broker_policies
+
+    try:
+        names = apply_broker_policies(get_settings())
+    except PermanentError as exc:
+        typer.echo(f"casetrail setup: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"broker policies set: {', '.join(names)}")
+
+
+@app.command()
 def migrate() -> None:
     """Create the database if needed and apply the SQL files in migrations/."""
     from service.migrate import migrate as run_migrations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from functools import lru_cache
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -50,6 +50,9 @@ class Settings(BaseSettings):
         "generate`). A worker refuses to start without one.",
     )
 
+    start_queue_max_length: int = Field(
+        default=100_000, ge=1, description="Start commands the start queue holds before the "
+        "broker refuses more (a policy `casetrail setup` sets); POST /cases then answers 503.")
     tenant_max_active_cases: int = Field(
         default=1000, ge=1, description="Cases one tenant may have queued or running at once; "
         "beyond it POST /cases answers 429 with Retry-After.")
@@ -128,6 +131,11 @@ class Settings(BaseSettings):
                     if value is not None})
         env.update(extra)
         return env
+
+    def amqp_vhost(self) -> str:
+        """The virtual host of ``amqp_url`` (``/`` when the URL names none)."""
+        path = urlsplit(self.amqp_url).path
+        return unquote(path[1:]) if len(path) > 1 else "/"
 
     def worker_broker_identity(self) -> str:
         """The broker user whose events the consumer admits."""

@@ -505,22 +505,29 @@ class TenantReaders:
                     role))
 
 
-async def tenant_load(pool: asyncpg.Pool, tenant: str, max_active: int,
-                      max_per_minute: int) -> tuple[bool, bool, int]:
-    """``(over the active limit, over the per-minute limit, seconds to wait)``. Each
-    count stops one past its limit, so a check costs the same however busy a tenant is."""
+async def tenant_counts(pool: asyncpg.Pool, tenant: str, max_active: int,
+                        max_per_minute: int) -> tuple[int, int]:
+    """``(cases queued or running, cases started in the last minute)`` of ``tenant``, each
+    counted only up to its limit, so a check costs the same however busy a tenant is."""
     async with translate_errors():
         row = await pool.fetchrow(
             """SELECT
                  (SELECT count(*) FROM (SELECT 1 FROM cases WHERE tenant_id = $1
                     AND status IN ('queued', 'running') LIMIT $2) a) AS active,
-                 (SELECT count(*) FROM (SELECT created_at FROM cases WHERE tenant_id = $1
-                    AND created_at > now() - interval '1 minute' LIMIT $3) r) AS recent,
-                 (SELECT ceil(extract(epoch FROM min(created_at) + interval '1 minute' - now()))
-                    FROM (SELECT created_at FROM cases WHERE tenant_id = $1
-                          AND created_at > now() - interval '1 minute'
-                          ORDER BY created_at DESC LIMIT $3) w) AS wait""",
+                 (SELECT count(*) FROM (SELECT 1 FROM cases WHERE tenant_id = $1
+                    AND created_at > now() - interval '1 minute' LIMIT $3) r) AS recent""",
             tenant, max_active, max_per_minute)
     assert row is not None
-    return (row["active"] >= max_active, row["recent"] >= max_per_minute,
-            max(1, int(row["wait"] or 1)))
+    return int(row["active"]), int(row["recent"])
+
+
+async def rate_wait(pool: asyncpg.Pool, tenant: str, max_per_minute: int) -> int:
+    """Seconds until the oldest of the tenant's last ``max_per_minute`` starts leaves the
+    one-minute window (at least 1)."""
+    async with translate_errors():
+        wait = await pool.fetchval(
+            """SELECT ceil(extract(epoch FROM min(created_at) + interval '1 minute' - now()))
+               FROM (SELECT created_at FROM cases WHERE tenant_id = $1
+                     AND created_at > now() - interval '1 minute'
+                     ORDER BY created_at DESC LIMIT $2) w""", tenant, max_per_minute)
+    return max(1, int(wait or 1))
