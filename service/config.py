@@ -7,7 +7,7 @@ import os
 from functools import lru_cache
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -103,10 +103,10 @@ class Settings(BaseSettings):
         "long-running components (service/gc_tuning.py); 0 keeps Python's default.",
     )
 
-    openai_api_key: str | None = Field(
+    openai_api_key: SecretStr | None = Field(
         default=None, description="Falls back to OPENAI_API_KEY. Never logged or recorded."
     )
-    anthropic_api_key: str | None = Field(
+    anthropic_api_key: SecretStr | None = Field(
         default=None, description="Falls back to ANTHROPIC_API_KEY. Never logged or recorded."
     )
     model_base_urls: str = Field(
@@ -125,10 +125,14 @@ class Settings(BaseSettings):
         """This process's environment with every setting set as ``CASETRAIL_<NAME>``
         (then ``extra``), so that a component started with it reads these settings."""
         env = dict(os.environ)
+        values = self.model_dump(mode="json", by_alias=True)
+        for name in values:  # a child needs the secret itself, not its mask
+            secret = getattr(self, name)
+            if isinstance(secret, SecretStr):
+                values[name] = secret.get_secret_value()
         env.update({f"CASETRAIL_{name.upper()}":
                     json.dumps(value) if isinstance(value, dict | list) else str(value)
-                    for name, value in self.model_dump(mode="json", by_alias=True).items()
-                    if value is not None})
+                    for name, value in values.items() if value is not None})
         env.update(extra)
         return env
 

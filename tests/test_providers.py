@@ -11,6 +11,7 @@ import asyncpg
 import httpx
 import orjson
 import pytest
+from pydantic import SecretStr
 
 from service.agents import AGENTS
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
@@ -117,17 +118,33 @@ async def test_5xx_until_the_deadline_times_out_with_the_retries_on_record(
     assert len(fake.requests) == len(retries) + 1
 
 
-async def test_401_fails_the_case_with_the_providers_message(fake: FakeLLM) -> None:
-    fake.script = [error(401, "invalid x-api-key")]
+async def test_401_fails_the_case_with_a_fixed_text_never_the_key(fake: FakeLLM) -> None:
+    # Providers echo part of the key they refused; none of it may reach the trail.
+    fake.script = [error(401, f"Incorrect API key provided: {SECRET[:9]}***{SECRET[-4:]}")]
     sink = ListSink()
     await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), anthropic_model(fake),
                                 toolbox())
     assert sink.types == ["CASE_STARTED", "CASE_FAILED"]
     payload = sink.events[-1].payload
     assert payload.reason_code == "model_error"  # type: ignore[union-attr]
-    assert "anthropic answered 401: invalid x-api-key" in payload.message  # type: ignore[union-attr]
+    assert payload.message == (  # type: ignore[union-attr]
+        "anthropic answered 401: authentication failed: the provider refused the "
+        "configured API key")
     assert len(fake.requests) == 1  # permanent: never retried
-    assert all(SECRET not in e.to_json().decode() for e in sink.events)
+    assert all(SECRET[:9] not in e.to_json().decode() and SECRET[-4:] not in
+               e.to_json().decode() for e in sink.events)
+
+
+def test_credentials_in_other_provider_messages_are_scrubbed() -> None:
+    from service.providers._errors import scrub, status_error
+
+    error = status_error("openai", 400, None, {"error": {"message": (
+        "bad request for key sk-live-ABCDEF123456 and token=eyJhbGciOi.abc; " + "x" * 900)}},
+        "fallback")
+    text = str(error)
+    assert "sk-live" not in text and "eyJhbGciOi" not in text and "[redacted]" in text
+    assert len(text) < 600
+    assert scrub("model gpt-4o-mini does not exist") == "model gpt-4o-mini does not exist"
 
 
 async def test_anthropic_thinking_and_tool_use_round_trip(fake: FakeLLM) -> None:
@@ -203,7 +220,7 @@ async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
 ) -> None:
     base_url = f"{openai_server.base_url}/v1"
     allowed = settings.model_copy(update={"model_base_urls": base_url,
-                                          "openai_api_key": SECRET})
+                                          "openai_api_key": SecretStr(SECRET)})
     openai_server.script = [
         openai_turn("I need the credit score.",
                     calls=[("call_1", "credit-score", '{"applicantId": "A-1001"}')],

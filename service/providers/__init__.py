@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from pydantic import SecretStr
+
 from service.agents.profile import AgentProfile
 from service.config import Settings
 from service.engine.chat import AssistantTurn, ChatMessage, ChatModel, ToolSpec
@@ -52,6 +54,10 @@ def model_problem(ref: ModelRef, settings: Settings) -> tuple[str, str] | None:
     return None
 
 
+def _secret(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
+
+
 class ModelFactory:
     """Builds the chat model a case asked for."""
 
@@ -70,7 +76,7 @@ class ModelFactory:
             case "openai":
                 from service.providers.openai_compat import OpenAIChatModel
 
-                key = self._settings.openai_api_key or os.environ.get("OPENAI_API_KEY")
+                key = _secret(self._settings.openai_api_key) or os.environ.get("OPENAI_API_KEY")
                 if not key and ref.base_url is None:
                     return UnavailableProvider(ref, "no OpenAI API key is configured "
                                                "(CASETRAIL_OPENAI_API_KEY or OPENAI_API_KEY)")
@@ -79,7 +85,8 @@ class ModelFactory:
             case "anthropic":
                 from service.providers.anthropic_messages import AnthropicChatModel
 
-                key = self._settings.anthropic_api_key or os.environ.get("ANTHROPIC_API_KEY")
+                key = _secret(self._settings.anthropic_api_key) \
+                    or os.environ.get("ANTHROPIC_API_KEY")
                 if not key and ref.base_url is None:
                     return UnavailableProvider(ref, "no Anthropic API key is configured "
                                                "(CASETRAIL_ANTHROPIC_API_KEY or "

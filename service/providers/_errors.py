@@ -3,17 +3,35 @@
 429, 408, 409 and 5xx, timeouts and connection failures are transient
 (``ModelUnavailable``, with the server's ``Retry-After`` when it sent one);
 other 4xx (bad request, auth, permission, not found) are permanent
-(``ModelRejected``). The provider's own message is kept, never the API key.
+(``ModelRejected``). What reaches an event, a log or a response is scrubbed: an
+authentication or permission failure becomes a fixed text (providers echo part of
+the key they were given), and anything shaped like a credential in other messages
+is replaced, before the message is cut to a bounded length.
 """
 
 from __future__ import annotations
 
 import email.utils
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from service.errors import ModelRejected, ModelUnavailable
+
+FIXED_TEXTS = {
+    401: "authentication failed: the provider refused the configured API key",
+    403: "permission denied: the configured API key may not use this model or endpoint",
+}
+MAX_MESSAGE = 500
+_CREDENTIAL = re.compile(
+    r"(?i)\b(?:sk|pk|rk|ak|key|token|secret|bearer)[-_ :=]+[A-Za-z0-9*._\-]{6,}")
+
+
+def scrub(text: str) -> str:
+    """``text`` with anything shaped like a credential replaced, at most 500 characters."""
+    cleaned = _CREDENTIAL.sub("[redacted]", text)
+    return cleaned if len(cleaned) <= MAX_MESSAGE else cleaned[:MAX_MESSAGE] + "…"
 
 TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
 
@@ -51,7 +69,8 @@ def _message(body: Any, fallback: str) -> str:
 
 def status_error(provider: str, status: int, headers: Mapping[str, str] | None, body: Any,
                  fallback: str) -> ModelUnavailable | ModelRejected:
-    message = f"{provider} answered {status}: {_message(body, fallback)}"
+    detail = FIXED_TEXTS.get(status) or scrub(_message(body, fallback))
+    message = f"{provider} answered {status}: {detail}"
     if status in TRANSIENT_STATUSES or status >= 500:
         return ModelUnavailable(message, retry_after=retry_after(headers))
     return ModelRejected(message)

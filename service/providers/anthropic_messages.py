@@ -23,7 +23,7 @@ from service.engine.chat import (
 )
 from service.errors import ModelUnavailable
 from service.events import TokenUsage
-from service.providers._errors import status_error
+from service.providers._errors import scrub, status_error
 
 DEFAULT_MAX_TOKENS = 4096
 
@@ -116,5 +116,5 @@ class AnthropicChatModel:
             raise status_error("anthropic", exc.status_code, exc.response.headers, exc.body,
                                exc.message) from None
         except anthropic.APIConnectionError as exc:
-            raise ModelUnavailable(f"anthropic unreachable: {exc}") from None
+            raise ModelUnavailable(f"anthropic unreachable: {scrub(str(exc))}") from None
         return from_wire(response.model_dump(mode="json"), self._model)

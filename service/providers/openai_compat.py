@@ -25,7 +25,7 @@ from service.engine.chat import (
 )
 from service.errors import ModelUnavailable
 from service.events import TokenUsage
-from service.providers._errors import status_error
+from service.providers._errors import scrub, status_error
 
 
 def parse_arguments(raw: str | None) -> dict[str, Any] | None:
@@ -99,7 +99,7 @@ class OpenAIChatModel:
             raise status_error("openai", exc.status_code, exc.response.headers, exc.body,
                                exc.message) from None
         except openai.APIConnectionError as exc:  # includes timeouts
-            raise ModelUnavailable(f"openai unreachable: {exc}") from None
+            raise ModelUnavailable(f"openai unreachable: {scrub(str(exc))}") from None
         data = completion.model_dump(mode="json")
         return from_wire(data, self._model)
 
