@@ -10,9 +10,11 @@ import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import aio_pika
 import asyncpg
+import pytest
 import uvicorn
 
 from consumers.admission import Admission, KeyRing
@@ -102,6 +104,21 @@ async def in_process_stack(
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
         await runtime.close()
+
+
+def module_stack(worker_concurrency: int) -> Any:
+    """A module-scoped ``stack`` fixture: an in-process stack whose worker runs
+    ``worker_concurrency`` cases at once (each test module sizes its own)."""
+
+    @pytest.fixture(scope="module")
+    async def stack(
+        settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool
+    ) -> AsyncIterator[InProcessStack]:
+        async with in_process_stack(settings, amqp, pool,
+                                    worker_concurrency=worker_concurrency) as running:
+            yield running
+
+    return stack
 
 
 def spawn(settings: Settings, *args: str, **extra: str) -> subprocess.Popen[bytes]:

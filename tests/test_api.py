@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aio_pika
@@ -17,20 +16,15 @@ import pytest
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
 from tests.helpers import ended, wait_until
-from tests.stack import InProcessStack, in_process_stack
+from tests.stack import module_stack
 
 APPROVE = SAMPLE_APPLICATIONS[0]
 CYCLE_KEYS = ["cycleIndex", "reasoningText", "toolCalls", "tokenUsage"]
 CALL_KEYS = ["toolName", "toolArgs", "toolResult", "toolSource", "durationMs"]
 
 
-@pytest.fixture(scope="module")
-async def stack(
-    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool
-) -> AsyncIterator[InProcessStack]:
-    # One case at a time, so a slow case keeps the next one queued on purpose.
-    async with in_process_stack(settings, amqp, pool, worker_concurrency=1) as running:
-        yield running
+# One case at a time, so a slow case keeps the next one queued on purpose.
+stack = module_stack(worker_concurrency=1)
 
 
 async def start(client: httpx.AsyncClient, case_input: dict[str, Any] = APPROVE,

@@ -8,10 +8,8 @@ import asyncio
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
-import aio_pika
 import asyncpg
 import httpx
 import pytest
@@ -22,19 +20,14 @@ from service.api import create_app
 from service.config import Settings
 from service.store import ApiKeyStore
 from tests.helpers import ended
-from tests.stack import InProcessStack, in_process_stack, serve_api
+from tests.stack import InProcessStack, module_stack, serve_api
 
 PUBLIC = {"/healthz", "/readyz", "/signing-keys"}
 """DESIGN.md's public routes that exist so far (FastAPI's own /openapi.json and /docs too)."""
 LOAN = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[2]}
 
 
-@pytest.fixture(scope="module")
-async def stack(
-    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool
-) -> AsyncIterator[InProcessStack]:
-    async with in_process_stack(settings, amqp, pool, worker_concurrency=4) as running:
-        yield running
+stack = module_stack(worker_concurrency=4)
 
 
 async def key(pool: asyncpg.Pool, tenant: str, *scopes: str,

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +34,14 @@ from service.events import CaseCompletedPayload, TokenUsage, make_event
 from service.integrity import GENESIS, HEADER, Signer, canonical, public_key_text
 from service.store import KeyRegistry
 from tests.helpers import ended
-from tests.stack import InProcessStack, in_process_stack
+from tests.stack import module_stack
 
 APPROVE, DECLINE = SAMPLE_APPLICATIONS[0], SAMPLE_APPLICATIONS[2]
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 STANDALONE_VERIFIER = DOCS / "verify_bundle.py"
 
 
-@pytest.fixture(scope="module")
-async def stack(
-    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool
-) -> AsyncIterator[InProcessStack]:
-    async with in_process_stack(settings, amqp, pool, worker_concurrency=4) as running:
-        yield running
+stack = module_stack(worker_concurrency=4)
 
 
 async def decided(client: httpx.AsyncClient, application: dict[str, Any] = DECLINE) -> str:

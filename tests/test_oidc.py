@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import aio_pika
-import asyncpg
 import httpx
 import jwt
 import pytest
@@ -22,7 +20,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
 from tests.helpers import ended
-from tests.stack import InProcessStack, in_process_stack, serve_api
+from tests.stack import InProcessStack, module_stack, serve_api
 
 ISSUER, AUDIENCE = "https://login.example.test/", "casetrail-api"
 
@@ -54,12 +52,7 @@ def jwks_url(signing_key: rsa.RSAPrivateKey) -> Iterator[str]:
     server.shutdown()
 
 
-@pytest.fixture(scope="module")
-async def stack(
-    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool
-) -> AsyncIterator[InProcessStack]:
-    async with in_process_stack(settings, amqp, pool, worker_concurrency=2) as running:
-        yield running
+stack = module_stack(worker_concurrency=2)
 
 
 def token(key: Any, *, kid: str = "key-1", algorithm: str = "RS256", **claims: Any) -> str:

@@ -9,24 +9,14 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aio_pika
-import asyncpg
 import httpx
 import pytest
 
-from service.config import Settings
-from tests.stack import InProcessStack, in_process_stack
+from tests.stack import InProcessStack, module_stack
 
-
-@pytest.fixture(scope="module")
-async def stack(
-    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool
-) -> AsyncIterator[InProcessStack]:
-    async with in_process_stack(settings, amqp, pool, worker_concurrency=16) as running:
-        yield running
+stack = module_stack(worker_concurrency=16)
 
 
 def schemathesis_command() -> list[str]:

@@ -259,8 +259,6 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         lifespan=lifespan,
     )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    # FastAPI's own document routes are public (DESIGN.md, "Public routes").
-    app.router.dependencies.clear()
 
     async def owned_case(case_id: uuid.UUID, principal: Principal) -> dict[str, Any]:
         """The case, if it belongs to the caller's tenant: another tenant's case is a
