@@ -50,6 +50,10 @@ class Settings(BaseSettings):
         "generate`). A worker refuses to start without one.",
     )
 
+    rabbitmq_management_url: str | None = Field(
+        default=None, description="The broker's management HTTP API, with credentials "
+        "(http://user:pass@host:15672): `casetrail setup` sets policies through it instead "
+        "of rabbitmqctl (docker-compose).")
     start_queue_max_length: int = Field(
         default=100_000, ge=1, description="Start commands the start queue holds before the "
         "broker refuses more (a policy `casetrail setup` sets); POST /cases then answers 503.")

@@ -2,8 +2,10 @@
 
 A queue's arguments cannot change once it exists (every redeclare with other
 arguments fails), so limits an operator may tune live in RabbitMQ *policies*, which
-only the broker's own tools set: here ``rabbitmqctl`` on this machine. (The
-component identities of the least-privilege design will be created here too.)
+only the broker's own tools set: ``rabbitmqctl`` on this machine, or the management
+HTTP API (``CASETRAIL_RABBITMQ_MANAGEMENT_URL``, e.g. in docker-compose, where the
+broker runs in its own container). (The component identities of the least-privilege
+design will be created here too.)
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+import httpx
 
 from service.bus.topology import Topology
 from service.config import Settings
@@ -40,8 +45,34 @@ def broker_policies(settings: Settings) -> list[Policy]:
                     "overflow": "reject-publish"})]
 
 
+def _apply_over_http(settings: Settings, policies: list[Policy]) -> list[str]:
+    """PUT each policy to the management API (idempotent: a PUT replaces it)."""
+    base = urlsplit(settings.rabbitmq_management_url or "")
+    auth = (unquote(base.username or ""), unquote(base.password or ""))
+    root = urlunsplit((base.scheme, base.hostname + (f":{base.port}" if base.port else "")
+                       if base.hostname else "", base.path.rstrip("/"), "", ""))
+    vhost = quote(settings.amqp_vhost(), safe="")
+    done = []
+    with httpx.Client(auth=auth, timeout=30) as client:
+        for policy in policies:
+            reply = client.put(f"{root}/api/policies/{vhost}/{quote(policy.name, safe='')}",
+                               json={"pattern": policy.pattern, "definition": policy.definition,
+                                     "apply-to": "queues"})
+            if reply.status_code not in (201, 204):
+                raise PermanentError(f"setting policy {policy.name} over HTTP failed: "
+                                     f"{reply.status_code} {reply.text[:200]}")
+            done.append(policy.name)
+    return done
+
+
 def apply_broker_policies(settings: Settings) -> list[str]:
-    """Set every policy with ``rabbitmqctl`` (idempotent); the names set."""
+    """Set every policy (idempotent), over the management API when its URL is
+    configured, else with ``rabbitmqctl``; the names set."""
+    if settings.rabbitmq_management_url:
+        try:
+            return _apply_over_http(settings, broker_policies(settings))
+        except httpx.HTTPError as exc:
+            raise PermanentError(f"the management API did not answer: {exc}") from None
     if shutil.which("rabbitmqctl") is None:
         raise PermanentError(
             "rabbitmqctl is not on this machine: set the policies with your broker's tools "

@@ -64,6 +64,14 @@ def test_start_order_waits_on_health_and_migrations() -> None:
         assert depends["migrate"]["condition"] == "service_completed_successfully"
 
 
+def test_compose_sets_the_broker_policies_before_the_api_takes_cases() -> None:
+    setup = OURS["setup"]
+    assert setup["command"] == ["setup"]
+    assert setup["environment"]["CASETRAIL_RABBITMQ_MANAGEMENT_URL"].endswith("@rabbitmq:15672")
+    assert COMPOSE["services"]["rabbitmq"]["image"].endswith("-management")
+    assert OURS["api"]["depends_on"]["setup"]["condition"] == "service_completed_successfully"
+
+
 def test_the_worker_signs_with_a_key_only_it_mounts() -> None:
     worker, others = OURS["worker"], [s for n, s in OURS.items() if n not in
                                       ("worker", "signing-key")]
