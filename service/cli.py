@@ -445,18 +445,25 @@ def verify(
 ) -> None:
     """Check a case's stored trail: exit 0 verified, 1 not (with the first problem),
     2 could not check (unknown case, database down)."""
+    parsed = _case_id(case_id)
+    _report(_about_case(case_id, "could not check",
+                        lambda ev: ev.verify(parsed)), raw)
+
+
+def _about_case(case_id: str, failure: str, work: Any) -> Any:
+    """What ``work`` finds out from the case's evidence; exit 2 when the database cannot
+    be reached (``failure`` says what could not be done) or the case is unknown."""
     from service.errors import CasetrailError
 
-    parsed = _case_id(case_id)
     try:
-        report = _run(_with_evidence(get_settings(), lambda ev: ev.verify(parsed)))
+        found = _run(_with_evidence(get_settings(), work))
     except CasetrailError as exc:
-        typer.echo(f"could not check: {exc}", err=True)
+        typer.echo(f"{failure}: {exc}", err=True)
         raise typer.Exit(2) from None
-    if report is None:
+    if found is None:
         typer.echo(f"no case {case_id}", err=True)
         raise typer.Exit(2)
-    _report(report, raw)
+    return found
 
 
 def _report(report: Any, raw: bool) -> None:
@@ -479,17 +486,8 @@ def export(
     output: Annotated[Path, typer.Option("-o", "--output", help="The bundle file to write.")],
 ) -> None:
     """Write a case's offline bundle: the events exactly as signed, and the public keys."""
-    from service.errors import CasetrailError
-
     parsed = _case_id(case_id)
-    try:
-        bundle = _run(_with_evidence(get_settings(), lambda ev: ev.bundle(parsed)))
-    except CasetrailError as exc:
-        typer.echo(f"could not export: {exc}", err=True)
-        raise typer.Exit(2) from None
-    if bundle is None:
-        typer.echo(f"no case {case_id}", err=True)
-        raise typer.Exit(2)
+    bundle = _about_case(case_id, "could not export", lambda ev: ev.bundle(parsed))
     output.write_bytes(orjson.dumps(bundle, option=orjson.OPT_INDENT_2))
     typer.echo(f"{len(bundle['events'])} events written to {output}", err=True)
 

@@ -32,7 +32,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from service.integrity import Integrity, Signer, canonical
+from service.integrity import GENESIS, Integrity, Signer, canonical
 
 SCHEMA_VERSION: Literal[2] = 2
 """2: canonical (RFC 8785) bodies, ``tenantId``, signed (service.integrity)."""
@@ -444,6 +444,9 @@ TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(
     cls.model_fields["event_type"].default for cls in get_args(TerminalEvent)
 )
 assert set(_EVENT_CLASSES) == set(EVENT_TYPES), "an event type without its class, or one more"
+ENDED_STATUSES: frozenset[str] = frozenset(
+    t.removeprefix("CASE_").lower() for t in TERMINAL_EVENT_TYPES)
+"""The ``cases.status`` of an ended case: one per terminal event type."""
 
 
 def sql_list(types: Iterable[str]) -> str:
@@ -564,7 +567,7 @@ class SignedEvent:
 def seal_chain(events: Sequence[Event], signer: Signer) -> list[SignedEvent]:
     """One attempt's events, in seq order, chained and signed as the worker does."""
     sealed: list[SignedEvent] = []
-    prev_hash = "0" * 64
+    prev_hash = GENESIS
     for event in events:
         sealed.append(SignedEvent.seal(event, signer, prev_hash))
         prev_hash = sealed[-1].integrity.hash

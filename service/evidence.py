@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from service.events import ENDED_STATUSES
 from service.integrity import Integrity, IntegrityError, key_id, public_key_from_text
 from service.store import CaseStore, KeyRegistry, StoredEvent
 from service.verification import PublicKey, Report, TrailEvent, checked_at, verify_trail
 
 BUNDLE_FORMAT = "casetrail-bundle/1"
-ENDED_STATUSES = frozenset({"completed", "failed", "timed_out", "cancelled"})
 
 
 class BundleError(ValueError):
@@ -60,8 +60,10 @@ class Evidence:
         return {"verified": report.verified, "complete": report.complete,
                 "checkedAt": checked_at()}
 
-    async def bundle(self, case_id: uuid.UUID) -> dict[str, Any] | None:
-        row = await self.store.get_case(case_id)
+    async def bundle(self, case_id: uuid.UUID, row: dict[str, Any] | None = None
+                     ) -> dict[str, Any] | None:
+        """The case's bundle; ``None`` for an unknown case (``row``: already read)."""
+        row = row or await self.store.get_case(case_id)
         if row is None:
             return None
         stored = await self.store.find_by_case_and_types(case_id, with_body=True)

@@ -378,8 +378,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
                                   401, 403, 404, 422, 503))
     async def bundle_case(case_id: uuid.UUID,
                           principal: Principal = reader) -> Response:
-        await owned_case(case_id, principal)
-        bundle = await services.evidence.bundle(case_id)
+        bundle = await services.evidence.bundle(case_id, await owned_case(case_id, principal))
         assert bundle is not None
         return OrjsonResponse(bundle, headers={
             "Content-Disposition": f'attachment; filename="casetrail-{case_id}.json"'})
