@@ -21,11 +21,9 @@ services:
 	@scripts/ensure-services
 
 demo: install services
-	$(BIN)/casetrail setup
 	$(BIN)/casetrail demo
 
 up: install services
-	$(BIN)/casetrail setup
 	$(BIN)/casetrail up
 
 lint: install

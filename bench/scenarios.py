@@ -90,14 +90,13 @@ async def submit_direct(settings: Settings, pool: asyncpg.Pool, cases: int, cycl
         [(i, orjson.dumps({"cycles": cycles}).decode(),
           model.model_dump_json(by_alias=True), limits.model_dump_json(by_alias=True))
          for i in ids])
-    connection = await aio_pika.connect_robust(settings.amqp_url)
+    # Published as the API would (the worker takes start commands from it alone).
+    connection = await aio_pika.connect_robust(settings.identity("api").amqp_url)
     publisher = await Publisher.open(connection)
     topology = Topology(settings.namespace)
     await asyncio.gather(*(
         publisher.publish(topology.commands_exchange, Topology.START_KEY,
-                          CaseStartCommand(case_id=i, agent="throughput-probe",
-                                           input={"cycles": cycles}, model=model,
-                                           limits=limits).to_json())
+                          CaseStartCommand(case_id=i, agent="throughput-probe").to_json())
         for i in ids))
     await connection.close()
 

@@ -44,7 +44,7 @@ from service.bus.topology import Topology
 from service.config import Settings
 from service.errors import BusUnavailable, StoreUnavailable
 from service.events import SignedEvent
-from service.store import KeyRegistry, pool_patiently
+from service.store import KeyRegistry, component_pool
 from service.supervisor import run_until_signal
 
 log = logging.getLogger("casetrail.consumer")
@@ -123,7 +123,7 @@ class EventLogConsumer:
         """Consume until ``stop`` is set; then finish or release the batch in flight."""
         channel = await self.connection.channel()
         await channel.set_qos(prefetch_count=self.prefetch)
-        await self.topology.declare(channel)
+        await self.topology.require(channel)
         dead_letters = await Publisher.open(self.connection)
         inbox = _Inbox(self.batch_size)
         subscription = Subscription(channel, self.topology.event_log_queue, inbox.put)
@@ -252,13 +252,14 @@ class EventLogConsumer:
 async def run_consumer(settings: Settings) -> None:
     """The ``casetrail consumer`` component, until SIGINT or SIGTERM."""
     fastpath.enable(settings.amqp_fastpath)
-    connection = await connect_patiently(settings.amqp_url, "casetrail-consumer")
-    pool = await pool_patiently(settings.database_url, 4)
+    identity = settings.identity("consumer")
+    connection = await connect_patiently(identity.amqp_url, "casetrail-consumer")
+    pool = await component_pool(identity, 4)
     keys = KeyRing(KeyRegistry(pool))
     await keys.refresh(force=True)
     consumer = EventLogConsumer(
         connection, EventLogWriter(pool), Topology(settings.namespace),
-        Admission(settings.worker_broker_identity(), keys),
+        Admission(settings.broker_user("worker"), keys),
         prefetch=settings.consumer_prefetch, batch_size=settings.consumer_batch_size,
         linger=settings.consumer_linger_ms / 1000,
     )

@@ -11,6 +11,7 @@ those it holds, and lets the broker hand back anything unacked.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import socket
@@ -40,6 +41,10 @@ log = logging.getLogger("casetrail.capability")
 REMEMBERED_REPLIES = 10_000
 
 
+def _digest(args: Any) -> str:
+    return hashlib.sha256(orjson.dumps(args, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
 @dataclass
 class CapabilityWorker:
     """Serves ``capabilities`` from their queues, ``concurrency`` requests at once."""
@@ -50,7 +55,7 @@ class CapabilityWorker:
     concurrency: int = 64
     name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     served: int = 0
-    _answers: OrderedDict[str, ToolReply] = field(default_factory=OrderedDict)
+    _answers: OrderedDict[tuple[str, str, str], ToolReply] = field(default_factory=OrderedDict)
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         channel = await self.connection.channel()
@@ -89,9 +94,16 @@ class CapabilityWorker:
         if time.time() > request.deadline:
             log.info("request %s expired before it was served", message.message_id)
             return
-        reply = self._answers.get(request.idempotency_key)
+        # Remembered by capability, arguments and key: a retry gets the answer it
+        # asked for, and a request that reuses someone's key with other arguments
+        # (or for another capability) is run on its own, not handed their answer.
+        remembered = (capability.name, _digest(request.args), request.idempotency_key)
+        reply = self._answers.get(remembered)
         if reply is None or not reply.ok:
             reply = await self._run(request, capability)
+            self._answers[remembered] = reply
+            if len(self._answers) > REMEMBERED_REPLIES:
+                self._answers.popitem(last=False)
         else:
             reply = reply.model_copy(update={"attempt": request.attempt})
         if message.reply_to:
@@ -118,9 +130,6 @@ class CapabilityWorker:
         except Exception as exc:
             reply = ToolReply(**base, ok=False, retryable=True,
                               error=f"{type(exc).__name__}: {exc}")
-        self._answers[request.idempotency_key] = reply
-        if len(self._answers) > REMEMBERED_REPLIES:
-            self._answers.popitem(last=False)
         return reply
 
 
@@ -129,7 +138,8 @@ async def run_capability_worker(
 ) -> None:
     """The ``casetrail capability-worker`` component, until SIGINT or SIGTERM. It
     keeps to the public aiormq path: its rate is the tools' own, not the bus's."""
-    connection = await connect_patiently(settings.amqp_url, "casetrail-capability-worker")
+    connection = await connect_patiently(settings.identity("capability").amqp_url,
+                                         "casetrail-capability-worker")
     worker = CapabilityWorker(
         connection, Topology(settings.namespace), capabilities,
         concurrency=concurrency or settings.capability_concurrency,

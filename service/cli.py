@@ -68,27 +68,44 @@ def _logging(level: str | None = None) -> None:
 
 
 @app.command()
-def setup() -> None:
-    """Set up, idempotently, what the broker needs beyond what components declare: the
-    start queue's length limit (a RabbitMQ policy, set with rabbitmqctl)."""
+def setup(
+    remove: Annotated[bool, typer.Option(
+        "--remove", help="Take the namespace down instead: its database, roles, broker "
+        "users, queues, exchanges and secrets file.")] = False,
+) -> None:
+    """Create or update, idempotently, every component's own database role and broker
+    user (least privilege), migrate as the owner role, set the broker's policies and
+    declare the topology; write the components' URLs to the secrets file. Uses the
+    bootstrap (admin) URLs CASETRAIL_DATABASE_URL and CASETRAIL_AMQP_URL."""
+    from service import setup as steps
     from service.errors import PermanentError
-    from service.setup import apply_broker_policies
 
+    _logging()
+    settings = get_settings()
     try:
-        names = apply_broker_policies(get_settings())
+        if remove:
+            _run(steps.remove(settings))
+            typer.echo(f"namespace {settings.namespace} removed")
+            return
+        report = _run(steps.setup(settings))
     except PermanentError as exc:
         typer.echo(f"casetrail setup: {exc}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"broker policies set: {', '.join(names)}")
+    typer.echo(f"migrations applied: {', '.join(report.migrations) or 'none (up to date)'}")
+    typer.echo(f"database roles: {', '.join(report.database_roles)}")
+    typer.echo(f"broker users: {', '.join(report.broker_users)}")
+    typer.echo(f"broker policies set: {settings.namespace}-case-start-limit")
+    typer.echo(f"component URLs written to {report.secrets_file}")
 
 
 @app.command()
 def migrate() -> None:
-    """Create the database if needed and apply the SQL files in migrations/."""
-    from service.migrate import migrate as run_migrations
+    """Create the database if needed and apply the SQL files in migrations/ (as the
+    namespace's owner role once `casetrail setup` made it)."""
+    from service.setup import migrate_as_owner
 
     _logging()
-    applied = _run(run_migrations(get_settings().database_url))
+    applied = _run(migrate_as_owner(get_settings()))
     typer.echo(f"migrations applied: {', '.join(applied) if applied else 'none (up to date)'}")
 
 

@@ -15,9 +15,6 @@ from pydantic import ValidationError
 from service.events import (
     DEFAULT_TENANT,
     ContractModel,
-    JsonObject,
-    Limits,
-    ModelRef,
     describe_validation_error,
 )
 
@@ -41,16 +38,13 @@ class _Command(ContractModel):
 
 
 class CaseStartCommand(_Command):
-    """Run this case: sent once by the API after the case row is committed."""
+    """Run this case: sent once by the API after the case row is committed. It names
+    the case only: the worker runs what the row says (input, model, limits, who started
+    it), so a start command cannot change a case, and carries no applicant's data."""
 
     case_id: uuid.UUID
     tenant_id: str = DEFAULT_TENANT
     agent: str
-    input: JsonObject
-    model: ModelRef
-    limits: Limits
-    started_by: str | None = None
-    """Who started the case (``key:<keyId>``), recorded in its CASE_STARTED."""
 
 
 class CancelCommand(_Command):

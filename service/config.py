@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
+from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -12,6 +15,30 @@ from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service import gc_tuning
+from service.errors import PermanentError
+
+Component = Literal["api", "worker", "consumer", "capability"]
+COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "capability")
+DATABASE_COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer")
+"""The capability workers reach no database."""
+
+LOCAL_DIR = Path(".casetrail")
+"""Where a developer stack keeps what it makes: signing keys, the secrets file."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Whom one component connects as."""
+
+    component: Component
+    amqp_url: str
+    database_url: str | None
+
+    @property
+    def database(self) -> str:
+        if self.database_url is None:
+            raise PermanentError(f"the {self.component} has no database identity")
+        return self.database_url
 
 
 class TenantQuota(BaseModel):
@@ -30,7 +57,10 @@ class Settings(BaseSettings):
 
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     database_url: str = "postgresql://postgres@127.0.0.1:5432/casetrail"
-    namespace: str = Field(default="casetrail", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+    namespace: str = Field(default="casetrail", pattern=r"^[a-z0-9][a-z0-9_.-]{0,53}$",
+                           description="Prefix of every queue, exchange, database role "
+                           "and broker user (54 characters at most: a Postgres role name "
+                           "has 63).")
 
     amqp_fastpath: bool = Field(
         default=True,
@@ -39,11 +69,23 @@ class Settings(BaseSettings):
         "versions it was written for; off: the public path only.",
     )
 
-    worker_broker_user: str | None = Field(
+    api_database_url: str | None = Field(default=None, description="The API's own login "
+        "role (see `casetrail setup`); default: from the secrets file.")
+    worker_database_url: str | None = Field(default=None, description="The worker's own role.")
+    consumer_database_url: str | None = Field(default=None, description="The consumer's own "
+        "role.")
+    api_amqp_url: str | None = Field(default=None, description="The API's own broker user; "
+        "default: from the secrets file.")
+    worker_amqp_url: str | None = Field(default=None, description="The worker's broker user.")
+    consumer_amqp_url: str | None = Field(default=None, description="The consumer's broker "
+        "user.")
+    capability_amqp_url: str | None = Field(default=None, description="The capability "
+        "workers' broker user.")
+    secrets_file: str | None = Field(
         default=None,
-        description="The broker user the worker publishes events as; the consumer refuses "
-        "events with any other AMQP user_id. Default: the user of CASETRAIL_AMQP_URL.",
-    )
+        description="Where `casetrail setup` writes the identities it made (mode 0600) and "
+        "where components look for their own when no CASETRAIL_<COMPONENT>_*_URL is set. "
+        "Default: .casetrail/<namespace>.identities.json.")
     signing_key_file: str | None = Field(
         default=None,
         description="The worker's Ed25519 signing key (PEM, from `casetrail signer "
@@ -145,9 +187,46 @@ class Settings(BaseSettings):
         path = urlsplit(self.amqp_url).path
         return unquote(path[1:]) if len(path) > 1 else "/"
 
-    def worker_broker_identity(self) -> str:
-        """The broker user whose events the consumer admits."""
-        return self.worker_broker_user or urlsplit(self.amqp_url).username or "guest"
+    def secrets_path(self) -> Path:
+        return Path(self.secrets_file or LOCAL_DIR / f"{self.namespace}.identities.json")
+
+    def identity(self, component: Component) -> Identity:
+        """The component's own least-privileged identity: its ``CASETRAIL_<C>_*_URL``
+        settings, else what ``casetrail setup`` wrote to the secrets file."""
+        configured = getattr(self, f"{component}_amqp_url")
+        database = getattr(self, f"{component}_database_url", None)
+        if configured is None or (database is None and component in DATABASE_COMPONENTS):
+            try:
+                stored = json.loads(self.secrets_path().read_text())[component]
+            except FileNotFoundError:
+                raise PermanentError(
+                    f"no identity for the {component}: set CASETRAIL_{component.upper()}_"
+                    f"AMQP_URL (and _DATABASE_URL), or run `casetrail setup`, which writes "
+                    f"them to {self.secrets_path()}") from None
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise PermanentError(
+                    f"the secrets file {self.secrets_path()} has no usable entry for the "
+                    f"{component} ({type(exc).__name__}: {exc}): run `casetrail setup`"
+                ) from None
+            configured = configured or stored["amqp_url"]
+            database = database or stored.get("database_url")
+        # Never the bootstrap identity, nor another component's: consumers check
+        # whose messages they take by these names.
+        for url, expected in ((configured, self.broker_user(component)),
+                              (database, self.database_role(component))):
+            user = unquote(urlsplit(url).username or "") if url else expected
+            if user != expected:
+                raise PermanentError(
+                    f"the {component} must connect as {expected!r}, not {user!r} (see "
+                    "`casetrail setup`)")
+        return Identity(component, configured, database)
+
+    def broker_user(self, component: Component) -> str:
+        """The broker user a component's messages carry (``user_id``)."""
+        return f"{self.namespace}-{component}"
+
+    def database_role(self, component: Component | Literal["owner"]) -> str:
+        return f"{self.namespace}_{component}"
 
     def quota(self, tenant: str) -> tuple[int, int]:
         """``(max active cases, max starts per minute)`` for ``tenant``."""

@@ -18,12 +18,12 @@ from service.agents import CAPABILITIES
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.bus.connection import connect
 from service.bus.topology import Topology
-from service.config import Settings
+from service.config import LOCAL_DIR, Settings
 from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
 from service.evidence import Evidence, verify_bundle
 from service.integrity import public_key_text
-from service.keyfile import LOCAL_KEY_DIR, ensure_local_signer, worker_signer
-from service.migrate import migrate
+from service.keyfile import ensure_local_signer, worker_signer
+from service.setup import setup
 from service.store import ApiKeyStore, CaseStore, KeyRegistry, create_pool
 from service.supervisor import Stack, stack_commands
 from service.trail import AUDITOR_SQL, format_event, format_trail
@@ -70,8 +70,9 @@ async def _wait_ready(base_url: str, stack: Stack, timeout: float = 60.0) -> Non
 async def run_stack(settings: Settings) -> int:
     """``casetrail up``: the whole stack as child processes until Ctrl-C or SIGTERM."""
     settings = ensure_local_signer(settings)
-    applied = await migrate(settings.database_url)
-    _say(f"migrations: {', '.join(applied) or 'up to date'}")
+    report = await setup(settings)
+    _say(f"migrations: {', '.join(report.migrations) or 'up to date'}; components run as "
+         f"their own identities ({report.secrets_file})")
     stack = Stack(stack_commands(settings.api_port, sorted(CAPABILITIES)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -170,10 +171,11 @@ def _show_api_use(code: int, key: str, base_url: str, case_id: str) -> int:
 
 
 async def _prepare(settings: Settings) -> tuple[Settings, str]:
-    """A signing key for the worker, the schema, and an API key for the demo's requests
+    """A signing key for the worker, the identities and schema (``casetrail setup``), and
+    an API key for the demo's requests
     (tenant ``default``, the scopes a case needs)."""
     settings = ensure_local_signer(settings)
-    await migrate(settings.database_url)
+    await setup(settings)
     pool = await create_pool(settings.database_url, max_size=1)
     try:
         _, key = await ApiKeyStore(pool).create(
@@ -248,7 +250,7 @@ async def _show_integrity(settings: Settings, evidence: Evidence, names: dict[st
     first = next(iter(names))
     bundle = await evidence.bundle(uuid.UUID(first))
     assert bundle is not None
-    path = LOCAL_KEY_DIR / f"{settings.namespace}-{first}.bundle.json"
+    path = LOCAL_DIR / f"{settings.namespace}-{first}.bundle.json"
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(orjson.dumps(bundle, option=orjson.OPT_INDENT_2))
     signer = worker_signer(settings)

@@ -5,12 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from service.config import Settings
+from service.config import LOCAL_DIR, Settings
 from service.errors import PermanentError
 from service.integrity import IntegrityError, Signer
-
-LOCAL_KEY_DIR = Path(".casetrail")
-"""Where ``casetrail up`` and ``demo`` keep the key they make for a developer stack."""
 
 
 def write_signer(path: Path, signer: Signer) -> None:
@@ -46,7 +43,7 @@ def ensure_local_signer(settings: Settings) -> Settings:
     under ``.casetrail/`` for this namespace. Children started later inherit it."""
     if settings.signing_key_file:
         return settings
-    path = LOCAL_KEY_DIR / f"{settings.namespace}.signing-key.pem"
+    path = LOCAL_DIR / f"{settings.namespace}.signing-key.pem"
     if not path.exists():
         write_signer(path, Signer.generate())
     os.environ["CASETRAIL_SIGNING_KEY_FILE"] = str(path.resolve())

@@ -56,7 +56,13 @@ def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return found
 
 
-def _with_database(url: str, database: str) -> str:
+def quote_ident(name: str) -> str:
+    """``name`` as a Postgres identifier (role and database names carry the namespace,
+    which may hold ``-`` and ``.``)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def with_database(url: str, database: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{database}"))
 
@@ -68,12 +74,12 @@ def database_name(url: str) -> str:
 async def ensure_database(url: str) -> None:
     """Create the database named in ``url`` when it does not exist yet."""
     name = database_name(url)
-    admin = await asyncpg.connect(_with_database(url, "postgres"))
+    admin = await asyncpg.connect(with_database(url, "postgres"))
     try:
         exists = await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
         if not exists:
             try:
-                await admin.execute(f'CREATE DATABASE "{name}"')
+                await admin.execute(f"CREATE DATABASE {quote_ident(name)}")
                 log.info("created database %s", name)
             except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
                 # Another migrator created it first (racing CREATE DATABASEs surface
@@ -86,15 +92,20 @@ async def ensure_database(url: str) -> None:
 async def drop_database(url: str) -> None:
     """Drop the database named in ``url`` if it exists, closing its connections
     (for the private databases of tests and benchmarks)."""
-    admin = await asyncpg.connect(_with_database(url, "postgres"))
+    admin = await asyncpg.connect(with_database(url, "postgres"))
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{database_name(url)}" WITH (FORCE)')
+        await admin.execute(f"DROP DATABASE IF EXISTS {quote_ident(database_name(url))} "
+                            "WITH (FORCE)")
     finally:
         await admin.close()
 
 
-async def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Bring the schema up to date; returns the names of the files applied now."""
+async def migrate(url: str, directory: Path = MIGRATIONS_DIR, *, owner: str | None = None
+                  ) -> list[str]:
+    """Bring the schema up to date; returns the names of the files applied now.
+
+    With ``owner`` (the namespace's owner role, see ``casetrail setup``) the files run
+    as that role, so it owns what they create and no component does."""
     try:
         await ensure_database(url)
         conn = await asyncpg.connect(url)
@@ -103,6 +114,8 @@ async def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
     applied: list[str] = []
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+        if owner is not None:
+            await conn.execute(f"SET ROLE {quote_ident(owner)}")
         await conn.execute(
             """CREATE TABLE IF NOT EXISTS schema_migrations (
                    version integer PRIMARY KEY,
@@ -132,6 +145,7 @@ async def migrate(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
             applied.append(migration.name)
             log.info("applied %s", migration.name)
     finally:
+        await conn.execute("RESET ROLE")
         await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
         await conn.close()
     return applied

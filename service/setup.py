@@ -1,89 +1,433 @@
-"""``casetrail setup``: what the broker needs that AMQP cannot declare, set up idempotently.
+"""``casetrail setup``: every component's own identity, and what the broker needs that
+AMQP cannot declare, set up idempotently with the bootstrap (admin) URLs.
 
-A queue's arguments cannot change once it exists (every redeclare with other
-arguments fails), so limits an operator may tune live in RabbitMQ *policies*, which
-only the broker's own tools set: ``rabbitmqctl`` on this machine, or the management
-HTTP API (``CASETRAIL_RABBITMQ_MANAGEMENT_URL``, e.g. in docker-compose, where the
-broker runs in its own container). (The component identities of the least-privilege
-design will be created here too.)
+- **Postgres**: a NOLOGIN owner role owns the schema (the migrations run as it); the
+  api, worker and consumer log in as roles of their own with the grants each needs
+  and nothing else (``GRANTS``). The consumer alone inserts into ``event_log`` and
+  nobody may update or delete it; the API cannot write it.
+- **RabbitMQ**: a user per component whose configure/write/read regexes allow exactly
+  what it does (``broker_definitions``), and topic permissions on ``<ns>.events`` so
+  that only the worker publishes ``case.*``. Users, permissions and the start queue's
+  length policy go to the broker as one *definitions* document: ``rabbitmqctl
+  import_definitions`` on this machine, or ``POST /api/definitions`` of the management
+  API (``CASETRAIL_RABBITMQ_MANAGEMENT_URL``, e.g. in docker-compose). Then the
+  topology is declared as the admin, since no component may declare shared queues.
+- Every name carries the namespace, so a test stack and a live one never share an
+  identity. Passwords come from the component URLs when the environment sets them
+  (docker-compose passes them in), else from the secrets file of an earlier run,
+  else they are generated; the secrets file (mode 0600) then holds each component's
+  URLs, and components read their own from it when no ``CASETRAIL_<C>_*_URL`` is set.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import logging
+import os
 import re
+import secrets
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+import aio_pika
+import asyncpg
 import httpx
 
+from service.agents import CAPABILITIES
 from service.bus.topology import Topology
-from service.config import Settings
+from service.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings
 from service.errors import PermanentError
+from service.migrate import (
+    database_name,
+    drop_database,
+    ensure_database,
+    migrate,
+    quote_ident,
+    with_database,
+)
+
+log = logging.getLogger("casetrail.setup")
+
+
+# -- identities ------------------------------------------------------------------------
+
+def _with_user(url: str, user: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}:"
+                                            f"{quote(password, safe='')}@{host}"))
+
+
+def _given_password(url: str | None, expected_user: str, variable: str) -> str | None:
+    """The password of a component URL the environment sets, checked to name the user
+    setup creates."""
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if unquote(parts.username or "") != expected_user or not parts.password:
+        raise PermanentError(f"{variable} must name the user {expected_user!r} with a password "
+                             "(setup creates that identity with it)")
+    return unquote(parts.password)
 
 
 @dataclass(frozen=True)
-class Policy:
-    name: str
-    pattern: str
-    definition: dict[str, object]
+class Identities:
+    """The URLs every component connects with, as setup made them."""
 
-    def rabbitmqctl(self, vhost: str) -> list[str]:
-        return ["rabbitmqctl", "-q", "set_policy", "-p", vhost, self.name, self.pattern,
-                json.dumps(self.definition), "--apply-to", "queues"]
+    urls: dict[Component, dict[str, str]]
+
+    def password(self, component: Component, kind: str) -> str:
+        return unquote(urlsplit(self.urls[component][kind]).password or "")
 
 
-def broker_policies(settings: Settings) -> list[Policy]:
-    """The start queue's length limit: beyond it the broker refuses start commands
-    (reject-publish) and ``POST /cases`` answers 503, so a flood cannot fill the disk."""
+def plan_identities(settings: Settings) -> Identities:
+    """Each component's URLs: given in the environment, kept from an earlier run, or new."""
+    try:
+        stored = json.loads(settings.secrets_path().read_text())
+    except FileNotFoundError:
+        stored = {}
+    except (OSError, ValueError) as exc:
+        raise PermanentError(f"cannot read {settings.secrets_path()}: {exc}") from None
+    urls: dict[Component, dict[str, str]] = {}
+    for component in COMPONENTS:
+        kept = stored.get(component, {})
+        kinds = [("amqp_url", settings.amqp_url, settings.broker_user(component))]
+        if component in DATABASE_COMPONENTS:
+            kinds.append(("database_url", settings.database_url,
+                          settings.database_role(component)))
+        entry = {}
+        for kind, bootstrap, user in kinds:
+            given = getattr(settings, f"{component}_{kind}")
+            password = (_given_password(given, user, f"CASETRAIL_{component.upper()}_"
+                                                     f"{kind.upper()}")
+                        or _kept_password(kept.get(kind), user)
+                        or secrets.token_urlsafe(24))
+            entry[kind] = given or _with_user(bootstrap, user, password)
+        urls[component] = entry
+    return Identities(urls)
+
+
+def _kept_password(url: str | None, user: str) -> str | None:
+    if url is None or unquote(urlsplit(url).username or "") != user:
+        return None
+    return unquote(urlsplit(url).password or "") or None
+
+
+def write_secrets(path: Path, identities: Identities) -> None:
+    """The secrets file: readable by its owner only, replaced atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".identities-")
+    with os.fdopen(descriptor, "w") as handle:  # mkstemp makes it 0600
+        json.dump(identities.urls, handle, indent=2)
+    os.replace(temporary, path)
+
+
+# -- Postgres ----------------------------------------------------------------------------
+
+def grants(settings: Settings) -> list[str]:
+    """What each component may do, and nothing more (run by the owner's authority)."""
+    api, worker, consumer = (quote_ident(settings.database_role(c))
+                             for c in DATABASE_COMPONENTS)
+    everyone = f"{api}, {worker}, {consumer}"
+    policy = quote_ident(f"{settings.namespace}_components")
+    statements = [
+        f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {everyone}",
+        # The API starts, reads and cancels cases (a case nobody claimed yet can be
+        # withdrawn when its start command could not be published); reads the log,
+        # the signing keys and API keys. It never writes the log.
+        f"GRANT SELECT, INSERT, DELETE ON cases TO {api}",
+        f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at) "
+        f"ON cases TO {api}",
+        f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls "
+        f"TO {api}",
+        # The worker claims and leases cases, reads whether one has ended, and
+        # registers its public key. It emits events on the bus only.
+        f"GRANT SELECT ON cases, event_log, signing_keys TO {worker}",
+        f"GRANT UPDATE (attempts_claimed, lease_owner, lease_expires_at, terminal_published) "
+        f"ON cases TO {worker}",
+        f"GRANT INSERT ON signing_keys TO {worker}",
+        # The consumer appends to the log and folds each batch into the case row; no
+        # UPDATE, DELETE or TRUNCATE on the log (and the triggers refuse them anyway).
+        f"GRANT SELECT, INSERT ON event_log TO {consumer}",
+        f"GRANT SELECT ON cases, signing_keys TO {consumer}",
+        f"GRANT UPDATE (status, cycles, input_tokens, output_tokens, answer, outcome, "
+        f"started_at, ended_at, updated_at) ON cases TO {consumer}",
+    ]
+    # Row-level security (migration 004) shows a SQL reader its tenant's rows; the
+    # components serve every tenant and check tenancy themselves.
+    for table in ("cases", "event_log"):
+        statements += [f"DROP POLICY IF EXISTS {policy} ON {table}",
+                       f"CREATE POLICY {policy} ON {table} TO {everyone} "
+                       "USING (true) WITH CHECK (true)"]
+    return statements
+
+
+_TRANSFER_OWNERSHIP = """
+SELECT format('ALTER %s %s OWNER TO %I',
+              CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'S' THEN 'SEQUENCE'
+                             WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE 'TABLE' END,
+              c.oid::regclass, $1::text)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+  AND pg_get_userbyid(c.relowner) <> $1
+UNION ALL
+SELECT format('ALTER FUNCTION %s OWNER TO %I', p.oid::regprocedure, $1::text)
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'public' AND pg_get_userbyid(p.proowner) <> $1
+"""
+
+
+async def _ensure_role(admin: asyncpg.Connection, role: str, password: str | None) -> None:
+    verb = "ALTER" if await admin.fetchval(
+        "SELECT 1 FROM pg_roles WHERE rolname = $1", role) else "CREATE"
+    login = "NOLOGIN" if password is None else "LOGIN"
+    statement = (f"{verb} ROLE {quote_ident(role)} {login} NOSUPERUSER NOCREATEDB "
+                 "NOCREATEROLE NOREPLICATION NOBYPASSRLS")
+    if password is not None:  # a utility statement takes no parameters: quote it
+        statement += " PASSWORD " + await admin.fetchval("SELECT quote_literal($1)", password)
+    try:
+        await admin.execute(statement)
+    except asyncpg.DuplicateObjectError:  # another setup created it in between
+        await admin.execute(statement.replace("CREATE", "ALTER", 1))
+
+
+async def setup_database(settings: Settings, identities: Identities) -> list[str]:
+    """Roles, the database (owned by the owner role), migrations as the owner, grants;
+    the names of the migration files applied now."""
+    owner = settings.database_role("owner")
+    database = database_name(settings.database_url)
+    admin = await asyncpg.connect(with_database(settings.database_url, "postgres"))
+    try:
+        await _ensure_role(admin, owner, None)
+        for component in DATABASE_COMPONENTS:
+            await _ensure_role(admin, settings.database_role(component),
+                               identities.password(component, "database_url"))
+    finally:
+        await admin.close()
+    await ensure_database(settings.database_url)
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        db = quote_ident(database)
+        await conn.execute(f"ALTER DATABASE {db} OWNER TO {quote_ident(owner)}")
+        await conn.execute(f"REVOKE ALL ON DATABASE {db} FROM PUBLIC")
+        for component in DATABASE_COMPONENTS:
+            await conn.execute(f"GRANT CONNECT ON DATABASE {db} TO "
+                               f"{quote_ident(settings.database_role(component))}")
+        # A schema made before the owner role existed (the bootstrap user owns it)
+        # passes to the owner.
+        for statement in await conn.fetch(_TRANSFER_OWNERSHIP, owner):
+            await conn.execute(statement[0])
+    finally:
+        await conn.close()
+    applied = await migrate(settings.database_url, owner=owner)
+    await _grant(settings)
+    return applied
+
+
+async def _grant(settings: Settings) -> None:
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        async with conn.transaction():
+            for statement in grants(settings):
+                await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+async def remove_database(settings: Settings) -> None:
+    """Drop the namespace's database and roles (tests and benchmarks)."""
+    await drop_database(settings.database_url)
+    admin = await asyncpg.connect(with_database(settings.database_url, "postgres"))
+    try:
+        for role in [*(settings.database_role(c) for c in DATABASE_COMPONENTS),
+                     settings.database_role("owner")]:
+            await admin.execute(f"DROP ROLE IF EXISTS {quote_ident(role)}")
+    finally:
+        await admin.close()
+
+
+# -- RabbitMQ ----------------------------------------------------------------------------
+
+def _password_hash(password: str) -> str:
+    """RabbitMQ's stored form of a password (rabbit_password_hashing_sha256): base64 of a
+    4-byte salt followed by SHA-256(salt ‖ password)."""
+    salt = secrets.token_bytes(4)
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def broker_permissions(settings: Settings) -> dict[Component, tuple[str, str, str]]:
+    """``(configure, write, read)`` regexes per component. Binding a queue needs write
+    on the queue and read on the exchange; publishing needs write on the exchange."""
+    ns = re.escape(settings.namespace)
+    private = rf"{ns}\.(cancel|reply)\.[0-9a-f]{{32}}"  # the worker's exclusive queues
+    capability = rf"{ns}\.capability\.[a-z0-9][a-z0-9-]*"
+    return {
+        # Start commands and cancel broadcasts, nothing else.
+        "api": ("^$", rf"^{ns}\.(commands|cancel)$", "^$"),
+        # Takes start commands, hears cancels, publishes events and tool requests,
+        # reads tool replies on its own queue; sets aside what it cannot process.
+        "worker": (rf"^{private}$",
+                   rf"^({ns}\.(events|capabilities|dead-letter)|{private})$",
+                   rf"^({ns}\.(case-start|cancel)|{private})$"),
+        # Reads the event log queue; sets aside what it refuses.
+        "consumer": ("^$", rf"^{ns}\.dead-letter$", rf"^{ns}\.event-log$"),
+        # Declares and reads its capability queues; replies through the default
+        # exchange (each reply carries its user_id, which the worker checks).
+        "capability": (rf"^{capability}$",
+                       rf"^(amq\.default|{ns}\.dead-letter|{capability})$",
+                       rf"^({ns}\.capabilities|{capability})$"),
+    }
+
+
+def broker_definitions(settings: Settings, identities: Identities) -> dict[str, Any]:
+    """Users, permissions, topic permissions and policies, as one definitions document
+    (the format of ``rabbitmqctl import_definitions`` and ``POST /api/definitions``)."""
+    vhost = settings.amqp_vhost()
     topology = Topology(settings.namespace)
-    return [Policy(f"{settings.namespace}-case-start-limit",
-                   f"^{re.escape(topology.case_start_queue)}$",
-                   {"max-length": settings.start_queue_max_length,
-                    "overflow": "reject-publish"})]
+    users, permissions, topics = [], [], []
+    for component, (configure, write, read) in broker_permissions(settings).items():
+        user = settings.broker_user(component)
+        users.append({"name": user, "tags": "",
+                      "password_hash": _password_hash(identities.password(component,
+                                                                          "amqp_url")),
+                      "hashing_algorithm": "rabbit_password_hashing_sha256"})
+        permissions.append({"user": user, "vhost": vhost, "configure": configure,
+                            "write": write, "read": read})
+        # Only the worker publishes case events; nobody else may publish or bind on
+        # <ns>.events with these users (subscribers get users of their own).
+        topics.append({"user": user, "vhost": vhost, "exchange": topology.events_exchange,
+                       "write": r"^case\." if component == "worker" else "^$", "read": "^$"})
+    policies = [{"vhost": vhost, "name": f"{settings.namespace}-case-start-limit",
+                 "pattern": f"^{re.escape(topology.case_start_queue)}$", "apply-to": "queues",
+                 "priority": 0,
+                 "definition": {"max-length": settings.start_queue_max_length,
+                                "overflow": "reject-publish"}}]
+    return {"users": users, "permissions": permissions, "topic_permissions": topics,
+            "policies": policies}
 
 
-def _apply_over_http(settings: Settings, policies: list[Policy]) -> list[str]:
-    """PUT each policy to the management API (idempotent: a PUT replaces it)."""
+def _management(settings: Settings) -> tuple[str, tuple[str, str]]:
     base = urlsplit(settings.rabbitmq_management_url or "")
     auth = (unquote(base.username or ""), unquote(base.password or ""))
-    root = urlunsplit((base.scheme, base.hostname + (f":{base.port}" if base.port else "")
-                       if base.hostname else "", base.path.rstrip("/"), "", ""))
-    vhost = quote(settings.amqp_vhost(), safe="")
-    done = []
-    with httpx.Client(auth=auth, timeout=30) as client:
-        for policy in policies:
-            reply = client.put(f"{root}/api/policies/{vhost}/{quote(policy.name, safe='')}",
-                               json={"pattern": policy.pattern, "definition": policy.definition,
-                                     "apply-to": "queues"})
-            if reply.status_code not in (201, 204):
-                raise PermanentError(f"setting policy {policy.name} over HTTP failed: "
-                                     f"{reply.status_code} {reply.text[:200]}")
-            done.append(policy.name)
-    return done
+    host = base.netloc.rpartition("@")[2]
+    return urlunsplit((base.scheme, host, base.path.rstrip("/"), "", "")), auth
 
 
-def apply_broker_policies(settings: Settings) -> list[str]:
-    """Set every policy (idempotent), over the management API when its URL is
-    configured, else with ``rabbitmqctl``; the names set."""
-    if settings.rabbitmq_management_url:
-        try:
-            return _apply_over_http(settings, broker_policies(settings))
-        except httpx.HTTPError as exc:
-            raise PermanentError(f"the management API did not answer: {exc}") from None
+def _rabbitmqctl(*args: str, stdin: str | None = None) -> str:
     if shutil.which("rabbitmqctl") is None:
         raise PermanentError(
-            "rabbitmqctl is not on this machine: set the policies with your broker's tools "
-            "(README, 'Quotas'), or run setup where the broker runs")
-    vhost = settings.amqp_vhost()
-    done = []
-    for policy in broker_policies(settings):
-        result = subprocess.run(policy.rabbitmqctl(vhost), capture_output=True, text=True,
-                                timeout=60, check=False)
-        if result.returncode != 0:
-            raise PermanentError(f"rabbitmqctl set_policy {policy.name} failed: "
-                                 f"{result.stderr.strip() or result.stdout.strip()}")
-        done.append(policy.name)
-    return done
+            "rabbitmqctl is not on this machine: set CASETRAIL_RABBITMQ_MANAGEMENT_URL to "
+            "the broker's management API, or run setup where the broker runs")
+    result = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
+                            input=stdin, timeout=120, check=False)
+    if result.returncode != 0:
+        raise PermanentError(f"rabbitmqctl {args[0]} failed: "
+                             f"{result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
+
+
+def apply_broker_definitions(settings: Settings, definitions: dict[str, Any]) -> None:
+    """Import ``definitions`` (idempotent: an import replaces what it names)."""
+    if settings.rabbitmq_management_url:
+        root, auth = _management(settings)
+        try:
+            with httpx.Client(auth=auth, timeout=30, follow_redirects=False) as client:
+                reply = client.post(f"{root}/api/definitions", json=definitions)
+        except httpx.HTTPError as exc:
+            raise PermanentError(f"the management API did not answer: {exc}") from None
+        if reply.status_code not in (200, 201, 204):
+            raise PermanentError(f"importing definitions over HTTP failed: "
+                                 f"{reply.status_code} {reply.text[:200]}")
+        return
+    # On standard input: no file with password hashes is left anywhere.
+    _rabbitmqctl("import_definitions", "--format", "json", stdin=json.dumps(definitions))
+
+
+def remove_broker_users(settings: Settings) -> None:
+    users = [settings.broker_user(c) for c in COMPONENTS]
+    if settings.rabbitmq_management_url:
+        root, auth = _management(settings)
+        with httpx.Client(auth=auth, timeout=30) as client:
+            client.post(f"{root}/api/users/bulk-delete", json={"users": users})
+        return
+    for user in users:
+        try:
+            _rabbitmqctl("delete_user", user)
+        except PermanentError as exc:
+            if "no_such_user" not in str(exc) and "does not exist" not in str(exc):
+                raise
+
+
+async def declare_topology(settings: Settings) -> None:
+    """Every exchange and queue of the namespace, declared by the admin: components may
+    declare only their private queues (and a capability worker its capability's)."""
+    connection = await aio_pika.connect(settings.amqp_url)
+    try:
+        channel = await connection.channel()
+        topology = Topology(settings.namespace)
+        await topology.declare(channel)
+        for capability in sorted(CAPABILITIES):
+            await topology.declare_capability_queue(channel, capability)
+    finally:
+        await connection.close()
+
+
+# -- the whole step -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SetupReport:
+    migrations: list[str]
+    database_roles: list[str]
+    broker_users: list[str]
+    secrets_file: Path
+
+
+async def setup(settings: Settings) -> SetupReport:
+    """Create or update every identity, migrate as the owner, grant, import the broker
+    definitions, declare the topology and write the secrets file."""
+    identities = plan_identities(settings)
+    applied = await setup_database(settings, identities)
+    apply_broker_definitions(settings, broker_definitions(settings, identities))
+    await declare_topology(settings)
+    write_secrets(settings.secrets_path(), identities)
+    return SetupReport(applied, [settings.database_role("owner"),
+                                 *(settings.database_role(c) for c in DATABASE_COMPONENTS)],
+                       [settings.broker_user(c) for c in COMPONENTS], settings.secrets_path())
+
+
+async def remove(settings: Settings) -> None:
+    """Undo ``setup`` for a namespace: its database, roles, broker users, queues and
+    exchanges, and its secrets file (tests, benchmarks, ``casetrail setup --remove``)."""
+    connection = await aio_pika.connect(settings.amqp_url)
+    try:
+        await Topology(settings.namespace).delete_all(await connection.channel(),
+                                                      sorted(CAPABILITIES))
+    finally:
+        await connection.close()
+    await remove_database(settings)
+    remove_broker_users(settings)
+    settings.secrets_path().unlink(missing_ok=True)
+
+
+async def migrate_as_owner(settings: Settings) -> list[str]:
+    """``casetrail migrate``: as the owner role when setup made one (then the grants
+    are renewed for what the new files created), else as the bootstrap user."""
+    owner = settings.database_role("owner")
+    await ensure_database(settings.database_url)
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        has_owner = await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", owner)
+    finally:
+        await conn.close()
+    if not has_owner:
+        return await migrate(settings.database_url)
+    applied = await migrate(settings.database_url, owner=owner)
+    await _grant(settings)
+    return applied

@@ -18,6 +18,7 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from service.auth import ApiKeyRecord, key_hash, new_key
+from service.config import Identity
 from service.errors import PermanentError, StoreUnavailable
 from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
 from service.integrity import Integrity, public_key_text
@@ -62,13 +63,29 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
-async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10,
+                      name: str = "casetrail-admin") -> asyncpg.Pool:
+    """A pool whose sessions say who they are (``application_name``)."""
     async with translate_errors():
         pool = await asyncpg.create_pool(
             url, min_size=min_size, max_size=max_size, init=_init_connection,
-            reset=_keep_session,
+            reset=_keep_session, server_settings={"application_name": name},
         )
     assert pool is not None
+    return pool
+
+
+async def component_pool(identity: Identity, size: int,
+                         patience: float | None = None) -> asyncpg.Pool:
+    """A component's pool, as its own role (``casetrail-<component>`` in
+    ``pg_stat_activity``); refuses a role that is a superuser."""
+    pool = await pool_patiently(identity.database, size, name=f"casetrail-{identity.component}",
+                                patience=STARTUP_PATIENCE_SECONDS if patience is None
+                                else patience)
+    if await pool.fetchval("SELECT current_setting('is_superuser') = 'on'"):
+        await pool.close()
+        raise PermanentError(f"the {identity.component}'s database role is a superuser: "
+                             "components run with the least privilege (casetrail setup)")
     return pool
 
 
@@ -76,15 +93,15 @@ STARTUP_PATIENCE_SECONDS = 60.0
 """How long a component waits for the database to answer at start."""
 
 
-async def pool_patiently(url: str, size: int,
-                         patience: float = STARTUP_PATIENCE_SECONDS) -> asyncpg.Pool:
+async def pool_patiently(url: str, size: int, patience: float = STARTUP_PATIENCE_SECONDS,
+                         name: str = "casetrail-admin") -> asyncpg.Pool:
     """A pool, waiting up to ``patience`` seconds for the database at start-up."""
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(StoreUnavailable), wait=wait_fixed(1),
         stop=stop_after_delay(patience), reraise=True,
     ):
         with attempt:
-            return await create_pool(url, max_size=size)
+            return await create_pool(url, max_size=size, name=name)
     raise AssertionError("unreachable")
 
 
@@ -92,9 +109,11 @@ def _claim_from_row(row: asyncpg.Record) -> Claim:
     outcome = row["outcome"]
     if outcome in ("ended", "busy"):
         return Claim(outcome)
+    recorded = RecordedCase(row["agent"], row["tenant_id"], row["input"], row["model"],
+                            row["limits"], row["started_by"])
     if outcome == "cancel_queued":
         return Claim("cancel_queued", attempt=1, cancel_reason=row["cancel_reason"],
-                     cancelled_by=row["cancelled_by"])
+                     cancelled_by=row["cancelled_by"], case=recorded)
     attempt = row["attempt"]
     restart = None
     if attempt > 1:
@@ -104,7 +123,7 @@ def _claim_from_row(row: asyncpg.Record) -> Claim:
         )
     return Claim(
         "run", attempt=attempt, cancel_reason=row["cancel_reason"], restart_reason=restart,
-        cancelled_by=row["cancelled_by"]
+        cancelled_by=row["cancelled_by"], case=recorded,
     )
 
 
@@ -192,6 +211,7 @@ _CLAIM = """
 WITH current AS (
     SELECT case_id, status, attempts_claimed, lease_owner, terminal_published,
            cancel_requested_at, cancel_reason, cancelled_by,
+           agent, tenant_id, input, model, limits, started_by,
            lease_expires_at > now() AS lease_live
     FROM cases WHERE case_id = ANY($1::uuid[]) ORDER BY case_id FOR UPDATE
 ), decided AS (
@@ -212,6 +232,7 @@ WITH current AS (
     RETURNING cases.case_id, cases.attempts_claimed
 )
 SELECT d.case_id, d.outcome, d.cancel_reason, d.cancelled_by,
+       d.agent, d.tenant_id, d.input, d.model, d.limits, d.started_by,
        d.lease_owner AS previous_owner,
        c.attempts_claimed AS attempt
 FROM decided d LEFT JOIN claimed c USING (case_id)
@@ -232,6 +253,18 @@ _LOCKED_IN_ORDER = "WITH " + locked_cases_cte("$1")
 
 
 @dataclass(frozen=True)
+class RecordedCase:
+    """A case as the API recorded it: what a worker runs (never the start command's word)."""
+
+    agent: str
+    tenant_id: str
+    input: dict[str, Any]
+    model: dict[str, Any]
+    limits: dict[str, Any]
+    started_by: str | None
+
+
+@dataclass(frozen=True)
 class Claim:
     """What a worker may do with a start command it received."""
 
@@ -240,6 +273,7 @@ class Claim:
     cancel_reason: str | None = None
     restart_reason: str | None = None
     cancelled_by: str | None = None
+    case: RecordedCase | None = None
 
 
 class CaseStore:
@@ -357,6 +391,15 @@ class CaseStore:
                 WHERE case_id IN (SELECT case_id FROM locked)""",
                 list(case_ids),
             )
+
+    async def cancel_request(self, case_id: uuid.UUID) -> tuple[str | None, str | None] | None:
+        """``(reason, by)`` when the case was asked to stop, else ``None``: a cancel
+        broadcast is acted on only if this agrees."""
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                "SELECT cancel_reason, cancelled_by FROM cases WHERE case_id = $1 "
+                "AND cancel_requested_at IS NOT NULL", case_id)
+        return None if row is None else (row["cancel_reason"], row["cancelled_by"])
 
     async def request_cancel(
         self, case_id: uuid.UUID, reason: str | None, by: str | None = None

@@ -7,8 +7,12 @@
   first run, the next attempt after a dead worker, a redelivery beside a live
   attempt (wait, do not start a twin), a case already ended (ack), or a case
   cancelled while queued (``CASE_CANCELLED`` without running).
+- A start command only names a case: the worker runs what the case's row says
+  (input, model, limits re-checked against this worker's caps), and takes start
+  commands from the API's broker user alone (anything else is dead-lettered).
 - Cancel requests arrive on the ``<ns>.cancel`` fanout; each worker binds its
-  own exclusive queue and stops the case if it runs it.
+  own exclusive queue and stops the case if it runs it, once Postgres confirms
+  the case was asked to stop (a broadcast alone decides nothing).
 - On shutdown it stops taking work, gives running cases a grace period, then
   abandons the rest: their leases are released and their start commands go
   back to the queue, to run as the next attempt elsewhere.
@@ -22,17 +26,20 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
+from pydantic import ValidationError
 
 from service.agents import AGENTS
 from service.agents.profile import AgentProfile
 from service.batching import Coalescer
 from service.bus import fastpath
 from service.bus.connection import connect_patiently
+from service.bus.dead_letter import dead_letter
 from service.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from service.bus.publisher import EventPublisher, Publisher
 from service.bus.rpc import BusWorkerRuntime, RetryPolicy
@@ -49,14 +56,45 @@ from service.errors import (
     StoreUnavailable,
     TransientError,
 )
-from service.events import ModelRef, cancelled_while_queued
+from service.events import Limits, ModelRef, cancelled_while_queued, describe_validation_error
 from service.integrity import Signer
 from service.keyfile import worker_signer
 from service.providers import ModelFactory
-from service.store import CaseStore, Claim, KeyRegistry, pool_patiently
+from service.store import CaseStore, Claim, KeyRegistry, RecordedCase, component_pool
 from service.supervisor import run_until_signal
 
 log = logging.getLogger("casetrail.worker")
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What this worker allows a case, whatever its row says (the API checked the same
+    on the way in; a row edited since, or caps lowered since, meets them here)."""
+
+    max_cycles: int = 50
+    max_deadline_seconds: float = 600.0
+    bench_mode: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Caps:
+        return cls(settings.max_cycles_cap, settings.max_deadline_seconds, settings.bench_mode)
+
+    def vet(self, case_id: uuid.UUID, case: RecordedCase) -> tuple[Limits, ModelRef]:
+        """The case's limits and model, held to the caps."""
+        try:
+            limits = Limits.model_validate(case.limits)
+            model = ModelRef.model_validate(case.model)
+        except ValidationError as exc:
+            raise Reject(f"case {case_id} has an unreadable row: "
+                         f"{describe_validation_error(exc)}") from None
+        held = Limits(max_cycles=min(limits.max_cycles, self.max_cycles),
+                      deadline_seconds=min(limits.deadline_seconds, self.max_deadline_seconds))
+        if model.latency_ms is not None and not self.bench_mode:
+            model = model.model_copy(update={"latency_ms": None})
+        if held != limits or model.latency_ms != case.model.get("latencyMs"):
+            log.warning("case %s asked for more than this worker allows; held to %s, %s",
+                        case_id, held, model)
+        return held, model
 
 
 @dataclass
@@ -76,6 +114,9 @@ class CaseWorker:
     topology: Topology
     runtime: WorkerRuntime
     signer: Signer
+    api_user: str
+    """The broker user whose start commands and cancels this worker takes."""
+    caps: Caps = field(default_factory=lambda: Caps.from_settings(get_settings()))
     models: Callable[[ModelRef, AgentProfile], ChatModel] = field(
         default_factory=lambda: ModelFactory(get_settings())
     )
@@ -87,6 +128,7 @@ class CaseWorker:
     )
     _live: dict[uuid.UUID, LiveCase] = field(default_factory=dict)
     _stopping: bool = False
+    _checks: set[asyncio.Task[None]] = field(default_factory=set)
     # Claims and end notes of cases starting or ending together go to Postgres as
     # one statement each (a burst of start commands is one round trip, not 1,000).
     _claims: Coalescer[uuid.UUID, Claim] = field(init=False)
@@ -106,8 +148,8 @@ class CaseWorker:
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         channel = await self.connection.channel()
         await channel.set_qos(prefetch_count=self.concurrency)
-        await self.topology.declare(channel)
-        publisher = await Publisher.open(self.connection)
+        await self.topology.require(channel)
+        publisher = self._publisher = await Publisher.open(self.connection)
         self._sink = EventPublisher(publisher, self.topology, self.signer)
         self._engine = ReactEngine(self._sink)
         cancel_exchange = await channel.get_exchange(self.topology.cancel_exchange, ensure=False)
@@ -135,15 +177,41 @@ class CaseWorker:
         await channel.close()
 
     def _on_cancel(self, message: Delivery) -> None:
+        if message.user_id != self.api_user:
+            self._spawn(dead_letter(self._publisher, self.topology, message,
+                                    f"cancel from broker user {message.user_id!r}, not the "
+                                    f"API's ({self.api_user!r})"))
+            return
         try:
             command: CancelCommand = CancelCommand.from_json(message.body)
         except InvalidCommand as exc:
             log.warning("unreadable cancel command ignored: %s", exc)
             return
-        live = self._live.get(command.case_id)
-        if live is not None:
-            log.info("cancelling case %s", command.case_id)
-            live.signal.cancel(command.reason, command.by)
+        if command.case_id in self._live:
+            self._spawn(self._cancel_if_requested(command.case_id))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _cancel_if_requested(self, case_id: uuid.UUID) -> None:
+        """Stop a live case once Postgres agrees it was asked to stop (with the reason
+        and the canceller it recorded, not the broadcast's)."""
+        try:
+            requested = await self.store.cancel_request(case_id)
+        except StoreUnavailable as exc:
+            # The claim and every lease renewal read the request too: the case stops
+            # at the latest when the lease is next renewed... unless the store stays
+            # down, in which case the case cannot finish anyway.
+            log.warning("cannot confirm the cancel of %s: %s", case_id, exc)
+            return
+        live = self._live.get(case_id)
+        if requested is None:
+            log.warning("cancel broadcast for %s ignored: Postgres has no request", case_id)
+        elif live is not None:
+            log.info("cancelling case %s", case_id)
+            live.signal.cancel(*requested)
 
     async def _renew_leases(self) -> None:
         while True:
@@ -157,12 +225,13 @@ class CaseWorker:
     async def _handle_start(self, message: Delivery) -> None:
         """Run the case a start command names. Returning acks the command; ``Reject``
         dead-letters it; a ``TransientError`` (or cancellation) hands it back."""
+        if message.user_id != self.api_user:
+            raise Reject(f"start command from broker user {message.user_id!r}, not the "
+                         f"API's ({self.api_user!r})")
         try:
             command: CaseStartCommand = CaseStartCommand.from_json(message.body)
         except InvalidCommand as exc:
             raise Reject(f"unreadable start command: {exc}") from exc
-        if command.agent not in AGENTS:
-            raise Reject(f"unknown agent {command.agent!r}")
         live = self._live.get(command.case_id)
         if live is not None:
             # The broker redelivered the start command of a case this process is
@@ -177,6 +246,9 @@ class CaseWorker:
             done = await self._claim_and_run(command, live.signal)
         except asyncio.CancelledError:
             # Shutdown abandoned this case: hand it back for the next attempt.
+            await self._release(command.case_id)
+            raise
+        except Reject:
             await self._release(command.case_id)
             raise
         except CasetrailError as exc:
@@ -211,36 +283,44 @@ class CaseWorker:
                     await asyncio.sleep(self.lease_seconds / 2)
                     continue
                 case "cancel_queued":
+                    assert claim.case is not None
                     for event in cancelled_while_queued(command.case_id, claim.cancel_reason,
-                                                        claim.cancelled_by, command.tenant_id):
+                                                        claim.cancelled_by, claim.case.tenant_id):
                         await self._sink.emit(event)
                     await self._mark_ended(command.case_id)
                     return True
                 case "run":
                     if claim.cancel_reason is not None and not signal.is_set:
                         signal.cancel(claim.cancel_reason, claim.cancelled_by)
-                    await self._run(command, claim.attempt, claim.restart_reason, signal)
+                    assert claim.case is not None
+                    await self._run(command.case_id, claim.case, claim.attempt,
+                                    claim.restart_reason, signal)
                     return True
         return False
 
     async def _run(
         self,
-        command: CaseStartCommand,
+        case_id: uuid.UUID,
+        case: RecordedCase,
         attempt: int,
         restart_reason: str | None,
         signal: CancelSignal,
     ) -> None:
-        agent = AGENTS[command.agent]
+        agent = AGENTS.get(case.agent)
+        if agent is None:
+            raise Reject(f"case {case_id} names an agent this worker does not have: "
+                         f"{case.agent!r}")
+        limits, model = self.caps.vet(case_id, case)
         spec = CaseSpec(
-            case_id=command.case_id, attempt=attempt, agent=agent.name,
-            system_prompt=agent.system_prompt, input=command.input, limits=command.limits,
-            model=command.model, restart_reason=restart_reason,
+            case_id=case_id, attempt=attempt, agent=agent.name,
+            system_prompt=agent.system_prompt, input=case.input, limits=limits,
+            model=model, restart_reason=restart_reason,
             context_budget=agent.context_budget_tokens, agent_version=agent.version,
-            tenant_id=command.tenant_id, started_by=command.started_by,
+            tenant_id=case.tenant_id, started_by=case.started_by,
         )
         tools = ToolBox(agent.tools, self.runtime)
-        await self._engine.run(spec, self.models(command.model, agent), tools, signal)
-        await self._mark_ended(command.case_id)
+        await self._engine.run(spec, self.models(model, agent), tools, signal)
+        await self._mark_ended(case_id)
 
     async def _mark_ended(self, case_id: uuid.UUID) -> None:
         while True:
@@ -260,8 +340,9 @@ async def run_worker(settings: Settings) -> None:
     """The ``casetrail worker`` component, until SIGINT or SIGTERM."""
     signer = worker_signer(settings)
     fastpath.enable(settings.amqp_fastpath)
-    connection = await connect_patiently(settings.amqp_url, "casetrail-worker")
-    pool = await pool_patiently(settings.database_url, 10)
+    identity = settings.identity("worker")
+    connection = await connect_patiently(identity.amqp_url, "casetrail-worker")
+    pool = await component_pool(identity, 10)
     registered = await KeyRegistry(pool).register(signer.key_id, signer.public_key)
     if registered.not_valid_after is not None:
         raise PermanentError(f"signing key {signer.key_id} is retired: generate a new one")
@@ -269,11 +350,13 @@ async def run_worker(settings: Settings) -> None:
     topology = Topology(settings.namespace)
     runtime = BusWorkerRuntime(
         connection, topology, await Publisher.open(connection),
+        settings.broker_user("capability"),
         default_policy=RetryPolicy(attempts=settings.tool_attempts,
                                    timeout_seconds=settings.tool_timeout_seconds),
     )
     await runtime.start()
     worker = CaseWorker(connection, CaseStore(pool), topology, runtime, signer,
+                        settings.broker_user("api"), Caps.from_settings(settings),
                         models=ModelFactory(settings),
                         concurrency=settings.worker_concurrency,
                         lease_seconds=settings.lease_seconds)

@@ -22,11 +22,11 @@ from consumers.admission import Admission, KeyRing
 from service.agents import CAPABILITIES
 from service.bus import fastpath
 from service.bus.topology import Topology
-from service.config import Settings, TenantQuota
+from service.config import Component, Settings, TenantQuota
 from service.integrity import Signer
 from service.keyfile import worker_signer, write_signer
-from service.migrate import drop_database, migrate
-from service.store import ApiKeyStore, KeyRegistry, create_pool
+from service.setup import remove, setup
+from service.store import ApiKeyStore, KeyRegistry, component_pool, create_pool
 from tests.stack import InProcessStack
 
 _LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0", ""}
@@ -75,6 +75,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         lease_seconds=3.0,
         tool_timeout_seconds=2.0,
         signing_key_file=str(key_file),
+        secrets_file=str(key_file.parent / "identities.json"),
         bench_mode=True,  # the tests use slow scripted models (latencyMs)
         # The suite starts many cases in a minute as one tenant (schemathesis alone
         # hundreds); two tenants keep small limits for the quota tests.
@@ -97,14 +98,18 @@ def topology(settings: Settings) -> Topology:
 
 @pytest.fixture(scope="session")
 async def database(settings: Settings) -> AsyncIterator[str]:
-    await migrate(settings.database_url)
+    """The test namespace, set up as ``casetrail setup`` does it for a live one: its own
+    database, roles and broker users, every component with its least privilege."""
+    await setup(settings)
     yield settings.database_url
-    await drop_database(settings.database_url)
+    await remove(settings)
 
 
 @pytest.fixture(scope="session")
 async def pool(database: str, signer: Signer) -> AsyncIterator[asyncpg.Pool]:
-    pool = await create_pool(database, max_size=10)
+    """The tests' own view of the database, as the bootstrap user (to inspect and to
+    arrange what no component may do); components get pools of their own roles."""
+    pool = await create_pool(database, max_size=10, name=TESTS_APPLICATION)
     await KeyRegistry(pool).register(signer.key_id, signer.public_key)
     yield pool
     await pool.close()
@@ -115,20 +120,63 @@ async def admission(pool: asyncpg.Pool, settings: Settings) -> Admission:
     """What an in-process consumer admits: the worker's identity and the registered keys."""
     keys = KeyRing(KeyRegistry(pool))
     await keys.refresh(force=True)
-    return Admission(settings.worker_broker_identity(), keys)
+    return Admission(settings.broker_user("worker"), keys)
+
+
+TESTS_APPLICATION = "casetrail-tests"
 
 
 @pytest.fixture(scope="session")
-async def amqp(settings: Settings, topology: Topology) -> AsyncIterator[
+async def amqp(settings: Settings, topology: Topology, database: str) -> AsyncIterator[
     aio_pika.abc.AbstractRobustConnection
 ]:
+    """The bootstrap (admin) broker connection: for what only an operator does."""
     connection = await aio_pika.connect_robust(settings.amqp_url)
     channel = await connection.channel()
     await topology.declare(channel)
+    for capability in ("nobody-home", "slow-echo"):  # the tests' own capabilities
+        await topology.declare_capability_queue(channel, capability)
     yield connection
     channel = await connection.channel()
     await topology.delete_all(channel, [*sorted(CAPABILITIES), "nobody-home", "slow-echo"])
     await connection.close()
+
+
+async def _as(settings: Settings, component: Component
+              ) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
+    connection = await aio_pika.connect_robust(settings.identity(component).amqp_url)
+    yield connection
+    await connection.close()
+
+
+@pytest.fixture(scope="session")
+async def worker_amqp(settings: Settings, amqp: Any
+                      ) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
+    """A broker connection as the worker's user (what publishes events)."""
+    async for connection in _as(settings, "worker"):
+        yield connection
+
+
+@pytest.fixture(scope="session")
+async def capability_amqp(settings: Settings, amqp: Any
+                          ) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
+    async for connection in _as(settings, "capability"):
+        yield connection
+
+
+@pytest.fixture(scope="session")
+async def consumer_amqp(settings: Settings, amqp: Any
+                        ) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
+    async for connection in _as(settings, "consumer"):
+        yield connection
+
+
+@pytest.fixture(scope="session")
+async def consumer_pool(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Pool]:
+    """The consumer's own role (INSERT and SELECT on the log, nothing more)."""
+    created = await component_pool(settings.identity("consumer"), 4)
+    yield created
+    await created.close()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,6 +10,8 @@ from typing import Any
 import aio_pika
 
 from service.agents import AGENTS, CAPABILITIES
+from service.bus.dead_letter import REASON_HEADER
+from service.bus.topology import Topology
 from service.engine.loop import CaseSpec
 from service.engine.tools import InProcessWorkerRuntime, ToolBox, ToolSource
 from service.events import Event, Limits, ModelRef
@@ -99,3 +101,25 @@ async def drain(queue: aio_pika.abc.AbstractQueue, count: int
             else:
                 got.append(message)
     return got
+
+
+async def dead_letter_for(amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology,
+                          message_id: str) -> str:
+    """The reason the consumer gave for setting ``message_id`` aside (other dead letters
+    are left to the tests that wait for them)."""
+    channel = await amqp.channel()
+    queue = await channel.get_queue(topology.dead_letter_queue, ensure=False)
+    deadline = asyncio.get_running_loop().time() + 15
+    try:
+        while asyncio.get_running_loop().time() < deadline:
+            message = await queue.get(fail=False, no_ack=False)
+            if message is None:
+                await asyncio.sleep(0.05)
+                continue
+            if message.message_id == message_id:
+                await message.ack()
+                return str((message.headers or {}).get(REASON_HEADER))
+            await message.nack(requeue=True)
+        raise AssertionError(f"no dead letter for {message_id}")
+    finally:
+        await channel.close()

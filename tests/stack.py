@@ -8,8 +8,9 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -22,6 +23,7 @@ from consumers.event_log import EventLogConsumer
 from consumers.writer import EventLogWriter
 from service.agents import CAPABILITIES
 from service.api import create_app
+from service.bus.connection import connect
 from service.bus.publisher import Publisher
 from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
@@ -29,9 +31,9 @@ from service.capability_worker import CapabilityWorker
 from service.config import Settings
 from service.keyfile import worker_signer
 from service.providers import ModelFactory
-from service.store import CaseStore, KeyRegistry
+from service.store import CaseStore, KeyRegistry, component_pool
 from service.supervisor import component_command
-from service.worker import CaseWorker
+from service.worker import Caps, CaseWorker
 
 
 def free_port() -> int:
@@ -73,37 +75,55 @@ async def in_process_stack(
     settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
     worker_concurrency: int = 8,
 ) -> AsyncIterator[InProcessStack]:
+    """The components in this event loop, each connected as its own identity (the
+    ``amqp`` and ``pool`` of the tests are the bootstrap user's, used for nothing here
+    but registering the worker's key, as the worker itself would)."""
     topology = Topology(settings.namespace)
-    runtime = BusWorkerRuntime(amqp, topology, await Publisher.open(amqp),
-                               default_policy=RetryPolicy(attempts=2, timeout_seconds=2.0))
-    await runtime.start()
-    signer = worker_signer(settings)
-    keys = KeyRegistry(pool)
-    await keys.register(signer.key_id, signer.public_key)
-    worker = CaseWorker(amqp, CaseStore(pool), topology, runtime, signer,
-                        models=ModelFactory(settings), concurrency=worker_concurrency,
-                        lease_seconds=settings.lease_seconds, shutdown_grace=1.0)
-    ring = KeyRing(keys)
-    await ring.refresh(force=True)
-    consumer = EventLogConsumer(amqp, EventLogWriter(pool), topology,
-                                Admission(settings.worker_broker_identity(), ring),
-                                linger=0.002)
-    capabilities = CapabilityWorker(amqp, topology, list(CAPABILITIES.values()))
-    stop = asyncio.Event()
-    readies = [asyncio.Event() for _ in range(3)]
-    tasks = [
-        asyncio.create_task(worker.run(stop, readies[0])),
-        asyncio.create_task(consumer.run(stop, readies[1])),
-        asyncio.create_task(capabilities.run(stop, readies[2])),
-    ]
-    await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 20)
-    try:
-        async with serve_api(settings) as base_url:
-            yield InProcessStack(base_url, worker, consumer, capabilities, stop)
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
-        await runtime.close()
+    async with AsyncExitStack() as resources:
+        worker_id, consumer_id = settings.identity("worker"), settings.identity("consumer")
+        connections = {}
+        for component in ("worker", "consumer", "capability"):
+            connection = await connect(settings.identity(component).amqp_url,
+                                       f"casetrail-{component}")
+            resources.push_async_callback(connection.close)
+            connections[component] = connection
+        worker_pool = await component_pool(worker_id, 4)
+        resources.push_async_callback(worker_pool.close)
+        consumer_pool = await component_pool(consumer_id, 4)
+        resources.push_async_callback(consumer_pool.close)
+        runtime = BusWorkerRuntime(
+            connections["worker"], topology, await Publisher.open(connections["worker"]),
+            settings.broker_user("capability"),
+            default_policy=RetryPolicy(attempts=2, timeout_seconds=2.0))
+        await runtime.start()
+        resources.push_async_callback(runtime.close)
+        signer = worker_signer(settings)
+        await KeyRegistry(worker_pool).register(signer.key_id, signer.public_key)
+        worker = CaseWorker(connections["worker"], CaseStore(worker_pool), topology, runtime,
+                            signer, settings.broker_user("api"), Caps.from_settings(settings),
+                            models=ModelFactory(settings), concurrency=worker_concurrency,
+                            lease_seconds=settings.lease_seconds, shutdown_grace=1.0)
+        ring = KeyRing(KeyRegistry(consumer_pool))
+        await ring.refresh(force=True)
+        consumer = EventLogConsumer(connections["consumer"], EventLogWriter(consumer_pool),
+                                    topology, Admission(settings.broker_user("worker"), ring),
+                                    linger=0.002)
+        capabilities = CapabilityWorker(connections["capability"], topology,
+                                        list(CAPABILITIES.values()))
+        stop = asyncio.Event()
+        readies = [asyncio.Event() for _ in range(3)]
+        tasks = [
+            asyncio.create_task(worker.run(stop, readies[0])),
+            asyncio.create_task(consumer.run(stop, readies[1])),
+            asyncio.create_task(capabilities.run(stop, readies[2])),
+        ]
+        await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 20)
+        try:
+            async with serve_api(settings) as base_url:
+                yield InProcessStack(base_url, worker, consumer, capabilities, stop)
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
 
 
 def module_stack(worker_concurrency: int) -> Any:
@@ -119,6 +139,17 @@ def module_stack(worker_concurrency: int) -> Any:
             yield running
 
     return stack
+
+
+def other_namespace(settings: Settings, suffix: str) -> Settings:
+    """Settings for a second stack beside the tests' own: its own namespace, database
+    and secrets file (``casetrail setup`` makes its identities; remove it afterwards
+    with ``service.setup.remove``)."""
+    secrets_file = Path(settings.secrets_path()).with_name(f"{suffix}.identities.json")
+    return settings.model_copy(update={
+        "namespace": f"{settings.namespace}-{suffix}",
+        "database_url": f"{settings.database_url}_{suffix}",
+        "secrets_file": str(secrets_file)})
 
 
 def spawn(settings: Settings, *args: str, **extra: str) -> subprocess.Popen[bytes]:

@@ -276,7 +276,8 @@ async def test_a_full_start_queue_is_503_with_retry_after_and_nothing_is_kept(
     name = f"{settings.namespace}-start-limit"
     queue = f"^{settings.namespace}\\.case-start$".replace("-", "\\-")
     policy = ["rabbitmqctl", "-q", "set_policy", name, queue,
-              '{"max-length": 0, "overflow": "reject-publish"}', "--apply-to", "queues"]
+              '{"max-length": 0, "overflow": "reject-publish"}', "--apply-to", "queues",
+              "--priority", "10"]  # above the one `casetrail setup` set
     before = await pool.fetchval("SELECT count(*) FROM cases")
     await asyncio.to_thread(subprocess.run, policy, check=True, capture_output=True)
     accepted: list[str] = []

@@ -26,14 +26,13 @@ import pytest
 
 from consumers.admission import Admission, KeyRing, Refused
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.bus.dead_letter import REASON_HEADER
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.config import Settings
 from service.events import CaseCompletedPayload, TokenUsage, make_event
 from service.integrity import GENESIS, HEADER, Signer, canonical, public_key_text
 from service.store import KeyRegistry
-from tests.helpers import ended
+from tests.helpers import dead_letter_for, ended
 from tests.stack import module_stack
 
 APPROVE, DECLINE = SAMPLE_APPLICATIONS[0], SAMPLE_APPLICATIONS[2]
@@ -63,33 +62,12 @@ def codes(report: dict[str, Any]) -> list[tuple[int | None, int | None, str]]:
     return [(p["attempt"], p["seq"], p["code"]) for p in report["problems"]]
 
 
-async def dead_letter_for(amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology,
-                          message_id: str) -> str:
-    """The reason the consumer gave for setting ``message_id`` aside (other dead letters
-    are left to the tests that wait for them)."""
-    channel = await amqp.channel()
-    queue = await channel.get_queue(topology.dead_letter_queue, ensure=False)
-    deadline = asyncio.get_running_loop().time() + 15
-    try:
-        while asyncio.get_running_loop().time() < deadline:
-            message = await queue.get(fail=False, no_ack=False)
-            if message is None:
-                await asyncio.sleep(0.05)
-                continue
-            if message.message_id == message_id:
-                await message.ack()
-                return str((message.headers or {}).get(REASON_HEADER))
-            await message.nack(requeue=True)
-        raise AssertionError(f"no dead letter for {message_id}")
-    finally:
-        await channel.close()
-
-
 async def forge(amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology,
                 case_id: str, seq: int, *, signer: Signer | None, prev_hash: str = GENESIS,
                 tamper_hash: bool = False, integrity: bool = True) -> str:
     """Publish a well-formed CASE_COMPLETED {"decision": "approve"} for ``case_id``, as
-    anyone holding broker credentials could; returns its message id."""
+    anyone holding the worker's broker credentials could (no other user may publish
+    ``case.*``: see test_least_privilege); returns its message id."""
     event = make_event(uuid.UUID(case_id), 1, seq, CaseCompletedPayload(
         cycles_completed=1, token_totals=TokenUsage(input_tokens=1, output_tokens=1),
         answer={"decision": "approve"}))
@@ -116,6 +94,7 @@ async def forge(amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology,
 ])
 async def test_a_forged_terminal_event_is_dead_lettered_and_the_decision_stands(
     client: httpx.AsyncClient, amqp: aio_pika.abc.AbstractRobustConnection,
+    worker_amqp: aio_pika.abc.AbstractRobustConnection,
     topology: Topology, signer: Signer, pool: asyncpg.Pool, how: dict[str, Any], reason: str,
 ) -> None:
     case_id = await decided(client)  # declined
@@ -123,7 +102,7 @@ async def test_a_forged_terminal_event_is_dead_lettered_and_the_decision_stands(
                                  uuid.UUID(case_id))
     # The forgery takes the next free seq, so only the signature stands in its way.
     options = {**how, "signer": signer if how.get("signer") == "worker" else None}
-    message_id = await forge(amqp, topology, case_id, before, **options)
+    message_id = await forge(worker_amqp, topology, case_id, before, **options)
     assert reason in await dead_letter_for(amqp, topology, message_id)
     case = (await client.get(f"/cases/{case_id}")).json()
     assert case["answer"]["decision"] == "decline"
@@ -133,7 +112,7 @@ async def test_a_forged_terminal_event_is_dead_lettered_and_the_decision_stands(
 
 
 async def test_an_event_replayed_onto_another_case_changes_neither(
-    client: httpx.AsyncClient, amqp: aio_pika.abc.AbstractRobustConnection,
+    client: httpx.AsyncClient, worker_amqp: aio_pika.abc.AbstractRobustConnection,
     topology: Topology, pool: asyncpg.Pool,
 ) -> None:
     first, second = await decided(client, APPROVE), await decided(client, DECLINE)
@@ -143,7 +122,7 @@ async def test_an_event_replayed_onto_another_case_changes_neither(
     assert row is not None
     integrity = {"prevHash": row["prev_hash"], "hash": row["hash"], "keyId": row["key_id"],
                  "sig": row["sig"]}
-    publisher = await Publisher.open(amqp)
+    publisher = await Publisher.open(worker_amqp)
     await publisher.publish(topology.events_exchange,
                             f"case.default.{second}.CASE_COMPLETED", bytes(row["body"]),
                             message_id=str(row["event_id"]), headers={HEADER: integrity})
@@ -158,10 +137,13 @@ async def test_an_event_replayed_onto_another_case_changes_neither(
 
 
 async def tamper(pool: asyncpg.Pool, sql: str, *args: Any) -> None:
-    """What a database superuser can do: switch the append-only triggers off."""
+    """What a database superuser can do: switch the append-only triggers off (they fire
+    even in replica mode, ENABLE ALWAYS), edit, and switch them back on."""
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("SET LOCAL session_replication_role = replica")
+        await conn.execute("ALTER TABLE event_log DISABLE TRIGGER event_log_no_update_or_delete")
         await conn.execute(sql, *args)
+        await conn.execute(
+            "ALTER TABLE event_log ENABLE ALWAYS TRIGGER event_log_no_update_or_delete")
 
 
 async def test_a_superuser_edit_of_a_tool_result_is_named_at_its_seq(
@@ -235,19 +217,19 @@ async def test_a_retired_key_signs_nothing_more(
     await registry.register(old.key_id, old.public_key)
     ring = KeyRing(registry)
     await ring.refresh(force=True)
-    admission = Admission(settings.worker_broker_identity(), ring)
+    admission = Admission(settings.broker_user("worker"), ring)
     event = make_event(uuid.uuid4(), 1, 0, CaseCompletedPayload(
         cycles_completed=0, token_totals=TokenUsage(input_tokens=0, output_tokens=0),
         answer={"decision": "approve"}))
     body = event.to_json()
     headers = {HEADER: old.seal(GENESIS, body).as_json()}
-    assert admission.admit(body, headers, settings.worker_broker_identity()).event == event
+    assert admission.admit(body, headers, settings.broker_user("worker")).event == event
     with pytest.raises(Refused, match="user_id 'someone-else'"):
         admission.admit(body, headers, "someone-else")
     assert await registry.retire(old.key_id) == "retired"
     await ring.refresh(force=True)
     with pytest.raises(Refused, match="retired_key"):
-        admission.admit(body, headers, settings.worker_broker_identity())
+        admission.admit(body, headers, settings.broker_user("worker"))
     assert await registry.retire("0123456789abcdef") == "unknown"
 
 

@@ -47,11 +47,12 @@ USAGE = TokenUsage(input_tokens=100, output_tokens=10)
 
 @pytest.fixture(scope="module")
 async def consumer(
-    amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool, topology: Topology,
-    admission: Admission,
+    consumer_amqp: aio_pika.abc.AbstractRobustConnection, consumer_pool: asyncpg.Pool,
+    topology: Topology, admission: Admission,
 ) -> AsyncIterator[EventLogConsumer]:
     stop, ready = asyncio.Event(), asyncio.Event()
-    worker = EventLogConsumer(amqp, EventLogWriter(pool), topology, admission, linger=0.002)
+    worker = EventLogConsumer(consumer_amqp, EventLogWriter(consumer_pool), topology, admission,
+                              linger=0.002)
     task = asyncio.create_task(worker.run(stop, ready))
     await asyncio.wait_for(ready.wait(), 10)
     yield worker
@@ -60,8 +61,9 @@ async def consumer(
 
 
 @pytest.fixture(scope="module")
-async def publisher(amqp: aio_pika.abc.AbstractRobustConnection) -> Publisher:
-    return await Publisher.open(amqp)
+async def publisher(worker_amqp: aio_pika.abc.AbstractRobustConnection) -> Publisher:
+    """Events as the worker publishes them (the consumer takes no one else's)."""
+    return await Publisher.open(worker_amqp)
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +153,12 @@ async def test_the_bus_carries_bytes_only(publisher: Publisher, topology: Topolo
                                 event.model_dump())  # type: ignore[arg-type]
 
 
-async def test_unroutable_publish_raises(publisher: Publisher, topology: Topology) -> None:
+async def test_unroutable_publish_raises(amqp: aio_pika.abc.AbstractRobustConnection,
+                                         topology: Topology) -> None:
+    publisher = await Publisher.open(amqp)
     with pytest.raises(PublishRejected, match=r"NO_ROUTE|312"):
         await publisher.publish(topology.commands_exchange, "no-such-key", b"{}")
+    await publisher.channel.close()
 
 
 async def test_redelivery_is_stored_once_and_order_is_restored(
@@ -325,10 +330,12 @@ async def test_concurrent_batches_fold_into_shared_cases_once_each(
 
 async def test_two_consumers_share_the_queue_and_store_each_event_once(
     consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool,
-    amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology, admission: Admission,
+    consumer_amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology,
+    admission: Admission, consumer_pool: asyncpg.Pool,
 ) -> None:
     stop, ready = asyncio.Event(), asyncio.Event()
-    second = EventLogConsumer(amqp, EventLogWriter(pool), topology, admission, prefetch=20,
+    second = EventLogConsumer(consumer_amqp, EventLogWriter(consumer_pool), topology, admission,
+                              prefetch=20,
                               batch_size=10, linger=0.002)
     task = asyncio.create_task(second.run(stop, ready))
     await asyncio.wait_for(ready.wait(), 10)

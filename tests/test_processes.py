@@ -22,8 +22,10 @@ import pytest
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
 from service.keyfile import worker_signer
+from service.setup import remove
+from tests.conftest import TESTS_APPLICATION
 from tests.helpers import ended, wait_for_sql, wait_until
-from tests.stack import free_port, spawn
+from tests.stack import free_port, other_namespace, spawn
 
 
 def test_a_component_started_with_the_environment_reads_the_same_settings(
@@ -77,6 +79,29 @@ async def processes(
         clean = (0, -signal.SIGTERM) if name == "api" else (0,)
         log = Path(child.log_path).read_text()[-2000:]  # type: ignore[attr-defined]  # noqa: ASYNC240
         assert child.returncode in clean, f"{name} exited {child.returncode}: {log}"
+
+
+async def test_no_component_connects_as_a_superuser_or_the_owner(
+    processes: dict[str, Any], pool: asyncpg.Pool, settings: Settings,
+) -> None:
+    """While the real processes run, every session on the test database but the tests'
+    own belongs to a component's login role: none is a superuser, none is the owner."""
+    async with httpx.AsyncClient(base_url=processes["base_url"],
+                                 headers=processes["headers"]) as client:
+        await post_slow_case(client, SAMPLE_APPLICATIONS[0], latency_ms=0)
+    sessions = await pool.fetch(
+        """SELECT a.application_name, a.usename, r.rolsuper
+           FROM pg_stat_activity a JOIN pg_roles r ON r.oid = a.usesysid
+           WHERE a.datname = current_database() AND a.application_name <> $1""",
+        TESTS_APPLICATION)
+    seen = {(row["application_name"], row["usename"]) for row in sessions}
+    for component in ("api", "worker", "consumer"):
+        assert (f"casetrail-{component}", settings.database_role(component)) in seen, seen
+    assert not [row for row in sessions if row["rolsuper"]], sessions
+    assert settings.database_role("owner") not in {row["usename"] for row in sessions}
+    owner = await pool.fetchval(
+        "SELECT rolcanlogin FROM pg_roles WHERE rolname = $1", settings.database_role("owner"))
+    assert owner is False  # NOLOGIN: it owns the schema and is used only by migrate
 
 
 async def post_slow_case(client: httpx.AsyncClient, application: dict[str, Any],
@@ -178,13 +203,15 @@ async def test_a_killed_worker_leads_to_a_second_attempt(
 
 
 async def test_the_demo_runs_end_to_end(settings: Settings, database: str) -> None:
-    demo_settings = {"CASETRAIL_NAMESPACE": settings.namespace + "-demo"}
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "service.cli", "demo", "--port", str(free_port())],
-        env=settings.environment(**demo_settings), capture_output=True, text=True,
-        timeout=120,
-    )
+    demo = other_namespace(settings, "demo")
+    try:
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "service.cli", "demo", "--port", str(free_port())],
+            env=demo.environment(), capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        await remove(demo)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "-- live from the bus" in out and "-- the persisted trail, from Postgres --" in out
@@ -193,20 +220,13 @@ async def test_the_demo_runs_end_to_end(settings: Settings, database: str) -> No
                            ("Priya Nair", "decline")]:
         assert any(name in line and decision in line and "completed" in line
                    for line in out.splitlines()), (name, decision)
-    connection = await aio_pika.connect(settings.amqp_url)
-    channel = await connection.channel()
-    from service.bus.topology import Topology
-
-    await Topology(settings.namespace + "-demo").delete_all(
-        channel, ["credit-score", "risk-model-retrieval", "sanctions-screening"])
-    await connection.close()
 
 
 async def test_up_runs_the_stack_and_sigterm_stops_every_child(settings: Settings,
                                                                 database: str) -> None:
     port = free_port()
-    env = settings.environment(CASETRAIL_NAMESPACE=settings.namespace + "-up",
-                        CASETRAIL_API_PORT=str(port))
+    stack = other_namespace(settings, "up")
+    env = stack.environment(CASETRAIL_API_PORT=str(port))
     up = subprocess.Popen(  # noqa: ASYNC220 - a child that outlives this call, on purpose
         [sys.executable, "-m", "service.cli", "up"], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -232,16 +252,11 @@ async def test_up_runs_the_stack_and_sigterm_stops_every_child(settings: Setting
     finally:
         if up.poll() is None:
             up.kill()
-    connection = await aio_pika.connect(settings.amqp_url)
-    from service.bus.topology import Topology
-
-    await Topology(settings.namespace + "-up").delete_all(
-        await connection.channel(), ["credit-score", "risk-model-retrieval", "sanctions-screening"])
-    await connection.close()
+        await remove(stack)
 
 
 async def test_tail_prints_live_events_filtered_by_type(
-    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection
+    settings: Settings, worker_amqp: aio_pika.abc.AbstractRobustConnection
 ) -> None:
     from service.bus.publisher import EventPublisher, Publisher
     from service.bus.topology import Topology
@@ -255,7 +270,7 @@ async def test_tail_prints_live_events_filtered_by_type(
         assert tail.stderr is not None and tail.stdout is not None
         banner = await asyncio.to_thread(tail.stderr.readline)
         assert b"tailing" in banner
-        sink = EventPublisher(await Publisher.open(amqp), Topology(settings.namespace),
+        sink = EventPublisher(await Publisher.open(worker_amqp), Topology(settings.namespace),
                               worker_signer(settings))
         for event in (started(case_id), cycle(case_id, 1, 0), completed(case_id, 2)):
             await sink.emit(event)

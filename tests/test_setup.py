@@ -1,5 +1,6 @@
-"""``casetrail setup`` sets the broker policies, idempotently, named after the namespace
-(so a test stack's never touch a live one's)."""
+"""``casetrail setup`` makes every component's identity, idempotently, named after the
+namespace (so a test stack's never touch a live one's), and ``--remove`` takes them
+down again."""
 
 from __future__ import annotations
 
@@ -7,52 +8,111 @@ import asyncio
 import base64
 import json
 import re
+import stat
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
 
 from service.config import Settings
+from service.setup import remove
+from tests.stack import other_namespace
 
 
-def _policies() -> dict[str, dict[str, object]]:
-    listed = subprocess.run(["rabbitmqctl", "-q", "list_policies", "--formatter", "json"],
+def _rabbitmqctl_json(*args: str) -> list[dict[str, Any]]:
+    listed = subprocess.run(["rabbitmqctl", "-q", *args, "--formatter", "json"],
                             capture_output=True, text=True, check=True, timeout=60).stdout
-    return {p["name"]: p for p in json.loads(listed)}
+    return json.loads(listed)  # type: ignore[no-any-return]
 
 
-async def test_setup_bounds_the_start_queue_with_a_policy(settings: Settings) -> None:
-    name = f"{settings.namespace}-case-start-limit"
-    env = settings.environment(CASETRAIL_START_QUEUE_MAX_LENGTH="1234")
+def _casetrail(settings: Settings, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args],
+                          env=settings.environment(**extra), capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
+    settings: Settings, pool: asyncpg.Pool,
+) -> None:
+    ns = other_namespace(settings, "setup")
     try:
-        for _ in range(2):  # idempotent
-            done = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "service.cli", "setup"], env=env,
-                capture_output=True, text=True, timeout=60, check=False)
-            assert done.returncode == 0, done.stderr
-            assert name in done.stdout
-        policy = (await asyncio.to_thread(_policies))[name]
-        assert policy["pattern"] == f"^{re.escape(settings.namespace + '.case-start')}$"
-        definition = policy["definition"]  # rabbitmqctl gives it as JSON text
-        assert json.loads(str(definition)) == {"max-length": 1234, "overflow": "reject-publish"}
-        assert policy["apply-to"] == "queues"
+        first = await asyncio.to_thread(_casetrail, ns, "setup",
+                                        CASETRAIL_START_QUEUE_MAX_LENGTH="1234")
+        assert first.returncode == 0, first.stderr
+        secrets = ns.secrets_path()
+        assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
+        made = json.loads(secrets.read_text())
+        again = await asyncio.to_thread(_casetrail, ns, "setup",
+                                        CASETRAIL_START_QUEUE_MAX_LENGTH="1234")
+        assert again.returncode == 0, again.stderr
+        assert json.loads(secrets.read_text()) == made  # the same passwords: idempotent
+        assert set(made) == {"api", "worker", "consumer", "capability"}
+        assert "database_url" not in made["capability"]  # it reaches no database
+
+        # Broker: one user per component, no tags, exactly these permissions.
+        users = {u["user"]: u for u in _rabbitmqctl_json("list_users")}
+        for component in made:
+            assert users[ns.broker_user(component)]["tags"] == []  # type: ignore[arg-type]
+        permissions = {p["user"]: p for p in _rabbitmqctl_json("list_permissions")}
+        escaped = re.escape(ns.namespace)
+        assert permissions[ns.broker_user("api")] == {
+            "user": ns.broker_user("api"), "configure": "^$",
+            "write": rf"^{escaped}\.(commands|cancel)$", "read": "^$"}
+        assert permissions[ns.broker_user("consumer")]["read"] == rf"^{escaped}\.event-log$"
+        topics = {(t["user"], t["exchange"]): t for t in _rabbitmqctl_json(
+            "list_topic_permissions")}
+        assert topics[(ns.broker_user("worker"), f"{ns.namespace}.events")]["write"] == r"^case\."
+        assert topics[(ns.broker_user("api"), f"{ns.namespace}.events")]["write"] == "^$"
+        policy = {p["name"]: p for p in _rabbitmqctl_json("list_policies")}[
+            f"{ns.namespace}-case-start-limit"]
+        assert json.loads(str(policy["definition"])) == {"max-length": 1234,
+                                                        "overflow": "reject-publish"}
+
+        # Postgres: a NOLOGIN owner that owns every table; login roles with no powers.
+        roles = {r["rolname"]: r for r in await pool.fetch(
+            "SELECT rolname, rolcanlogin, rolsuper, rolcreaterole, rolcreatedb, rolbypassrls "
+            "FROM pg_roles WHERE rolname LIKE $1", ns.namespace + "\\_%")}
+        assert roles[ns.database_role("owner")]["rolcanlogin"] is False
+        for component in ("api", "worker", "consumer"):
+            role = roles[ns.database_role(component)]
+            assert role["rolcanlogin"] is True
+            assert not any(role[a] for a in ("rolsuper", "rolcreaterole", "rolcreatedb",
+                                             "rolbypassrls"))
+        conn = await asyncpg.connect(ns.database_url)
+        try:
+            owners = {r["tableowner"] for r in await conn.fetch(
+                "SELECT tableowner FROM pg_tables WHERE schemaname = 'public'")}
+        finally:
+            await conn.close()
+        assert owners == {ns.database_role("owner")}
+
+        gone = await asyncio.to_thread(_casetrail, ns, "setup", "--remove")
+        assert gone.returncode == 0, gone.stderr
+        assert not secrets.exists()
+        assert not {ns.broker_user(c) for c in made} & {
+            u["user"] for u in _rabbitmqctl_json("list_users")}
+        assert not await pool.fetchval("SELECT count(*) FROM pg_roles WHERE rolname LIKE $1",
+                                       ns.namespace + "\\_%")
     finally:
-        await asyncio.to_thread(subprocess.run, ["rabbitmqctl", "-q", "clear_policy", name],
-                                capture_output=True, check=False)
+        await remove(ns)
 
 
-def test_setup_sets_the_policy_through_the_management_api(settings: Settings) -> None:
-    """Where the broker runs elsewhere (docker-compose), the same policy goes to the
-    management HTTP API; a local server speaking its wire format records the PUT."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    from typing import Any
-
+@pytest.fixture
+def management() -> Iterator[tuple[str, list[tuple[str, str | None, Any]]]]:
+    """A local server speaking the management API's wire format; records each request."""
     received: list[tuple[str, str | None, Any]] = []
 
     class Management(BaseHTTPRequestHandler):
-        def do_PUT(self) -> None:
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             received.append((self.path, self.headers.get("Authorization"), body))
-            self.send_response(201)
+            self.send_response(204)
             self.end_headers()
 
         def log_message(self, *args: Any) -> None:
@@ -60,17 +120,54 @@ def test_setup_sets_the_policy_through_the_management_api(settings: Settings) ->
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Management)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://admin:s%40cret@127.0.0.1:{server.server_address[1]}", received
+    server.shutdown()
+
+
+async def test_setup_imports_the_definitions_through_the_management_api(
+    settings: Settings, management: tuple[str, list[tuple[str, str | None, Any]]],
+) -> None:
+    """Where the broker runs elsewhere (docker-compose), the same users, permissions and
+    policy go to ``POST /api/definitions``; passwords given in the component URLs (as
+    compose passes them) are the ones set."""
+    url, received = management
+    ns = other_namespace(settings, "mgmt")
+    given = f"amqp://{ns.broker_user('worker')}:w0rker-pass@127.0.0.1:5672/"
     try:
-        env = settings.environment(CASETRAIL_RABBITMQ_MANAGEMENT_URL=(
-            f"http://admin:s%40cret@127.0.0.1:{server.server_address[1]}"))
-        done = subprocess.run([sys.executable, "-m", "service.cli", "setup"], env=env,
-                              capture_output=True, text=True, timeout=60, check=False)
+        done = await asyncio.to_thread(
+            _casetrail, ns, "setup", CASETRAIL_RABBITMQ_MANAGEMENT_URL=url,
+            CASETRAIL_WORKER_AMQP_URL=given)
+        assert done.returncode == 0, done.stderr
+        (path, authorization, body), = received
+        assert path == "/api/definitions"
+        assert authorization == "Basic " + base64.b64encode(b"admin:s@cret").decode()
+        assert {u["name"] for u in body["users"]} == {
+            ns.broker_user(c) for c in ("api", "worker", "consumer", "capability")}
+        worker = next(u for u in body["users"] if u["name"] == ns.broker_user("worker"))
+        salted = base64.b64decode(worker["password_hash"])
+        import hashlib
+        assert salted[4:] == hashlib.sha256(salted[:4] + b"w0rker-pass").digest()
+        assert body["policies"][0]["name"] == f"{ns.namespace}-case-start-limit"
+        assert json.loads(ns.secrets_path().read_text())["worker"]["amqp_url"] == given
+
+        wrong = await asyncio.to_thread(
+            _casetrail, ns, "setup", CASETRAIL_RABBITMQ_MANAGEMENT_URL=url,
+            CASETRAIL_WORKER_AMQP_URL="amqp://guest:guest@127.0.0.1:5672/")
+        assert wrong.returncode == 2
+        assert f"must name the user {ns.broker_user('worker')!r}" in wrong.stderr
     finally:
-        server.shutdown()
-    assert done.returncode == 0, done.stderr
-    (path, authorization, body), = received
-    assert path == f"/api/policies/%2F/{settings.namespace}-case-start-limit"
-    assert authorization == "Basic " + base64.b64encode(b"admin:s@cret").decode()
-    assert body == {"pattern": f"^{re.escape(settings.namespace + '.case-start')}$",
-                    "definition": {"max-length": 100_000, "overflow": "reject-publish"},
-                    "apply-to": "queues"}
+        await remove(ns)
+
+
+def test_a_component_refuses_the_bootstrap_identity(settings: Settings) -> None:
+    """Pointing a component at the admin user is refused before it connects."""
+    done = _casetrail(settings, "consumer",
+                      CASETRAIL_CONSUMER_AMQP_URL="amqp://guest:guest@127.0.0.1:5672/")
+    assert done.returncode != 0
+    assert f"must connect as {settings.broker_user('consumer')!r}, not 'guest'" in done.stderr
+
+
+def test_without_setup_a_component_says_what_to_run(settings: Settings, tmp_path: Path) -> None:
+    done = _casetrail(settings, "worker", CASETRAIL_SECRETS_FILE=str(tmp_path / "none.json"))
+    assert done.returncode != 0
+    assert "run `casetrail setup`" in done.stderr

@@ -28,10 +28,11 @@ class Echo(BaseModel):
 
 @pytest.fixture(scope="module")
 async def runtime(
-    amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology
+    worker_amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology, settings: Settings,
 ) -> AsyncIterator[BusWorkerRuntime]:
     rpc = BusWorkerRuntime(
-        amqp, topology, await Publisher.open(amqp),
+        worker_amqp, topology, await Publisher.open(worker_amqp),
+        settings.broker_user("capability"),
         default_policy=RetryPolicy(attempts=2, timeout_seconds=2.0),
         policies={
             "nobody-home": RetryPolicy(attempts=2, timeout_seconds=0.3, backoff_initial=0.05),
@@ -63,9 +64,10 @@ async def start_worker(connection: aio_pika.abc.AbstractRobustConnection, topolo
 
 
 async def test_a_normal_call_and_its_record(
-    runtime: BusWorkerRuntime, amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology
+    runtime: BusWorkerRuntime, capability_amqp: aio_pika.abc.AbstractRobustConnection,
+    topology: Topology,
 ) -> None:
-    worker = await start_worker(amqp, topology, [CAPABILITIES["credit-score"]], "w1")
+    worker = await start_worker(capability_amqp, topology, [CAPABILITIES["credit-score"]], "w1")
     try:
         tool = WorkerTool("credit-score", "score", "credit-score",
                           CAPABILITIES["credit-score"].args_model)
@@ -96,7 +98,7 @@ async def test_no_live_worker_times_out_per_policy(runtime: BusWorkerRuntime) ->
 
 async def test_a_worker_dying_mid_call_is_retried_on_another(
     runtime: BusWorkerRuntime, settings: Settings, topology: Topology,
-    amqp: aio_pika.abc.AbstractRobustConnection,
+    capability_amqp: aio_pika.abc.AbstractRobustConnection,
 ) -> None:
     received = asyncio.Queue[int]()
 
@@ -108,7 +110,8 @@ async def test_a_worker_dying_mid_call_is_retried_on_another(
     async def echo(args: Echo) -> str:
         return args.text.upper()
 
-    doomed_connection = await aio_pika.connect(settings.amqp_url)  # not robust: it stays dead
+    # Not robust: it stays dead.
+    doomed_connection = await aio_pika.connect(settings.identity("capability").amqp_url)
     doomed = await start_worker(doomed_connection, topology,  # type: ignore[arg-type]
                                 [Capability("slow-echo", Echo, hang)], "doomed")
     call = asyncio.create_task(
@@ -118,7 +121,7 @@ async def test_a_worker_dying_mid_call_is_retried_on_another(
     await asyncio.wait_for(received.get(), 5)  # attempt 2 (after a timeout) too
     await doomed_connection.close()  # the worker dies holding both, unacknowledged
     doomed.task.cancel()
-    rescuer = await start_worker(amqp, topology, [Capability("slow-echo", Echo, echo)],
+    rescuer = await start_worker(capability_amqp, topology, [Capability("slow-echo", Echo, echo)],
                                  "rescuer")
     try:
         result = await asyncio.wait_for(call, 10)
@@ -130,10 +133,12 @@ async def test_a_worker_dying_mid_call_is_retried_on_another(
 
 
 async def test_two_hundred_concurrent_calls_across_two_workers(
-    runtime: BusWorkerRuntime, amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology
+    runtime: BusWorkerRuntime, capability_amqp: aio_pika.abc.AbstractRobustConnection,
+    topology: Topology,
 ) -> None:
     capability = CAPABILITIES["risk-model-retrieval"]
-    workers = [await start_worker(amqp, topology, [capability], f"w{i}") for i in range(2)]
+    workers = [await start_worker(capability_amqp, topology, [capability], f"w{i}")
+               for i in range(2)]
     try:
         calls = [
             runtime.execute("risk-model-retrieval",

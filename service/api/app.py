@@ -51,7 +51,7 @@ from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand
 from service.config import Settings
 from service.errors import BusUnavailable, CasetrailError, PublishRejected, StoreUnavailable
-from service.events import EVENT_TYPES, Limits, ModelRef
+from service.events import EVENT_TYPES, Limits
 from service.evidence import Evidence
 from service.providers import model_problem
 from service.store import (
@@ -59,7 +59,7 @@ from service.store import (
     CaseStore,
     KeyRegistry,
     NewCase,
-    pool_patiently,
+    component_pool,
     rate_wait,
     tenant_counts,
 )
@@ -217,14 +217,15 @@ class Services:
 
     async def open(self) -> None:
         fastpath.enable(self.settings.amqp_fastpath)
-        self.pool = await pool_patiently(self.settings.database_url, 20)
-        self.connection = await connect_patiently(self.settings.amqp_url, "casetrail-api")
+        identity = self.settings.identity("api")
+        self.pool = await component_pool(identity, 20)
+        self.connection = await connect_patiently(identity.amqp_url, "casetrail-api")
         self.store = CaseStore(self.pool)
         self.evidence = Evidence(self.store, KeyRegistry(self.pool))
         self.caller.keys = ApiKeyStore(self.pool)
         self.quotas = TenantLoads(lambda *args: tenant_counts(self.pool, *args))
         channel = await self.connection.channel()
-        await self.topology.declare(channel)
+        await self.topology.require(channel)
         await channel.close()
         # A short retry: a client waiting on POST /cases is better served by a
         # prompt 503 than by a minute of silence.
@@ -506,10 +507,7 @@ async def _within_quota(services: Services, tenant: str) -> None:
 async def _publish_start(services: Services, row: dict[str, Any], *,
                          forget_on_failure: bool) -> None:
     case_id = row["case_id"]
-    command = CaseStartCommand(case_id=case_id, tenant_id=row["tenant_id"], agent=row["agent"],
-                               input=row["input"], model=ModelRef.model_validate(row["model"]),
-                               limits=Limits.model_validate(row["limits"]),
-                               started_by=row["started_by"])
+    command = CaseStartCommand(case_id=case_id, tenant_id=row["tenant_id"], agent=row["agent"])
     try:
         await services.publisher.publish(
             services.topology.commands_exchange, Topology.START_KEY, command.to_json(),

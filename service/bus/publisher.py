@@ -25,6 +25,7 @@ from aio_pika.abc import AbstractChannel, AbstractRobustConnection
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
+    retry_if_not_exception_type,
     stop_after_delay,
     wait_exponential_jitter,
 )
@@ -132,19 +133,25 @@ class Publisher:
                 # The common case, without the retry machinery's per-call cost.
                 await self._send(exchange, routing_key, body, properties)
                 return
+            except aiormq.exceptions.ChannelAccessRefused:
+                raise  # this identity may not publish there: no retry makes it allowed
             except _CONNECTION_ERRORS as exc:
                 # Wait as before any retry: the connection is likely still coming back.
                 delay = backoff_delay(_RETRY_WAIT, 1)
                 log.warning("publish to %r failed (%r); retrying in %.2fs", exchange, exc, delay)
                 await asyncio.sleep(delay)
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(_CONNECTION_ERRORS),
+                retry=retry_if_exception_type(_CONNECTION_ERRORS)
+                & retry_if_not_exception_type(aiormq.exceptions.ChannelAccessRefused),
                 wait=_RETRY_WAIT,
                 stop=stop_after_delay(self.retry_seconds),
                 reraise=True,
             ):
                 with attempt:
                     await self._send(exchange, routing_key, body, properties)
+        except aiormq.exceptions.ChannelAccessRefused as exc:
+            raise PublishRejected(f"broker user {self.user_id!r} may not publish to "
+                                  f"{exchange!r}/{routing_key!r}: {exc}") from exc
         except aiormq.exceptions.DeliveryError as exc:
             raise PublishRejected(
                 f"broker refused message for {exchange!r}/{routing_key!r}: {exc}"

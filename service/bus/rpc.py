@@ -2,12 +2,14 @@
 tool requests and replies.
 
 A request goes to ``<ns>.capabilities`` with the capability name as routing
-key, into the durable quorum queue ``<ns>.capability.<name>`` (declared by the
-caller too, so a request waits for a worker rather than being unroutable).
-The reply comes back on the caller's exclusive reply queue, correlated by the
-call's idempotency key. Each attempt has a timeout (also set as the message's
-expiration, so a request nobody took in time is dropped by the broker); each
-capability has a retry policy with jittered exponential backoff. Every
+key, into the durable quorum queue ``<ns>.capability.<name>`` (declared by
+``casetrail setup`` or the capability's worker, so a request waits for a worker; a
+capability nobody declared is an error of the call, not a wait). The reply comes
+back on the caller's exclusive reply queue, correlated by an unpredictable token
+of the call, and is taken only from the capability workers' broker user (the
+broker vouches for ``user_id``); anything else is dead-lettered. Each attempt has
+a timeout (also set as the message's expiration, so a request nobody took in time
+is dropped by the broker); each capability has a retry policy with jittered exponential backoff. Every
 attempt of one call carries the same idempotency key, so a capability worker
 can recognise a retry; a late reply to an earlier attempt still answers the call.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import Mapping
@@ -29,11 +32,12 @@ from pydantic import Field
 from tenacity import wait_exponential_jitter
 
 from service.backoff import backoff_delay
+from service.bus.dead_letter import dead_letter
 from service.bus.deliveries import Delivery, Subscription
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.engine.tools import WorkerCallResult
-from service.errors import CasetrailError
+from service.errors import CasetrailError, PublishRejected
 from service.events import ContractModel, JsonObject, ToolAttempt
 
 log = logging.getLogger("casetrail.rpc")
@@ -75,6 +79,7 @@ class RetryPolicy:
 
 @dataclass
 class _PendingCall:
+    call_id: str
     future: asyncio.Future[ToolReply]
     sent_at: dict[int, float] = field(default_factory=dict)
 
@@ -86,10 +91,12 @@ class BusWorkerRuntime:
     connection: AbstractRobustConnection
     topology: Topology
     publisher: Publisher
+    capability_user: str
+    """The broker user whose replies are taken."""
     default_policy: RetryPolicy = field(default_factory=RetryPolicy)
     policies: Mapping[str, RetryPolicy] = field(default_factory=dict)
     _pending: dict[str, _PendingCall] = field(default_factory=dict)
-    _declared: set[str] = field(default_factory=set)
+    _refused: set[asyncio.Task[None]] = field(default_factory=set)
     _reply_queue: str | None = None
     _channel: AbstractChannel | None = None
     _replies: Subscription | None = None
@@ -113,22 +120,29 @@ class BusWorkerRuntime:
             await self._channel.close()
 
     def _on_reply(self, message: Delivery) -> None:
+        if message.user_id != self.capability_user:
+            self._refuse(message, f"tool reply from broker user {message.user_id!r}, not the "
+                                  f"capability workers' ({self.capability_user!r})")
+            return
         try:
             reply = ToolReply.model_validate(orjson.loads(message.body))
         except (ValueError, orjson.JSONDecodeError) as exc:
             log.warning("unreadable tool reply dropped: %s", exc)
             return
-        pending = self._pending.get(reply.idempotency_key)
+        pending = self._pending.get(message.correlation_id or "")
         if pending is None or pending.future.done():
-            log.info("late reply for %s attempt %d ignored", reply.idempotency_key, reply.attempt)
+            log.info("late or unknown reply for %s attempt %d ignored", reply.idempotency_key,
+                     reply.attempt)
+            return
+        if reply.idempotency_key != pending.call_id:
+            self._refuse(message, "tool reply for another call than its correlation id's")
             return
         pending.future.set_result(reply)
 
-    async def _ensure_queue(self, capability: str) -> None:
-        if capability not in self._declared:
-            assert self._channel is not None
-            await self.topology.declare_capability_queue(self._channel, capability)
-            self._declared.add(capability)
+    def _refuse(self, message: Delivery, reason: str) -> None:
+        task = asyncio.create_task(dead_letter(self.publisher, self.topology, message, reason))
+        self._refused.add(task)
+        task.add_done_callback(self._refused.discard)
 
     async def execute(
         self, capability: str, args: Mapping[str, Any], *, call_id: str
@@ -136,10 +150,11 @@ class BusWorkerRuntime:
         if self._reply_queue is None or self._channel is None:
             raise CasetrailError("BusWorkerRuntime.start() was not called")
         policy = self.policies.get(capability, self.default_policy)
-        await self._ensure_queue(capability)
         loop = asyncio.get_running_loop()
-        pending = _PendingCall(loop.create_future())
-        self._pending[call_id] = pending
+        pending = _PendingCall(call_id, loop.create_future())
+        # The reply must quote this token: nobody can answer a call they cannot see.
+        token = secrets.token_hex(16)
+        self._pending[token] = pending
         backoff = wait_exponential_jitter(
             multiplier=policy.backoff_initial, max=policy.backoff_max
         )
@@ -152,16 +167,22 @@ class BusWorkerRuntime:
                     idempotency_key=call_id, capability=capability, args=dict(args),
                     attempt=attempt, deadline=time.time() + policy.timeout_seconds,
                 )
-                await self.publisher.publish(
-                    self.topology.capabilities_exchange,
-                    capability,
-                    orjson.dumps(request.model_dump(mode="json", by_alias=True)),
-                    message_id=f"{call_id}#{attempt}",
-                    correlation_id=call_id,
-                    reply_to=self._reply_queue,
-                    headers={IDEMPOTENCY_HEADER: call_id},
-                    expiration_seconds=policy.timeout_seconds,
-                )
+                try:
+                    await self.publisher.publish(
+                        self.topology.capabilities_exchange,
+                        capability,
+                        orjson.dumps(request.model_dump(mode="json", by_alias=True)),
+                        message_id=f"{call_id}#{attempt}",
+                        correlation_id=token,
+                        reply_to=self._reply_queue,
+                        headers={IDEMPOTENCY_HEADER: call_id},
+                        expiration_seconds=policy.timeout_seconds,
+                    )
+                except PublishRejected:
+                    attempts.append(self._attempt(
+                        attempt, "error", started,
+                        f"no queue serves {capability!r} (not set up, or no such capability)"))
+                    return WorkerCallResult(error=attempts[-1].error, attempts=tuple(attempts))
                 try:
                     reply = await asyncio.wait_for(
                         asyncio.shield(pending.future), policy.timeout_seconds
@@ -184,7 +205,7 @@ class BusWorkerRuntime:
                 if attempt < policy.attempts:
                     await asyncio.sleep(backoff_delay(backoff, attempt))
         finally:
-            self._pending.pop(call_id, None)
+            self._pending.pop(token, None)
         last = attempts[-1]
         return WorkerCallResult(
             error=(

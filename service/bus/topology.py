@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
+import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+
+from service.errors import PermanentError
 
 EVENT_LOG_DELIVERY_LIMIT = 5
 """A message redelivered this often (the consumer crashed on it each time) is dead-lettered.
@@ -121,12 +124,28 @@ class Topology:
             self.events_exchange, aio_pika.ExchangeType.TOPIC, durable=True
         )
 
+    async def require(self, channel: AbstractChannel) -> None:
+        """Check, passively, that the namespace's exchanges and queues exist: components
+        may not declare them (``casetrail setup`` does, as the admin)."""
+        exchanges = (self.events_exchange, self.commands_exchange, self.cancel_exchange,
+                     self.capabilities_exchange, self.dead_letter_exchange)
+        queues = (self.event_log_queue, self.case_start_queue, self.dead_letter_queue)
+        name = ""
+        try:
+            for name in exchanges:
+                await channel.get_exchange(name, ensure=True)
+            for name in queues:
+                await channel.get_queue(name, ensure=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise PermanentError(f"the bus has no {name}: run `casetrail setup` for the "
+                                 f"namespace {self.namespace}") from None
+
     async def declare_capability_queue(
         self, channel: AbstractChannel, capability: str
     ) -> AbstractQueue:
-        exchange = await channel.declare_exchange(
-            self.capabilities_exchange, aio_pika.ExchangeType.DIRECT, durable=True
-        )
+        """A capability's queue, bound (a capability worker may declare its own; the
+        exchange is the admin's)."""
+        exchange = await channel.get_exchange(self.capabilities_exchange, ensure=False)
         queue = await channel.declare_queue(
             self.capability_queue(capability),
             durable=True,

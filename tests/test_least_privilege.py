@@ -1,0 +1,307 @@
+"""Least privilege, attacked: each forgery is made with another component's real
+credentials on the real broker and the real Postgres, and each is refused — by the
+broker's permissions, by the database's grants, or by the receiving component, which
+checks whose message it holds (``user_id``, vouched for by the broker) and
+dead-letters it with the reason."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aio_pika
+import aiormq
+import asyncpg
+import httpx
+import orjson
+import pytest
+
+from service.agents import CAPABILITIES
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.bus.publisher import Publisher
+from service.bus.rpc import BusWorkerRuntime, RetryPolicy, ToolReply, ToolRequest
+from service.bus.topology import Topology
+from service.capability_worker import CapabilityWorker
+from service.commands import CancelCommand, CaseStartCommand
+from service.config import Settings
+from service.errors import PublishRejected
+from service.store import component_pool
+from tests.helpers import dead_letter_for, ended, wait_until
+from tests.stack import InProcessStack, module_stack
+from tests.test_pipeline import started
+
+stack = module_stack(worker_concurrency=4)
+
+SLOW = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0],
+        "model": {"provider": "scripted", "name": "slow", "latencyMs": 400}}
+
+
+async def as_user(settings: Settings, component: str) -> AsyncIterator[Publisher]:
+    connection = await aio_pika.connect(settings.identity(component).amqp_url)  # type: ignore[arg-type]
+    try:
+        yield await Publisher.open(connection)  # type: ignore[arg-type]
+    finally:
+        await connection.close()
+
+
+@pytest.fixture
+async def api_publisher(settings: Settings) -> AsyncIterator[Publisher]:
+    async for publisher in as_user(settings, "api"):
+        yield publisher
+
+
+@pytest.fixture
+async def capability_publisher(settings: Settings) -> AsyncIterator[Publisher]:
+    async for publisher in as_user(settings, "capability"):
+        yield publisher
+
+
+# -- the database ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("component", "statement"), [
+    ("consumer", "UPDATE event_log SET payload = '{}'"),
+    ("consumer", "DELETE FROM event_log"),
+    ("consumer", "TRUNCATE event_log"),
+    ("consumer", "UPDATE cases SET input = '{}'"),
+    ("api", "INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at, "
+            "schema_version, payload) VALUES (gen_random_uuid(), gen_random_uuid(), 1, 0, "
+            "'CASE_STARTED', now(), 1, '{}')"),
+    ("api", "UPDATE cases SET status = 'completed'"),
+    ("api", "INSERT INTO api_keys (key_id, key_hash, tenant_id, scopes) "
+            "VALUES ('x', 'x', 'default', '{admin}')"),
+    ("worker", "DELETE FROM event_log"),
+    ("worker", "UPDATE cases SET answer = '{}'"),
+    ("worker", "ALTER TABLE event_log DISABLE TRIGGER ALL"),
+    ("api", "SET session_replication_role = replica"),
+])
+async def test_a_component_role_cannot_do_what_another_does(
+    settings: Settings, database: str, component: str, statement: str,
+) -> None:
+    pool = await component_pool(settings.identity(component), 1)  # type: ignore[arg-type]
+    try:
+        with pytest.raises((asyncpg.InsufficientPrivilegeError,
+                            asyncpg.exceptions.InsufficientPrivilegeError)):
+            await pool.execute(statement)
+    finally:
+        await pool.close()
+
+
+async def test_even_replica_mode_does_not_switch_the_append_only_triggers_off(
+    pool: asyncpg.Pool, stack: InProcessStack, client: httpx.AsyncClient,
+) -> None:
+    """``session_replication_role = replica`` skips ordinary triggers; these fire ALWAYS."""
+    case_id = (await client.post("/cases", json={**SLOW, "model": None})).json()["caseId"]
+    await ended(client, case_id)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await conn.execute("DELETE FROM event_log WHERE case_id = $1", uuid.UUID(case_id))
+
+
+# -- the broker's permissions --------------------------------------------------------------
+
+async def test_only_the_worker_may_publish_case_events(
+    settings: Settings, stack: InProcessStack, api_publisher: Publisher,
+    capability_publisher: Publisher,
+) -> None:
+    topology = Topology(settings.namespace)
+    event = started(uuid.uuid4())
+    for publisher in (api_publisher, capability_publisher):
+        with pytest.raises(PublishRejected, match=r"ACCESS_REFUSED|may not publish"):
+            await publisher.publish(topology.events_exchange, event.routing_key, event.to_json())
+
+
+async def test_the_worker_may_not_publish_ledger_checkpoints(
+    settings: Settings, worker_amqp: aio_pika.abc.AbstractRobustConnection,
+) -> None:
+    publisher = await Publisher.open(worker_amqp)
+    with pytest.raises(PublishRejected, match=r"ACCESS_REFUSED|may not publish"):
+        await publisher.publish(Topology(settings.namespace).events_exchange,
+                                "ledger.checkpoint", b"forged")
+
+
+async def test_only_the_api_may_send_start_commands_and_cancels(
+    settings: Settings, worker_amqp: aio_pika.abc.AbstractRobustConnection,
+) -> None:
+    topology = Topology(settings.namespace)
+    for exchange, key in ((topology.commands_exchange, Topology.START_KEY),
+                          (topology.cancel_exchange, "")):
+        publisher = await Publisher.open(worker_amqp)
+        with pytest.raises(PublishRejected, match=r"ACCESS_REFUSED|may not publish"):
+            await publisher.publish(exchange, key, b"{}")
+
+
+@pytest.mark.parametrize(("component", "queue"), [
+    ("api", "capability.credit-score"), ("consumer", "case-start"),
+    ("worker", "event-log"), ("capability", "dead-letters"), ("api", "event-log"),
+])
+async def test_a_component_cannot_read_another_ones_queue(
+    settings: Settings, database: str, component: str, queue: str,
+) -> None:
+    connection = await aio_pika.connect(settings.identity(component).amqp_url)  # type: ignore[arg-type]
+    try:
+        channel = await connection.channel()
+        declared = await channel.get_queue(f"{settings.namespace}.{queue}", ensure=True)
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            await declared.consume(_ignore)
+    finally:
+        await connection.close()
+
+
+async def _ignore(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+    raise AssertionError("a refused consumer received a message")
+
+
+# -- the receivers' checks -------------------------------------------------------------------
+
+async def test_an_event_from_another_identity_is_dead_lettered(
+    settings: Settings, stack: InProcessStack, capability_publisher: Publisher,
+    amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
+) -> None:
+    """The capability user may write to the default exchange (its replies go there), so
+    it can put a message straight into the event-log queue: the consumer refuses it."""
+    topology = Topology(settings.namespace)
+    event = started(uuid.uuid4())
+    await capability_publisher.publish("", topology.event_log_queue, event.to_json(),
+                                       message_id=str(event.event_id))
+    reason = await dead_letter_for(amqp, topology, str(event.event_id))
+    assert settings.broker_user("capability") in reason
+    assert not await pool.fetchval("SELECT count(*) FROM event_log WHERE event_id = $1",
+                                   event.event_id)
+
+
+async def test_a_start_command_from_another_identity_is_dead_lettered(
+    settings: Settings, stack: InProcessStack, client: httpx.AsyncClient,
+    capability_publisher: Publisher, amqp: aio_pika.abc.AbstractRobustConnection,
+    pool: asyncpg.Pool,
+) -> None:
+    """A case queued by the API but started by someone else's command does not run on
+    that command (it runs on the API's own, from its row)."""
+    topology = Topology(settings.namespace)
+    forged_id = uuid.uuid4()
+    command = CaseStartCommand(case_id=forged_id, agent="loan-officer")
+    await capability_publisher.publish("", topology.case_start_queue, command.to_json(),
+                                       message_id=f"forged-{forged_id}")
+    reason = await dead_letter_for(amqp, topology, f"forged-{forged_id}")
+    assert "start command from broker user" in reason
+    assert settings.broker_user("capability") in reason
+
+
+async def test_a_cancel_needs_the_api_and_postgres_to_agree(
+    settings: Settings, stack: InProcessStack, client: httpx.AsyncClient,
+    api_publisher: Publisher, capability_publisher: Publisher,
+    amqp: aio_pika.abc.AbstractRobustConnection,
+) -> None:
+    topology = Topology(settings.namespace)
+    case_id = (await client.post("/cases", json=SLOW)).json()["caseId"]
+    await wait_until(lambda: _running(stack, case_id))
+    command = CancelCommand(case_id=uuid.UUID(case_id), reason="forged", by="key:nobody")
+    # From the API's own user, but Postgres has no request: ignored.
+    await api_publisher.publish(topology.cancel_exchange, "", command.to_json())
+    # From another user, straight into the worker's cancel queue: dead-lettered.
+    channel_queues = [name for name in await _worker_queues(settings) if ".cancel." in name]
+    assert channel_queues
+    await capability_publisher.publish("", channel_queues[0], command.to_json(),
+                                       message_id=f"cancel-{case_id}")
+    reason = await dead_letter_for(amqp, topology, f"cancel-{case_id}")
+    assert "cancel from broker user" in reason
+    case = await ended(client, case_id)
+    assert case["status"] == "completed"  # neither stopped it
+    # The real thing: the API records the request, then broadcasts it.
+    other = (await client.post("/cases", json=SLOW)).json()["caseId"]
+    await wait_until(lambda: _running(stack, other))
+    assert (await client.post(f"/cases/{other}/cancel", json={"reason": "real"})).status_code \
+        == 202
+    assert (await ended(client, other))["status"] == "cancelled"
+
+
+async def _running(stack: InProcessStack, case_id: str) -> bool:
+    return uuid.UUID(case_id) in stack.worker._live
+
+
+async def _worker_queues(settings: Settings) -> list[str]:
+    import subprocess
+
+    listed = await asyncio.to_thread(
+        subprocess.run, ["rabbitmqctl", "-q", "list_queues", "name", "--formatter", "json"],
+        capture_output=True, text=True, check=True)
+    return [q["name"] for q in orjson.loads(listed.stdout)
+            if q["name"].startswith(settings.namespace + ".")]
+
+
+async def test_a_tool_reply_is_taken_only_from_the_capability_user_with_its_token(
+    settings: Settings, stack: InProcessStack, worker_amqp: aio_pika.abc.AbstractRobustConnection,
+    amqp: aio_pika.abc.AbstractRobustConnection, capability_publisher: Publisher,
+) -> None:
+    """Nobody serves ``nobody-home``: the test reads the request itself, then answers it
+    as the admin (refused: wrong user), as the capability user with a guessed token
+    (ignored), and as the capability user with the request's token (taken)."""
+    topology = Topology(settings.namespace)
+    runtime = BusWorkerRuntime(worker_amqp, topology, await Publisher.open(worker_amqp),
+                               settings.broker_user("capability"),
+                               default_policy=RetryPolicy(attempts=1, timeout_seconds=8))
+    await runtime.start()
+    try:
+        call_id = str(uuid.uuid4())
+        call = asyncio.create_task(runtime.execute("nobody-home", {"x": 1}, call_id=call_id))
+        channel = await amqp.channel()
+        queue = await channel.get_queue(topology.capability_queue("nobody-home"), ensure=False)
+        request_message = await wait_until(lambda: queue.get(fail=False, no_ack=True))
+        request = ToolRequest.model_validate(orjson.loads(request_message.body))
+        assert request.idempotency_key == call_id
+        assert request_message.correlation_id != call_id  # not derivable from the call
+
+        def reply(result: str) -> bytes:
+            return orjson.dumps(ToolReply(idempotency_key=call_id, attempt=1, ok=True,
+                                          result=result, worker="x").model_dump(by_alias=True))
+
+        admin = await Publisher.open(amqp)
+        await admin.publish("", str(request_message.reply_to), reply("from the admin"),
+                            correlation_id=request_message.correlation_id,
+                            message_id=f"reply-{call_id}")
+        reason = await dead_letter_for(amqp, topology, f"reply-{call_id}")
+        assert "tool reply from broker user 'guest'" in reason
+        await capability_publisher.publish("", str(request_message.reply_to),
+                                           reply("guessed"), correlation_id=call_id)
+        await asyncio.sleep(0.3)
+        assert not call.done()
+        await capability_publisher.publish("", str(request_message.reply_to),
+                                           reply("the answer"),
+                                           correlation_id=request_message.correlation_id)
+        result = await asyncio.wait_for(call, 5)
+        assert result.result == "the answer"
+        await channel.close()
+    finally:
+        await runtime.close()
+
+
+async def test_the_answer_cache_is_keyed_by_arguments_too(
+    settings: Settings, capability_amqp: aio_pika.abc.AbstractRobustConnection,
+    worker_amqp: aio_pika.abc.AbstractRobustConnection, stack: InProcessStack,
+) -> None:
+    """A request reusing an idempotency key with other arguments is not handed the
+    first request's answer."""
+    topology = Topology(settings.namespace)
+    runtime = BusWorkerRuntime(worker_amqp, topology, await Publisher.open(worker_amqp),
+                               settings.broker_user("capability"))
+    await runtime.start()
+    worker = CapabilityWorker(capability_amqp, topology, [CAPABILITIES["credit-score"]],
+                              name="cache-test")
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(worker.run(stop, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    try:
+        key = str(uuid.uuid4())
+        first = await runtime.execute("credit-score", {"applicantId": "A-1001"}, call_id=key)
+        second = await runtime.execute("credit-score", {"applicantId": "A-1002"}, call_id=key)
+        again = await runtime.execute("credit-score", {"applicantId": "A-1001"}, call_id=key)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await runtime.close()
+    assert first.result is not None and second.result is not None
+    results: list[Any] = [first.result, second.result, again.result]
+    assert results[0]["applicantId"] == "A-1001" and results[1]["applicantId"] == "A-1002"
+    assert results[2] == results[0]
