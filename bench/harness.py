@@ -15,16 +15,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aio_pika
 import asyncpg
 import httpx
 
-from service.agents import CAPABILITIES
-from service.bus.topology import Topology
 from service.config import Settings
 from service.integrity import Signer
 from service.keyfile import worker_signer, write_signer
-from service.migrate import drop_database, migrate
+from service.setup import remove, setup
 from service.store import ApiKeyStore
 from service.supervisor import component_command
 
@@ -84,25 +81,19 @@ class Processes:
 
 @asynccontextmanager
 async def namespace(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
-    """A migrated private database and bus namespace, removed afterwards."""
-    await migrate(settings.database_url)
+    """A private database and bus namespace, set up as ``casetrail setup`` does (every
+    component under its own identity), removed afterwards."""
+    await setup(settings)
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
     assert pool is not None
     signer = worker_signer(settings)
     await pool.execute("INSERT INTO signing_keys (key_id, public_key) VALUES ($1, $2) "
                        "ON CONFLICT DO NOTHING", signer.key_id, signer.public_key)
-    connection = await aio_pika.connect_robust(settings.amqp_url)
-    channel = await connection.channel()
-    topology = Topology(settings.namespace)
-    await topology.declare(channel)
     try:
         yield pool
     finally:
         await pool.close()
-        channel = await connection.channel()
-        await topology.delete_all(channel, sorted(CAPABILITIES))
-        await connection.close()
-        await drop_database(settings.database_url)
+        await remove(settings)
 
 
 async def wait_ready(base_url: str, timeout: float = 60) -> None:

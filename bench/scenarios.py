@@ -39,7 +39,8 @@ async def latency_at(settings: Settings, rates: list[int], seconds: float = 8.0
     async with namespace(settings) as pool:
         stack = Processes(settings)
         stack.spawn("consumer", "consumer")
-        connection = await aio_pika.connect_robust(settings.amqp_url)
+        # Events as the worker publishes them: the consumer takes no one else's.
+        connection = await aio_pika.connect_robust(settings.identity("worker").amqp_url)
         try:
             publisher = EventPublisher(await Publisher.open(connection),
                                        Topology(settings.namespace), worker_signer(settings))
@@ -149,7 +150,7 @@ async def consumer_ingest(settings: Settings, count: int = 100_000, consumers: i
     drain them. The rate is taken from the first commit to the last (each batch's rows
     share one ``recorded_at``), so process start-up is reported apart."""
     async with namespace(settings) as pool:
-        connection = await aio_pika.connect_robust(settings.amqp_url)
+        connection = await aio_pika.connect_robust(settings.identity("worker").amqp_url)
         sink = EventPublisher(await Publisher.open(connection), Topology(settings.namespace),
                               worker_signer(settings))
         events = sample_cycles(count)

@@ -17,12 +17,11 @@ import httpx
 import pytest
 
 from faults.checker import Report, declare_witness, table, witness_name
-from service.agents import CAPABILITIES
 from service.bus.topology import Topology
 from service.config import Settings
 from service.integrity import Signer
 from service.keyfile import write_signer
-from service.migrate import drop_database, migrate
+from service.setup import remove, setup
 from service.store import ApiKeyStore, KeyRegistry, create_pool
 from tests.helpers import wait_until
 from tests.stack import free_port, spawn
@@ -91,9 +90,10 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         "lease_seconds": 15.0,
         "tool_timeout_seconds": 2.0,
         "signing_key_file": str(key_file),
+        "secrets_file": str(tmp_path / "identities.json"),
         "bench_mode": True,  # slow scripted models (latencyMs)
     })
-    await migrate(settings.database_url)
+    await setup(settings)  # every component under its own least-privileged identity
     # Registered before anything runs: fault scenarios also publish signed events
     # themselves, and the consumer must know the key from the first one.
     keys_pool = await create_pool(settings.database_url, max_size=1)
@@ -128,10 +128,9 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
                 child.kill()
         connection = await aio_pika.connect_robust(settings.amqp_url)
         channel = await connection.channel()
-        await topology.delete_all(channel, sorted(CAPABILITIES))
         await channel.queue_delete(witness_name(topology), if_unused=False, if_empty=False)
         await connection.close()
-        await drop_database(settings.database_url)
+        await remove(settings)
 
 
 @pytest.fixture

@@ -115,7 +115,8 @@ async def _not(check: Any) -> bool:
 
 async def test_consumer_killed_mid_batch(stack: Stack, pool: asyncpg.Pool) -> None:
     stack.kill("consumer")
-    connection = await aio_pika.connect_robust(stack.settings.amqp_url)
+    # Signed events as the worker publishes them (the consumer takes no one else's).
+    connection = await aio_pika.connect_robust(stack.settings.identity("worker").amqp_url)
     sink = EventPublisher(await Publisher.open(connection), Topology(stack.settings.namespace),
                           worker_signer(stack.settings))
     cases = [uuid.uuid4() for _ in range(100)]
@@ -193,7 +194,7 @@ async def test_capability_worker_killed_mid_call(stack: Stack, pool: asyncpg.Poo
 
 
 async def test_poison_on_the_bus(stack: Stack, pool: asyncpg.Pool) -> None:
-    connection = await aio_pika.connect_robust(stack.settings.amqp_url)
+    connection = await aio_pika.connect_robust(stack.settings.identity("worker").amqp_url)
     topology = Topology(stack.settings.namespace)
     publisher = await Publisher.open(connection)
     signer = worker_signer(stack.settings)
@@ -221,6 +222,9 @@ async def test_poison_on_the_bus(stack: Stack, pool: asyncpg.Pool) -> None:
         seal_chain(good, signer)[0].integrity.hash, body))
     await sink.emit(make_event(case_id, 1, 3, good[2].payload))
     await wait_until(lambda: _rows(pool, case_id, 4), timeout=30)
+    await connection.close()
+    # What was set aside, read as the operator (no component may read dead letters).
+    connection = await aio_pika.connect_robust(stack.settings.amqp_url)
     channel = await connection.channel()
     dead = await channel.get_queue(topology.dead_letter_queue, ensure=False)
     reasons: list[str] = []

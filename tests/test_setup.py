@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from service.config import Settings
+from service.config import DATABASE_COMPONENTS, Settings
 from service.setup import remove
 from tests.stack import other_namespace
 
@@ -58,7 +58,7 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
         # Broker: one user per component, no tags, exactly these permissions.
         users = {u["user"]: u for u in _rabbitmqctl_json("list_users")}
         for component in made:
-            assert users[ns.broker_user(component)]["tags"] == []  # type: ignore[arg-type]
+            assert users[ns.broker_user(component)]["tags"] == []
         permissions = {p["user"]: p for p in _rabbitmqctl_json("list_permissions")}
         escaped = re.escape(ns.namespace)
         assert permissions[ns.broker_user("api")] == {
@@ -79,7 +79,7 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
             "SELECT rolname, rolcanlogin, rolsuper, rolcreaterole, rolcreatedb, rolbypassrls "
             "FROM pg_roles WHERE rolname LIKE $1", ns.namespace + "\\_%")}
         assert roles[ns.database_role("owner")]["rolcanlogin"] is False
-        for component in ("api", "worker", "consumer"):
+        for component in DATABASE_COMPONENTS:
             role = roles[ns.database_role(component)]
             assert role["rolcanlogin"] is True
             assert not any(role[a] for a in ("rolsuper", "rolcreaterole", "rolcreatedb",
