@@ -1,6 +1,8 @@
 # casetrail: one image, every component (`casetrail api|worker|consumer|...`).
 # Build stage compiles wheels; the final stage has no compilers and runs as non-root.
-FROM python:3.11-slim AS build
+# Base images are pinned to an exact version (pin the digest where you build: it
+# cannot be looked up from where this file was written).
+FROM python:3.11.11-slim-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends build-essential \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -9,7 +11,7 @@ COPY service ./service
 COPY consumers ./consumers
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM python:3.11.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     CASETRAIL_MIGRATIONS_DIR=/app/migrations \

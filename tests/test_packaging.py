@@ -34,7 +34,7 @@ def test_the_cli_has_the_designed_subcommands() -> None:
 
 
 def test_compose_has_every_component() -> None:
-    assert {"rabbitmq", "postgres", "migrate", "api", "worker", "consumer",
+    assert {"rabbitmq", "postgres", "setup", "api", "worker", "consumer",
             "capability-worker"} <= set(COMPOSE["services"])
 
 
@@ -54,22 +54,58 @@ def test_each_compose_service_runs_a_real_documented_subcommand(name: str) -> No
         assert option in shown.stdout, f"{name}: {option} is not an option of {command[0]}"
 
 
-def test_start_order_waits_on_health_and_migrations() -> None:
+COMPONENTS = {"api": "API", "worker": "WORKER", "consumer": "CONSUMER",
+              "capability-worker": "CAPABILITY"}
+
+
+def test_start_order_waits_on_health_and_setup() -> None:
     for name in ("rabbitmq", "postgres", "api"):
         assert "healthcheck" in COMPOSE["services"][name]
-    for name in ("api", "worker", "consumer", "capability-worker"):
+    for name in COMPONENTS:
         depends = OURS[name]["depends_on"]
         assert depends["rabbitmq"]["condition"] == "service_healthy"
         assert depends["postgres"]["condition"] == "service_healthy"
-        assert depends["migrate"]["condition"] == "service_completed_successfully"
+        assert depends["setup"]["condition"] == "service_completed_successfully"
 
 
-def test_compose_sets_the_broker_policies_before_the_api_takes_cases() -> None:
+def test_compose_sets_up_the_identities_through_the_management_api() -> None:
     setup = OURS["setup"]
     assert setup["command"] == ["setup"]
-    assert setup["environment"]["CASETRAIL_RABBITMQ_MANAGEMENT_URL"].endswith("@rabbitmq:15672")
-    assert COMPOSE["services"]["rabbitmq"]["image"].endswith("-management")
-    assert OURS["api"]["depends_on"]["setup"]["condition"] == "service_completed_successfully"
+    assert "@rabbitmq:15672" in setup["environment"]["CASETRAIL_RABBITMQ_MANAGEMENT_URL"]
+    assert COMPOSE["services"]["rabbitmq"]["image"].split(":")[1].endswith("-management")
+    for prefix in COMPONENTS.values():
+        assert f"CASETRAIL_{prefix}_AMQP_URL" in setup["environment"]
+
+
+def test_each_component_holds_only_its_own_identity() -> None:
+    """The bootstrap (admin) URLs go to setup alone; a component's environment names
+    its own user and password, nobody else's."""
+    for name, prefix in COMPONENTS.items():
+        environment = OURS[name]["environment"]
+        assert "CASETRAIL_AMQP_URL" not in environment
+        assert "CASETRAIL_DATABASE_URL" not in environment
+        text = " ".join(f"{k}={v}" for k, v in environment.items())
+        assert f"CASETRAIL_{prefix}_AMQP_URL" in environment
+        assert f"${{CASETRAIL_{prefix}_PASSWORD:?}}" in text
+        for other in set(COMPONENTS.values()) - {prefix}:
+            assert other not in text.replace(f"CASETRAIL_{prefix}_", ""), (name, other)
+
+
+def test_compose_is_hardened() -> None:
+    raw = (ROOT / "docker-compose.yml").read_text()
+    assert "guest:" not in raw and "guest@" not in raw  # no URL with the guest user
+    for name, service in COMPOSE["services"].items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+        if name in OURS:
+            assert service["read_only"] is True
+            assert service["cap_drop"] == ["ALL"]
+            assert "no-new-privileges:true" in service["security_opt"]
+        else:  # a base image, pinned to an exact x.y.z version
+            tag = service["image"].split(":")[1]
+            assert tag.count(".") >= 2 and tag[0].isdigit(), (name, tag)
+    assert "${CASETRAIL_POSTGRES_PASSWORD:?" in raw
+    assert "${CASETRAIL_RABBITMQ_ADMIN_PASSWORD:?" in raw
 
 
 def test_the_worker_signs_with_a_key_only_it_mounts() -> None:
@@ -87,7 +123,7 @@ def test_dockerfile_is_slim_non_root_and_runs_the_cli() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     stages = dockerfile.split("\nFROM ")
     final = stages[-1]
-    assert final.startswith("python:3.11-slim")
+    assert final.startswith("python:3.11.11-slim")  # an exact version
     assert "build-essential" not in final and "gcc" not in final
     assert "USER casetrail" in final
     assert 'ENTRYPOINT ["casetrail"]' in final
