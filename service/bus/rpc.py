@@ -9,9 +9,10 @@ back on the caller's exclusive reply queue, correlated by an unpredictable token
 of the call, and is taken only from the capability workers' broker user (the
 broker vouches for ``user_id``); anything else is dead-lettered. Each attempt has
 a timeout (also set as the message's expiration, so a request nobody took in time
-is dropped by the broker); each capability has a retry policy with jittered exponential backoff. Every
-attempt of one call carries the same idempotency key, so a capability worker
-can recognise a retry; a late reply to an earlier attempt still answers the call.
+is dropped by the broker); each capability has a retry policy with jittered
+exponential backoff. Every attempt of one call carries the same idempotency key, so
+a capability worker can recognise a retry; a late reply to an earlier attempt still
+answers the call.
 """
 
 from __future__ import annotations
