@@ -100,9 +100,11 @@ def topology(settings: Settings) -> Topology:
 async def database(settings: Settings) -> AsyncIterator[str]:
     """The test namespace, set up as ``casetrail setup`` does it for a live one: its own
     database, roles and broker users, every component with its least privilege."""
-    await setup(settings)
-    yield settings.database_url
-    await remove(settings)
+    try:
+        await setup(settings)
+        yield settings.database_url
+    finally:  # a setup that failed half-way leaves nothing behind either
+        await remove(settings)
 
 
 @pytest.fixture(scope="session")
