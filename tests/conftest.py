@@ -144,33 +144,22 @@ async def amqp(settings: Settings, topology: Topology, database: str) -> AsyncIt
     await connection.close()
 
 
-async def _as(settings: Settings, component: Component
-              ) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
-    connection = await aio_pika.connect_robust(settings.identity(component).amqp_url)
-    yield connection
-    await connection.close()
+def _connection_as(component: Component) -> Any:
+    """A session fixture: a broker connection as ``component``'s own user."""
+
+    @pytest.fixture(scope="session")
+    async def connection(settings: Settings, amqp: Any
+                         ) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
+        made = await aio_pika.connect_robust(settings.identity(component).amqp_url)
+        yield made
+        await made.close()
+
+    return connection
 
 
-@pytest.fixture(scope="session")
-async def worker_amqp(settings: Settings, amqp: Any
-                      ) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
-    """A broker connection as the worker's user (what publishes events)."""
-    async for connection in _as(settings, "worker"):
-        yield connection
-
-
-@pytest.fixture(scope="session")
-async def capability_amqp(settings: Settings, amqp: Any
-                          ) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
-    async for connection in _as(settings, "capability"):
-        yield connection
-
-
-@pytest.fixture(scope="session")
-async def consumer_amqp(settings: Settings, amqp: Any
-                        ) -> AsyncIterator[aio_pika.abc.AbstractRobustConnection]:
-    async for connection in _as(settings, "consumer"):
-        yield connection
+worker_amqp = _connection_as("worker")  # what publishes events
+capability_amqp = _connection_as("capability")
+consumer_amqp = _connection_as("consumer")
 
 
 @pytest.fixture(scope="session")
