@@ -1,5 +1,6 @@
 """What the integrity costs per event, on one core: canonicalising the envelope
-(RFC 8785), chaining and signing it (the worker), checking it (the consumer).
+(RFC 8785), chaining and signing it (the worker), checking it (the consumer), and
+keeping a case's sensitive values out of it (the worker).
 ``python -m bench.integrity [EVENTS]``."""
 
 from __future__ import annotations
@@ -8,9 +9,12 @@ import sys
 import time
 from typing import Any
 
+import orjson
+
 from bench.raw import sample_cycles
 from consumers.admission import Admission, KeyRing, Refused
 from service.integrity import GENESIS, HEADER, Signer, chain_hash, signature_valid
+from service.sensitive import Redaction
 from service.verification import PublicKey
 
 
@@ -46,12 +50,28 @@ def integrity_costs(count: int = 5000) -> dict[str, Any]:
         except Refused as exc:  # pragma: no cover - a benchmark of genuine events
             raise AssertionError(exc.reason) from exc
     admitting = time.process_time() - started
+    # Sensitive values: an event that holds none costs a scan for each value; one that
+    # holds one is parsed, rewritten in its strings and canonicalised again.
+    absent = Redaction.of({"[pii:applicantName]": "Maria Okafor",
+                           "[pii:customerId]": "C-4711"})
+    started = time.process_time()
+    for body in bodies:
+        absent.apply(body)
+    scanning = time.process_time() - started
+    word = orjson.loads(bodies[0])["payload"]["reasoningText"].split()[0]
+    present = Redaction.of({"[pii:applicantName]": word})
+    started = time.process_time()
+    for body in bodies:
+        present.apply(body)
+    rewriting = time.process_time() - started
     return {
         "events": count, "bodyBytes": len(bodies[0]),
         "canonicalMicroseconds": _per_event(canonical, count),
         "chainAndSignMicroseconds": _per_event(sealing, count),
         "hashAndVerifyMicroseconds": _per_event(verifying, count),
         "consumerAdmitMicroseconds": _per_event(admitting, count),
+        "redactionScanMicroseconds": _per_event(scanning, count),
+        "redactionRewriteMicroseconds": _per_event(rewriting, count),
     }
 
 

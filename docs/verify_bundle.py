@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 GENESIS = "0" * 64
 TERMINAL = {"CASE_COMPLETED", "CASE_FAILED", "CASE_TIMED_OUT", "CASE_CANCELLED"}
+ADMINISTRATIVE = {"CASE_ERASED"}  # may follow the terminal event
 ENDED = {"completed", "failed", "timed_out", "cancelled"}
 
 
@@ -72,6 +73,9 @@ def check(bundle, trusted):
                         sig, bytes.fromhex(integrity["hash"]))
                 except InvalidSignature:
                     problems.append(f"{where}: bad_signature")
+            if terminals and terminals[-1] == attempt \
+                    and envelope.get("eventType") not in ADMINISTRATIVE:
+                problems.append(f"{where}: after_terminal")
             if envelope.get("eventType") in TERMINAL:
                 terminals.append(attempt)
     if len(terminals) > 1:

@@ -443,6 +443,20 @@ def _case_id(text: str) -> uuid.UUID:
         raise typer.Exit(2) from None
 
 
+async def _log_export(settings: Settings, case_id: Any) -> None:
+    """Every export is in the access log (here as ``operator``)."""
+    from service.store import create_pool
+
+    pool = await create_pool(settings.database_url, max_size=1)
+    try:
+        await pool.execute(
+            "INSERT INTO access_log (principal, tenant_id, case_id, action) "
+            "SELECT 'operator', tenant_id, case_id, 'export' FROM cases WHERE case_id = $1",
+            case_id)
+    finally:
+        await pool.close()
+
+
 async def _with_evidence(settings: Settings, work: Any) -> Any:
     from service.evidence import Evidence
     from service.store import CaseStore, KeyRegistry, create_pool
@@ -506,7 +520,58 @@ def export(
     parsed = _case_id(case_id)
     bundle = _about_case(case_id, "could not export", lambda ev: ev.bundle(parsed))
     output.write_bytes(orjson.dumps(bundle, option=orjson.OPT_INDENT_2))
+    _run(_log_export(get_settings(), parsed))
     typer.echo(f"{len(bundle['events'])} events written to {output}", err=True)
+
+
+@app.command()
+def erase(
+    case_id: Annotated[str, typer.Argument(help="The case id.")],
+) -> None:
+    """Erase an ended case's sensitive values (crypto-shredding: its key is destroyed),
+    recorded as `operator` in the access log and as CASE_ERASED in its trail. Acts as
+    the API does, with the API's identity. Exit 0 erased (or already), 1 refused (still
+    running, or nothing sensitive), 2 could not (unknown case, database or broker down)."""
+    from service.errors import CasetrailError
+
+    parsed = _case_id(case_id)
+    try:
+        done = _run(_erase(get_settings(), parsed))
+    except CasetrailError as exc:
+        typer.echo(f"could not erase: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if done is None:
+        typer.echo(f"no case {case_id}", err=True)
+        raise typer.Exit(2)
+    if done.outcome in ("running", "nothing"):
+        typer.echo("the case has not ended yet" if done.outcome == "running"
+                   else "the case holds no sensitive values", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{'erased' if done.outcome == 'erased' else 'already erased'} at "
+               f"{done.erased_at}")
+
+
+async def _erase(settings: Settings, case_id: Any) -> Any:
+    from service.bus.connection import connect
+    from service.bus.publisher import Publisher
+    from service.bus.topology import Topology
+    from service.erasure import erase as erase_case
+    from service.sensitive import Vault
+    from service.store import CaseSecrets, CaseStore, component_pool
+
+    identity = settings.identity("api")
+    pool = await component_pool(identity, 2, patience=5)
+    connection = await connect(identity.amqp_url, "casetrail-erase")
+    try:
+        row = await CaseStore(pool).get_case(case_id)
+        if row is None:
+            return None
+        secrets = CaseSecrets(pool, Vault.from_text(settings.master_key_text()))
+        return await erase_case(secrets, await Publisher.open(connection),
+                                Topology(settings.namespace), row, "operator")
+    finally:
+        await connection.close()
+        await pool.close()
 
 
 @app.command("verify-bundle")

@@ -53,3 +53,11 @@ class CancelCommand(_Command):
     case_id: uuid.UUID
     reason: str | None = None
     by: str | None = None
+
+
+class EraseCommand(_Command):
+    """Record that this case's sensitive values were erased: the API has shredded them
+    in Postgres; the worker appends the signed CASE_ERASED to the trail."""
+
+    case_id: uuid.UUID
+    tenant_id: str = DEFAULT_TENANT

@@ -81,6 +81,10 @@ class Settings(BaseSettings):
         "user.")
     capability_amqp_url: str | None = Field(default=None, description="The capability "
         "workers' broker user.")
+    master_key: SecretStr | None = Field(
+        default=None, description="Base64 of 32 random bytes: wraps each case's data key "
+        "(sensitive input fields). The API and the worker need it; default: from the "
+        "secrets file, where `casetrail setup` puts a new one when none is set.")
     secrets_file: str | None = Field(
         default=None,
         description="Where `casetrail setup` writes the identities it made (mode 0600) and "
@@ -220,6 +224,18 @@ class Settings(BaseSettings):
                     f"the {component} must connect as {expected!r}, not {user!r} (see "
                     "`casetrail setup`)")
         return Identity(component, configured, database)
+
+    def master_key_text(self) -> str:
+        """The master key (``CASETRAIL_MASTER_KEY``, else the secrets file's)."""
+        if self.master_key is not None:
+            return self.master_key.get_secret_value()
+        try:
+            stored: str = json.loads(self.secrets_path().read_text())["master_key"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise PermanentError(
+                "no master key: set CASETRAIL_MASTER_KEY (base64 of 32 random bytes) or run "
+                f"`casetrail setup`, which writes one to {self.secrets_path()}") from None
+        return stored
 
     def broker_user(self, component: Component) -> str:
         """The broker user a component's messages carry (``user_id``)."""

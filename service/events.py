@@ -47,6 +47,7 @@ EventType: TypeAlias = Literal[
     "CASE_FAILED",
     "CASE_TIMED_OUT",
     "CASE_CANCELLED",
+    "CASE_ERASED",
 ]
 """Every event type, once; the tuples, maps and SQL literals below are derived from it."""
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
@@ -357,6 +358,16 @@ class CaseCancelledPayload(CaseTotals):
         default=None, description="Who asked the case to stop: ``key:<keyId>``.")
 
 
+class CaseErasedPayload(ContractModel):
+    """Administrative, after the terminal event: the case's sensitive values were
+    destroyed (their key shredded); the placeholders in its trail stand for nothing
+    anyone can recover."""
+
+    erased_by: str = Field(description="Who erased them: ``key:<keyId>`` or ``operator``.")
+    erased_at: UtcTimestamp
+    placeholders: tuple[str, ...] = Field(description="The placeholders that were erased.")
+
+
 class EventBase(ContractModel):
     """The envelope every event shares."""
 
@@ -421,15 +432,22 @@ class CaseCancelled(EventBase):
     payload: CaseCancelledPayload
 
 
+class CaseErased(EventBase):
+    event_type: Literal["CASE_ERASED"] = "CASE_ERASED"
+    payload: CaseErasedPayload
+
+
 Event: TypeAlias = Annotated[
-    CaseStarted | ReactCycle | CaseCompleted | CaseFailed | CaseTimedOut | CaseCancelled,
+    CaseStarted | ReactCycle | CaseCompleted | CaseFailed | CaseTimedOut | CaseCancelled
+    | CaseErased,
     Field(discriminator="event_type"),
 ]
 TerminalEvent: TypeAlias = CaseCompleted | CaseFailed | CaseTimedOut | CaseCancelled
 TerminalPayload: TypeAlias = (
     CaseCompletedPayload | CaseFailedPayload | CaseTimedOutPayload | CaseCancelledPayload
 )
-Payload: TypeAlias = CaseStartedPayload | ReactCyclePayload | TerminalPayload
+Payload: TypeAlias = (CaseStartedPayload | ReactCyclePayload | TerminalPayload
+                      | CaseErasedPayload)
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 _EVENT_CLASSES: dict[str, type[EventBase]] = {
@@ -444,6 +462,9 @@ TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(
     cls.model_fields["event_type"].default for cls in get_args(TerminalEvent)
 )
 assert set(_EVENT_CLASSES) == set(EVENT_TYPES), "an event type without its class, or one more"
+ADMINISTRATIVE_EVENT_TYPES: frozenset[str] = frozenset({CaseErased.model_fields[
+    "event_type"].default})
+"""Events after the terminal one (the completeness rule ignores them)."""
 ENDED_STATUSES: frozenset[str] = frozenset(
     t.removeprefix("CASE_").lower() for t in TERMINAL_EVENT_TYPES)
 """The ``cases.status`` of an ended case: one per terminal event type."""

@@ -52,6 +52,7 @@ from service.migrate import (
     quote_ident,
     with_database,
 )
+from service.sensitive import Vault
 
 log = logging.getLogger("casetrail.setup")
 
@@ -79,9 +80,11 @@ def _given_password(url: str | None, expected_user: str, variable: str) -> str |
 
 @dataclass(frozen=True)
 class Identities:
-    """The URLs every component connects with, as setup made them."""
+    """The URLs every component connects with, as setup made them, and the master key
+    (kept here only when the environment does not set one)."""
 
     urls: dict[Component, dict[str, str]]
+    master_key: str | None = None
 
     def password(self, component: Component, kind: str) -> str:
         return unquote(urlsplit(self.urls[component][kind]).password or "")
@@ -111,7 +114,9 @@ def plan_identities(settings: Settings) -> Identities:
                         or secrets.token_urlsafe(24))
             entry[kind] = given or _with_user(bootstrap, user, password)
         urls[component] = entry
-    return Identities(urls)
+    master = None if settings.master_key is not None else (
+        stored.get("master_key") or Vault.generate_text())
+    return Identities(urls, master)
 
 
 def _kept_password(url: str | None, user: str) -> str | None:
@@ -124,8 +129,11 @@ def write_secrets(path: Path, identities: Identities) -> None:
     """The secrets file: readable by its owner only, replaced atomically."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".identities-")
+    contents: dict[str, Any] = {str(k): v for k, v in identities.urls.items()}
+    if identities.master_key is not None:
+        contents["master_key"] = identities.master_key
     with os.fdopen(descriptor, "w") as handle:  # mkstemp makes it 0600
-        json.dump(identities.urls, handle, indent=2)
+        json.dump(contents, handle, indent=2)
     os.replace(temporary, path)
 
 
@@ -147,9 +155,15 @@ def grants(settings: Settings) -> list[str]:
         f"ON cases TO {api}",
         f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls "
         f"TO {api}",
+        # ... seals a new case's sensitive values, opens them for pii:read callers,
+        # shreds them on erase; logs each such access (append-only).
+        f"GRANT SELECT, INSERT ON case_secrets TO {api}",
+        f"GRANT UPDATE (wrapped_key, ciphertext, erased_at, erased_by) ON case_secrets "
+        f"TO {api}",
+        f"GRANT INSERT ON access_log TO {api}",
         # The worker claims and leases cases, reads whether one has ended, and
         # registers its public key. It emits events on the bus only.
-        f"GRANT SELECT ON cases, event_log, signing_keys TO {worker}",
+        f"GRANT SELECT ON cases, event_log, signing_keys, case_secrets TO {worker}",
         f"GRANT UPDATE (attempts_claimed, lease_owner, lease_expires_at, terminal_published) "
         f"ON cases TO {worker}",
         f"GRANT INSERT ON signing_keys TO {worker}",

@@ -22,6 +22,7 @@ from service.config import Identity
 from service.errors import PermanentError, StoreUnavailable
 from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
 from service.integrity import Integrity, public_key_text
+from service.sensitive import SealedValues, Vault
 from service.verification import PublicKey
 
 _TRANSIENT = (
@@ -200,6 +201,9 @@ class NewCase:
     idempotency_key: str | None
     tenant_id: str = "default"
     started_by: str | None = None
+    sealed: SealedValues | None = None
+    """The input's sensitive values, sealed (``input`` holds their placeholders)."""
+    placeholders: tuple[str, ...] = ()
 
 
 ClaimOutcome = Literal["run", "ended", "busy", "cancel_queued", "unknown"]
@@ -291,8 +295,8 @@ class CaseStore:
 
         Returns ``(row, created)``.
         """
-        async with translate_errors():
-            row = await self._pool.fetchrow(
+        async with translate_errors(), self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
                 """INSERT INTO cases (case_id, agent, input, model, limits, request_digest,
                                       idempotency_key, tenant_id, started_by)
                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
@@ -303,8 +307,15 @@ class CaseStore:
                 case.request_digest, case.idempotency_key, case.tenant_id, case.started_by,
             )
             if row is not None:
+                if case.sealed is not None:
+                    await conn.execute(
+                        """INSERT INTO case_secrets (case_id, master_key_id, wrapped_key,
+                                                     ciphertext, placeholders)
+                           VALUES ($1, $2, $3, $4, $5)""",
+                        case.case_id, case.sealed.master_key_id, case.sealed.wrapped_key,
+                        case.sealed.ciphertext, list(case.placeholders))
                 return dict(row), True
-            existing = await self._pool.fetchrow(
+            existing = await conn.fetchrow(
                 "SELECT * FROM cases WHERE tenant_id = $1 AND idempotency_key = $2",
                 case.tenant_id, case.idempotency_key,
             )
@@ -392,6 +403,19 @@ class CaseStore:
                 list(case_ids),
             )
 
+    async def trail_head(self, case_id: uuid.UUID) -> tuple[int, int, str, str, bool] | None:
+        """``(attempt, seq, hash, event_type, erased)`` of the case's last stored event,
+        ``erased`` when a CASE_ERASED is among them; ``None`` without events."""
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                """SELECT attempt, seq, hash, event_type,
+                          EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = $1
+                                  AND e.event_type = 'CASE_ERASED') AS erased
+                   FROM event_log WHERE case_id = $1 ORDER BY attempt DESC, seq DESC
+                   LIMIT 1""", case_id)
+        return None if row is None else (row["attempt"], row["seq"], row["hash"],
+                                         row["event_type"], row["erased"])
+
     async def cancel_request(self, case_id: uuid.UUID) -> tuple[str | None, str | None] | None:
         """``(reason, by)`` when the case was asked to stop, else ``None``: a cancel
         broadcast is acted on only if this agrees."""
@@ -419,6 +443,66 @@ class CaseStore:
                 return "requested"
             exists = await self._pool.fetchval("SELECT 1 FROM cases WHERE case_id = $1", case_id)
         return "ended" if exists else "unknown"
+
+
+@dataclass(frozen=True)
+class SecretState:
+    """What ``case_secrets`` says of a case: its sealed values, or who erased them."""
+
+    placeholders: tuple[str, ...]
+    sealed: SealedValues | None
+    erased_at: datetime | None
+    erased_by: str | None
+
+
+class CaseSecrets:
+    """A case's sensitive values: sealed on the way in, opened for the worker and for
+    ``pii:read`` callers, shredded on erase; every read in clear and export logged."""
+
+    def __init__(self, pool: asyncpg.Pool, vault: Vault) -> None:
+        self._pool = pool
+        self.vault = vault
+
+    async def state(self, case_id: uuid.UUID) -> SecretState | None:
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                """SELECT master_key_id, wrapped_key, ciphertext, placeholders, erased_at,
+                          erased_by FROM case_secrets WHERE case_id = $1""", case_id)
+        if row is None:
+            return None
+        sealed = None if row["wrapped_key"] is None else SealedValues(
+            row["master_key_id"], bytes(row["wrapped_key"]), bytes(row["ciphertext"]))
+        return SecretState(tuple(row["placeholders"]), sealed, row["erased_at"],
+                           row["erased_by"])
+
+    async def values(self, case_id: uuid.UUID) -> dict[str, str]:
+        """``{placeholder: value}``; empty when the case has none or they were erased."""
+        state = await self.state(case_id)
+        if state is None or state.sealed is None:
+            return {}
+        return self.vault.open(case_id, state.sealed)
+
+    async def erase(self, case_id: uuid.UUID, by: str) -> Literal["erased", "already",
+                                                                  "nothing"]:
+        """Destroy the data key and the ciphertext (crypto-shredding), recording who."""
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                """UPDATE case_secrets SET wrapped_key = NULL, ciphertext = NULL,
+                          erased_at = now(), erased_by = $2
+                   WHERE case_id = $1 AND erased_at IS NULL RETURNING case_id""",
+                case_id, by)
+            if row is not None:
+                return "erased"
+            exists = await self._pool.fetchval(
+                "SELECT 1 FROM case_secrets WHERE case_id = $1", case_id)
+        return "already" if exists else "nothing"
+
+    async def log_access(self, principal: str, tenant: str, case_id: uuid.UUID,
+                         action: Literal["pii:read", "export", "erase"]) -> None:
+        async with translate_errors():
+            await self._pool.execute(
+                "INSERT INTO access_log (principal, tenant_id, case_id, action) "
+                "VALUES ($1, $2, $3, $4)", principal, tenant, case_id, action)
 
 
 class KeyRegistry:

@@ -16,6 +16,7 @@ Each problem names the attempt and seq it was found at and a machine-readable co
     missing_terminal  the case ended (or every attempt stopped) without its terminal event
     extra_terminal    more than one terminal event
     terminal_not_last the terminal event is not on the case's last attempt
+    after_terminal    an event other than an administrative one (CASE_ERASED) after it
 """
 
 from __future__ import annotations
@@ -27,11 +28,8 @@ from typing import Any
 
 import orjson
 
-from service.events import TERMINAL_EVENT_TYPES
+from service.events import ADMINISTRATIVE_EVENT_TYPES, TERMINAL_EVENT_TYPES
 from service.integrity import GENESIS, Integrity, chain_hash, signature_valid
-
-ADMINISTRATIVE_EVENT_TYPES: frozenset[str] = frozenset({"CASE_ERASED"})
-"""Events after the terminal one that the completeness rule ignores."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +182,9 @@ def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, 
                 event_type = (envelope or {}).get("eventType") or event.columns.get("eventType")
                 prev_hash = event.integrity.hash
                 head = prev_hash
+            if ended and event_type not in ADMINISTRATIVE_EVENT_TYPES:
+                report.problems.append(Problem(attempt, event.seq, "after_terminal",
+                                               f"a {event_type} after the terminal event"))
             if event_type in TERMINAL_EVENT_TYPES:
                 terminals.append((attempt, event.seq))
                 ended = True

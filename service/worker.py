@@ -44,7 +44,7 @@ from service.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from service.bus.publisher import EventPublisher, Publisher
 from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
-from service.commands import CancelCommand, CaseStartCommand, InvalidCommand
+from service.commands import CancelCommand, CaseStartCommand, EraseCommand, InvalidCommand
 from service.config import Settings, get_settings
 from service.engine.chat import ChatModel
 from service.engine.loop import CancelSignal, CaseSpec, ReactEngine
@@ -56,11 +56,27 @@ from service.errors import (
     StoreUnavailable,
     TransientError,
 )
-from service.events import Limits, ModelRef, cancelled_while_queued, describe_validation_error
+from service.events import (
+    TERMINAL_EVENT_TYPES,
+    CaseErasedPayload,
+    Limits,
+    ModelRef,
+    cancelled_while_queued,
+    describe_validation_error,
+    make_event,
+)
 from service.integrity import Signer
 from service.keyfile import worker_signer
 from service.providers import ModelFactory
-from service.store import CaseStore, Claim, KeyRegistry, RecordedCase, component_pool
+from service.sensitive import Redaction, Vault, restore
+from service.store import (
+    CaseSecrets,
+    CaseStore,
+    Claim,
+    KeyRegistry,
+    RecordedCase,
+    component_pool,
+)
 from service.supervisor import run_until_signal
 
 log = logging.getLogger("casetrail.worker")
@@ -116,6 +132,7 @@ class CaseWorker:
     signer: Signer
     api_user: str
     """The broker user whose start commands and cancels this worker takes."""
+    secrets: CaseSecrets
     caps: Caps = field(default_factory=lambda: Caps.from_settings(get_settings()))
     models: Callable[[ModelRef, AgentProfile], ChatModel] = field(
         default_factory=lambda: ModelFactory(get_settings())
@@ -228,6 +245,9 @@ class CaseWorker:
         if message.user_id != self.api_user:
             raise Reject(f"start command from broker user {message.user_id!r}, not the "
                          f"API's ({self.api_user!r})")
+        if message.type == "CASE_ERASE":
+            await self._record_erasure(message)
+            return
         try:
             command: CaseStartCommand = CaseStartCommand.from_json(message.body)
         except InvalidCommand as exc:
@@ -311,16 +331,49 @@ class CaseWorker:
             raise Reject(f"case {case_id} names an agent this worker does not have: "
                          f"{case.agent!r}")
         limits, model = self.caps.vet(case_id, case)
+        # The row holds placeholders for the sensitive values: the case runs on the
+        # values themselves, and every event it emits has them replaced again.
+        values = await self.secrets.values(case_id)
         spec = CaseSpec(
             case_id=case_id, attempt=attempt, agent=agent.name,
-            system_prompt=agent.system_prompt, input=case.input, limits=limits,
+            system_prompt=agent.system_prompt, input=restore(case.input, values),
+            limits=limits,
             model=model, restart_reason=restart_reason,
             context_budget=agent.context_budget_tokens, agent_version=agent.version,
             tenant_id=case.tenant_id, started_by=case.started_by,
         )
         tools = ToolBox(agent.tools, self.runtime)
-        await self._engine.run(spec, self.models(model, agent), tools, signal)
+        if values:
+            self._sink.redactions[case_id] = Redaction.of(values)
+        try:
+            await self._engine.run(spec, self.models(model, agent), tools, signal)
+        finally:
+            self._sink.redactions.pop(case_id, None)
         await self._mark_ended(case_id)
+
+    async def _record_erasure(self, message: Delivery) -> None:
+        """Append the signed CASE_ERASED after the case's last event, once Postgres
+        shows the values destroyed (the API did that before sending the command)."""
+        try:
+            command: EraseCommand = EraseCommand.from_json(message.body)
+        except InvalidCommand as exc:
+            raise Reject(f"unreadable erase command: {exc}") from exc
+        state = await self.secrets.state(command.case_id)
+        if state is None or state.erased_at is None:
+            raise Reject(f"erase command for case {command.case_id}, whose values Postgres "
+                         "does not show erased")
+        head = await self.store.trail_head(command.case_id)
+        if head is None or (head[3] not in TERMINAL_EVENT_TYPES and not head[4]):
+            raise TransientError(f"case {command.case_id}'s terminal event is not stored yet")
+        attempt, seq, prev_hash, _, already = head
+        if already:
+            return
+        event = make_event(command.case_id, attempt, seq + 1, CaseErasedPayload(
+            erased_by=state.erased_by or "unknown", erased_at=state.erased_at,
+            placeholders=state.placeholders), tenant_id=command.tenant_id)
+        body = event.to_json()
+        await self._sink.publish_sealed(event, body, self.signer.seal(prev_hash, body))
+        log.info("case %s: erasure recorded", command.case_id)
 
     async def _mark_ended(self, case_id: uuid.UUID) -> None:
         while True:
@@ -355,8 +408,10 @@ async def run_worker(settings: Settings) -> None:
                                    timeout_seconds=settings.tool_timeout_seconds),
     )
     await runtime.start()
+    vault = Vault.from_text(settings.master_key_text())
     worker = CaseWorker(connection, CaseStore(pool), topology, runtime, signer,
-                        settings.broker_user("api"), Caps.from_settings(settings),
+                        settings.broker_user("api"), CaseSecrets(pool, vault),
+                        Caps.from_settings(settings),
                         models=ModelFactory(settings),
                         concurrency=settings.worker_concurrency,
                         lease_seconds=settings.lease_seconds)

@@ -31,7 +31,8 @@ from service.capability_worker import CapabilityWorker
 from service.config import Settings
 from service.keyfile import worker_signer
 from service.providers import ModelFactory
-from service.store import CaseStore, KeyRegistry, component_pool
+from service.sensitive import Vault
+from service.store import CaseSecrets, CaseStore, KeyRegistry, component_pool
 from service.supervisor import component_command
 from service.worker import Caps, CaseWorker
 
@@ -100,7 +101,9 @@ async def in_process_stack(
         signer = worker_signer(settings)
         await KeyRegistry(worker_pool).register(signer.key_id, signer.public_key)
         worker = CaseWorker(connections["worker"], CaseStore(worker_pool), topology, runtime,
-                            signer, settings.broker_user("api"), Caps.from_settings(settings),
+                            signer, settings.broker_user("api"),
+                            CaseSecrets(worker_pool, Vault.from_text(settings.master_key_text())),
+                            Caps.from_settings(settings),
                             models=ModelFactory(settings), concurrency=worker_concurrency,
                             lease_seconds=settings.lease_seconds, shutdown_grace=1.0)
         ring = KeyRing(KeyRegistry(consumer_pool))

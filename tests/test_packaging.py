@@ -90,6 +90,8 @@ def test_each_component_holds_only_its_own_identity() -> None:
         assert f"${{CASETRAIL_{prefix}_PASSWORD:?}}" in text
         for other in set(COMPONENTS.values()) - {prefix}:
             assert other not in text.replace(f"CASETRAIL_{prefix}_", ""), (name, other)
+        # The master key (sensitive values) goes to the two that seal and open them.
+        assert ("CASETRAIL_MASTER_KEY" in environment) == (name in ("api", "worker"))
 
 
 def test_compose_is_hardened() -> None:

@@ -52,7 +52,8 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
                                         CASETRAIL_START_QUEUE_MAX_LENGTH="1234")
         assert again.returncode == 0, again.stderr
         assert json.loads(secrets.read_text()) == made  # the same passwords: idempotent
-        assert set(made) == {"api", "worker", "consumer", "capability"}
+        assert set(made) == {"api", "worker", "consumer", "capability", "master_key"}
+        assert len(base64.b64decode(made.pop("master_key"))) == 32  # made once, kept
         assert "database_url" not in made["capability"]  # it reaches no database
 
         # Broker: one user per component, no tags, exactly these permissions.

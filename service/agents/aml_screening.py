@@ -9,7 +9,7 @@ specific to lending.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 from pydantic import Field
@@ -19,6 +19,7 @@ from service.engine.chat import AssistantTurn, ChatMessage
 from service.engine.scripted import call
 from service.engine.tools import Capability, LocalTool, WorkerTool
 from service.events import Limits, ModelRef
+from service.sensitive import Sensitive
 
 HIGH_RISK_COUNTRIES = frozenset({"IR", "KP", "MM", "SY"})
 REPORTING_THRESHOLD = 10_000.0
@@ -49,8 +50,8 @@ class ScreeningRequest(CamelModel):
         }
     }
 
-    customer_id: str = Field(pattern=r"^C-\d{4,10}$")
-    customer_name: str = Field(min_length=1, max_length=200)
+    customer_id: Annotated[str, Sensitive()] = Field(pattern=r"^C-\d{4,10}$")
+    customer_name: Annotated[str, Sensitive()] = Field(min_length=1, max_length=200)
     country: str = Field(pattern=r"^[A-Z]{2}$")
     transfers: list[Transfer] = Field(max_length=1000)
 

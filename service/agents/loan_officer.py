@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import Field
@@ -21,6 +21,7 @@ from service.engine.chat import AssistantTurn, ChatMessage
 from service.engine.scripted import call
 from service.engine.tools import Capability, LocalTool, WorkerTool
 from service.events import Limits, ModelRef
+from service.sensitive import Sensitive
 
 POLICY_VERSION = "LP-2026.3"
 
@@ -45,7 +46,7 @@ class LoanApplication(CamelModel):
     }
 
     applicant_id: str = Field(pattern=r"^[A-Z]-\d{4,10}$", description="e.g. A-1001")
-    applicant_name: str = Field(min_length=1, max_length=200)
+    applicant_name: Annotated[str, Sensitive()] = Field(min_length=1, max_length=200)
     loan_amount: float = Field(gt=0, le=5_000_000, description="Requested principal.")
     term_months: int = Field(ge=6, le=480)
     monthly_income: float = Field(gt=0, description="Gross monthly income.")

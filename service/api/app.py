@@ -33,6 +33,7 @@ from service.api.schemas import (
     CaseAccepted,
     CaseRequest,
     CaseView,
+    EraseAccepted,
     Health,
     LimitsRequest,
     Problem,
@@ -50,12 +51,15 @@ from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand
 from service.config import Settings
+from service.erasure import erase
 from service.errors import BusUnavailable, CasetrailError, PublishRejected, StoreUnavailable
 from service.events import EVENT_TYPES, Limits
 from service.evidence import Evidence
 from service.providers import model_problem
+from service.sensitive import Vault, restore, split
 from service.store import (
     ApiKeyStore,
+    CaseSecrets,
     CaseStore,
     KeyRegistry,
     NewCase,
@@ -221,6 +225,7 @@ class Services:
         self.pool = await component_pool(identity, 20)
         self.connection = await connect_patiently(identity.amqp_url, "casetrail-api")
         self.store = CaseStore(self.pool)
+        self.secrets = CaseSecrets(self.pool, Vault.from_text(self.settings.master_key_text()))
         self.evidence = Evidence(self.store, KeyRegistry(self.pool))
         self.caller.keys = ApiKeyStore(self.pool)
         self.quotas = TenantLoads(lambda *args: tenant_counts(self.pool, *args))
@@ -244,6 +249,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
     reader = Depends(caller.requires("cases:read"))
     starter = Depends(caller.requires("cases:start"))
     canceller = Depends(caller.requires("cases:cancel"))
+    administrator = Depends(caller.requires("admin"))
     any_key = Depends(caller.requires())
     public = Depends(caller.anyone())
 
@@ -268,6 +274,24 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         if row is None or row["tenant_id"] != principal.tenant:
             raise HTTPException(404, f"no case {case_id}")
         return row
+
+    async def sensitive_view(case_id: uuid.UUID, principal: Principal
+                             ) -> tuple[dict[str, str], dict[str, Any] | None]:
+        """The values to show in clear (only with ``pii:read``; the read is logged) and
+        the summary of the case's sensitive input."""
+        state = await services.secrets.state(case_id)
+        if state is None:
+            return {}, None
+        values: dict[str, str] = {}
+        if principal.allows("pii:read") and state.sealed is not None:
+            values = services.secrets.vault.open(case_id, state.sealed)
+            await services.secrets.log_access(principal.subject, principal.tenant, case_id,
+                                              "pii:read")
+        return values, {
+            "placeholders": list(state.placeholders), "shownInClear": bool(values),
+            "erasedAt": None if state.erased_at is None
+            else state.erased_at.isoformat().replace("+00:00", "Z"),
+            "erasedBy": state.erased_by}
 
     @app.exception_handler(StoreUnavailable)
     async def store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:
@@ -317,12 +341,16 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             raise _unprocessable([(["model", "latencyMs"], "latencyMs is for benchmarks and "
                                    "tests only (CASETRAIL_BENCH_MODE=1)")])
         case_input = validated.model_dump(mode="json", by_alias=True)
+        stored_input, values = split(agent.input_model, case_input)
+        case_id = uuid.uuid4()
         digest = hashlib.sha256(orjson.dumps(
             {"agent": agent.name, "input": case_input, "limits": limits.model_dump(),
              "model": model.model_dump()}, option=orjson.OPT_SORT_KEYS,
         )).hexdigest()
         new = NewCase(
-            case_id=uuid.uuid4(), agent=agent.name, input=case_input,
+            case_id=case_id, agent=agent.name, input=stored_input,
+            sealed=services.secrets.vault.seal(case_id, values) if values else None,
+            placeholders=tuple(values),
             model=model.model_dump(mode="json", by_alias=True, exclude_none=True),
             limits=limits.model_dump(mode="json", by_alias=True),
             request_digest=digest, idempotency_key=idempotency_key,
@@ -343,11 +371,11 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
                 await _publish_start(services, row, forget_on_failure=False)
         else:
             await _publish_start(services, row, forget_on_failure=True)
-        case_id = str(row["case_id"])
+        shown = str(row["case_id"])
         return OrjsonResponse({
-            "caseId": case_id, "status": row["status"], "agent": agent.name,
+            "caseId": shown, "status": row["status"], "agent": agent.name,
             "limits": row["limits"], "model": row["model"],
-            "links": {"self": f"/cases/{case_id}", "events": f"/cases/{case_id}/events"},
+            "links": {"self": f"/cases/{shown}", "events": f"/cases/{shown}/events"},
         }, status_code=202, headers=headers)
 
     @app.get("/cases/{case_id}", summary="A case's status, totals and answer",
@@ -358,7 +386,8 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         row = await owned_case(case_id, principal)
         view = _case_view(row)
         view["integrity"] = await services.evidence.integrity_summary(case_id, row)
-        return OrjsonResponse(view)
+        values, view["sensitive"] = await sensitive_view(case_id, principal)
+        return OrjsonResponse(restore(view, values))
 
     @app.get("/cases/{case_id}/verify", summary="Whether the case's trail is intact",
              response_model=None,
@@ -381,6 +410,8 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
                           principal: Principal = reader) -> Response:
         bundle = await services.evidence.bundle(case_id, await owned_case(case_id, principal))
         assert bundle is not None
+        await services.secrets.log_access(principal.subject, principal.tenant, case_id,
+                                          "export")
         return OrjsonResponse(bundle, headers={
             "Content-Disposition": f'attachment; filename="casetrail-{case_id}.json"'})
 
@@ -412,7 +443,9 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             }])
         await owned_case(case_id, principal)
         events = await services.store.find_by_case_and_types(case_id, wanted or None)
-        return OrjsonResponse({"caseId": str(case_id), "events": [e.as_json() for e in events]})
+        values, _ = await sensitive_view(case_id, principal)
+        return OrjsonResponse({"caseId": str(case_id),
+                               "events": [restore(e.as_json(), values) for e in events]})
 
     @app.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",
               response_model=None,
@@ -440,6 +473,31 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             message_type="CANCEL", correlation_id=str(case_id),
         )
         return {"caseId": str(case_id), "status": "cancelling"}
+
+    @app.post("/cases/{case_id}/erase", status_code=202,
+              summary="Erase a case's sensitive values (crypto-shredding)", response_model=None,
+              responses=_responses(202, EraseAccepted,
+                                   "The values are destroyed; CASE_ERASED follows in the trail",
+                                   401, 403, 404, 409, 422, 503))
+    async def erase_case(case_id: uuid.UUID, principal: Principal = administrator
+                         ) -> Response:
+        """Destroy the case's data key and ciphertext. The trail keeps its placeholders
+        and every hash still verifies; the worker appends a signed ``CASE_ERASED`` (who,
+        when). Only an ended case can be erased."""
+        row = await owned_case(case_id, principal)
+        done = await erase(services.secrets, services.publisher, services.topology, row,
+                           principal.subject)
+        if done.outcome == "running":
+            raise HTTPException(409, f"case {case_id} is {row['status']}: erase it once it "
+                                     "has ended")
+        if done.outcome == "nothing":
+            raise HTTPException(409, f"case {case_id} holds no sensitive values")
+        assert done.erased_at is not None
+        return OrjsonResponse({
+            "caseId": str(case_id),
+            "status": "erased" if done.outcome == "erased" else "already erased",
+            "erasedAt": done.erased_at.isoformat().replace("+00:00", "Z")},
+            status_code=202)
 
     @app.get("/agents", summary="The agent profiles", response_model=None,
              responses=_responses(200, AgentList, "Every agent a case may name", 401, 503))

@@ -102,6 +102,23 @@ class IntegritySummary(BaseModel):
     checkedAt: str
 
 
+class SensitiveSummary(BaseModel):
+    """The case's sensitive input values: where they stand, whether shown in clear."""
+
+    placeholders: list[str] = Field(description="What stands in the input and the trail "
+                                                "for each value, e.g. `[pii:applicantName]`.")
+    shownInClear: bool = Field(description="True when this response carries the values "
+                                           "(the caller has `pii:read`; the read is logged).")
+    erasedAt: str | None
+    erasedBy: str | None
+
+
+class EraseAccepted(BaseModel):
+    caseId: str
+    status: str = Field(description="`erased`, or `already erased`.")
+    erasedAt: str
+
+
 class CaseView(BaseModel):
     """A case's status, totals and answer, and whether its trail verifies."""
 
@@ -121,6 +138,8 @@ class CaseView(BaseModel):
     startedAt: str | None
     endedAt: str | None
     integrity: IntegritySummary
+    sensitive: SensitiveSummary | None = Field(
+        description="Null when the agent's input marks nothing sensitive.")
 
 
 class EventIntegrity(BaseModel):

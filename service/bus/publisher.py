@@ -38,6 +38,7 @@ from service.errors import BusUnavailable, CasetrailError, PublishRejected
 from service.events import Event
 from service.integrity import GENESIS, Integrity, Signer
 from service.integrity import HEADER as INTEGRITY_HEADER
+from service.sensitive import Redaction
 
 log = logging.getLogger("casetrail.bus")
 
@@ -174,6 +175,9 @@ class EventPublisher:
     publisher: Publisher
     topology: Topology
     signer: Signer
+    redactions: dict[uuid.UUID, Redaction] = field(default_factory=dict)
+    """Per running case with sensitive input: its values, replaced by placeholders in
+    every event before it is signed (service/sensitive.py)."""
     _heads: dict[tuple[uuid.UUID, int], tuple[int, str]] = field(default_factory=dict)
 
     async def emit(self, event: Event) -> None:
@@ -188,6 +192,9 @@ class EventPublisher:
                     f"not follow the last one emitted ({head[0] if head else 'none'})")
             prev_hash = head[1]
         body = event.to_json()
+        redaction = self.redactions.get(event.case_id)
+        if redaction is not None:
+            body = redaction.apply(body)
         integrity = self.signer.seal(prev_hash, body)
         if event.is_terminal:
             self._heads.pop(chain, None)

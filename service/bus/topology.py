@@ -7,7 +7,7 @@ benchmarks run beside a live stack without touching it.
     <ns>.events          topic, durable     every event; key case.<caseId>.<EVENT_TYPE>
       └─ <ns>.event-log  quorum queue       bound case.#; the consumer persists it
     <ns>.commands        direct, durable    start commands
-      └─ <ns>.case-start quorum queue       bound case.start; the workers run it
+      └─ <ns>.case-start quorum queue       bound case.start, case.erase; the workers
     <ns>.cancel          fanout, durable    cancel broadcast; each worker binds an
                                             exclusive auto-delete queue
     <ns>.capabilities    direct, durable    WorkerTool requests; key = capability name
@@ -80,6 +80,9 @@ class Topology:
         return f"{self.namespace}.dead-letters"
 
     START_KEY = "case.start"
+    ERASE_KEY = "case.erase"
+    """Erase commands share the start queue: the worker that takes start commands
+    appends the case's CASE_ERASED."""
 
     def _quorum(self, delivery_limit: int) -> dict[str, Any]:
         # Quorum: replicated and durable, and it counts deliveries so that a
@@ -112,6 +115,7 @@ class Topology:
             self.case_start_queue, durable=True, arguments=self._quorum(CASE_START_DELIVERY_LIMIT)
         )
         await start.bind(commands, routing_key=self.START_KEY)
+        await start.bind(commands, routing_key=self.ERASE_KEY)
         await channel.declare_exchange(
             self.cancel_exchange, aio_pika.ExchangeType.FANOUT, durable=True
         )

@@ -1,0 +1,45 @@
+"""Erasing a case's sensitive values: one procedure for ``POST /cases/{id}/erase`` and
+``casetrail erase``. Postgres first (the key and ciphertext destroyed, who and when
+kept, the act logged), then the erase command, on which the worker appends the signed
+``CASE_ERASED`` to the trail (only the worker signs events)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from service.bus.publisher import Publisher
+from service.bus.topology import Topology
+from service.commands import EraseCommand
+from service.events import ENDED_STATUSES
+from service.store import CaseSecrets
+
+
+@dataclass(frozen=True)
+class Erasure:
+    outcome: Literal["erased", "already", "nothing", "running"]
+    erased_at: datetime | None = None
+
+
+async def erase(secrets: CaseSecrets, publisher: Publisher, topology: Topology,
+                case: dict[str, Any], by: str) -> Erasure:
+    """Erase ``case`` (its ``cases`` row) for ``by``. ``running``: not ended yet, nothing
+    done; ``nothing``: it holds no sensitive values; ``already``: done before (the
+    command is sent again, harmlessly, in case the first was lost)."""
+    case_id: uuid.UUID = case["case_id"]
+    if case["status"] not in ENDED_STATUSES:
+        return Erasure("running")
+    outcome = await secrets.erase(case_id, by)
+    if outcome == "nothing":
+        return Erasure("nothing")
+    if outcome == "erased":
+        await secrets.log_access(by, case["tenant_id"], case_id, "erase")
+    await publisher.publish(
+        topology.commands_exchange, Topology.ERASE_KEY,
+        EraseCommand(case_id=case_id, tenant_id=case["tenant_id"]).to_json(),
+        message_type="CASE_ERASE", correlation_id=str(case_id), message_id=f"erase-{case_id}")
+    state = await secrets.state(case_id)
+    assert state is not None
+    return Erasure(outcome, state.erased_at)
