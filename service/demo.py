@@ -134,7 +134,9 @@ async def run_demo(settings: Settings) -> int:
                 names[case_id] = f"{agent}:{who}"
                 _say(f"POST /cases {agent} for {who} -> 202 caseId={case_id}")
             _say("\n-- live from the bus (exchange "
-                 f"{settings.namespace}.events, binding case.#) --")
+                 f"{settings.namespace}.events, binding case.#) --\n"
+                 "   (names and customer ids are personal data: the trail holds "
+                 "placeholders such as [pii:applicantName]; a pii:read key sees the values)")
             ended: set[str] = set()
             deadline = asyncio.get_running_loop().time() + 60
             while ended != set(names):
