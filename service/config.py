@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -48,6 +48,35 @@ class TenantQuota(BaseModel):
 
     max_active_cases: int | None = Field(default=None, ge=1)
     max_starts_per_minute: int | None = Field(default=None, ge=1)
+
+
+_LOOPBACK = {"localhost", "::1"}
+
+
+class ModelEndpoint(BaseModel):
+    """An operator-defined model endpoint: a case names it, and only its own key (from
+    the variable ``apiKeyEnv``) is ever sent to its ``baseUrl``."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+    provider: Literal["openai", "anthropic"]
+    base_url: str = Field(max_length=2000)
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+                                    description="The environment variable holding this "
+                                    "endpoint's key; none: the endpoint takes no key.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _https_or_loopback(cls, value: str) -> str:
+        parts = urlsplit(value)
+        host = (parts.hostname or "").lower()
+        if parts.scheme == "https" and host:
+            return value.rstrip("/")
+        if parts.scheme == "http" and (host in _LOOPBACK or host.startswith("127.")):
+            return value.rstrip("/")
+        raise ValueError("baseUrl must be https://, or plain http:// to a loopback address "
+                         "only (a key must not cross a network in clear)")
 
 
 class Settings(BaseSettings):
@@ -159,11 +188,11 @@ class Settings(BaseSettings):
     anthropic_api_key: SecretStr | None = Field(
         default=None, description="Falls back to ANTHROPIC_API_KEY. Never logged or recorded."
     )
-    model_base_urls: str = Field(
-        default="",
-        description="Comma-separated base URLs a case may point a provider at (besides the "
-        "provider's own). A case cannot send the server's API key anywhere else.",
-    )
+    model_endpoints: list[ModelEndpoint] = Field(
+        default_factory=list,
+        description='Named model endpoints a case may choose, JSON: [{"name": "local", '
+        '"provider": "openai", "baseUrl": "http://127.0.0.1:11434/v1", "apiKeyEnv": '
+        '"LOCAL_LLM_KEY"}]. A case names one ("endpoint") or gives its exact baseUrl.')
     model_timeout_seconds: float = 120.0
 
     capability_concurrency: int = 64
@@ -250,8 +279,17 @@ class Settings(BaseSettings):
         return (override.max_active_cases or self.tenant_max_active_cases,
                 override.max_starts_per_minute or self.tenant_max_starts_per_minute)
 
-    def allowed_base_urls(self) -> set[str]:
-        return {u.strip().rstrip("/") for u in self.model_base_urls.split(",") if u.strip()}
+    def endpoint(self, name: str | None = None, *, provider: str | None = None,
+                 base_url: str | None = None) -> ModelEndpoint | None:
+        """The configured endpoint with this name, or serving ``provider`` at
+        ``base_url``."""
+        for entry in self.model_endpoints:
+            if name is not None and entry.name == name:
+                return entry
+            if name is None and entry.provider == provider and base_url is not None \
+                    and entry.base_url == base_url.rstrip("/"):
+                return entry
+        return None
 
 
 @lru_cache(maxsize=1)

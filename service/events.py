@@ -259,7 +259,12 @@ class ModelRef(ContractModel):
 
     provider: Literal["scripted", "openai", "anthropic"]
     name: str = Field(min_length=1, max_length=200)
-    base_url: str | None = Field(default=None, max_length=2000)
+    endpoint: str | None = Field(
+        default=None, pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$",
+        description="A model endpoint the operator configured (CASETRAIL_MODEL_ENDPOINTS).")
+    base_url: str | None = Field(
+        default=None, max_length=2000,
+        description="Accepted only when it is a configured endpoint's baseUrl.")
     latency_ms: int | None = Field(
         default=None, ge=0, le=60_000,
         description="Scripted models only: how long each turn takes, to simulate a real model.",

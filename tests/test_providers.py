@@ -15,7 +15,7 @@ from pydantic import SecretStr
 
 from service.agents import AGENTS
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
+from service.config import ModelEndpoint, Settings
 from service.engine.chat import (
     ChatMessage,
     SystemMessage,
@@ -32,6 +32,7 @@ from tests.fake_llm import FakeLLM, anthropic_turn, error, fake_llm, openai_turn
 from tests.helpers import ListSink, ended, spec_for, toolbox
 from tests.stack import in_process_stack
 
+ENDPOINT_SECRET = "sk-endpoint-only-3f9a1c"
 SECRET = "sk-test-secret-0000"
 TOOLS = [ToolSpec("debt-to-income", "ratio", {"type": "object", "properties": {}})]
 PROMPT: list[ChatMessage] = [SystemMessage("be careful"), UserMessage("hello")]
@@ -216,11 +217,15 @@ async def openai_server() -> AsyncIterator[FakeLLM]:
 
 async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
     settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
-    openai_server: FakeLLM, auth_headers: dict[str, str],
+    openai_server: FakeLLM, auth_headers: dict[str, str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     base_url = f"{openai_server.base_url}/v1"
-    allowed = settings.model_copy(update={"model_base_urls": base_url,
-                                          "openai_api_key": SecretStr(SECRET)})
+    # The endpoint's own key; the provider key must never reach it.
+    monkeypatch.setenv("CASETRAIL_TEST_LOCAL_LLM_KEY", ENDPOINT_SECRET)
+    allowed = settings.model_copy(update={
+        "model_endpoints": [ModelEndpoint(name="local", provider="openai", base_url=base_url,
+                                          api_key_env="CASETRAIL_TEST_LOCAL_LLM_KEY")],
+        "openai_api_key": SecretStr(SECRET)})
     openai_server.script = [
         openai_turn("I need the credit score.",
                     calls=[("call_1", "credit-score", '{"applicantId": "A-1001"}')],
@@ -231,10 +236,16 @@ async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
     model = {"provider": "openai", "name": "gpt-test", "baseUrl": base_url}
     async with in_process_stack(allowed, amqp, pool) as stack, \
             httpx.AsyncClient(base_url=stack.base_url, headers=auth_headers) as client:
-        refused = await client.post("/cases", json={
-            "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0],
-            "model": {**model, "baseUrl": "http://198.51.100.7/v1"}})
-        assert refused.status_code == 422 and "baseUrl" in refused.text
+        for wrong, field in ((
+                {**model, "baseUrl": "http://198.51.100.7/v1"}, "baseUrl"),
+                ({"provider": "openai", "name": "gpt-test", "endpoint": "elsewhere"},
+                 "endpoint"),
+                ({"provider": "anthropic", "name": "claude", "endpoint": "local"}, "endpoint")):
+            refused = await client.post("/cases", json={
+                "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0], "model": wrong})
+            assert refused.status_code == 422 and field in refused.text, refused.text
+        # By name, as a case should; the exact baseUrl is accepted too.
+        model = {"provider": "openai", "name": "gpt-test", "endpoint": "local"}
         reply = await client.post("/cases", json={"agent": "loan-officer",
                                                   "input": SAMPLE_APPLICATIONS[0],
                                                   "model": model})
@@ -251,5 +262,33 @@ async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
     stored = await pool.fetchval("SELECT string_agg(payload::text, '') FROM event_log "
                                  "WHERE case_id = $1", uuid.UUID(case_id))
     assert SECRET not in stored and SECRET not in orjson.dumps(case).decode()
+    sent = {h.get("authorization") for h in openai_server.headers}
+    assert sent == {f"Bearer {ENDPOINT_SECRET}"}  # its own key, never the provider's
     assert AGENTS["loan-officer"].system_prompt in openai_server.requests[0]["messages"][0][
         "content"]
+
+
+@pytest.mark.parametrize(("url", "accepted"), [
+    ("https://llm.example.com/v1", True), ("http://127.0.0.1:11434/v1", True),
+    ("http://localhost:8080", True), ("http://[::1]:8080/v1", True),
+    ("http://10.0.0.7:8080/v1", False), ("http://llm.internal/v1", False),
+    ("ftp://127.0.0.1/v1", False),
+])
+def test_an_endpoint_is_https_or_loopback(url: str, accepted: bool) -> None:
+    """A key must not cross a network in clear: plain http only to this machine."""
+    if accepted:
+        assert ModelEndpoint(name="e", provider="openai", base_url=url).base_url == \
+            url.rstrip("/")
+    else:
+        with pytest.raises(ValueError, match="loopback"):
+            ModelEndpoint(name="e", provider="openai", base_url=url)
+
+
+def test_endpoints_come_from_the_environment_as_json() -> None:
+    configured = Settings(_env_file=None, model_endpoints=orjson.loads(
+        b'[{"name": "local", "provider": "anthropic", "baseUrl": "http://127.0.0.1:9/",'
+        b' "apiKeyEnv": "LOCAL_KEY"}]'))
+    entry = configured.endpoint("local")
+    assert entry is not None and entry.api_key_env == "LOCAL_KEY"
+    assert configured.endpoint(provider="anthropic", base_url="http://127.0.0.1:9") == entry
+    assert configured.endpoint(provider="openai", base_url="http://127.0.0.1:9") is None

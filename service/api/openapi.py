@@ -55,19 +55,26 @@ def _model_choice(settings: Settings) -> dict[str, Any]:
     # The scripted model's latencyMs only in bench mode (benchmarks and tests).
     latency = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 60_000}, absent]} \
         if settings.bench_mode else absent
-    allowed = sorted(settings.allowed_base_urls())
-    remote: dict[str, Any] = {
-        "provider": {"enum": ["openai", "anthropic"]}, "name": name, "latencyMs": absent,
-        "baseUrl": {"anyOf": [{"enum": allowed}, absent]} if allowed else absent,
-    }
+    remotes = []
+    for provider in ("openai", "anthropic"):
+        # Only the endpoints the operator configured for this provider, by name or
+        # by their exact baseUrl.
+        names = sorted(e.name for e in settings.model_endpoints if e.provider == provider)
+        urls = sorted(e.base_url for e in settings.model_endpoints if e.provider == provider)
+        remotes.append({
+            "type": "object", "additionalProperties": False, "required": ["provider", "name"],
+            "properties": {
+                "provider": {"const": provider}, "name": name, "latencyMs": absent,
+                "endpoint": {"anyOf": [{"enum": names}, absent]} if names else absent,
+                "baseUrl": {"anyOf": [{"enum": urls}, absent]} if urls else absent,
+            }})
     return {
         "description": "Overrides the agent's model.",
         "oneOf": [
             {"type": "object", "additionalProperties": False, "required": ["provider", "name"],
              "properties": {"provider": {"const": "scripted"}, "name": name,
-                            "baseUrl": absent, "latencyMs": latency}},
-            {"type": "object", "additionalProperties": False, "required": ["provider", "name"],
-             "properties": remote},
+                            "endpoint": absent, "baseUrl": absent, "latencyMs": latency}},
+            *remotes,
         ],
     }
 

@@ -1,10 +1,11 @@
 """Chat-model providers behind the one ``ChatModel`` interface, chosen per case.
 
-API keys come from the environment only (``CASETRAIL_OPENAI_API_KEY`` or
-``OPENAI_API_KEY``, likewise for Anthropic). They never appear in events, logs
-or API responses, and a case may point a provider only at a base URL the
-operator allowed (``CASETRAIL_MODEL_BASE_URLS``), so a case cannot make the
-server send its key elsewhere.
+API keys come from the environment only. A case either uses a provider's own API,
+with the provider key (``CASETRAIL_OPENAI_API_KEY`` or ``OPENAI_API_KEY``,
+likewise for Anthropic), or names an endpoint the operator configured
+(``CASETRAIL_MODEL_ENDPOINTS``: name, provider, baseUrl, apiKeyEnv), which gets
+its own key and no other. So a case cannot make the server send a key anywhere it
+was not configured for; keys never appear in events, logs or API responses.
 """
 
 from __future__ import annotations
@@ -44,13 +45,25 @@ def model_problem(ref: ModelRef, settings: Settings) -> tuple[str, str] | None:
     """The field of ``ref`` that may not be used and why, or ``None`` when all may."""
     if ref.latency_ms is not None and ref.provider != "scripted":
         return "latencyMs", "latencyMs applies to the scripted provider only"
-    if ref.base_url is None:
-        return None
     if ref.provider == "scripted":
-        return "baseUrl", "baseUrl applies to the openai and anthropic providers only"
-    if ref.base_url.rstrip("/") not in settings.allowed_base_urls():
-        return "baseUrl", (f"baseUrl {ref.base_url!r} is not one the operator allowed "
-                           "(CASETRAIL_MODEL_BASE_URLS)")
+        for field, value in (("endpoint", ref.endpoint), ("baseUrl", ref.base_url)):
+            if value is not None:
+                return field, f"{field} applies to the openai and anthropic providers only"
+        return None
+    if ref.endpoint is not None:
+        entry = settings.endpoint(ref.endpoint)
+        if entry is None:
+            return "endpoint", (f"no model endpoint {ref.endpoint!r} is configured "
+                                "(CASETRAIL_MODEL_ENDPOINTS)")
+        if entry.provider != ref.provider:
+            return "endpoint", f"endpoint {entry.name!r} serves the {entry.provider} provider"
+        if ref.base_url is not None and ref.base_url.rstrip("/") != entry.base_url:
+            return "baseUrl", f"baseUrl is not endpoint {entry.name!r}'s"
+        return None
+    if ref.base_url is not None and \
+            settings.endpoint(provider=ref.provider, base_url=ref.base_url) is None:
+        return "baseUrl", (f"baseUrl {ref.base_url!r} is not a configured {ref.provider} "
+                           "endpoint's (CASETRAIL_MODEL_ENDPOINTS)")
     return None
 
 
@@ -69,27 +82,34 @@ class ModelFactory:
         if problem:
             return UnavailableProvider(ref, problem[1])
         timeout = self._settings.model_timeout_seconds
-        match ref.provider:
-            case "scripted":
-                return ScriptedModel(agent.script, name=ref.name,
-                                     latency=(ref.latency_ms or 0) / 1000)
-            case "openai":
-                from service.providers.openai_compat import OpenAIChatModel
+        if ref.provider == "scripted":
+            return ScriptedModel(agent.script, name=ref.name,
+                                 latency=(ref.latency_ms or 0) / 1000)
+        entry = self._settings.endpoint(ref.endpoint) if ref.endpoint is not None else \
+            self._settings.endpoint(provider=ref.provider, base_url=ref.base_url)
+        if entry is not None:
+            # The endpoint's own key, or none: never the provider's key.
+            key = os.environ.get(entry.api_key_env) if entry.api_key_env else "not-needed"
+            if not key:
+                return UnavailableProvider(ref, f"endpoint {entry.name!r}: its key variable "
+                                           f"{entry.api_key_env} is not set")
+            base_url: str | None = entry.base_url
+        else:
+            base_url, key = None, self._provider_key(ref.provider)
+            if not key:
+                variable = ref.provider.upper()
+                return UnavailableProvider(ref, f"no {ref.provider} API key is configured "
+                                           f"(CASETRAIL_{variable}_API_KEY or "
+                                           f"{variable}_API_KEY)")
+        if ref.provider == "openai":
+            from service.providers.openai_compat import OpenAIChatModel
 
-                key = _secret(self._settings.openai_api_key) or os.environ.get("OPENAI_API_KEY")
-                if not key and ref.base_url is None:
-                    return UnavailableProvider(ref, "no OpenAI API key is configured "
-                                               "(CASETRAIL_OPENAI_API_KEY or OPENAI_API_KEY)")
-                return OpenAIChatModel(ref.name, api_key=key or "not-needed",
-                                       base_url=ref.base_url, timeout=timeout)
-            case "anthropic":
-                from service.providers.anthropic_messages import AnthropicChatModel
+            return OpenAIChatModel(ref.name, api_key=key, base_url=base_url, timeout=timeout)
+        from service.providers.anthropic_messages import AnthropicChatModel
 
-                key = _secret(self._settings.anthropic_api_key) \
-                    or os.environ.get("ANTHROPIC_API_KEY")
-                if not key and ref.base_url is None:
-                    return UnavailableProvider(ref, "no Anthropic API key is configured "
-                                               "(CASETRAIL_ANTHROPIC_API_KEY or "
-                                               "ANTHROPIC_API_KEY)")
-                return AnthropicChatModel(ref.name, api_key=key or "not-needed",
-                                          base_url=ref.base_url, timeout=timeout)
+        return AnthropicChatModel(ref.name, api_key=key, base_url=base_url, timeout=timeout)
+
+    def _provider_key(self, provider: str) -> str | None:
+        if provider == "openai":
+            return _secret(self._settings.openai_api_key) or os.environ.get("OPENAI_API_KEY")
+        return _secret(self._settings.anthropic_api_key) or os.environ.get("ANTHROPIC_API_KEY")
