@@ -98,7 +98,8 @@ class ModelFactory:
             base_url, key = None, self._provider_key(ref.provider)
             if not key:
                 variable = ref.provider.upper()
-                return UnavailableProvider(ref, f"no {ref.provider} API key is configured "
+                shown = {"openai": "OpenAI", "anthropic": "Anthropic"}[ref.provider]
+                return UnavailableProvider(ref, f"no {shown} API key is configured "
                                            f"(CASETRAIL_{variable}_API_KEY or "
                                            f"{variable}_API_KEY)")
         if ref.provider == "openai":
