@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-faults lint typecheck services install bench clean up
+.PHONY: demo test test-faults lint typecheck services install bench bench-smoke clean up
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ bench: install services $(PEER)/.installed
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	@command -v ab >/dev/null || apt-get install -y -q apache2-utils >/dev/null
 	$(BIN)/python -m bench.run
+
+# A small run of the bench pipelines under the least-privileged identities (CI).
+bench-smoke: install services
+	@command -v ab >/dev/null || apt-get install -y -q apache2-utils >/dev/null
+	$(BIN)/python -m bench.smoke
 
 # The fault suite stops and starts RabbitMQ and PostgreSQL on this machine: run it
 # where nothing else depends on them.
