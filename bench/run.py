@@ -212,6 +212,11 @@ def _integrity_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
          "in the worker"),
         ("  hash + Ed25519 verify", f"{c['hashAndVerifyMicroseconds']} µs", "",
          f"in the consumer; its whole admission check {c['consumerAdmitMicroseconds']} µs"),
+        *([("  sensitive values, event without one", f"{c['redactionScanMicroseconds']} µs",
+            "", "in the worker: a scan for each of the case's values"),
+           ("  sensitive values, event with one", f"{c['redactionRewriteMicroseconds']} µs",
+            "", "in the worker: parsed, rewritten in its strings, canonicalised again")]
+          if "redactionScanMicroseconds" in c else []),
     ]
 
 
