@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import os
 import re
 import types
@@ -35,7 +36,9 @@ from typing import Any, Union, get_args, get_origin
 
 import orjson
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import BaseModel
 
 from service.errors import PermanentError
@@ -191,6 +194,13 @@ class Vault:
             raise PermanentError("the master key must be 32 bytes (base64 of 32 random bytes)")
         self._master = AESGCM(master_key)
         self.key_id = hashlib.sha256(master_key).hexdigest()[:16]
+        self._digest_key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                                info=b"casetrail request digest").derive(master_key)
+
+    def request_digest(self, request: bytes) -> str:
+        """HMAC-SHA256 of a start request (its idempotency check), under a key derived
+        from the master key: without it, the digest reveals nothing of the input."""
+        return hmac.new(self._digest_key, request, hashlib.sha256).hexdigest()
 
     @classmethod
     def from_text(cls, text: str) -> Vault:

@@ -273,3 +273,15 @@ async def test_an_erased_case_bundle_verifies_offline(
         assert ok.returncode == 0, ok.stdout + ok.stderr
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert "after_terminal" in refused.stdout + refused.stderr
+
+
+def test_the_request_digest_is_keyed_by_the_master_key() -> None:
+    """The idempotency check's digest of a request holding a name cannot be used to test
+    guesses of that name without the master key."""
+    import hashlib
+
+    vault, other = Vault.from_text(Vault.generate_text()), Vault.from_text(Vault.generate_text())
+    request = orjson.dumps({"input": {"applicantName": NAME}})
+    assert vault.request_digest(request) == vault.request_digest(request)
+    assert vault.request_digest(request) != other.request_digest(request)
+    assert vault.request_digest(request) != hashlib.sha256(request).hexdigest()

@@ -7,7 +7,6 @@ cannot be done the answer is ``503`` and nothing is left behind.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import uuid
@@ -343,10 +342,11 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         case_input = validated.model_dump(mode="json", by_alias=True)
         stored_input, values = split(agent.input_model, case_input)
         case_id = uuid.uuid4()
-        digest = hashlib.sha256(orjson.dumps(
+        # Keyed: the digest of a request that held a sensitive value must not let
+        # anyone who reads `cases` test guesses of that value (after an erasure too).
+        digest = services.secrets.vault.request_digest(orjson.dumps(
             {"agent": agent.name, "input": case_input, "limits": limits.model_dump(),
-             "model": model.model_dump()}, option=orjson.OPT_SORT_KEYS,
-        )).hexdigest()
+             "model": model.model_dump()}, option=orjson.OPT_SORT_KEYS))
         new = NewCase(
             case_id=case_id, agent=agent.name, input=stored_input,
             sealed=services.secrets.vault.seal(case_id, values) if values else None,
