@@ -193,7 +193,16 @@ class Settings(BaseSettings):
         description='Named model endpoints a case may choose, JSON: [{"name": "local", '
         '"provider": "openai", "baseUrl": "http://127.0.0.1:11434/v1", "apiKeyEnv": '
         '"LOCAL_LLM_KEY"}]. A case names one ("endpoint") or gives its exact baseUrl.')
-    model_timeout_seconds: float = 120.0
+    model_timeout_seconds: float = Field(default=120.0, gt=0, description="One model "
+                                         "request, at most (a case's deadline may cut it "
+                                         "shorter).")
+    model_connect_timeout_seconds: float = Field(default=10.0, gt=0, description="Opening "
+                                                 "a connection to a model endpoint.")
+    model_pool_size: int = Field(default=256, ge=1, description="Connections one worker "
+                                 "keeps to each model endpoint, shared by all its cases.")
+    model_http_transport: Literal["aiohttp", "httpx"] = Field(
+        default="aiohttp", description="The SDKs' HTTP transport; aiohttp was measured to "
+        "keep up with hundreds of concurrent requests (docs/benchmarks.md).")
 
     capability_concurrency: int = 64
     tool_timeout_seconds: float = 10.0

@@ -409,15 +409,17 @@ async def run_worker(settings: Settings) -> None:
     )
     await runtime.start()
     vault = Vault.from_text(settings.master_key_text())
+    models = ModelFactory(settings)  # one shared client per model endpoint
     worker = CaseWorker(connection, CaseStore(pool), topology, runtime, signer,
                         settings.broker_user("api"), CaseSecrets(pool, vault),
                         Caps.from_settings(settings),
-                        models=ModelFactory(settings),
+                        models=models,
                         concurrency=settings.worker_concurrency,
                         lease_seconds=settings.lease_seconds)
     try:
         await run_until_signal(worker.run)
     finally:
+        await models.aclose()
         await runtime.close()
         await connection.close()
         await pool.close()

@@ -29,6 +29,8 @@ class FakeLLM:
     script: list[Reply] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    peers: list[int] = field(default_factory=list)
+    """The client port of each request: how many connections were used."""
     repeat_last: bool = False
 
 
@@ -75,6 +77,7 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
     async def answer(request: Request) -> JSONResponse:
         fake.requests.append(await request.json())
         fake.headers.append(dict(request.headers))
+        fake.peers.append(request.client.port if request.client else 0)
         if not fake.script:
             return JSONResponse({"error": {"message": "script exhausted"}}, status_code=500)
         reply = fake.script[0] if (fake.repeat_last and len(fake.script) == 1) \

@@ -98,13 +98,15 @@ async def in_process_stack(
             default_policy=RetryPolicy(attempts=2, timeout_seconds=2.0))
         await runtime.start()
         resources.push_async_callback(runtime.close)
+        models = ModelFactory(settings)
+        resources.push_async_callback(models.aclose)
         signer = worker_signer(settings)
         await KeyRegistry(worker_pool).register(signer.key_id, signer.public_key)
         worker = CaseWorker(connections["worker"], CaseStore(worker_pool), topology, runtime,
                             signer, settings.broker_user("api"),
                             CaseSecrets(worker_pool, Vault.from_text(settings.master_key_text())),
                             Caps.from_settings(settings),
-                            models=ModelFactory(settings), concurrency=worker_concurrency,
+                            models=models, concurrency=worker_concurrency,
                             lease_seconds=settings.lease_seconds, shutdown_grace=1.0)
         ring = KeyRing(KeyRegistry(consumer_pool))
         await ring.refresh(force=True)

@@ -25,6 +25,8 @@ from service.engine.chat import (
 )
 from service.engine.loop import ReactEngine, fit_to_budget
 from service.errors import ModelRejected, ModelUnavailable
+from service.events import ModelRef
+from service.providers import ModelFactory
 from service.providers.anthropic_messages import AnthropicChatModel
 from service.providers.openai_compat import OpenAIChatModel
 from tests import conftest
@@ -292,3 +294,36 @@ def test_endpoints_come_from_the_environment_as_json() -> None:
     assert entry is not None and entry.api_key_env == "LOCAL_KEY"
     assert configured.endpoint(provider="anthropic", base_url="http://127.0.0.1:9") == entry
     assert configured.endpoint(provider="openai", base_url="http://127.0.0.1:9") is None
+
+
+async def test_cases_share_one_client_per_endpoint_and_shutdown_closes_it(
+    settings: Settings, openai_server: FakeLLM, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two cases on one endpoint get the same client, whose pool serves both over one
+    kept-alive connection; another key gets a client of its own; closing the factory
+    (the worker's shutdown) closes them."""
+    monkeypatch.setenv("CASETRAIL_TEST_SHARED_KEY", "sk-shared")
+    monkeypatch.setenv("CASETRAIL_TEST_OTHER_KEY", "sk-other")
+    base_url = f"{openai_server.base_url}/v1"
+    configured = settings.model_copy(update={"model_endpoints": [
+        ModelEndpoint(name="shared", provider="openai", base_url=base_url,
+                      api_key_env="CASETRAIL_TEST_SHARED_KEY"),
+        ModelEndpoint(name="other", provider="openai", base_url=base_url,
+                      api_key_env="CASETRAIL_TEST_OTHER_KEY")]})
+    factory = ModelFactory(configured)
+    agent = AGENTS["loan-officer"]
+    first, second = (factory(ModelRef(provider="openai", name="gpt-test", endpoint="shared"),
+                             agent) for _ in range(2))
+    assert first._client is second._client  # type: ignore[attr-defined]
+    openai_server.script, openai_server.repeat_last = [openai_turn("done")], True
+    openai_server.peers.clear()
+    for model in (first, second, first, second):
+        await model.request([UserMessage("hello")], [])
+    assert len(set(openai_server.peers)) == 1  # one connection, kept alive, for both
+    other = factory(ModelRef(provider="openai", name="gpt-test", endpoint="other"), agent)
+    assert other._client is not first._client  # type: ignore[attr-defined]
+    assert len(factory.clients) == 2
+    shared = first._client  # type: ignore[attr-defined]
+    await factory.aclose()
+    assert shared.is_closed() and len(factory.clients) == 0
+    openai_server.repeat_last = False

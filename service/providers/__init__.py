@@ -21,6 +21,7 @@ from service.engine.chat import AssistantTurn, ChatMessage, ChatModel, ToolSpec
 from service.engine.scripted import ScriptedModel
 from service.errors import ModelRejected
 from service.events import ModelRef
+from service.providers.clients import ModelClients, PoolSettings
 
 
 class UnavailableProvider:
@@ -76,12 +77,18 @@ class ModelFactory:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        self.clients = ModelClients(PoolSettings(
+            size=settings.model_pool_size, connect_timeout=settings.model_connect_timeout_seconds,
+            timeout=settings.model_timeout_seconds, transport=settings.model_http_transport))
+
+    async def aclose(self) -> None:
+        """Close the shared clients (the worker's shutdown)."""
+        await self.clients.aclose()
 
     def __call__(self, ref: ModelRef, agent: AgentProfile) -> ChatModel:
         problem = model_problem(ref, self._settings)
         if problem:
             return UnavailableProvider(ref, problem[1])
-        timeout = self._settings.model_timeout_seconds
         if ref.provider == "scripted":
             return ScriptedModel(agent.script, name=ref.name,
                                  latency=(ref.latency_ms or 0) / 1000)
@@ -102,13 +109,14 @@ class ModelFactory:
                 return UnavailableProvider(ref, f"no {shown} API key is configured "
                                            f"(CASETRAIL_{variable}_API_KEY or "
                                            f"{variable}_API_KEY)")
+        client = self.clients.client(ref.provider, base_url, key)
         if ref.provider == "openai":
             from service.providers.openai_compat import OpenAIChatModel
 
-            return OpenAIChatModel(ref.name, api_key=key, base_url=base_url, timeout=timeout)
+            return OpenAIChatModel(ref.name, client=client)
         from service.providers.anthropic_messages import AnthropicChatModel
 
-        return AnthropicChatModel(ref.name, api_key=key, base_url=base_url, timeout=timeout)
+        return AnthropicChatModel(ref.name, client=client)
 
     def _provider_key(self, provider: str) -> str | None:
         if provider == "openai":

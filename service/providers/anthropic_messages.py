@@ -86,11 +86,14 @@ def from_wire(data: dict[str, Any], default_model: str) -> AssistantTurn:
 class AnthropicChatModel:
     """``ChatModel`` over ``POST {base_url}/v1/messages``."""
 
-    def __init__(self, model: str, *, api_key: str, base_url: str | None = None,
-                 timeout: float = 120.0, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+    def __init__(self, model: str, *, api_key: str = "", base_url: str | None = None,
+                 timeout: float = 120.0, max_tokens: int = DEFAULT_MAX_TOKENS,
+                 client: anthropic.AsyncAnthropic | None = None) -> None:
+        """``client``: the process's shared client for this endpoint (``ModelClients``);
+        without one (a single use), a client of its own."""
         self._model = model
         self._max_tokens = max_tokens
-        self._client = anthropic.AsyncAnthropic(
+        self._client = client or anthropic.AsyncAnthropic(
             api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0
         )
 

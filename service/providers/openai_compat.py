@@ -67,11 +67,14 @@ def to_wire(message: ChatMessage) -> dict[str, Any]:
 class OpenAIChatModel:
     """``ChatModel`` over ``POST {base_url}/chat/completions``."""
 
-    def __init__(self, model: str, *, api_key: str, base_url: str | None = None,
-                 timeout: float = 120.0, max_tokens: int | None = None) -> None:
+    def __init__(self, model: str, *, api_key: str = "", base_url: str | None = None,
+                 timeout: float = 120.0, max_tokens: int | None = None,
+                 client: openai.AsyncOpenAI | None = None) -> None:
+        """``client``: the process's shared client for this endpoint (``ModelClients``);
+        without one (a single use), a client of its own."""
         self._model = model
         self._max_tokens = max_tokens
-        self._client = openai.AsyncOpenAI(
+        self._client = client or openai.AsyncOpenAI(
             api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0
         )
 
