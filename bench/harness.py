@@ -49,9 +49,10 @@ def bench_settings(**overrides: object) -> Settings:
     })
 
 
-async def api_key(pool: asyncpg.Pool) -> str:
+async def api_key(pool: asyncpg.Pool, *extra: str) -> str:
     """An API key for a bench stack's requests (tenant ``default``)."""
-    _, key = await ApiKeyStore(pool).create("default", ("cases:start", "cases:read"), "bench")
+    _, key = await ApiKeyStore(pool).create("default", ("cases:start", "cases:read", *extra),
+                                            "bench")
     return key
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from bench import raw, scenarios
+from bench import models, raw, scenarios
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, namespace
 from bench.integrity import integrity_costs
@@ -32,6 +32,9 @@ TARGETS: dict[str, Any] = {
     # and at least 10x the peer; end to end stays at 2,500.
     "e2e": 2500, "peerRatio": 10, "ingest": (6000, 10000), "p99At1000": 100,
     "concurrencyShare": 0.9, "workerRss": 300, "apiRps": 800,
+    # Real providers (openai, anthropic SDKs) against a 300 ms model: 90 % of the ideal
+    # turns/s at worker concurrency 256, connections within the pool.
+    "modelsShare": 0.9,
 }
 
 
@@ -141,6 +144,9 @@ async def run(quick: bool) -> dict[str, Any]:
     print("POST /cases ...", flush=True)
     results["api"] = await scenarios.api_posts(bench_settings(api_port=8797),
                                                requests=int(3000 * scale) or 300)
+    print("real providers against a 300 ms model ...", flush=True)
+    results["models"] = [await models.run_cases(provider, int(1000 * scale), level)
+                         for provider in ("openai", "anthropic") for level in (256, 1024)]
     return results
 
 
@@ -196,7 +202,24 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         ("POST /cases (1 uvicorn worker)", f"{r['api']['requestsPerSecond']:,.0f} req/s",
          f"≥ {TARGETS['apiRps']}", f"p99 {r['api']['p99Ms']:.0f} ms at concurrency "
          f"{r['api']['concurrency']}"),
+        *_model_rows(r),
     ]
+    return rows
+
+
+def _model_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """1,000 loan cases through the real providers against a 300 ms model server."""
+    rows = []
+    for run in r.get("models", []):
+        target = f"≥ {TARGETS['modelsShare']:.0%}" if run["concurrency"] == 256 else ""
+        rows.append((
+            f"{run['provider']} provider, 1,000 cases at concurrency {run['concurrency']}",
+            f"{run['shareOfIdeal']:.0%}", target,
+            f"{run['turnsPerSecond']:,.0f} of {run['idealTurnsPerSecond']:,.0f} turns/s; "
+            f"turn p50 {run['turnP50Ms']:.0f} / p99 {run['turnP99Ms']:.0f} ms; "
+            f"{run['connectionsOpened']} connections (pool {run['poolSize']}); worker "
+            f"{run['workerCpuSeconds']} CPU-s, {run['workerPeakRssMb']:.0f} MB; the server "
+            f"alone {run['serverCeilingPerSecond']:,.0f}/s"))
     return rows
 
 

@@ -1,6 +1,7 @@
 """A small run of the benchmarks' pipelines, for CI: every component under its own
 least-privileged identity (the bench namespaces are made by ``casetrail setup``),
-end to end, the consumer alone, and the per-event costs. It prints figures and
+end to end, the consumer alone, the per-event costs, and cases through the real
+providers against a slow local model. It prints figures and
 checks nothing about speed (``make bench`` measures); it fails only when a pipeline
 does (a case that never completes, an event that is never stored).
 ``python -m bench.smoke``."""
@@ -12,6 +13,7 @@ import asyncio
 from bench.e2e import end_to_end
 from bench.harness import bench_settings
 from bench.integrity import integrity_costs
+from bench.models import run_cases
 from bench.scenarios import consumer_ingest
 
 
@@ -23,6 +25,13 @@ async def smoke() -> None:
     print(f"consumer alone: {ingest['events']} events, {ingest['eventsPerSecond']:,.0f}/s",
           flush=True)
     print(f"per event: {integrity_costs(1000)}", flush=True)
+    for provider in ("openai", "anthropic"):
+        run = await run_cases(provider, 64, 32)
+        print(f"{provider} provider: {run['completed']} of {run['cases']} cases, "
+              f"{run['shareOfIdeal']:.0%} of the ideal turns/s, "
+              f"{run['connectionsOpened']} connections", flush=True)
+        if run["completed"] != run["cases"]:
+            raise SystemExit(f"{provider}: only {run['completed']} cases completed")
 
 
 if __name__ == "__main__":

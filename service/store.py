@@ -110,8 +110,10 @@ def _claim_from_row(row: asyncpg.Record) -> Claim:
     outcome = row["outcome"]
     if outcome in ("ended", "busy"):
         return Claim(outcome)
+    sealed = None if row["wrapped_key"] is None else SealedValues(
+        row["master_key_id"], bytes(row["wrapped_key"]), bytes(row["ciphertext"]))
     recorded = RecordedCase(row["agent"], row["tenant_id"], row["input"], row["model"],
-                            row["limits"], row["started_by"])
+                            row["limits"], row["started_by"], sealed)
     if outcome == "cancel_queued":
         return Claim("cancel_queued", attempt=1, cancel_reason=row["cancel_reason"],
                      cancelled_by=row["cancelled_by"], case=recorded)
@@ -238,8 +240,10 @@ WITH current AS (
 SELECT d.case_id, d.outcome, d.cancel_reason, d.cancelled_by,
        d.agent, d.tenant_id, d.input, d.model, d.limits, d.started_by,
        d.lease_owner AS previous_owner,
-       c.attempts_claimed AS attempt
+       c.attempts_claimed AS attempt,
+       s.master_key_id, s.wrapped_key, s.ciphertext
 FROM decided d LEFT JOIN claimed c USING (case_id)
+     LEFT JOIN case_secrets s ON s.case_id = d.case_id AND d.outcome = 'run'
 """
 
 
@@ -266,6 +270,8 @@ class RecordedCase:
     model: dict[str, Any]
     limits: dict[str, Any]
     started_by: str | None
+    sealed: SealedValues | None = None
+    """Its sensitive values, sealed (read with the claim: one round trip, not two)."""
 
 
 @dataclass(frozen=True)

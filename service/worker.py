@@ -333,7 +333,7 @@ class CaseWorker:
         limits, model = self.caps.vet(case_id, case)
         # The row holds placeholders for the sensitive values: the case runs on the
         # values themselves, and every event it emits has them replaced again.
-        values = await self.secrets.values(case_id)
+        values = {} if case.sealed is None else self.secrets.vault.open(case_id, case.sealed)
         spec = CaseSpec(
             case_id=case_id, attempt=attempt, agent=agent.name,
             system_prompt=agent.system_prompt, input=restore(case.input, values),

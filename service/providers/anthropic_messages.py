@@ -7,9 +7,11 @@ Thinking blocks become part of ``reasoningText`` and are sent back verbatim
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import anthropic
+import httpx2
+import orjson
 
 from service.engine.chat import (
     AssistantMessage,
@@ -111,13 +113,19 @@ class AnthropicChatModel:
         if tools:
             extra["tools"] = [{"name": t.name, "description": t.description,
                                "input_schema": t.parameters} for t in tools]
+        body = {"model": self._model, "max_tokens": self._max_tokens, "messages": wire,
+                **extra}
         try:
-            response = await self._client.messages.create(
-                model=self._model, max_tokens=self._max_tokens, messages=cast(Any, wire), **extra,
-            )
+            # The SDK's client with the body as built here (see OpenAIChatModel.request).
+            response = await self._client.post("/v1/messages", body=body,
+                                               cast_to=httpx2.Response)
+            data = orjson.loads(await response.aread())
         except anthropic.APIStatusError as exc:
             raise status_error("anthropic", exc.status_code, exc.response.headers, exc.body,
                                exc.message) from None
         except anthropic.APIConnectionError as exc:
             raise ModelUnavailable(f"anthropic unreachable: {scrub(str(exc))}") from None
-        return from_wire(response.model_dump(mode="json"), self._model)
+        except orjson.JSONDecodeError as exc:
+            raise ModelUnavailable(f"anthropic answered something that is not JSON: {exc}") \
+                from None
+        return from_wire(data, self._model)

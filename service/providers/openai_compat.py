@@ -8,8 +8,9 @@ case deadline and records each retry in the trail.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
+import httpx2
 import openai
 import orjson
 
@@ -94,16 +95,23 @@ class OpenAIChatModel:
             ]
         if self._max_tokens:
             extra["max_tokens"] = self._max_tokens
+        body = {"model": self._model, "messages": [to_wire(m) for m in messages], **extra}
         try:
-            completion = await self._client.chat.completions.create(
-                model=self._model, messages=cast(Any, [to_wire(m) for m in messages]), **extra,
-            )
+            # The SDK's client (auth, errors, the shared pool) with the body as built
+            # here: `chat.completions.create` would walk every message again to
+            # transform typed parameters, which cost a worker most of its CPU at
+            # hundreds of concurrent cases (docs/benchmarks.md, "Real models").
+            response = await self._client.post("/chat/completions", body=body,
+                                               cast_to=httpx2.Response)
+            data = orjson.loads(await response.aread())
         except openai.APIStatusError as exc:
             raise status_error("openai", exc.status_code, exc.response.headers, exc.body,
                                exc.message) from None
         except openai.APIConnectionError as exc:  # includes timeouts
             raise ModelUnavailable(f"openai unreachable: {scrub(str(exc))}") from None
-        data = completion.model_dump(mode="json")
+        except orjson.JSONDecodeError as exc:
+            raise ModelUnavailable(f"openai answered something that is not JSON: {exc}") \
+                from None
         return from_wire(data, self._model)
 
 
