@@ -21,6 +21,8 @@ class Reply:
     status: int
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    """Seconds the server waits before answering."""
 
 
 @dataclass
@@ -82,6 +84,8 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
             return JSONResponse({"error": {"message": "script exhausted"}}, status_code=500)
         reply = fake.script[0] if (fake.repeat_last and len(fake.script) == 1) \
             else fake.script.pop(0)
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
         return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
 
     app.post("/v1/chat/completions")(answer)

@@ -3,6 +3,7 @@ speaks each provider's wire format."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -327,3 +328,28 @@ async def test_cases_share_one_client_per_endpoint_and_shutdown_closes_it(
     await factory.aclose()
     assert shared.is_closed() and len(factory.clients) == 0
     openai_server.repeat_last = False
+
+
+async def test_a_request_cut_short_does_not_poison_the_shared_pool(
+    settings: Settings, openai_server: FakeLLM,
+) -> None:
+    """A case's deadline cancels its request mid-flight; the next request on the same
+    shared client gets its own answer, never the late one of the cancelled request."""
+    from dataclasses import replace
+
+    configured = settings.model_copy(update={"model_endpoints": [
+        ModelEndpoint(name="cut", provider="openai", base_url=f"{openai_server.base_url}/v1")]})
+    factory = ModelFactory(configured)
+    ref = ModelRef(provider="openai", name="gpt-test", endpoint="cut")
+    model = factory(ref, AGENTS["loan-officer"])
+    openai_server.script = [replace(openai_turn("the late answer"), delay=1.0),
+                            openai_turn("the next answer"), openai_turn("the third answer")]
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(model.request([UserMessage("first")], []), 0.2)
+    again = factory(ref, AGENTS["loan-officer"])
+    assert again._client is model._client  # type: ignore[attr-defined]
+    turn = await again.request([UserMessage("second")], [])
+    assert turn.text == "the next answer"
+    await asyncio.sleep(1.0)  # the late answer is written to a connection nobody reads
+    assert (await again.request([UserMessage("third")], [])).text == "the third answer"
+    await factory.aclose()
