@@ -462,8 +462,9 @@ class SecretState:
 
 
 class CaseSecrets:
-    """A case's sensitive values: sealed on the way in, opened for the worker and for
-    ``pii:read`` callers, shredded on erase; every read in clear and export logged."""
+    """A case's sensitive values: sealed on the way in, opened for ``pii:read`` callers
+    (the worker gets them sealed with its claim), shredded on erase; every read in
+    clear, export and erasure logged."""
 
     def __init__(self, pool: asyncpg.Pool, vault: Vault) -> None:
         self._pool = pool
@@ -480,13 +481,6 @@ class CaseSecrets:
             row["master_key_id"], bytes(row["wrapped_key"]), bytes(row["ciphertext"]))
         return SecretState(tuple(row["placeholders"]), sealed, row["erased_at"],
                            row["erased_by"])
-
-    async def values(self, case_id: uuid.UUID) -> dict[str, str]:
-        """``{placeholder: value}``; empty when the case has none or they were erased."""
-        state = await self.state(case_id)
-        if state is None or state.sealed is None:
-            return {}
-        return self.vault.open(case_id, state.sealed)
 
     async def erase(self, case_id: uuid.UUID, by: str) -> Literal["erased", "already",
                                                                   "nothing"]:

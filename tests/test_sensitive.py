@@ -285,3 +285,24 @@ def test_the_request_digest_is_keyed_by_the_master_key() -> None:
     assert vault.request_digest(request) == vault.request_digest(request)
     assert vault.request_digest(request) != other.request_digest(request)
     assert vault.request_digest(request) != hashlib.sha256(request).hexdigest()
+
+
+async def test_values_sealed_under_another_master_key_stay_placeholders(
+    client: httpx.AsyncClient, auditor: httpx.AsyncClient, pool: asyncpg.Pool,
+) -> None:
+    """A master key rotated away without re-sealing: the case still reads, as
+    placeholders, and nothing is logged as read."""
+    case_id = (await client.post("/cases", json={"agent": "loan-officer", "input": LOAN})
+               ).json()["caseId"]
+    await ended(client, case_id)
+    stranger = Vault.from_text(Vault.generate_text()).seal(uuid.UUID(case_id),
+                                                            {"[pii:applicantName]": "X"})
+    await pool.execute("UPDATE case_secrets SET master_key_id = $2, wrapped_key = $3, "
+                       "ciphertext = $4 WHERE case_id = $1", uuid.UUID(case_id),
+                       stranger.master_key_id, stranger.wrapped_key, stranger.ciphertext)
+    reply = await auditor.get(f"/cases/{case_id}")
+    assert reply.status_code == 200
+    assert reply.json()["input"]["applicantName"] == "[pii:applicantName]"
+    assert reply.json()["sensitive"]["shownInClear"] is False
+    assert not await pool.fetchval("SELECT count(*) FROM access_log WHERE case_id = $1",
+                                   uuid.UUID(case_id))

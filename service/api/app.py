@@ -51,7 +51,13 @@ from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand
 from service.config import Settings
 from service.erasure import erase
-from service.errors import BusUnavailable, CasetrailError, PublishRejected, StoreUnavailable
+from service.errors import (
+    BusUnavailable,
+    CasetrailError,
+    PermanentError,
+    PublishRejected,
+    StoreUnavailable,
+)
 from service.events import EVENT_TYPES, Limits
 from service.evidence import Evidence
 from service.providers import model_problem
@@ -283,9 +289,13 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             return {}, None
         values: dict[str, str] = {}
         if principal.allows("pii:read") and state.sealed is not None:
-            values = services.secrets.vault.open(case_id, state.sealed)
-            await services.secrets.log_access(principal.subject, principal.tenant, case_id,
-                                              "pii:read")
+            try:
+                values = services.secrets.vault.open(case_id, state.sealed)
+            except PermanentError as exc:  # sealed under another master key
+                log.error("case %s: sensitive values not opened: %s", case_id, exc)
+            else:
+                await services.secrets.log_access(principal.subject, principal.tenant,
+                                                  case_id, "pii:read")
         return values, {
             "placeholders": list(state.placeholders), "shownInClear": bool(values),
             "erasedAt": None if state.erased_at is None
