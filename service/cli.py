@@ -484,10 +484,16 @@ def verify(
 def _about_case(case_id: str, failure: str, work: Any) -> Any:
     """What ``work`` finds out from the case's evidence; exit 2 when the database cannot
     be reached (``failure`` says what could not be done) or the case is unknown."""
+    return _case_or_exit(case_id, failure, _with_evidence(get_settings(), work))
+
+
+def _case_or_exit(case_id: str, failure: str, main: Coroutine[Any, Any, Any]) -> Any:
+    """What ``main`` returns for the case; exit 2 when it could not be done (``failure``
+    says what) or the case is unknown (``main`` returned ``None``)."""
     from service.errors import CasetrailError
 
     try:
-        found = _run(_with_evidence(get_settings(), work))
+        found = _run(main)
     except CasetrailError as exc:
         typer.echo(f"{failure}: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -532,17 +538,7 @@ def erase(
     recorded as `operator` in the access log and as CASE_ERASED in its trail. Acts as
     the API does, with the API's identity. Exit 0 erased (or already), 1 refused (still
     running, or nothing sensitive), 2 could not (unknown case, database or broker down)."""
-    from service.errors import CasetrailError
-
-    parsed = _case_id(case_id)
-    try:
-        done = _run(_erase(get_settings(), parsed))
-    except CasetrailError as exc:
-        typer.echo(f"could not erase: {exc}", err=True)
-        raise typer.Exit(2) from None
-    if done is None:
-        typer.echo(f"no case {case_id}", err=True)
-        raise typer.Exit(2)
+    done = _case_or_exit(case_id, "could not erase", _erase(get_settings(), _case_id(case_id)))
     if done.outcome in ("running", "nothing"):
         typer.echo("the case has not ended yet" if done.outcome == "running"
                    else "the case holds no sensitive values", err=True)
