@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -238,18 +238,12 @@ class Settings(BaseSettings):
         configured = getattr(self, f"{component}_amqp_url")
         database = getattr(self, f"{component}_database_url", None)
         if configured is None or (database is None and component in DATABASE_COMPONENTS):
-            try:
-                stored = json.loads(self.secrets_path().read_text())[component]
-            except FileNotFoundError:
+            stored = self.stored_secrets().get(component)
+            if not isinstance(stored, dict) or "amqp_url" not in stored:
                 raise PermanentError(
                     f"no identity for the {component}: set CASETRAIL_{component.upper()}_"
                     f"AMQP_URL (and _DATABASE_URL), or run `casetrail setup`, which writes "
-                    f"them to {self.secrets_path()}") from None
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise PermanentError(
-                    f"the secrets file {self.secrets_path()} has no usable entry for the "
-                    f"{component} ({type(exc).__name__}: {exc}): run `casetrail setup`"
-                ) from None
+                    f"them to {self.secrets_path()}")
             configured = configured or stored["amqp_url"]
             database = database or stored.get("database_url")
         # Never the bootstrap identity, nor another component's: consumers check
@@ -267,12 +261,24 @@ class Settings(BaseSettings):
         """The master key (``CASETRAIL_MASTER_KEY``, else the secrets file's)."""
         if self.master_key is not None:
             return self.master_key.get_secret_value()
-        try:
-            stored: str = json.loads(self.secrets_path().read_text())["master_key"]
-        except (OSError, ValueError, KeyError, TypeError):
+        stored = self.stored_secrets().get("master_key")
+        if not isinstance(stored, str):
             raise PermanentError(
                 "no master key: set CASETRAIL_MASTER_KEY (base64 of 32 random bytes) or run "
-                f"`casetrail setup`, which writes one to {self.secrets_path()}") from None
+                f"`casetrail setup`, which writes one to {self.secrets_path()}")
+        return stored
+
+    def stored_secrets(self) -> dict[str, Any]:
+        """What ``casetrail setup`` wrote to the secrets file; empty when there is none."""
+        try:
+            stored = json.loads(self.secrets_path().read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise PermanentError(f"cannot read the secrets file {self.secrets_path()}: "
+                                 f"{exc}") from None
+        if not isinstance(stored, dict):
+            raise PermanentError(f"the secrets file {self.secrets_path()} is not an object")
         return stored
 
     def broker_user(self, component: Component) -> str:

@@ -31,7 +31,7 @@ async def erase(secrets: CaseSecrets, publisher: Publisher, topology: Topology,
     case_id: uuid.UUID = case["case_id"]
     if case["status"] not in ENDED_STATUSES:
         return Erasure("running")
-    outcome = await secrets.erase(case_id, by)
+    outcome, erased_at = await secrets.erase(case_id, by)
     if outcome == "nothing":
         return Erasure("nothing")
     if outcome == "erased":
@@ -40,6 +40,4 @@ async def erase(secrets: CaseSecrets, publisher: Publisher, topology: Topology,
         topology.commands_exchange, Topology.ERASE_KEY,
         EraseCommand(case_id=case_id, tenant_id=case["tenant_id"]).to_json(),
         message_type="CASE_ERASE", correlation_id=str(case_id), message_id=f"erase-{case_id}")
-    state = await secrets.state(case_id)
-    assert state is not None
-    return Erasure(outcome, state.erased_at)
+    return Erasure(outcome, erased_at)

@@ -92,12 +92,7 @@ class Identities:
 
 def plan_identities(settings: Settings) -> Identities:
     """Each component's URLs: given in the environment, kept from an earlier run, or new."""
-    try:
-        stored = json.loads(settings.secrets_path().read_text())
-    except FileNotFoundError:
-        stored = {}
-    except (OSError, ValueError) as exc:
-        raise PermanentError(f"cannot read {settings.secrets_path()}: {exc}") from None
+    stored = settings.stored_secrets()
     urls: dict[Component, dict[str, str]] = {}
     for component in COMPONENTS:
         kept = stored.get(component, {})
@@ -240,6 +235,11 @@ async def setup_database(settings: Settings, identities: Identities) -> list[str
             await conn.execute(statement[0])
     finally:
         await conn.close()
+    return await _migrate_and_grant(settings, owner)
+
+
+async def _migrate_and_grant(settings: Settings, owner: str) -> list[str]:
+    """Migrations as the owner role, then the grants (renewed for what they created)."""
     applied = await migrate(settings.database_url, owner=owner)
     await _grant(settings)
     return applied
@@ -442,6 +442,4 @@ async def migrate_as_owner(settings: Settings) -> list[str]:
         await conn.close()
     if not has_owner:
         return await migrate(settings.database_url)
-    applied = await migrate(settings.database_url, owner=owner)
-    await _grant(settings)
-    return applied
+    return await _migrate_and_grant(settings, owner)

@@ -482,20 +482,21 @@ class CaseSecrets:
         return SecretState(tuple(row["placeholders"]), sealed, row["erased_at"],
                            row["erased_by"])
 
-    async def erase(self, case_id: uuid.UUID, by: str) -> Literal["erased", "already",
-                                                                  "nothing"]:
-        """Destroy the data key and the ciphertext (crypto-shredding), recording who."""
+    async def erase(self, case_id: uuid.UUID, by: str
+                    ) -> tuple[Literal["erased", "already", "nothing"], datetime | None]:
+        """Destroy the data key and the ciphertext (crypto-shredding), recording who;
+        the outcome and when the values were erased (now, or the first time)."""
         async with translate_errors():
-            row = await self._pool.fetchrow(
+            erased_at = await self._pool.fetchval(
                 """UPDATE case_secrets SET wrapped_key = NULL, ciphertext = NULL,
                           erased_at = now(), erased_by = $2
-                   WHERE case_id = $1 AND erased_at IS NULL RETURNING case_id""",
+                   WHERE case_id = $1 AND erased_at IS NULL RETURNING erased_at""",
                 case_id, by)
-            if row is not None:
-                return "erased"
-            exists = await self._pool.fetchval(
-                "SELECT 1 FROM case_secrets WHERE case_id = $1", case_id)
-        return "already" if exists else "nothing"
+            if erased_at is not None:
+                return "erased", erased_at
+            row = await self._pool.fetchrow(
+                "SELECT erased_at FROM case_secrets WHERE case_id = $1", case_id)
+        return ("already", row["erased_at"]) if row is not None else ("nothing", None)
 
     async def log_access(self, principal: str, tenant: str, case_id: uuid.UUID,
                          action: Literal["pii:read", "export", "erase"]) -> None:
