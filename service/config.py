@@ -163,6 +163,12 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     max_body_bytes: int = Field(default=256 * 1024, description="Larger request bodies get 413.")
+    stream_ping_seconds: float = Field(default=15.0, gt=0, description="A comment line on "
+                                       "an idle event stream this often (keeps proxies from "
+                                       "closing it; a revoked key's stream ends at one).")
+    public_url: str = Field(default="", description="Where people reach the API (the "
+                            "viewer links `casetrail demo` prints); http://<host>:<port> "
+                            "when empty.")
     max_cycles_cap: int = Field(default=50, description="Highest maxCycles a case may ask for.")
     max_deadline_seconds: float = Field(
         default=600.0,

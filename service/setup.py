@@ -282,9 +282,12 @@ def broker_permissions(settings: Settings) -> dict[Component, tuple[str, str, st
     ns = re.escape(settings.namespace)
     private = rf"{ns}\.(cancel|reply)\.[0-9a-f]{{32}}"  # the worker's exclusive queues
     capability = rf"{ns}\.capability\.[a-z0-9][a-z0-9-]*"
+    watch = rf"{ns}\.watch\.[0-9a-f]{{32}}"  # the API's exclusive queue for its streams
     return {
-        # Start commands and cancel broadcasts, nothing else.
-        "api": ("^$", rf"^{ns}\.(commands|cancel)$", "^$"),
+        # Start commands and cancel broadcasts; its own queue of live events for the
+        # streams, bound to <ns>.events (binding needs read on the exchange).
+        "api": (rf"^{watch}$", rf"^({ns}\.(commands|cancel)|{watch})$",
+                rf"^({ns}\.events|{watch})$"),
         # Takes start commands, hears cancels, publishes events and tool requests,
         # reads tool replies on its own queue; sets aside what it cannot process.
         "worker": (rf"^{private}$",
@@ -314,10 +317,11 @@ def broker_definitions(settings: Settings, identities: Identities) -> dict[str, 
                       "hashing_algorithm": "rabbit_password_hashing_sha256"})
         permissions.append({"user": user, "vhost": vhost, "configure": configure,
                             "write": write, "read": read})
-        # Only the worker publishes case events; nobody else may publish or bind on
-        # <ns>.events with these users (subscribers get users of their own).
+        # Only the worker publishes case events; only the API binds to them (for its
+        # streams); other subscribers get users of their own.
         topics.append({"user": user, "vhost": vhost, "exchange": topology.events_exchange,
-                       "write": r"^case\." if component == "worker" else "^$", "read": "^$"})
+                       "write": r"^case\." if component == "worker" else "^$",
+                       "read": r"^case\." if component == "api" else "^$"})
     policies = [{"vhost": vhost, "name": f"{settings.namespace}-case-start-limit",
                  "pattern": f"^{re.escape(topology.case_start_queue)}$", "apply-to": "queues",
                  "priority": 0,

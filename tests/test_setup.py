@@ -62,14 +62,18 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
             assert users[ns.broker_user(component)]["tags"] == []
         permissions = {p["user"]: p for p in _rabbitmqctl_json("list_permissions")}
         escaped = re.escape(ns.namespace)
+        watch = rf"{escaped}\.watch\.[0-9a-f]{{32}}"
         assert permissions[ns.broker_user("api")] == {
-            "user": ns.broker_user("api"), "configure": "^$",
-            "write": rf"^{escaped}\.(commands|cancel)$", "read": "^$"}
+            "user": ns.broker_user("api"), "configure": rf"^{watch}$",
+            "write": rf"^({escaped}\.(commands|cancel)|{watch})$",
+            "read": rf"^({escaped}\.events|{watch})$"}
         assert permissions[ns.broker_user("consumer")]["read"] == rf"^{escaped}\.event-log$"
         topics = {(t["user"], t["exchange"]): t for t in _rabbitmqctl_json(
             "list_topic_permissions")}
         assert topics[(ns.broker_user("worker"), f"{ns.namespace}.events")]["write"] == r"^case\."
         assert topics[(ns.broker_user("api"), f"{ns.namespace}.events")]["write"] == "^$"
+        assert topics[(ns.broker_user("api"), f"{ns.namespace}.events")]["read"] == r"^case\."
+        assert topics[(ns.broker_user("consumer"), f"{ns.namespace}.events")]["read"] == "^$"
         policy = {p["name"]: p for p in _rabbitmqctl_json("list_policies")}[
             f"{ns.namespace}-case-start-limit"]
         assert json.loads(str(policy["definition"])) == {"max-length": 1234,

@@ -13,12 +13,17 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Annotated, Any
 
 import orjson
-from fastapi import Body, Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi import Body, Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.agents import AGENTS
 from service.api.middleware import BodyLimit
@@ -30,6 +35,7 @@ from service.api.schemas import (
     CancelAccepted,
     CancelRequest,
     CaseAccepted,
+    CaseList,
     CaseRequest,
     CaseView,
     EraseAccepted,
@@ -43,11 +49,14 @@ from service.api.schemas import (
     VerifyReport,
 )
 from service.api.security import Caller
+from service.api.streams import StreamStart, case_stream, parse_event_id, tenant_stream
+from service.api.viewer import viewer_routes
 from service.auth import Principal
 from service.bus import fastpath
 from service.bus.connection import connect_patiently
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
+from service.bus.watch import EventWatch
 from service.commands import CancelCommand, CaseStartCommand
 from service.config import Settings
 from service.erasure import erase
@@ -61,6 +70,7 @@ from service.errors import (
 from service.events import EVENT_TYPES, Limits
 from service.evidence import Evidence
 from service.providers import model_problem
+from service.search import CURSOR_PATTERN, BadCursor, CaseFilter, CaseIndex, CaseStatus, Cursor
 from service.sensitive import Vault, restore, split
 from service.store import (
     ApiKeyStore,
@@ -120,6 +130,35 @@ def _unstorable_text(value: Any, loc: list[str | int]) -> list[str | int] | None
 def _refuse_unstorable_text(body: Any, root: str) -> None:
     if (loc := _unstorable_text(body, [root] if root else [])) is not None:
         raise _unprocessable([(loc, "text may not contain NUL characters or lone surrogates")])
+
+
+INSTANT = (r"^([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"
+           r"-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3])"
+           r":[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$")
+"""An RFC 3339 date-time: the offset is required (a bare local time is ambiguous)."""
+
+
+def _instant(text: str | None, name: str) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        # Python's parser takes six fractional digits at most; RFC 3339 allows more.
+        head, dot, rest = text.partition(".")
+        if dot:
+            digits = len(rest) - len(rest.lstrip("0123456789"))
+            text = f"{head}.{rest[:min(digits, 6)]}{rest[digits:]}"
+        return datetime.fromisoformat(text.upper())
+    except ValueError as exc:
+        raise HTTPException(422, [{"loc": ["query", name], "type": "value_error",
+                                   "msg": f"not an RFC 3339 date-time: {exc}"}]) from None
+
+
+def _refuse_unstorable_query(**values: str | None) -> None:
+    for name, value in values.items():
+        if value is not None and _unstorable_text(value, []) is not None:
+            raise HTTPException(422, [{"loc": ["query", name], "type": "value_error",
+                                       "msg": "text may not contain NUL characters or lone "
+                                              "surrogates"}])
 
 
 def _responses(ok: int, model: type, description: str, *errors: int
@@ -215,6 +254,8 @@ class Services:
     """What the routes need, opened in the app's lifespan."""
 
     store: CaseStore
+    index: CaseIndex
+    watch: EventWatch
     evidence: Evidence
     publisher: Publisher
     topology: Topology
@@ -230,6 +271,7 @@ class Services:
         self.pool = await component_pool(identity, 20)
         self.connection = await connect_patiently(identity.amqp_url, "casetrail-api")
         self.store = CaseStore(self.pool)
+        self.index = CaseIndex(self.pool)
         self.secrets = CaseSecrets(self.pool, Vault.from_text(self.settings.master_key_text()))
         self.evidence = Evidence(self.store, KeyRegistry(self.pool))
         self.caller.keys = ApiKeyStore(self.pool)
@@ -240,8 +282,12 @@ class Services:
         # A short retry: a client waiting on POST /cases is better served by a
         # prompt 503 than by a minute of silence.
         self.publisher = await Publisher.open(self.connection, retry_seconds=3.0)
+        self.watch = EventWatch(self.connection, self.topology,
+                                self.settings.broker_user("worker"))
+        await self.watch.open()
 
     async def close(self) -> None:
+        await self.watch.close()
         await self.connection.close()
         await self.pool.close()
 
@@ -301,6 +347,16 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             "erasedAt": None if state.erased_at is None
             else state.erased_at.isoformat().replace("+00:00", "Z"),
             "erasedBy": state.erased_by}
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_problem(request: Request, exc: StarletteHTTPException) -> Response:
+        """FastAPI's own answer, except that a 405's ``Allow`` names every method the
+        path has (Starlette names only those of the first route it matched)."""
+        if exc.status_code == 405:
+            methods = {m for route in app.routes if isinstance(route, APIRoute)
+                       and route.path_regex.match(request.url.path) for m in route.methods or ()}
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(methods))}
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(StoreUnavailable)
     async def store_down(request: Request, exc: StoreUnavailable) -> JSONResponse:
@@ -457,6 +513,92 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         return OrjsonResponse({"caseId": str(case_id),
                                "events": [restore(e.as_json(), values) for e in events]})
 
+    @app.get("/cases", summary="Search the tenant's cases, newest first", response_model=None,
+             responses=_responses(200, CaseList, "A page of cases and the next page's cursor",
+                                  401, 403, 422, 503))
+    async def search_cases(
+        agent: Annotated[str | None, Query(max_length=100)] = None,
+        status: CaseStatus | None = None,
+        decision: Annotated[str | None, Query(max_length=100, description=(
+            "The answer's decision, for agents whose answer has one (e.g. approve)."))] = None,
+        since: Annotated[str | None, Query(
+            pattern=INSTANT, json_schema_extra={"format": "date-time"},
+            description="Cases created at or after this instant (RFC 3339, with its offset).")
+                         ] = None,
+        until: Annotated[str | None, Query(
+            pattern=INSTANT, json_schema_extra={"format": "date-time"},
+            description="Cases created before this instant (RFC 3339, with its offset).")
+                         ] = None,
+        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+        cursor: Annotated[str | None, Query(pattern=CURSOR_PATTERN, description=(
+            "The nextCursor of the previous page."))] = None,
+        principal: Principal = reader,
+    ) -> Response:
+        _refuse_unstorable_query(agent=agent, decision=decision)
+        try:
+            after = Cursor.decode(cursor) if cursor is not None else None
+        except BadCursor as exc:
+            raise HTTPException(422, [{"loc": ["query", "cursor"], "msg": str(exc),
+                                       "type": "value_error"}]) from None
+        wanted = CaseFilter(principal.tenant, agent, status, decision,
+                            _instant(since, "since"), _instant(until, "until"))
+        items, following = await services.index.search(wanted, limit, after)
+        return OrjsonResponse({"items": items,
+                               "nextCursor": following.encode() if following else None})
+
+    def still_valid(request: Request) -> Callable[[], Awaitable[bool]]:
+        """Whether the credential a stream was opened with still works (a revoked or
+        expired key ends its streams at the next keep-alive)."""
+        token = request.headers.get("authorization", "").partition(" ")[2].strip()
+
+        async def check() -> bool:
+            return await caller.principal(token) is not None
+        return check
+
+    async def stream_start(
+        case_id: uuid.UUID, principal: Principal = reader,
+        last_event_id: Annotated[str, Header(pattern=r"^[1-9][0-9]{0,8}\.[0-9]{1,9}$",
+                                             description=(
+            "Resume after this event (`<attempt>.<seq>`, the id the stream sent)."))] = "",
+    ) -> StreamStart:
+        """What a case stream needs, checked before the stream's 200 goes out."""
+        try:
+            after = parse_event_id(last_event_id) if last_event_id else None
+        except ValueError as exc:
+            raise HTTPException(422, [{"loc": ["header", "last-event-id"], "msg": str(exc),
+                                       "type": "value_error"}]) from None
+        await owned_case(case_id, principal)
+        values, _ = await sensitive_view(case_id, principal)
+        return StreamStart(case_id, after, values)
+
+    streaming = _responses(200, Health, "", 401, 403, 404, 422, 503)
+    del streaming[200]  # the event stream itself is described by FastAPI
+
+    @app.get("/cases/{case_id}/stream", response_class=EventSourceResponse,
+             summary="The case's events as Server-Sent Events: stored, then live",
+             responses=streaming)
+    async def stream_case(request: Request, start: StreamStart = Depends(stream_start),
+                          _: Principal = reader) -> AsyncIterator[ServerSentEvent]:
+        """Each event as `id: <attempt>.<seq>`, `event: <EVENT_TYPE>`, `data: <envelope>`;
+        the stored trail first, then live events, honouring `Last-Event-ID`; ends after
+        the terminal event."""
+        async for message in case_stream(services.watch, services.store, start.case_id,
+                                         start.after, start.values,
+                                         settings.stream_ping_seconds, still_valid(request)):
+            yield message
+
+    @app.get("/events/stream", response_class=EventSourceResponse,
+             summary="Every event of the caller's tenant, live, as Server-Sent Events",
+             responses={k: v for k, v in streaming.items() if k != 404})
+    async def stream_tenant(request: Request, principal: Principal = reader
+                            ) -> AsyncIterator[ServerSentEvent]:
+        """For dashboards: each event as it is published (`id` is the event id); no
+        replay (the case streams and `GET /cases` have the record); sensitive values
+        stay placeholders."""
+        async for message in tenant_stream(services.watch, principal.tenant,
+                                           settings.stream_ping_seconds, still_valid(request)):
+            yield message
+
     @app.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",
               response_model=None,
               responses=_responses(202, CancelAccepted, "The case is stopping or stopped",
@@ -538,6 +680,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         response.status_code = 200 if ready else 503
         return {"ready": ready, "checks": checks}
 
+    viewer_routes(app, public)
     app.openapi = lambda: exact_openapi(app, settings)  # type: ignore[method-assign]
     return app
 

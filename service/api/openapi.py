@@ -1,6 +1,6 @@
 """The OpenAPI document, made exact where FastAPI's generation cannot be.
 
-FastAPI describes what the route signatures say. Three things a client needs to
+FastAPI describes what the route signatures say. Four things a client needs to
 know are decided elsewhere, so they are written in here, from the same data the
 routes check against:
 
@@ -10,7 +10,8 @@ routes check against:
   provider in bench mode only; ``baseUrl`` only one the operator allowed) come from
   the settings, and so does whether the bench-only agent is offered;
 - ``types`` on ``GET /cases/{case_id}/events`` is a comma-separated list of event
-  types (an array, ``style: form``, ``explode: false``).
+  types (an array, ``style: form``, ``explode: false``);
+- the event streams answer their errors in JSON, before any stream starts.
 
 The contract test (tests/test_openapi_contract.py) runs schemathesis with every
 check against a running stack, so a route that answers something this document
@@ -152,5 +153,23 @@ def exact_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
                        "REACT_CYCLE,CASE_COMPLETED; all when absent.",
         "schema": {"type": "array", "items": {"enum": list(EVENT_TYPES)}},
     })
+    _json_errors_on_streams(document)
     app.openapi_schema = document
     return document
+
+
+def _json_errors_on_streams(document: dict[str, Any]) -> None:
+    """An event-stream route answers its errors (401, 404, 422, ...) in JSON before any
+    stream starts; FastAPI labels them with the stream's media type."""
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            responses = operation.get("responses", {})
+            if "text/event-stream" not in responses.get("200", {}).get("content", {}):
+                continue
+            responses["200"]["description"] = "The event stream"
+            for parameter in operation.get("parameters", []):
+                parameter["schema"].pop("default", None)  # absent means from the start
+            for code, response in responses.items():
+                content = response.get("content", {})
+                if code != "200" and "text/event-stream" in content:
+                    content["application/json"] = content.pop("text/event-stream")

@@ -264,3 +264,27 @@ class Bundle(BaseModel):
 
 class SigningKeys(BaseModel):
     keys: list[SigningKey]
+
+
+class CaseSummary(BaseModel):
+    """One case in a search result (no input: that is on the case's own page)."""
+
+    caseId: str
+    agent: str
+    status: str
+    decision: str | None = Field(description="The answer's `decision`, for agents whose "
+                                             "answer has one (null until it ends).")
+    attempts: int
+    cycles: int
+    tokenUsage: TokenTotals
+    startedBy: str | None
+    createdAt: str | None
+    endedAt: str | None
+
+
+class CaseList(BaseModel):
+    """A page of cases, newest first."""
+
+    items: list[CaseSummary]
+    nextCursor: str | None = Field(description="Pass as `cursor` for the next page; "
+                                               "null on the last one.")

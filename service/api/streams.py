@@ -1,0 +1,169 @@
+"""Server-Sent Events of a case's trail and of a tenant's events.
+
+A case's stream (``GET /cases/{id}/stream``) is the stored trail followed by the live
+events, with neither a gap nor a duplicate at the seam:
+
+1. it starts watching the case on the bus (``EventWatch.watch``) *before* reading
+   the stored trail, so an event published after the read is in the live feed;
+2. it sends the stored events after ``Last-Event-ID`` (``<attempt>.<seq>``);
+3. it sends each live event after the last one sent, dropping what it already sent.
+   A live event that does not directly follow the last one sent (an event published
+   just before the watch began, still on its way to Postgres; one missed while the
+   broker connection was down; a new attempt) makes it read the record for what lies
+   between, waiting up to ``GAP_WAIT_SECONDS`` for the consumer to store it;
+4. it ends after the terminal event; a comment line keeps it alive meanwhile.
+
+Each event goes out as ``id: <attempt>.<seq>``, ``event: <EVENT_TYPE>``, ``data:``
+the envelope (as ``GET /cases/{id}/events`` shows it; a live event's ``recordedAt``
+is null). Callers with ``pii:read`` see sensitive values restored, like the REST view.
+
+The tenant stream (``GET /events/stream``) is live only, for dashboards: every event
+of the caller's tenant as it is published, placeholders kept (values are per case).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi.sse import ServerSentEvent
+
+from service.bus.watch import EventWatch, LiveEvent, Watcher, case_key, tenant_key
+from service.events import TERMINAL_EVENT_TYPES
+from service.sensitive import restore
+from service.store import CaseStore
+
+log = logging.getLogger("casetrail.api")
+
+GAP_WAIT_SECONDS = 5.0
+"""How long a stream waits for the record to fill a gap before it goes on without it
+(an event the consumer refused is never stored)."""
+
+GAP_POLL_SECONDS = 0.05
+
+Key = tuple[int, int]
+"""``(attempt, seq)``: the order of a case's events."""
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """A case stream, checked before its response starts: the case, where to resume,
+    and the values to restore (empty without ``pii:read``)."""
+
+    case_id: uuid.UUID
+    after: Key | None
+    values: dict[str, str]
+
+
+def parse_event_id(text: str) -> Key:
+    """``<attempt>.<seq>`` (``ValueError`` otherwise)."""
+    attempt, dot, seq = text.partition(".")
+    if not dot or not attempt.isdigit() or not seq.isdigit() or int(attempt) < 1:
+        raise ValueError("Last-Event-ID must be <attempt>.<seq>, as the stream sent it")
+    return int(attempt), int(seq)
+
+
+def _follows(last: Key | None, key: Key) -> bool:
+    """Whether ``key`` comes directly after ``last`` within one attempt."""
+    return key == (1, 0) if last is None else key == (last[0], last[1] + 1)
+
+
+def _message(key: Key, event_type: str, envelope: dict[str, Any],
+             values: dict[str, str]) -> ServerSentEvent:
+    shown = restore(envelope, values) if values else envelope
+    return ServerSentEvent(raw_data=orjson.dumps(shown).decode(), event=event_type,
+                           id=f"{key[0]}.{key[1]}")
+
+
+async def _next_live(watcher: Watcher, ping_seconds: float) -> LiveEvent | None:
+    """The next live event, or ``None`` after ``ping_seconds`` without one."""
+    try:
+        return await asyncio.wait_for(watcher.events.get(), ping_seconds)
+    except TimeoutError:
+        return None
+
+
+async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
+                      after: Key | None, values: dict[str, str], ping_seconds: float,
+                      still_allowed: Callable[[], Awaitable[bool]]
+                      ) -> AsyncIterator[ServerSentEvent]:
+    """The case's events after ``after``: stored, then live (see the module).
+    ``still_allowed`` is asked at each keep-alive, so a revoked key's stream ends."""
+    last = after
+
+    async def recorded(before: Key | None) -> tuple[list[tuple[Key, str, dict[str, Any]]], bool]:
+        """The stored events after ``last`` (and before ``before``), and whether the
+        record holds the terminal event."""
+        events = await store.find_by_case_and_types(case_id)
+        return [((e.attempt, e.seq), e.event_type, e.as_json()) for e in events
+                if (last is None or (e.attempt, e.seq) > last)
+                and (before is None or (e.attempt, e.seq) < before)], \
+            any(e.event_type in TERMINAL_EVENT_TYPES for e in events)
+
+    async with watch.watch(case_key(case_id)) as watcher:
+        stored, ended = await recorded(None)
+        for key, event_type, envelope in stored:
+            yield _message(key, event_type, envelope, values)
+            last = key
+            if event_type in TERMINAL_EVENT_TYPES:
+                return
+        if ended:  # resumed after the terminal event
+            return
+        while True:
+            live = await _next_live(watcher, ping_seconds)
+            if live is None:
+                if not await still_allowed():
+                    return
+                yield ServerSentEvent(comment="ping")
+                continue
+            if watcher.cut_off:
+                log.warning("stream of case %s fell behind and was ended", case_id)
+                return
+            if last is not None and live.key <= last:
+                continue  # sent already, from the record
+            if not _follows(last, live.key):
+                waited_until = time.monotonic() + GAP_WAIT_SECONDS
+                while True:
+                    for key, event_type, envelope in (await recorded(live.key))[0]:
+                        yield _message(key, event_type, envelope, values)
+                        last = key
+                        if event_type in TERMINAL_EVENT_TYPES:
+                            return
+                    # Within an attempt seqs have no holes; a new attempt's start, read once.
+                    if _follows(last, live.key) or live.key[1] == 0 \
+                            or time.monotonic() > waited_until:
+                        break
+                    await asyncio.sleep(GAP_POLL_SECONDS)
+                if not _follows(last, live.key) and live.key[1] != 0:
+                    log.warning("stream of case %s: events before %s.%s not in the record",
+                                case_id, *live.key)
+            yield _message(live.key, live.event_type, live.envelope, values)
+            last = live.key
+            if live.event_type in TERMINAL_EVENT_TYPES:
+                return
+
+
+async def tenant_stream(watch: EventWatch, tenant: str, ping_seconds: float,
+                        still_allowed: Callable[[], Awaitable[bool]]
+                        ) -> AsyncIterator[ServerSentEvent]:
+    """Every event of ``tenant`` as it is published (live only; ``id`` is the event
+    id). ``still_allowed`` is asked at each keep-alive, so a revoked key's stream ends."""
+    async with watch.watch(tenant_key(tenant)) as watcher:
+        while True:
+            live = await _next_live(watcher, ping_seconds)
+            if live is None:
+                if not await still_allowed():
+                    return
+                yield ServerSentEvent(comment="ping")
+                continue
+            if watcher.cut_off:
+                log.warning("stream of tenant %s fell behind and was ended", tenant)
+                return
+            yield ServerSentEvent(raw_data=orjson.dumps(live.envelope).decode(),
+                                  event=live.event_type, id=live.envelope.get("eventId"))

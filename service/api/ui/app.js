@@ -1,0 +1,415 @@
+// casetrail trail viewer. Plain module, no build step, nothing from elsewhere.
+// Every value from the API is written as text (textContent), never as markup.
+// The API key lives in this tab's sessionStorage only and goes out in the
+// Authorization header, streams included (fetch, not EventSource).
+
+const KEY = "casetrail.apiKey";
+const TERMINAL = new Set(["CASE_COMPLETED", "CASE_FAILED", "CASE_TIMED_OUT", "CASE_CANCELLED"]);
+const STATUSES = ["queued", "running", "completed", "failed", "timed_out", "cancelled"];
+const DECISION_TONE = {
+  approve: "ok", clear: "ok", refer: "warn", escalate: "warn", decline: "bad", "file-sar": "bad",
+};
+const STATUS_TONE = {
+  queued: "none", running: "info", completed: "ok", failed: "bad", timed_out: "bad",
+  cancelled: "warn",
+};
+const main = document.getElementById("main");
+
+class Unauthorized extends Error {}
+
+// --- small DOM helpers ----------------------------------------------------
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(props)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name === "text") node.textContent = value;
+    else if (name === "class") node.className = value;
+    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+const badge = (text, tone) => el("span", { class: `badge ${tone || "none"}`, text });
+const statusBadge = (status) => badge(status.replace("_", " "), STATUS_TONE[status]);
+const decisionBadge = (decision) =>
+  decision ? badge(decision, DECISION_TONE[decision] || "info") : el("span", { class: "muted", text: "—" });
+const json = (value) => JSON.stringify(value, null, 2);
+const when = (iso) => (iso ? new Date(iso).toLocaleString() : "—");
+const ms = (value) => (value >= 1000 ? `${(value / 1000).toFixed(2)} s` : `${value} ms`);
+
+// --- the API --------------------------------------------------------------
+function authHeaders(extra = {}) {
+  return { ...extra, Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` };
+}
+
+async function api(path) {
+  const response = await fetch(path, { headers: authHeaders({ Accept: "application/json" }) });
+  if (response.status === 401) throw new Unauthorized();
+  if (!response.ok) {
+    let detail = response.statusText;
+    try { detail = JSON.stringify((await response.json()).detail); } catch { /* not JSON */ }
+    throw new Error(`${response.status}: ${detail}`);
+  }
+  return response.json();
+}
+
+// Server-Sent Events over fetch: calls onEvent({id, event, data}) per event.
+async function readStream(path, lastEventId, onEvent, signal) {
+  const headers = authHeaders({ Accept: "text/event-stream" });
+  if (lastEventId) headers["Last-Event-ID"] = lastEventId;
+  const response = await fetch(path, { headers, signal });
+  if (response.status === 401) throw new Unauthorized();
+  if (!response.ok) throw new Error(`stream: ${response.status}`);
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value.replace(/\r\n?/g, "\n");
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      const message = { id: null, event: "message", data: [] };
+      for (const line of block.split("\n")) {
+        if (!line || line.startsWith(":")) continue;
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        const text = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+        if (field === "data") message.data.push(text);
+        else if (field === "id") message.id = text;
+        else if (field === "event") message.event = text;
+      }
+      if (message.data.length) onEvent({ ...message, data: JSON.parse(message.data.join("\n")) });
+    }
+  }
+}
+
+// --- session ----------------------------------------------------------------
+function signInPage(problem) {
+  document.getElementById("signout").hidden = true;
+  document.getElementById("who").textContent = "";
+  const input = el("input", { id: "api-key", type: "password", autocomplete: "off",
+                              spellcheck: "false", required: true, placeholder: "ct_…" });
+  const error = el("p", { class: "error", role: "alert", hidden: !problem, text: problem || "" });
+  const form = el("form", { class: "signin", "aria-labelledby": "signin-title" },
+    el("h1", { id: "signin-title", text: "Sign in" }),
+    el("label", { for: "api-key", text: "API key" }), input, error,
+    el("button", { class: "primary", type: "submit", text: "Sign in" }),
+    el("p", { text: "The key stays in this browser tab (session storage) and is sent only " +
+                    "to this server, in a header. Closing the tab forgets it." }));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(KEY, input.value.trim());
+    try {
+      await api("/agents");
+      route();
+    } catch (exc) {
+      sessionStorage.removeItem(KEY);
+      error.hidden = false;
+      error.textContent = exc instanceof Unauthorized
+        ? "That key was not accepted (unknown, revoked or expired)." : String(exc.message);
+    }
+  });
+  main.replaceChildren(form);
+  input.focus();
+}
+
+function signOut() {
+  sessionStorage.removeItem(KEY);
+  history.pushState(null, "", "/ui/");
+  signInPage();
+}
+
+// --- the case list ------------------------------------------------------------
+async function listPage() {
+  const params = new URLSearchParams(location.search);
+  const agents = (await api("/agents")).agents.map((a) => a.name);
+  const field = (label, control) => el("label", {}, label, control);
+  const select = (name, options) => el("select", { name, id: `f-${name}` },
+    el("option", { value: "", text: "any" }),
+    options.map((o) => el("option", { value: o, text: o, selected: params.get(name) === o })));
+  const local = (iso) => (iso ? new Date(new Date(iso).getTime() -
+    new Date(iso).getTimezoneOffset() * 60000).toISOString().slice(0, 16) : "");
+  const form = el("form", { class: "filters", role: "search", "aria-label": "Filter cases" },
+    field("Agent", select("agent", agents)),
+    field("Status", select("status", STATUSES)),
+    field("Decision", el("input", { name: "decision", id: "f-decision", value: params.get("decision") || "",
+                                    placeholder: "e.g. approve", autocomplete: "off" })),
+    field("Created from", el("input", { name: "since", id: "f-since", type: "datetime-local",
+                                        value: local(params.get("since")) })),
+    field("Created before", el("input", { name: "until", id: "f-until", type: "datetime-local",
+                                          value: local(params.get("until")) })),
+    el("div", { class: "actions" },
+      el("button", { class: "primary", type: "submit", text: "Search" }),
+      el("button", { type: "reset", text: "Clear" })));
+  const apply = (reset) => {
+    const wanted = new URLSearchParams();
+    if (!reset) {
+      for (const [name, value] of new FormData(form)) {
+        if (!value) continue;
+        wanted.set(name, name === "since" || name === "until" ? new Date(value).toISOString() : value);
+      }
+    }
+    history.pushState(null, "", `/ui/${wanted.size ? "?" + wanted : ""}`);
+    route();
+  };
+  form.addEventListener("submit", (event) => { event.preventDefault(); apply(false); });
+  form.addEventListener("reset", (event) => { event.preventDefault(); apply(true); });
+
+  const body = el("tbody");
+  const table = el("table", { class: "cases" },
+    el("thead", {}, el("tr", {},
+      el("th", { scope: "col", text: "Case" }), el("th", { scope: "col", text: "Agent" }),
+      el("th", { scope: "col", text: "Status" }), el("th", { scope: "col", text: "Decision" }),
+      el("th", { scope: "col", class: "num wide", text: "Cycles" }),
+      el("th", { scope: "col", class: "num wide", text: "Tokens" }),
+      el("th", { scope: "col", class: "wide", text: "Started by" }),
+      el("th", { scope: "col", text: "Created" }))), body);
+  const more = el("button", { type: "button", text: "Load more", hidden: true });
+  main.replaceChildren(el("h1", { text: "Cases" }), form, table, el("div", { class: "more" }, more));
+
+  let cursor = null;
+  const load = async () => {
+    const query = new URLSearchParams(params);
+    query.set("limit", "50");
+    if (cursor) query.set("cursor", cursor);
+    const page = await api(`/cases?${query}`);
+    for (const item of page.items) {
+      const link = el("a", { class: "id", href: `/ui/cases/${item.caseId}`, text: item.caseId.slice(0, 8) });
+      body.append(el("tr", { "data-case-id": item.caseId },
+        el("td", {}, link), el("td", { text: item.agent }),
+        el("td", {}, statusBadge(item.status)), el("td", {}, decisionBadge(item.decision)),
+        el("td", { class: "num wide", text: item.cycles }),
+        el("td", { class: "num wide",
+                   text: (item.tokenUsage.inputTokens + item.tokenUsage.outputTokens).toLocaleString() }),
+        el("td", { class: "wide id", text: item.startedBy || "—" }),
+        el("td", { text: when(item.createdAt) })));
+    }
+    if (!body.children.length) {
+      body.append(el("tr", {}, el("td", { colspan: 8, class: "empty", text: "No cases match." })));
+    }
+    cursor = page.nextCursor;
+    more.hidden = !cursor;
+  };
+  more.addEventListener("click", () => load().catch(fail));
+  await load();
+}
+
+// --- one case -------------------------------------------------------------------
+function toolCard(call) {
+  const failed = call.error !== undefined;
+  const card = el("div", { class: `tool${failed ? " failed" : ""}`, "data-tool": call.toolName },
+    el("div", { class: "tool-head" },
+      el("span", { class: "name", text: call.toolName }),
+      badge(call.toolSource, call.toolSource === "worker" ? "info" : "none"),
+      el("span", { text: ms(call.durationMs) }),
+      failed ? badge("error", "bad") : badge("ok", "ok"),
+      call.toolCallId ? el("code", { text: call.toolCallId }) : null),
+    el("details", { open: true }, el("summary", { text: "Arguments" }),
+      el("pre", { text: call.rawArgs ?? json(call.toolArgs) })),
+    failed
+      ? el("p", { class: "error", text: call.error })
+      : el("details", { open: true }, el("summary", { text: "Result" }),
+          el("pre", { text: json(call.toolResult) })));
+  if (call.attempts && call.attempts.length) {
+    card.append(el("ol", { class: "attempts", "aria-label": "Attempts" },
+      call.attempts.map((a) => el("li", {
+        text: `attempt ${a.attempt}: ${a.outcome}, ${ms(a.durationMs)}` +
+              (a.worker ? ` on ${a.worker}` : "") + (a.error ? ` — ${a.error}` : "") }))));
+  }
+  return card;
+}
+
+function cycleCard(event) {
+  const p = event.payload;
+  const tokens = p.tokenUsage;
+  return el("article", { class: "card cycle", id: `e-${event.attempt}-${event.seq}`,
+                         "data-cycle": p.cycleIndex, "aria-label": `Cycle ${p.cycleIndex + 1}` },
+    el("header", {},
+      el("strong", { text: `Cycle ${p.cycleIndex + 1}` }),
+      p.model ? el("span", { text: p.model }) : null,
+      p.finishReason ? el("span", { text: `finish: ${p.finishReason}` }) : null,
+      el("span", { text: `${tokens.inputTokens} in / ${tokens.outputTokens} out tokens` }),
+      el("span", { text: when(event.occurredAt) })),
+    el("p", { class: "reasoning", text: p.reasoningText || "(no text)" }),
+    (p.modelRetries || []).map((r) => el("p", { class: "muted",
+      text: `model retried after ${ms(r.waitedMs)}: ${r.reason}` })),
+    el("div", { class: "tools" }, p.toolCalls.map(toolCard)));
+}
+
+function startedCard(event) {
+  const p = event.payload;
+  return el("article", { class: "card started", id: `e-${event.attempt}-${event.seq}` },
+    el("header", {}, el("strong", { text: "Started" }), el("span", { text: when(event.occurredAt) }),
+      el("span", { text: `${p.model.provider} / ${p.model.name}` }),
+      el("span", { text: `agent ${p.agent} v${p.agentVersion}` })),
+    p.restartReason ? el("p", { class: "muted", text: `Restarted: ${p.restartReason}` }) : null,
+    el("p", { class: "muted", text: "Tools offered: " +
+      p.toolsOffered.map((t) => `${t.name} (${t.source})`).join(", ") }),
+    el("details", {}, el("summary", { text: "Input" }), el("pre", { text: json(p.input) })));
+}
+
+function terminalCard(event) {
+  const p = event.payload;
+  const kind = event.eventType.replace("CASE_", "").toLowerCase();
+  const title = { completed: "Completed", failed: "Failed", timed_out: "Timed out",
+                  cancelled: "Cancelled" }[kind];
+  const card = el("article", { class: `card terminal ${kind}`, id: "outcome", tabindex: "-1" },
+    el("header", {}, el("strong", { text: title }),
+      kind === "completed" && p.answer && p.answer.decision ? decisionBadge(p.answer.decision) : null,
+      el("span", { text: `${p.cyclesCompleted} cycles` }),
+      el("span", { text: when(event.occurredAt) })));
+  if (kind === "completed") card.append(el("pre", { text: json(p.answer) }));
+  if (p.message) card.append(el("p", { text: p.message }));
+  if (p.reasonCode) card.append(el("p", { class: "muted", text: `reason: ${p.reasonCode}` }));
+  if (kind === "cancelled") {
+    card.append(el("p", { class: "muted", text:
+      `by ${p.cancelledBy || "unknown"}${p.reason ? ": " + p.reason : ""}` +
+      (p.whileQueued ? " (before it started)" : "") }));
+  }
+  return card;
+}
+
+function fact(label, id, value) {
+  return el("div", {}, el("dt", { text: label }), el("dd", { id }, value));
+}
+
+async function casePage(caseId, signal) {
+  const view = await api(`/cases/${caseId}`);
+  const setFact = (id, value) => document.getElementById(id).replaceChildren(value);
+  const chart = el("div", { class: "chart", role: "img", "aria-label": "Tokens per cycle" });
+  const live = el("p", { class: "live", role: "status" });
+  const timeline = el("div", { class: "timeline" });
+  main.replaceChildren(
+    el("section", { class: "case-head", "aria-label": "Case" },
+      el("div", {},
+        el("p", { class: "muted" }, el("a", { href: "/ui/", text: "← All cases" })),
+        el("h1", { text: caseId }),
+        el("dl", { class: "facts" },
+          fact("Agent", "f-agent", view.agent), fact("Tenant", "f-tenant", "—"),
+          fact("Started by", "f-by", "—"), fact("Status", "f-status", statusBadge(view.status)),
+          fact("Decision", "f-decision", decisionBadge(view.answer && view.answer.decision)),
+          fact("Cycles", "f-cycles", String(view.cycles)),
+          fact("Tokens in / out", "f-tokens",
+               `${view.tokenUsage.inputTokens} / ${view.tokenUsage.outputTokens}`),
+          fact("Attempts", "f-attempts", String(view.attempts)),
+          fact("Integrity", "f-integrity", integrityBadge(view.integrity)),
+          fact("Created", "f-created", when(view.createdAt)))),
+      el("div", { class: "chart-box" }, el("div", { class: "label", text: "Tokens per cycle" }), chart,
+        el("div", { class: "legend" }, el("i", { class: "in" }), "in", el("i", { class: "out" }), "out"))),
+    live, timeline);
+
+  const bars = [];
+  const totals = { cycles: 0, input: 0, output: 0 };
+  const drawBars = () => {
+    const top = Math.max(1, ...bars.map((b) => b.input + b.output));
+    chart.replaceChildren(...bars.map((b) => el("div", {
+      class: "bar-pair", title: `cycle ${b.label}: ${b.input} in, ${b.output} out` },
+      el("div", { class: "out", style: null }), el("div", { class: "in" }))));
+    [...chart.children].forEach((pair, i) => {
+      pair.children[0].style.height = `${(bars[i].output / top) * 100}%`;
+      pair.children[1].style.height = `${(bars[i].input / top) * 100}%`;
+    });
+  };
+  const attempts = new Map();
+  const section = (n) => {
+    if (!attempts.has(n)) {
+      const node = el("section", { class: "attempt", "data-attempt": n, "aria-label": `Attempt ${n}` },
+        el("h2", { text: `Attempt ${n}` }));
+      attempts.set(n, node);
+      timeline.append(node);
+    }
+    return attempts.get(n);
+  };
+  let lastId = null;
+  let ended = false;
+  const onEvent = ({ id, data: event }) => {
+    lastId = id;
+    const p = event.payload;
+    if (event.eventType === "CASE_STARTED") {
+      setFact("f-tenant", event.tenantId);
+      setFact("f-by", p.startedBy || "—");
+      setFact("f-attempts", String(event.attempt));
+      setFact("f-status", statusBadge("running"));
+      section(event.attempt).append(startedCard(event));
+    } else if (event.eventType === "REACT_CYCLE") {
+      totals.cycles += 1; totals.input += p.tokenUsage.inputTokens; totals.output += p.tokenUsage.outputTokens;
+      bars.push({ label: `${event.attempt}.${p.cycleIndex + 1}`, input: p.tokenUsage.inputTokens,
+                  output: p.tokenUsage.outputTokens });
+      drawBars();
+      setFact("f-cycles", String(p.cycleIndex + 1));
+      setFact("f-tokens", `${totals.input} / ${totals.output}`);
+      section(event.attempt).append(cycleCard(event));
+    } else if (TERMINAL.has(event.eventType)) {
+      ended = true;
+      section(event.attempt).append(terminalCard(event));
+    } else if (event.eventType === "CASE_ERASED") {
+      timeline.append(el("p", { class: "muted", text: `Sensitive values erased by ${p.erasedBy}` }));
+    }
+  };
+  const showLive = (text, pulsing) => live.replaceChildren(
+    pulsing ? el("span", { class: "dot", "aria-hidden": "true" }) : "", text);
+  showLive("Following the case live…", true);
+  let failures = 0;
+  while (!ended) {
+    try {
+      await readStream(`/cases/${caseId}/stream`, lastId, onEvent, signal);
+      failures = 0;
+    } catch (exc) {
+      if (signal.aborted) return;
+      if (exc instanceof Unauthorized) throw exc;
+      failures += 1;
+      showLive(`Connection lost (${exc.message}); reconnecting…`, false);
+      await new Promise((resolve) => setTimeout(resolve, Math.min(10000, 500 * 2 ** failures)));
+    }
+  }
+  const final = await api(`/cases/${caseId}`);
+  setFact("f-status", statusBadge(final.status));
+  setFact("f-decision", decisionBadge(final.answer && final.answer.decision));
+  setFact("f-cycles", String(final.cycles));
+  setFact("f-tokens", `${final.tokenUsage.inputTokens} / ${final.tokenUsage.outputTokens}`);
+  setFact("f-attempts", String(final.attempts));
+  setFact("f-integrity", integrityBadge(final.integrity));
+  showLive(`Ended ${when(final.endedAt)}.`, false);
+}
+
+function integrityBadge(integrity) {
+  if (!integrity) return badge("unknown", "none");
+  if (!integrity.verified) return badge("does not verify", "bad");
+  return integrity.complete ? badge("verified, complete", "ok") : badge("verified so far", "info");
+}
+
+// --- routing --------------------------------------------------------------------
+function fail(exc) {
+  if (exc instanceof Unauthorized) {
+    sessionStorage.removeItem(KEY);
+    signInPage("Your key is no longer accepted; sign in again.");
+    return;
+  }
+  main.replaceChildren(el("p", { class: "error", role: "alert", text: `Could not load: ${exc.message}` }));
+}
+
+let leaving = new AbortController();
+
+function route() {
+  leaving.abort();  // stops the previous page's stream
+  leaving = new AbortController();
+  if (!sessionStorage.getItem(KEY)) {
+    signInPage();
+    return;
+  }
+  document.getElementById("signout").hidden = false;
+  document.getElementById("who").textContent = "signed in";
+  const match = location.pathname.match(/^\/ui\/cases\/([0-9a-f-]{36})$/);
+  const signal = leaving.signal;
+  (match ? casePage(match[1], signal) : listPage()).catch((exc) => signal.aborted || fail(exc));
+}
+
+document.getElementById("signout").addEventListener("click", signOut);
+window.addEventListener("popstate", route);
+route();

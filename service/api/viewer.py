@@ -1,0 +1,61 @@
+"""The trail viewer: a static shell under ``/ui/`` whose data comes from the API.
+
+The shell is public (it holds no data); the page asks for an API key, keeps it in the
+tab's ``sessionStorage`` only, and sends it as ``Authorization: Bearer`` on every call,
+streams included (read with ``fetch``, never an ``EventSource`` with a key in the URL).
+There is no build step and nothing is fetched from elsewhere: the files in
+``service/api/ui/`` are served as they are, read once at start.
+
+The Content-Security-Policy allows scripts, styles and connections to this origin only,
+and the page writes every value from a trail as text, never as markup, so reasoning
+text or a tool result that holds HTML is shown, not run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Response
+
+from service.auth import Principal
+
+_ASSETS = {"app.js": "text/javascript", "style.css": "text/css",
+           "favicon.svg": "image/svg+xml"}
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "connect-src 'self'; img-src 'self'; base-uri 'none'; "
+                               "form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+def _read(name: str) -> bytes:
+    return resources.files("service.api").joinpath("ui", name).read_bytes()
+
+
+def viewer_routes(app: FastAPI, public: Any) -> None:
+    """Add ``/ui/``, ``/ui/cases/{case_id}`` and the shell's assets to ``app``
+    (``public``: the dependency that marks a route open to anyone)."""
+    shell = _read("index.html")
+    assets = {name: _read(name) for name in _ASSETS}
+
+    def page() -> Response:
+        return Response(shell, media_type="text/html; charset=utf-8", headers=_HEADERS)
+
+    @app.get("/ui/", include_in_schema=False)
+    async def viewer_list(_: Principal = public) -> Response:
+        return page()
+
+    @app.get("/ui/cases/{case_id}", include_in_schema=False)
+    async def viewer_case(case_id: uuid.UUID, _: Principal = public) -> Response:
+        return page()
+
+    @app.get("/ui/assets/{name}", include_in_schema=False)
+    async def viewer_asset(name: str, _: Principal = public) -> Response:
+        if name not in assets:
+            raise HTTPException(404, f"no asset {name}")
+        return Response(assets[name], media_type=_ASSETS[name], headers=_HEADERS)
