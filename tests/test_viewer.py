@@ -1,0 +1,176 @@
+"""The trail viewer in a real browser: Debian's Chromium, driven by Playwright, against
+the real stack. A slow case's page fills in cycle by cycle without a reload and ends
+with the decision; the list filters; another tenant's case is not shown; the key never
+appears in a URL. Screenshots of the list and of a case page go to ``docs/``."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.store import ApiKeyStore
+from tests.helpers import ended
+from tests.stack import InProcessStack, module_stack
+
+stack = module_stack(worker_concurrency=8)
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+SCOPES = ("cases:start", "cases:read", "models:override")
+
+
+def chromium() -> str:
+    """Debian's Chromium (``make test`` installs it); Playwright's own download does not
+    work here, so the browser is never fetched by the tests."""
+    found = os.environ.get("CASETRAIL_CHROMIUM") or shutil.which("chromium") \
+        or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("Chromium is not installed: `apt-get install chromium` (make test does)")
+    return found
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=chromium(),
+                                                    args=["--no-sandbox"])
+        yield launched
+        await launched.close()
+
+
+@pytest.fixture(scope="module")
+async def viewer_key(pool: asyncpg.Pool) -> str:
+    _, key = await ApiKeyStore(pool).create("lender", SCOPES, "viewer tests")
+    return key
+
+
+@pytest.fixture(scope="module")
+async def lender(stack: InProcessStack, viewer_key: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=10,
+                                 headers={"Authorization": f"Bearer {viewer_key}"}) as http:
+        yield http
+
+
+async def signed_in(browser: Browser, stack: InProcessStack, key: str, path: str = "/ui/",
+                    width: int = 1280) -> Page:
+    page = await browser.new_page(viewport={"width": width, "height": 900})
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.requested = requested  # type: ignore[attr-defined]
+    await page.goto(stack.base_url + path)
+    await page.get_by_label("API key").fill(key)
+    await page.get_by_role("button", name="Sign in").click()
+    return page
+
+
+def never_in_a_url(page: Page, key: str) -> None:
+    requested: list[str] = page.requested  # type: ignore[attr-defined]
+    assert requested and not [url for url in requested if key in url or "ct_" in url]
+
+
+async def test_a_running_case_fills_in_live_and_ends_with_its_decision(
+    browser: Browser, stack: InProcessStack, lender: httpx.AsyncClient, viewer_key: str,
+) -> None:
+    slow = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0],
+            "model": {"provider": "scripted", "name": "slow", "latencyMs": 900}}
+    case_id = (await lender.post("/cases", json=slow)).json()["caseId"]
+    page = await signed_in(browser, stack, viewer_key, f"/ui/cases/{case_id}")
+    # Layout shifts (the browser's own measure, as in Core Web Vitals' CLS), from now on.
+    await page.evaluate("""() => { window.shifts = 0; new PerformanceObserver((list) => {
+        for (const entry of list.getEntries()) if (!entry.hadRecentInput) window.shifts += entry.value;
+      }).observe({ type: "layout-shift" }); }""")
+    cycles = page.locator("article.cycle")
+    # Cycles arrive one by one on the same page (no reload): 1, then 2, ...
+    await expect(cycles).to_have_count(1, timeout=10_000)
+    assert await page.locator("#outcome").count() == 0  # still running
+    await expect(cycles).to_have_count(2, timeout=10_000)
+    await expect(cycles).to_have_count(4, timeout=15_000)
+    outcome = page.locator("#outcome")
+    await expect(outcome).to_contain_text("Completed", timeout=10_000)
+    await expect(outcome).to_contain_text("approve")
+    await expect(page.locator("#f-decision")).to_have_text("approve")
+    await expect(page.locator("#f-status")).to_have_text("completed")
+    await expect(page.locator("#f-integrity")).to_contain_text("verified")
+    await expect(page.locator("#f-tenant")).to_have_text("lender")
+    # Tool-call cards: name, source, arguments, result, duration.
+    first_tool = cycles.first.locator(".tool").first
+    await expect(first_tool.locator(".name")).to_have_text("credit-score")
+    await expect(first_tool).to_contain_text("worker")
+    await expect(first_tool).to_contain_text("Arguments")
+    await expect(first_tool).to_contain_text("Result")
+    assert await page.locator(".chart .bar-pair").count() == 4
+    assert await page.evaluate("window.shifts") < 0.05  # nothing already shown moved
+    # The applicant's name is a placeholder for a key without pii:read.
+    await expect(page.locator("article.started")).to_contain_text("[pii:applicantName]")
+    await page.screenshot(path=str(DOCS / "viewer-case.png"), full_page=True)
+    never_in_a_url(page, viewer_key)
+    await page.close()
+
+
+async def test_the_list_filters_and_hides_other_tenants_cases(
+    browser: Browser, stack: InProcessStack, lender: httpx.AsyncClient, viewer_key: str,
+    client: httpx.AsyncClient,
+) -> None:
+    mine = []
+    for application in SAMPLE_APPLICATIONS[:3]:
+        case_id = (await lender.post("/cases", json={"agent": "loan-officer",
+                                                     "input": application})).json()["caseId"]
+        mine.append(await ended(lender, case_id))
+    theirs = (await client.post("/cases", json={"agent": "loan-officer",
+                                                "input": SAMPLE_APPLICATIONS[0]})).json()
+    await ended(client, theirs["caseId"])
+
+    page = await signed_in(browser, stack, viewer_key)
+    rows = page.locator("table.cases tbody tr[data-case-id]")
+    await expect(rows.first).to_be_visible()
+    shown = await rows.evaluate_all("rows => rows.map(r => r.dataset.caseId)")
+    assert {c["caseId"] for c in mine} <= set(shown)
+    assert theirs["caseId"] not in shown  # another tenant's case
+    await page.screenshot(path=str(DOCS / "viewer-list.png"), full_page=True)
+
+    decision = mine[-1]["answer"]["decision"]
+    await page.get_by_label("Decision").fill(decision)
+    await page.get_by_role("button", name="Search").click()
+    await expect(page).to_have_url(re.compile(rf"decision={decision}"))
+    await expect(rows.first).to_be_visible()
+    badges = await page.locator("table.cases tbody td:nth-child(4)").all_inner_texts()
+    assert badges and set(badges) == {decision}
+
+    # Keyboard: the first case's link is reachable with Tab and opens its page.
+    await page.get_by_role("button", name="Clear").click()
+    await expect(page).to_have_url(stack.base_url + "/ui/")
+    link = rows.first.locator("a")
+    await link.focus()
+    await page.keyboard.press("Enter")
+    await expect(page).to_have_url(re.compile(r"/ui/cases/[0-9a-f-]{36}$"))
+    await expect(page.locator("#outcome")).to_be_visible(timeout=10_000)
+    never_in_a_url(page, viewer_key)
+    await page.close()
+
+
+async def test_a_phone_width_page_has_no_horizontal_scroll_and_a_bad_key_is_refused(
+    browser: Browser, stack: InProcessStack, lender: httpx.AsyncClient, viewer_key: str,
+) -> None:
+    case_id = (await lender.post("/cases", json={"agent": "loan-officer",
+                                                 "input": SAMPLE_APPLICATIONS[1]})).json()
+    await ended(lender, case_id["caseId"])
+    page = await signed_in(browser, stack, viewer_key, f"/ui/cases/{case_id['caseId']}",
+                           width=390)
+    await expect(page.locator("#outcome")).to_be_visible(timeout=10_000)
+    overflow = await page.evaluate(
+        "document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 0
+    await page.screenshot(path=str(DOCS / "viewer-phone.png"))
+    await page.close()
+
+    refused = await signed_in(browser, stack, "ct_000000000000_" + "A" * 43)
+    await expect(refused.get_by_role("alert")).to_contain_text("not accepted")
+    await refused.close()
