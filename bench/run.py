@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from bench import models, raw, scenarios
+from bench import models, raw, scenarios, viewer
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, namespace
 from bench.integrity import integrity_costs
@@ -35,6 +35,8 @@ TARGETS: dict[str, Any] = {
     # Real providers (openai, anthropic SDKs) against a 300 ms model: 90 % of the ideal
     # turns/s at worker concurrency 256, connections within the pool.
     "modelsShare": 0.9,
+    # Reading: a filtered search page at 1,000,000 cases; POST /cases beside 500 streams.
+    "searchP99": 50, "streamsPostP99": 100,
 }
 
 
@@ -144,10 +146,23 @@ async def run(quick: bool) -> dict[str, Any]:
     print("POST /cases ...", flush=True)
     results["api"] = await scenarios.api_posts(bench_settings(api_port=8797),
                                                requests=int(3000 * scale) or 300)
+    results |= await reading(scale, rounds)
     print("real providers against a 300 ms model ...", flush=True)
     results["models"] = [await models.run_cases(provider, int(1000 * scale), level)
                          for provider in ("openai", "anthropic") for level in (256, 1024)]
     return results
+
+
+async def reading(scale: float, rounds: int) -> dict[str, Any]:
+    """Search at 1,000,000 cases; POST /cases beside 500 streams (median of the rounds)."""
+    print("case search at 1,000,000 cases ...", flush=True)
+    search = await viewer.search_at_scale(bench_settings(api_port=8795),
+                                          int(1_000_000 * scale))
+    print("500 event streams beside POST /cases ...", flush=True)
+    runs = [await viewer.streams_beside_posts(bench_settings(api_port=8796), int(500 * scale))
+            for _ in range(rounds)]
+    median = sorted(runs, key=lambda run: run["withStreams"]["p99Ms"])[(rounds - 1) // 2]
+    return {"search": search, "streamRuns": runs, "streams": median}
 
 
 def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -203,7 +218,34 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
          f"≥ {TARGETS['apiRps']}", f"p99 {r['api']['p99Ms']:.0f} ms at concurrency "
          f"{r['api']['concurrency']}"),
         *_model_rows(r),
+        *_reading_rows(r),
     ]
+    return rows
+
+
+def _reading_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Case search at scale and event streams beside POST /cases (bench/viewer.py)."""
+    rows = []
+    if "search" in r:
+        s = r["search"]
+        shapes = s["shapes"]
+        rows.append((
+            f"GET /cases, a filtered page, {s['cases']:,} cases", f"{s['worstP99Ms']:.1f} ms",
+            f"≤ {TARGETS['searchP99']} ms",
+            f"p99 of the slowest of {len(shapes)} query shapes ({s['worstShape']}), "
+            f"{s['requestsPerShape']} requests each over HTTP; p50s "
+            f"{min(x['p50'] for x in shapes.values()):.1f}-"
+            f"{max(x['p50'] for x in shapes.values()):.1f} ms"))
+    if "streams" in r:
+        t = r["streams"]
+        runs = [x["withStreams"]["p99Ms"] for x in r.get("streamRuns", [t])]
+        rows.append((
+            f"POST /cases p99 beside {t['streams']} open event streams",
+            f"{t['withStreams']['p99Ms']:.0f} ms", f"≤ {TARGETS['streamsPostP99']} ms",
+            f"at {t['withStreams']['rate']:.0f} req/s; {t['alone']['p99Ms']:.0f} ms with no "
+            f"stream; {t['eventsStreamedPerSecond']} events/s streamed; API "
+            f"{t['coresBusyWithStreams']['api']} of a core, {t['apiPeakRssMb']} MB; "
+            f"{spread(runs, '{:.0f} ms')}"))
     return rows
 
 

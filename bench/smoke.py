@@ -15,6 +15,7 @@ from bench.harness import bench_settings
 from bench.integrity import integrity_costs
 from bench.models import run_cases
 from bench.scenarios import consumer_ingest
+from bench.viewer import search_at_scale, streams_beside_posts
 
 
 async def smoke() -> None:
@@ -25,6 +26,15 @@ async def smoke() -> None:
     print(f"consumer alone: {ingest['events']} events, {ingest['eventsPerSecond']:,.0f}/s",
           flush=True)
     print(f"per event: {integrity_costs(1000)}", flush=True)
+    search = await search_at_scale(bench_settings(api_port=8795), 20_000, requests=20)
+    print(f"search at {search['cases']:,} cases: slowest p99 {search['worstP99Ms']:.1f} ms "
+          f"({search['worstShape']})", flush=True)
+    streams = await streams_beside_posts(bench_settings(api_port=8796), 50, seconds=5)
+    print(f"POST /cases p99 {streams['withStreams']['p99Ms']:.0f} ms beside "
+          f"{streams['streams']} streams ({streams['eventsStreamedPerSecond']} events/s "
+          "streamed)", flush=True)
+    if streams["eventsStreamedPerSecond"] == 0:
+        raise SystemExit("no event reached the streams")
     for provider in ("openai", "anthropic"):
         run = await run_cases(provider, 64, 32)
         print(f"{provider} provider: {run['completed']} of {run['cases']} cases, "

@@ -153,7 +153,7 @@ async def run_demo(settings: Settings) -> int:
             for case_id in names:
                 await _until_recorded(client, case_id)
         return _show_api_use(await _show_trails(settings, names), key, base_url,
-                             next(iter(names)))
+                             settings.public_url or base_url, names)
     finally:
         if connection is not None:
             await connection.close()
@@ -163,12 +163,23 @@ async def run_demo(settings: Settings) -> int:
 DEMO_TENANT = "default"
 
 
-def _show_api_use(code: int, key: str, base_url: str, case_id: str) -> int:
+def _show_viewer(base_url: str, names: dict[str, str]) -> None:
+    _say("\nEach case in the trail viewer (sign in with the key above; `make up` keeps the "
+         "stack running):")
+    for case_id, label in names.items():
+        _say(f"  {label:<32} {base_url}/ui/cases/{case_id}")
+    _say(f"  all cases, with search:          {base_url}/ui/")
+
+
+def _show_api_use(code: int, key: str, base_url: str, public_url: str,
+                  names: dict[str, str]) -> int:
+    case_id = next(iter(names))
     _say(f"\nThe API wants a key (this demo made one for tenant {DEMO_TENANT}):\n"
          f"  curl -s -H 'Authorization: Bearer {key}' {base_url}/cases/{case_id}\n"
          f"  curl -s -H 'Authorization: Bearer {key}' {base_url}/cases/{case_id}/verify\n"
          "Make your own: casetrail keys create --tenant acme --scopes "
          "cases:start,cases:read,cases:cancel")
+    _show_viewer(public_url, names)
     return code
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -220,6 +221,10 @@ async def test_the_demo_runs_end_to_end(settings: Settings, database: str) -> No
                            ("Priya Nair", "decline")]:
         assert any(name in line and decision in line and "completed" in line
                    for line in out.splitlines()), (name, decision)
+    # Each case's viewer page: one link per case started.
+    started = re.findall(r"-> 202 caseId=([0-9a-f-]{36})", out)
+    linked = re.findall(r"http://127\.0\.0\.1:\d+/ui/cases/([0-9a-f-]{36})", out)
+    assert len(started) == 4 and linked == started
 
 
 async def test_up_runs_the_stack_and_sigterm_stops_every_child(settings: Settings,

@@ -85,7 +85,7 @@ async def test_a_running_case_fills_in_live_and_ends_with_its_decision(
     page = await signed_in(browser, stack, viewer_key, f"/ui/cases/{case_id}")
     # Layout shifts (the browser's own measure, as in Core Web Vitals' CLS), from now on.
     await page.evaluate("""() => { window.shifts = 0; new PerformanceObserver((list) => {
-        for (const entry of list.getEntries()) if (!entry.hadRecentInput) window.shifts += entry.value;
+        for (const e of list.getEntries()) if (!e.hadRecentInput) window.shifts += e.value;
       }).observe({ type: "layout-shift" }); }""")
     cycles = page.locator("article.cycle")
     # Cycles arrive one by one on the same page (no reload): 1, then 2, ...

@@ -347,6 +347,8 @@ async function casePage(caseId, signal) {
       section(event.attempt).append(cycleCard(event));
     } else if (TERMINAL.has(event.eventType)) {
       ended = true;
+      setFact("f-status", statusBadge(event.eventType.replace("CASE_", "").toLowerCase()));
+      setFact("f-decision", decisionBadge(p.answer && p.answer.decision));
       section(event.attempt).append(terminalCard(event));
     } else if (event.eventType === "CASE_ERASED") {
       timeline.append(el("p", { class: "muted", text: `Sensitive values erased by ${p.erasedBy}` }));
@@ -368,7 +370,13 @@ async function casePage(caseId, signal) {
       await new Promise((resolve) => setTimeout(resolve, Math.min(10000, 500 * 2 ** failures)));
     }
   }
-  const final = await api(`/cases/${caseId}`);
+  // The stream can be ahead of the record by a moment: wait for the stored case.
+  let final = await api(`/cases/${caseId}`);
+  for (let tries = 0; ["queued", "running"].includes(final.status) && tries < 20; tries += 1) {
+    await new Promise((resolve) => setTimeout(resolve, 250));
+    final = await api(`/cases/${caseId}`);
+  }
+  if (signal.aborted) return;
   setFact("f-status", statusBadge(final.status));
   setFact("f-decision", decisionBadge(final.answer && final.answer.decision));
   setFact("f-cycles", String(final.cycles));

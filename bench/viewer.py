@@ -1,0 +1,246 @@
+"""What reading costs: case search at 1,000,000 cases, and 500 open event streams
+beside ``POST /cases``.
+
+``python -m bench.viewer search [CASES]`` / ``python -m bench.viewer streams [STREAMS]``
+(``python -m bench.viewer post BASE KEY RATE SECONDS`` is the POST load generator the
+streams scenario runs in a process of its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import orjson
+
+from bench.harness import (
+    Processes,
+    api_key,
+    bench_settings,
+    cpu_seconds,
+    namespace,
+    peak_rss_mb,
+    percentiles,
+    service_cpu,
+    wait_ready,
+)
+from service.config import Settings
+
+SEED_SQL = """
+INSERT INTO cases (case_id, tenant_id, agent, status, input, model, limits, request_digest,
+                   created_at, ended_at, cycles, input_tokens, output_tokens, answer,
+                   attempts_claimed, started_by)
+SELECT gen_random_uuid(), t.tenant, t.agent, t.status, '{}', '{}', '{}', 'seeded',
+       t.created, t.created + interval '3 seconds', 4, 2400, 300,
+       CASE WHEN t.status = 'completed' THEN jsonb_build_object('decision', t.decision) END,
+       1, 'key:seeded'
+FROM (
+  SELECT CASE WHEN r1 < 0.9 THEN 'default' ELSE 'other-' || (n % 20) END AS tenant,
+         CASE WHEN r2 < 0.6 THEN 'loan-officer' WHEN r2 < 0.9 THEN 'aml-screening'
+              ELSE 'throughput-probe' END AS agent,
+         CASE WHEN r3 < 0.85 THEN 'completed' WHEN r3 < 0.90 THEN 'failed'
+              WHEN r3 < 0.93 THEN 'cancelled' WHEN r3 < 0.95 THEN 'timed_out'
+              WHEN r3 < 0.98 THEN 'running' ELSE 'queued' END AS status,
+         CASE WHEN r2 < 0.6 THEN (ARRAY['approve','approve','refer','decline'])[1 + (n % 4)]
+              WHEN r2 < 0.9 THEN (ARRAY['clear','clear','escalate','file-sar'])[1 + (n % 4)]
+              ELSE 'done' END AS decision,
+         now() - (r4 * interval '90 days') AS created
+  FROM (SELECT n, random() AS r1, random() AS r2, random() AS r3, random() AS r4
+        FROM generate_series($1::int, $2::int) AS n) AS g
+) AS t
+"""
+"""Cases over 90 days: 90 % of them the searching tenant's, three agents, realistic
+status and decision mixes (rows only: search reads no events)."""
+
+
+def _shapes(now: datetime) -> dict[str, Any]:
+    """Query shapes a reviewer uses; each is a function giving one request's params."""
+    def window() -> dict[str, str]:
+        start = now - timedelta(days=random.uniform(1, 89))
+        return {"since": start.isoformat(), "until": (start + timedelta(days=1)).isoformat()}
+
+    return {
+        "newest": lambda: {},
+        "agent": lambda: {"agent": random.choice(["loan-officer", "aml-screening"])},
+        "status (rare: failed)": lambda: {"status": "failed"},
+        "status (running)": lambda: {"status": "running"},
+        "decision": lambda: {"decision": random.choice(["approve", "decline", "escalate"])},
+        "agent + status": lambda: {"agent": "loan-officer", "status": "completed"},
+        "agent + decision": lambda: {"agent": "loan-officer", "decision": "decline"},
+        "agent + decision, no match": lambda: {"agent": "aml-screening",
+                                               "decision": "decline"},
+        "one day": window,
+        "agent + one day": lambda: {"agent": "aml-screening", **window()},
+    }
+
+
+async def _seed(pool: asyncpg.Pool, cases: int) -> float:
+    started = time.perf_counter()
+    step = 100_000
+    for first in range(1, cases + 1, step):
+        await pool.execute(SEED_SQL, first, min(first + step - 1, cases))
+    await pool.execute("ANALYZE cases")
+    return time.perf_counter() - started
+
+
+async def search_at_scale(settings: Settings, cases: int = 1_000_000, requests: int = 200
+                          ) -> dict[str, Any]:
+    """p50/p99 of ``GET /cases`` pages (50 items) per query shape, over real HTTP, one
+    request at a time, against ``cases`` seeded rows; plus paging 20 pages deep."""
+    async with namespace(settings) as pool:
+        seeded = await _seed(pool, cases)
+        key = await api_key(pool)
+        stack = Processes(settings)
+        stack.spawn("api", "api", "--port", str(settings.api_port))
+        base = f"http://127.0.0.1:{settings.api_port}"
+        shapes: dict[str, Any] = {}
+        try:
+            await wait_ready(base)
+            async with httpx.AsyncClient(base_url=base, timeout=30,
+                                         headers={"Authorization": f"Bearer {key}"}) as http:
+                for name, params in _shapes(datetime.now(UTC)).items():
+                    times, found = [], 0
+                    for _ in range(requests):
+                        started = time.perf_counter()
+                        reply = await http.get("/cases", params={"limit": 50, **params()})
+                        times.append((time.perf_counter() - started) * 1000)
+                        reply.raise_for_status()
+                        found += len(reply.json()["items"])
+                    shapes[name] = {**percentiles(times), "itemsPerPage": found / requests}
+                deep, cursor = [], None
+                for _ in range(20):
+                    started = time.perf_counter()
+                    reply = await http.get("/cases", params={
+                        "limit": 50, "agent": "loan-officer",
+                        **({"cursor": cursor} if cursor else {})})
+                    deep.append((time.perf_counter() - started) * 1000)
+                    cursor = reply.json()["nextCursor"]
+                shapes["agent, pages 1-20 by cursor"] = {**percentiles(deep),
+                                                         "itemsPerPage": 50}
+        finally:
+            stack.stop()
+    worst = max(shapes.items(), key=lambda item: item[1]["p99"])
+    return {"cases": cases, "seedSeconds": round(seeded, 1), "requestsPerShape": requests,
+            "shapes": shapes, "worstShape": worst[0], "worstP99Ms": worst[1]["p99"]}
+
+
+async def _hold_stream(http: httpx.AsyncClient, path: str, received: list[int],
+                       opened: asyncio.Event, stop: asyncio.Event) -> None:
+    async with http.stream("GET", path, headers={"Accept": "text/event-stream"}) as reply:
+        reply.raise_for_status()
+        opened.set()
+        async for line in reply.aiter_lines():
+            if line.startswith("id:"):
+                received[0] += 1
+            if stop.is_set():
+                return
+
+
+async def post_at_rate(base: str, key: str, rate: float, seconds: float) -> dict[str, Any]:
+    """Open loop: a ``POST /cases`` every ``1/rate`` s whatever the answers do, so a slow
+    answer shows as latency, not as fewer requests."""
+    body = {"agent": "throughput-probe", "input": {"cycles": 1}}
+    times: list[float] = []
+
+    async def one(http: httpx.AsyncClient) -> None:
+        started = time.perf_counter()
+        reply = await http.post("/cases", json=body)
+        times.append((time.perf_counter() - started) * 1000)
+        reply.raise_for_status()
+
+    async with httpx.AsyncClient(base_url=base, timeout=30, limits=httpx.Limits(
+            max_connections=200), headers={"Authorization": f"Bearer {key}"}) as http:
+        tasks, begun = [], time.perf_counter()
+        for n in range(int(rate * seconds)):
+            await asyncio.sleep(max(0.0, begun + n / rate - time.perf_counter()))
+            tasks.append(asyncio.create_task(one(http)))
+        await asyncio.gather(*tasks)
+    return {"rate": rate, "requests": len(times),
+            **{f"{k}Ms": round(v, 1) for k, v in percentiles(times).items()}}
+
+
+async def _posts_from_another_process(base: str, key: str, rate: float, seconds: float
+                                      ) -> dict[str, Any]:
+    """``post_at_rate`` in a process of its own, so the stream readers here do not
+    delay its requests (a client's lateness would read as the API's)."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.viewer", "post", base, key, str(rate), str(seconds),
+        stdout=asyncio.subprocess.PIPE)
+    out, _ = await child.communicate()
+    if child.returncode != 0:
+        raise RuntimeError(f"the POST load generator failed ({child.returncode})")
+    figures: dict[str, Any] = orjson.loads(out.strip().splitlines()[-1])
+    return figures
+
+
+async def streams_beside_posts(settings: Settings, streams: int = 500, rate: float = 100,
+                               seconds: float = 15) -> dict[str, Any]:
+    """``POST /cases`` latency at ``rate`` requests/s on one API process, first with no
+    stream open, then with ``streams`` event streams open on it, each following a running
+    case whose events keep arriving (slow 20-cycle cases); worker and consumer run."""
+    run = settings.model_copy(update={"worker_concurrency": streams + 64})
+    async with namespace(run) as pool:
+        key = await api_key(pool, "models:override")
+        stack = Processes(run)
+        api = stack.spawn("api", "api", "--port", str(run.api_port))
+        stack.spawn("worker", "worker")
+        stack.spawn("consumer", "consumer")
+        base = f"http://127.0.0.1:{run.api_port}"
+        try:
+            await wait_ready(base)
+            alone = await _posts_from_another_process(base, key, rate, seconds)
+            limits = httpx.Limits(max_connections=streams + 16)
+            async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits,
+                                         headers={"Authorization": f"Bearer {key}"}) as http:
+                slow = {"agent": "throughput-probe", "input": {"cycles": 20},
+                        "model": {"provider": "scripted", "name": "slow", "latencyMs": 2000}}
+                followed = [(await http.post("/cases", json=slow)).json()["caseId"]
+                            for _ in range(streams)]
+                received, stop = [0], asyncio.Event()
+                opened = [asyncio.Event() for _ in followed]
+                holders = [asyncio.create_task(_hold_stream(http, f"/cases/{case}/stream",
+                                                            received, ready, stop))
+                           for case, ready in zip(followed, opened, strict=True)]
+                await asyncio.wait_for(asyncio.gather(*(o.wait() for o in opened)), 120)
+                before, started = received[0], time.perf_counter()
+                cpu_before = {n: cpu_seconds(c.pid) for n, c in stack.children.items()}
+                cpu_before |= {"streamReaders": time.process_time(), **service_cpu()}
+                loaded = await _posts_from_another_process(base, key, rate, seconds)
+                elapsed = time.perf_counter() - started
+                cpu_after = {n: cpu_seconds(c.pid) for n, c in stack.children.items()}
+                cpu_after |= {"streamReaders": time.process_time(), **service_cpu()}
+                cpu = {n: round((cpu_after[n] - cpu_before[n]) / elapsed, 2) for n in cpu_after}
+                delivered = received[0] - before
+                stop.set()
+                for holder in holders:
+                    holder.cancel()
+                await asyncio.gather(*holders, return_exceptions=True)
+            rss = peak_rss_mb(api.pid)
+        finally:
+            stack.stop()
+    return {"streams": streams, "alone": alone, "withStreams": loaded,
+            "eventsStreamedPerSecond": round(delivered / elapsed),
+            "coresBusyWithStreams": cpu, "apiPeakRssMb": round(rss)}
+
+
+async def main(argv: list[str]) -> None:
+    if argv[0] == "post":  # the load generator's own process
+        base, key, rate, seconds = argv[1:5]
+        print(orjson.dumps(await post_at_rate(base, key, float(rate), float(seconds))).decode())
+        return
+    size = int(argv[1]) if len(argv) > 1 else None
+    if argv[0] == "search":
+        result = await search_at_scale(bench_settings(api_port=8795), size or 1_000_000)
+    else:
+        result = await streams_beside_posts(bench_settings(api_port=8796), size or 500)
+    print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:]))
