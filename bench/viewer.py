@@ -12,6 +12,7 @@ import asyncio
 import random
 import sys
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -150,7 +151,13 @@ async def post_at_rate(base: str, key: str, rate: float, seconds: float) -> dict
 
     async def one(http: httpx.AsyncClient) -> None:
         started = time.perf_counter()
-        reply = await http.post("/cases", json=body)
+        # Idempotent, so a request sent on a keep-alive connection the server was just
+        # closing can be sent again without starting a second case.
+        headers = {"Idempotency-Key": uuid.uuid4().hex}
+        try:
+            reply = await http.post("/cases", json=body, headers=headers)
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            reply = await http.post("/cases", json=body, headers=headers)
         times.append((time.perf_counter() - started) * 1000)
         reply.raise_for_status()
 

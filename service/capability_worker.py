@@ -28,8 +28,8 @@ from pydantic import ValidationError
 from service.bus.connection import connect_patiently
 from service.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from service.bus.publisher import Publisher
-from service.bus.rpc import ToolReply, ToolRequest
 from service.bus.topology import Topology
+from service.commands import ToolReply, ToolRequest
 from service.config import Settings
 from service.engine.tools import Capability
 from service.errors import PermanentError, Reject

@@ -1,4 +1,5 @@
-"""Commands on the bus (not events): start a case, cancel a case.
+"""Commands on the bus (not events): start, cancel and erase a case; a tool request
+and its reply.
 
 Like events they cross the bus as JSON bytes made here, and are validated
 strictly when read.
@@ -10,11 +11,12 @@ import uuid
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from service.events import (
     DEFAULT_TENANT,
     ContractModel,
+    JsonObject,
     describe_validation_error,
 )
 
@@ -61,3 +63,25 @@ class EraseCommand(_Command):
 
     case_id: uuid.UUID
     tenant_id: str = DEFAULT_TENANT
+
+
+class ToolRequest(ContractModel):
+    """One attempt of a worker tool call."""
+
+    idempotency_key: str = Field(description="The same for every attempt of one call.")
+    capability: str
+    args: JsonObject
+    attempt: int = Field(ge=1)
+    deadline: float = Field(description="Unix time after which nobody waits for the answer.")
+
+
+class ToolReply(ContractModel):
+    """A capability worker's answer to one attempt."""
+
+    idempotency_key: str
+    attempt: int
+    ok: bool
+    result: Any = None
+    error: str | None = None
+    retryable: bool = False
+    worker: str

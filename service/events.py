@@ -463,6 +463,13 @@ _PAYLOAD_EVENT: dict[type[ContractModel], type[EventBase]] = {
     cls.model_fields["payload"].annotation: cls  # type: ignore[misc]
     for cls in _EVENT_CLASSES.values()
 }
+
+
+def event_class(event_type: str) -> type[EventBase]:
+    """The envelope model of ``event_type``."""
+    return _EVENT_CLASSES[event_type]
+
+
 TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(
     cls.model_fields["event_type"].default for cls in get_args(TerminalEvent)
 )

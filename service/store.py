@@ -363,6 +363,19 @@ class CaseStore:
             )
         return [StoredEvent(**dict(r)) for r in rows]
 
+    async def events_between(self, case_id: uuid.UUID, after: tuple[int, int] | None,
+                             before: tuple[int, int] | None = None) -> list[StoredEvent]:
+        """One case's events strictly between two ``(attempt, seq)`` keys (``None``: open
+        ended), in order, read on the ``(case_id, attempt, seq)`` index."""
+        low, high = after or (0, -1), before or (2**31 - 1, 0)
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                f"""SELECT {_EVENT_COLUMNS} FROM event_log
+                    WHERE case_id = $1 AND (attempt, seq) > ($2, $3)
+                      AND (attempt, seq) < ($4, $5)
+                    ORDER BY attempt, seq""", case_id, *low, *high)
+        return [StoredEvent(**dict(r)) for r in rows]
+
     async def claim(self, case_id: uuid.UUID, owner: str, lease_seconds: float) -> Claim:
         """Claim the next attempt of a case for ``owner``, atomically.
 

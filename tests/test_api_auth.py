@@ -22,7 +22,7 @@ from service.store import ApiKeyStore
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack, serve_api
 
-PUBLIC = {"/healthz", "/readyz", "/signing-keys", "/ui/", "/ui/cases/{case_id}",
+PUBLIC = {"/healthz", "/readyz", "/signing-keys", "/asyncapi.json", "/ui/", "/ui/cases/{case_id}",
           "/ui/assets/{name}"}
 """DESIGN.md's public routes that exist so far (FastAPI's own /openapi.json and /docs too)."""
 LOAN = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[2]}

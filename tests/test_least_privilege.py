@@ -21,10 +21,10 @@ import pytest
 from service.agents import CAPABILITIES
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.bus.publisher import Publisher
-from service.bus.rpc import BusWorkerRuntime, RetryPolicy, ToolReply, ToolRequest
+from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
 from service.capability_worker import CapabilityWorker
-from service.commands import CancelCommand, CaseStartCommand
+from service.commands import CancelCommand, CaseStartCommand, ToolReply, ToolRequest
 from service.config import Settings
 from service.errors import PublishRejected
 from service.store import component_pool

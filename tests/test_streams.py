@@ -199,6 +199,7 @@ async def test_an_idle_stream_pings_and_ends_when_its_key_is_revoked(
     keys = ApiKeyStore(pool)
     key_id, key = await keys.create("default", ("cases:read",), "watcher")
     case_id = (await client.post("/cases", json=slow(3000))).json()["caseId"]
+    await wait_until(lambda: stored_count(client, case_id), timeout=10)  # CASE_STARTED
     async with httpx.AsyncClient(base_url=pinging_api,
                                  headers={"Authorization": f"Bearer {key}"}) as watcher:
         pinged = await read_stream(watcher, f"/cases/{case_id}/stream", comments_until=3)

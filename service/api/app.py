@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any
@@ -31,6 +31,7 @@ from service.api.oidc import OidcVerifier
 from service.api.openapi import exact_openapi
 from service.api.schemas import (
     AgentList,
+    AsyncApiDocument,
     Bundle,
     CancelAccepted,
     CancelRequest,
@@ -51,6 +52,7 @@ from service.api.schemas import (
 from service.api.security import Caller
 from service.api.streams import StreamStart, case_stream, parse_event_id, tenant_stream
 from service.api.viewer import viewer_routes
+from service.asyncapi import asyncapi_document
 from service.auth import Principal
 from service.bus import fastpath
 from service.bus.connection import connect_patiently
@@ -67,7 +69,7 @@ from service.errors import (
     PublishRejected,
     StoreUnavailable,
 )
-from service.events import EVENT_TYPES, Limits
+from service.events import ENDED_STATUSES, EVENT_TYPES, Limits
 from service.evidence import Evidence
 from service.providers import model_problem
 from service.search import CURSOR_PATTERN, BadCursor, CaseFilter, CaseIndex, CaseStatus, Cursor
@@ -567,9 +569,9 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         except ValueError as exc:
             raise HTTPException(422, [{"loc": ["header", "last-event-id"], "msg": str(exc),
                                        "type": "value_error"}]) from None
-        await owned_case(case_id, principal)
+        row = await owned_case(case_id, principal)
         values, _ = await sensitive_view(case_id, principal)
-        return StreamStart(case_id, after, values)
+        return StreamStart(case_id, after, row["status"] in ENDED_STATUSES, values)
 
     streaming = _responses(200, Health, "", 401, 403, 404, 422, 503)
     del streaming[200]  # the event stream itself is described by FastAPI
@@ -582,10 +584,14 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         """Each event as `id: <attempt>.<seq>`, `event: <EVENT_TYPE>`, `data: <envelope>`;
         the stored trail first, then live events, honouring `Last-Event-ID`; ends after
         the terminal event."""
-        async for message in case_stream(services.watch, services.store, start.case_id,
-                                         start.after, start.values,
-                                         settings.stream_ping_seconds, still_valid(request)):
-            yield message
+        # Closed here, in order, when the stream ends or is cancelled (not left to the
+        # garbage collector, which would close the inner generator out of order).
+        async with aclosing(case_stream(services.watch, services.store, start.case_id,
+                                        start.after, start.ended, start.values,
+                                        settings.stream_ping_seconds,
+                                        still_valid(request))) as messages:
+            async for message in messages:
+                yield message
 
     @app.get("/events/stream", response_class=EventSourceResponse,
              summary="Every event of the caller's tenant, live, as Server-Sent Events",
@@ -595,9 +601,11 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         """For dashboards: each event as it is published (`id` is the event id); no
         replay (the case streams and `GET /cases` have the record); sensitive values
         stay placeholders."""
-        async for message in tenant_stream(services.watch, principal.tenant,
-                                           settings.stream_ping_seconds, still_valid(request)):
-            yield message
+        async with aclosing(tenant_stream(services.watch, principal.tenant,
+                                          settings.stream_ping_seconds,
+                                          still_valid(request))) as messages:
+            async for message in messages:
+                yield message
 
     @app.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",
               response_model=None,
@@ -657,6 +665,14 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         _: Principal = any_key,
     ) -> dict[str, Any]:
         return {"agents": [AGENTS[name].describe() for name in _offered(settings)]}
+
+    bus_document = asyncapi_document(settings.namespace, settings.amqp_vhost())
+
+    @app.get("/asyncapi.json", summary="The bus, as an AsyncAPI 3.0 document",
+             response_model=None, responses=_responses(200, AsyncApiDocument,
+                                                       "Channels, operations, messages"))
+    async def asyncapi(_: Principal = public) -> Response:
+        return OrjsonResponse(bus_document)
 
     @app.get("/healthz", summary="The process is alive", response_model=None,
              responses=_responses(200, Health, "Alive"))

@@ -288,3 +288,15 @@ class CaseList(BaseModel):
     items: list[CaseSummary]
     nextCursor: str | None = Field(description="Pass as `cursor` for the next page; "
                                                "null on the last one.")
+
+
+class AsyncApiDocument(BaseModel):
+    """An AsyncAPI 3.0 document (https://www.asyncapi.com/docs/reference/specification/v3.0.0)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    asyncapi: str
+    info: dict[str, Any]
+    channels: dict[str, Any]
+    operations: dict[str, Any]
+    components: dict[str, Any]

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,8 @@ GAP_WAIT_SECONDS = 5.0
 """How long a stream waits for the record to fill a gap before it goes on without it
 (an event the consumer refused is never stored)."""
 
-GAP_POLL_SECONDS = 0.05
+GAP_FIRST_PAUSE_SECONDS = 0.02
+GAP_MAX_PAUSE_SECONDS = 0.5
 
 Key = tuple[int, int]
 """``(attempt, seq)``: the order of a case's events."""
@@ -58,6 +59,8 @@ class StreamStart:
 
     case_id: uuid.UUID
     after: Key | None
+    ended: bool
+    """The case had ended when the request came (its terminal event is stored)."""
     values: dict[str, str]
 
 
@@ -90,30 +93,27 @@ async def _next_live(watcher: Watcher, ping_seconds: float) -> LiveEvent | None:
 
 
 async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
-                      after: Key | None, values: dict[str, str], ping_seconds: float,
+                      after: Key | None, ended: bool, values: dict[str, str],
+                      ping_seconds: float,
                       still_allowed: Callable[[], Awaitable[bool]]
-                      ) -> AsyncIterator[ServerSentEvent]:
-    """The case's events after ``after``: stored, then live (see the module).
+                      ) -> AsyncGenerator[ServerSentEvent, None]:
+    """The case's events after ``after``: stored, then live (see the module). ``ended``:
+    the case had ended when the request came.
     ``still_allowed`` is asked at each keep-alive, so a revoked key's stream ends."""
     last = after
 
-    async def recorded(before: Key | None) -> tuple[list[tuple[Key, str, dict[str, Any]]], bool]:
-        """The stored events after ``last`` (and before ``before``), and whether the
-        record holds the terminal event."""
-        events = await store.find_by_case_and_types(case_id)
-        return [((e.attempt, e.seq), e.event_type, e.as_json()) for e in events
-                if (last is None or (e.attempt, e.seq) > last)
-                and (before is None or (e.attempt, e.seq) < before)], \
-            any(e.event_type in TERMINAL_EVENT_TYPES for e in events)
+    async def recorded(before: Key | None) -> list[tuple[Key, str, dict[str, Any]]]:
+        """The stored events after ``last`` (and before ``before``)."""
+        return [((e.attempt, e.seq), e.event_type, e.as_json())
+                for e in await store.events_between(case_id, last, before)]
 
     async with watch.watch(case_key(case_id)) as watcher:
-        stored, ended = await recorded(None)
-        for key, event_type, envelope in stored:
+        for key, event_type, envelope in await recorded(None):
             yield _message(key, event_type, envelope, values)
             last = key
             if event_type in TERMINAL_EVENT_TYPES:
                 return
-        if ended:  # resumed after the terminal event
+        if ended:  # it had ended before this request: resumed after its terminal event
             return
         while True:
             live = await _next_live(watcher, ping_seconds)
@@ -129,8 +129,9 @@ async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
                 continue  # sent already, from the record
             if not _follows(last, live.key):
                 waited_until = time.monotonic() + GAP_WAIT_SECONDS
+                pause = GAP_FIRST_PAUSE_SECONDS
                 while True:
-                    for key, event_type, envelope in (await recorded(live.key))[0]:
+                    for key, event_type, envelope in await recorded(live.key):
                         yield _message(key, event_type, envelope, values)
                         last = key
                         if event_type in TERMINAL_EVENT_TYPES:
@@ -139,7 +140,10 @@ async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
                     if _follows(last, live.key) or live.key[1] == 0 \
                             or time.monotonic() > waited_until:
                         break
-                    await asyncio.sleep(GAP_POLL_SECONDS)
+                    # Backing off: a consumer that lags under load is not helped by
+                    # hundreds of streams asking Postgres twenty times a second.
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, GAP_MAX_PAUSE_SECONDS)
                 if not _follows(last, live.key) and live.key[1] != 0:
                     log.warning("stream of case %s: events before %s.%s not in the record",
                                 case_id, *live.key)
@@ -151,7 +155,7 @@ async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
 
 async def tenant_stream(watch: EventWatch, tenant: str, ping_seconds: float,
                         still_allowed: Callable[[], Awaitable[bool]]
-                        ) -> AsyncIterator[ServerSentEvent]:
+                        ) -> AsyncGenerator[ServerSentEvent, None]:
     """Every event of ``tenant`` as it is published (live only; ``id`` is the event
     id). ``still_allowed`` is asked at each keep-alive, so a revoked key's stream ends."""
     async with watch.watch(tenant_key(tenant)) as watcher:

@@ -29,7 +29,6 @@ from typing import Any, Literal
 
 import orjson
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
-from pydantic import Field
 from tenacity import wait_exponential_jitter
 
 from service.backoff import backoff_delay
@@ -37,35 +36,14 @@ from service.bus.dead_letter import dead_letter
 from service.bus.deliveries import Delivery, Subscription
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
+from service.commands import ToolReply, ToolRequest
 from service.engine.tools import WorkerCallResult
 from service.errors import CasetrailError, PublishRejected
-from service.events import ContractModel, JsonObject, ToolAttempt
+from service.events import ToolAttempt
 
 log = logging.getLogger("casetrail.rpc")
 
 IDEMPOTENCY_HEADER = "x-idempotency-key"
-
-
-class ToolRequest(ContractModel):
-    """One attempt of a worker tool call."""
-
-    idempotency_key: str = Field(description="The same for every attempt of one call.")
-    capability: str
-    args: JsonObject
-    attempt: int = Field(ge=1)
-    deadline: float = Field(description="Unix time after which nobody waits for the answer.")
-
-
-class ToolReply(ContractModel):
-    """A capability worker's answer to one attempt."""
-
-    idempotency_key: str
-    attempt: int
-    ok: bool
-    result: Any = None
-    error: str | None = None
-    retryable: bool = False
-    worker: str
 
 
 @dataclass(frozen=True)

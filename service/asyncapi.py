@@ -1,0 +1,238 @@
+"""The bus as an AsyncAPI 3.0 document, generated from the models and the topology the
+code itself uses (``GET /asyncapi.json``; ``docs/asyncapi.json`` for the default
+namespace).
+
+Channels are the exchanges with their routing keys, operations say who sends what,
+and each message carries its payload schema (the pydantic models of
+``service.events`` and ``service.commands``), its headers and its AMQP 0-9-1
+bindings (AsyncAPI AMQP bindings 0.3.0). tests/test_asyncapi.py validates the document
+against the official AsyncAPI 3.0.0 JSON schema and fails when an event type or a
+field changes without docs/asyncapi.json changing with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from service.bus.topology import Topology
+from service.commands import (
+    CancelCommand,
+    CaseStartCommand,
+    EraseCommand,
+    ToolReply,
+    ToolRequest,
+)
+from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES, event_class
+
+AMQP_BINDING = "0.3.0"
+_REF = "#/components/schemas/{model}"
+
+
+def _title(event_type: str) -> str:
+    return "".join(part.capitalize() for part in event_type.split("_"))
+
+
+def _schemas(models: list[type[BaseModel]]) -> dict[str, Any]:
+    """Each model's JSON schema as it is written on the wire (camelCase; durations as
+    integer milliseconds), nested ones hoisted."""
+    schemas: dict[str, Any] = {}
+    for model in models:
+        schema = model.model_json_schema(by_alias=True, ref_template=_REF,
+                                         mode="serialization")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    return schemas
+
+
+def _exchange(name: str, kind: str, vhost: str) -> dict[str, Any]:
+    return {"amqp": {"is": "routingKey", "exchange": {
+        "name": name, "type": kind, "durable": True, "autoDelete": False, "vhost": vhost},
+        "bindingVersion": AMQP_BINDING}}
+
+
+def _message(name: str, title: str, model: str, summary: str, *,
+             headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "name": name, "title": title, "summary": summary, "contentType": "application/json",
+        "payload": {"$ref": _REF.format(model=model)},
+        "bindings": {"amqp": {"messageType": name, "bindingVersion": AMQP_BINDING}},
+    }
+    if headers is not None:
+        message["headers"] = headers
+    return message
+
+
+_INTEGRITY_HEADERS = {
+    "type": "object", "required": ["x-casetrail-integrity"],
+    "properties": {"x-casetrail-integrity": {
+        "type": "object", "required": ["prevHash", "hash", "keyId", "sig"],
+        "description": "hash = SHA-256(prevHash || 0x0A || body); sig = Ed25519 over the "
+                       "hash, by the worker key keyId (GET /signing-keys).",
+        "properties": {"prevHash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                       "hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                       "keyId": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
+                       "sig": {"type": "string", "pattern": "^[A-Za-z0-9_-]{86}$"}}}},
+}
+
+
+def _send(channel: str, messages: list[str], summary: str, *, user: str,
+          reply: str | None = None) -> dict[str, Any]:
+    operation: dict[str, Any] = {
+        "action": "send", "channel": {"$ref": f"#/channels/{channel}"}, "summary": summary,
+        "messages": [{"$ref": f"#/channels/{channel}/messages/{m}"} for m in messages],
+        "bindings": {"amqp": {"deliveryMode": 2, "mandatory": False, "userId": user,
+                              "bindingVersion": AMQP_BINDING}},
+    }
+    if reply is not None:
+        operation["reply"] = {"channel": {"$ref": f"#/channels/{reply}"}}
+    return operation
+
+
+def asyncapi_document(namespace: str, vhost: str = "/", host: str = "localhost:5672"
+                      ) -> dict[str, Any]:
+    """The AsyncAPI 3.0 document of the namespace's bus."""
+    topology = Topology(namespace)
+    events = {_title(t): _message(
+        t, t, event_class(t).__name__,
+        ("A terminal event: exactly one per case. " if t in TERMINAL_EVENT_TYPES else "")
+        + (event_class(t).__doc__ or t).strip().splitlines()[0],
+        headers=_INTEGRITY_HEADERS) for t in EVENT_TYPES}
+    commands = {
+        "CaseStart": _message("CASE_START", "Start a case", "CaseStartCommand",
+                              "Run this case (the worker reads the rest from its row)."),
+        "CaseErase": _message("CASE_ERASE", "Erase a case", "EraseCommand",
+                              "Append CASE_ERASED after an erasure."),
+    }
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "casetrail bus", "version": "0.1.0",
+            "description": "Every cycle of every case, as JSON on RabbitMQ. Event bodies are "
+                           "RFC 8785 canonical JSON of the envelope without `integrity` "
+                           "(which travels in the x-casetrail-integrity header); only the "
+                           "worker's broker user may publish them (user_id is set).",
+        },
+        "defaultContentType": "application/json",
+        "servers": {"rabbitmq": {"host": host, "protocol": "amqp", "protocolVersion": "0-9-1",
+                                 "description": "RabbitMQ; every name carries the namespace "
+                                                f"prefix `{namespace}.`"}},
+        "channels": {
+            "caseEvents": {
+                "address": "case.{tenantId}.{caseId}.{eventType}",
+                "title": f"{topology.events_exchange} (topic)",
+                "description": "Bind `case.*.*.REACT_CYCLE` for every cycle, "
+                               "`case.<tenantId>.#` for one tenant, `case.*.<caseId>.#` for "
+                               "one case.",
+                "parameters": {
+                    "tenantId": {"description": "The case's tenant ([a-z0-9][a-z0-9-]{0,39})."},
+                    "caseId": {"description": "The case's UUID."},
+                    "eventType": {"enum": list(EVENT_TYPES), "description": "The event type."},
+                },
+                "messages": {name: {"$ref": f"#/components/messages/{name}"} for name in events},
+                "bindings": _exchange(topology.events_exchange, "topic", vhost),
+            },
+            "caseCommands": {
+                "address": "{command}", "title": f"{topology.commands_exchange} (direct)",
+                "description": f"Bound to the quorum queue {topology.case_start_queue}.",
+                "parameters": {"command": {"enum": [Topology.START_KEY, Topology.ERASE_KEY]}},
+                "messages": {name: {"$ref": f"#/components/messages/{name}"}
+                             for name in commands},
+                "bindings": _exchange(topology.commands_exchange, "direct", vhost),
+            },
+            "cancels": {
+                "address": None, "title": f"{topology.cancel_exchange} (fanout)",
+                "description": "Each worker binds an exclusive queue and stops the case if it "
+                               "runs it, once Postgres confirms the request.",
+                "messages": {"Cancel": {"$ref": "#/components/messages/Cancel"}},
+                "bindings": {"amqp": {"is": "routingKey", "exchange": {
+                    "name": topology.cancel_exchange, "type": "fanout", "durable": True,
+                    "autoDelete": False, "vhost": vhost}, "bindingVersion": AMQP_BINDING}},
+            },
+            "toolRequests": {
+                "address": "{capability}",
+                "title": f"{topology.capabilities_exchange} (direct)",
+                "description": f"One quorum queue per capability, "
+                               f"{topology.capability_queue('<capability>')}.",
+                "parameters": {"capability": {"description": "The capability's name."}},
+                "messages": {"ToolRequest": {"$ref": "#/components/messages/ToolRequest"}},
+                "bindings": _exchange(topology.capabilities_exchange, "direct", vhost),
+            },
+            "toolReplies": {
+                "address": "{replyQueue}", "title": "the caller's reply queue",
+                "description": "Through the default exchange to the worker's exclusive "
+                               f"queue {namespace}.reply.<hex>, correlated by a random token.",
+                "parameters": {"replyQueue": {"description": "reply_to of the request."}},
+                "messages": {"ToolReply": {"$ref": "#/components/messages/ToolReply"}},
+                "bindings": {"amqp": {"is": "queue", "queue": {
+                    "name": f"{namespace}.reply.<hex>", "durable": False, "exclusive": True,
+                    "autoDelete": True, "vhost": vhost}, "bindingVersion": AMQP_BINDING}},
+            },
+            "deadLetters": {
+                "address": None, "title": f"{topology.dead_letter_exchange} (fanout)",
+                "description": "Whatever could not be processed, with the reason in "
+                               f"x-casetrail-reason; kept in {topology.dead_letter_queue}.",
+                "messages": {"DeadLetter": {"$ref": "#/components/messages/DeadLetter"}},
+                "bindings": {"amqp": {"is": "routingKey", "exchange": {
+                    "name": topology.dead_letter_exchange, "type": "fanout", "durable": True,
+                    "autoDelete": False, "vhost": vhost}, "bindingVersion": AMQP_BINDING}},
+            },
+        },
+        "operations": {
+            "publishCaseEvent": _send("caseEvents", list(events),
+                                      "The worker publishes each event the moment it happens "
+                                      "(confirmed, persistent).", user=f"{namespace}-worker"),
+            "receiveCaseEvents": {
+                "action": "receive", "channel": {"$ref": "#/channels/caseEvents"},
+                "summary": "Subscribers: the event-log consumer, the API's streams, yours.",
+                "messages": [{"$ref": f"#/channels/caseEvents/messages/{m}"} for m in events],
+            },
+            "sendCaseCommand": _send("caseCommands", list(commands),
+                                     "The API starts (and the operator erases) cases.",
+                                     user=f"{namespace}-api"),
+            "sendCancel": _send("cancels", ["Cancel"], "The API asks the workers to stop a "
+                                "case.", user=f"{namespace}-api"),
+            "requestTool": _send("toolRequests", ["ToolRequest"], "The worker asks a "
+                                 "capability worker to run a tool (one message per attempt).",
+                                 user=f"{namespace}-worker", reply="toolReplies"),
+            "replyTool": _send("toolReplies", ["ToolReply"], "A capability worker answers.",
+                               user=f"{namespace}-capability"),
+            "deadLetter": _send("deadLetters", ["DeadLetter"], "A component sets a message "
+                                "aside with the reason.", user=f"{namespace}-<component>"),
+        },
+        "components": {
+            "schemas": {
+                **_schemas([*(event_class(t) for t in EVENT_TYPES), CaseStartCommand,
+                            EraseCommand, CancelCommand, ToolRequest, ToolReply]),
+                "AnyMessage": {"description": "The original message's body, unchanged."},
+            },
+            "messages": {
+                **events, **commands,
+                "Cancel": _message("CANCEL", "Cancel a case", "CancelCommand",
+                                   "Stop this case if you run it."),
+                "ToolRequest": _message("TOOL_REQUEST", "Tool request", "ToolRequest",
+                                        "One attempt of a worker tool call.",
+                                        headers={"type": "object", "properties": {
+                                            "x-idempotency-key": {"type": "string"}}}),
+                "ToolReply": _message("TOOL_REPLY", "Tool reply", "ToolReply",
+                                      "The capability worker's answer to one attempt."),
+                "DeadLetter": {
+                    "name": "DEAD_LETTER", "title": "Dead letter",
+                    "summary": "A message set aside, unchanged, with why and where from.",
+                    "payload": {"$ref": _REF.format(model="AnyMessage")},
+                    "headers": {"type": "object", "required": ["x-casetrail-reason"],
+                                "properties": {
+                                    "x-casetrail-reason": {"type": "string"},
+                                    "x-original-exchange": {"type": "string"},
+                                    "x-original-routing-key": {"type": "string"}}},
+                },
+            },
+        },
+    }
+
+
+if __name__ == "__main__":  # regenerate docs/asyncapi.json: python -m service.asyncapi
+    import orjson
+
+    print(orjson.dumps(asyncapi_document("casetrail"), option=orjson.OPT_INDENT_2).decode())
