@@ -188,9 +188,10 @@ async def _posts_from_another_process(base: str, key: str, rate: float, seconds:
 
 async def streams_beside_posts(settings: Settings, streams: int = 500, rate: float = 100,
                                seconds: float = 15) -> dict[str, Any]:
-    """``POST /cases`` latency at ``rate`` requests/s on one API process, first with no
-    stream open, then with ``streams`` event streams open on it, each following a running
-    case whose events keep arriving (slow 20-cycle cases); worker and consumer run."""
+    """``POST /cases`` latency at ``rate`` requests/s on one API process: with nothing
+    else running; with ``streams`` slow 20-cycle cases running but no stream open (the
+    control: their events load the broker and Postgres); then with ``streams`` event
+    streams open, each following one of those cases. Worker and consumer run."""
     run = settings.model_copy(update={"worker_concurrency": streams + 64})
     async with namespace(run) as pool:
         key = await api_key(pool, "models:override")
@@ -209,6 +210,8 @@ async def streams_beside_posts(settings: Settings, streams: int = 500, rate: flo
                         "model": {"provider": "scripted", "name": "slow", "latencyMs": 2000}}
                 followed = [(await http.post("/cases", json=slow)).json()["caseId"]
                             for _ in range(streams)]
+                # The control: the same running cases, no stream open yet.
+                busy = await _posts_from_another_process(base, key, rate, seconds)
                 received, stop = [0], asyncio.Event()
                 opened = [asyncio.Event() for _ in followed]
                 holders = [asyncio.create_task(_hold_stream(http, f"/cases/{case}/stream",
@@ -231,7 +234,8 @@ async def streams_beside_posts(settings: Settings, streams: int = 500, rate: flo
             rss = peak_rss_mb(api.pid)
         finally:
             stack.stop()
-    return {"streams": streams, "alone": alone, "withStreams": loaded,
+    return {"streams": streams, "alone": alone, "casesRunningNoStream": busy,
+            "withStreams": loaded,
             "eventsStreamedPerSecond": round(delivered / elapsed),
             "coresBusyWithStreams": cpu, "apiPeakRssMb": round(rss)}
 
