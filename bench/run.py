@@ -243,7 +243,10 @@ def _reading_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             f"POST /cases p99 beside {t['streams']} open event streams",
             f"{t['withStreams']['p99Ms']:.0f} ms", f"≤ {TARGETS['streamsPostP99']} ms",
             f"at {t['withStreams']['rate']:.0f} req/s; {t['alone']['p99Ms']:.0f} ms with no "
-            f"stream; {t['eventsStreamedPerSecond']} events/s streamed; API "
+            f"stream" + (f", {t['casesRunningNoStream']['p99Ms']:.0f} ms with the followed "
+                         "cases running but no stream open" if "casesRunningNoStream" in t
+                         else "") +
+            f"; {t['eventsStreamedPerSecond']} events/s streamed; API "
             f"{t['coresBusyWithStreams']['api']} of a core, {t['apiPeakRssMb']} MB; "
             f"{spread(runs, '{:.0f} ms')}"))
     return rows
