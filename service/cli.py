@@ -296,6 +296,101 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key id.")]) -> N
     typer.echo(f"key {key_id} revoked")
 
 
+dead_letters_app = typer.Typer(help="Messages set aside with a reason: list, show, redrive.",
+                               no_args_is_help=True)
+app.add_typer(dead_letters_app, name="dead-letters")
+
+
+async def _dead_letters(limit: int) -> list[Any]:
+    from service.bus.topology import Topology
+    from service.dead_letters import connect_admin, held
+
+    settings = get_settings()
+    connection = await connect_admin(settings)
+    try:
+        async with held(connection, Topology(settings.namespace), limit) as letters:
+            return [letter for _, letter in letters]
+    finally:
+        await connection.close()
+
+
+@dead_letters_app.command("list")
+def dead_letters_list(
+    limit: Annotated[int, typer.Option(help="At most this many, oldest first.")] = 1000,
+) -> None:
+    """Each dead letter: id, type, case, age, where it came from, and the reason. Reading
+    them leaves them where they are."""
+    from datetime import UTC, datetime
+
+    from service.dead_letters import describe
+
+    letters = _run(_dead_letters(limit))
+    now = datetime.now(UTC)
+    for letter in letters:
+        typer.echo(describe(letter, now))
+    typer.echo(f"{len(letters)} dead letter{'' if len(letters) == 1 else 's'}", err=True)
+
+
+@dead_letters_app.command("show")
+def dead_letters_show(message_id: Annotated[str, typer.Argument(help="The message id.")]
+                      ) -> None:
+    """One dead letter's headers and body (exit 1 when there is no such message)."""
+    import json
+
+    found = [x for x in _run(_dead_letters(100_000)) if x.message_id == message_id]
+    if not found:
+        typer.echo(f"no dead letter {message_id}", err=True)
+        raise typer.Exit(1)
+    letter = found[0]
+    typer.echo(json.dumps({
+        "messageId": letter.message_id, "type": letter.type, "caseId": letter.case_id,
+        "reason": letter.reason, "from": {"exchange": letter.exchange,
+                                          "routingKey": letter.routing_key},
+        "deadLetteredAt": letter.dead_lettered_at.isoformat()
+        if letter.dead_lettered_at else None,
+        "headers": letter.headers, "body": letter.body.decode(errors="replace"),
+    }, indent=2, default=str))
+
+
+@dead_letters_app.command("redrive")
+def dead_letters_redrive(
+    message_ids: Annotated[list[str] | None, typer.Argument(help="Message ids.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every dead letter (with --reason, "
+                                                     "those whose reason contains it).")] = False,
+    reason: Annotated[str | None, typer.Option(help="Only those whose reason contains "
+                                                    "this text.")] = None,
+    again: Annotated[bool, typer.Option(help="Also those redriven once already.")] = False,
+) -> None:
+    """Republish dead letters to where they came from, as the component that publishes
+    there, once; each is removed from the dead letters when the broker confirms it."""
+    from service.dead_letters import connect_admin, redrive
+
+    if not message_ids and not all_:
+        typer.echo("name message ids, or --all", err=True)
+        raise typer.Exit(2)
+    settings = get_settings()
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        connection = await connect_admin(settings)
+        try:
+            return await redrive(settings, connection, None if all_ else set(message_ids or ()),
+                                 reason, again=again)
+        finally:
+            await connection.close()
+
+    sent, refused = _run(main())
+    for letter in sent:
+        typer.echo(f"redriven {letter.message_id} to {letter.exchange}:{letter.routing_key}")
+    for letter in refused:
+        typer.echo(f"not redriven {letter.message_id}: it was redriven once already "
+                   "(--again to send it anyway)", err=True)
+    missing = set(message_ids or ()) - {x.message_id for x in [*sent, *refused]}
+    for message_id in sorted(missing):
+        typer.echo(f"no dead letter {message_id}", err=True)
+    if missing or refused:
+        raise typer.Exit(1)
+
+
 sql_role_app = typer.Typer(help="SQL login roles that see one tenant's rows.",
                            no_args_is_help=True)
 app.add_typer(sql_role_app, name="sql-role")

@@ -32,7 +32,7 @@ GROUPS = {"signer"}
 
 def test_the_cli_has_the_designed_subcommands() -> None:
     assert {"migrate", "up", "api", "worker", "consumer", "capability-worker", "demo", "tail",
-            "trail"} <= SUBCOMMANDS
+            "trail", "dead-letters"} <= SUBCOMMANDS
 
 
 def test_compose_has_every_component() -> None:

@@ -7,7 +7,9 @@ reason; republishing with a header says why, then the original is acked.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
@@ -15,6 +17,7 @@ from service.bus.topology import Topology
 log = logging.getLogger("casetrail.bus")
 
 REASON_HEADER = "x-casetrail-reason"
+DEAD_LETTERED_AT_HEADER = "x-casetrail-dead-lettered-at"
 
 
 class Undeliverable(Protocol):
@@ -33,12 +36,16 @@ class Undeliverable(Protocol):
     def routing_key(self) -> str | None: ...
     @property
     def exchange(self) -> str | None: ...
+    @property
+    def headers(self) -> Mapping[str, Any] | None: ...
 
 
 async def dead_letter(
     publisher: Publisher, topology: Topology, message: Undeliverable, reason: str
 ) -> None:
-    """Publish ``message`` to ``<ns>.dead-letter`` with ``reason`` (confirmed); the caller acks."""
+    """Publish ``message`` to ``<ns>.dead-letter`` with ``reason`` (confirmed); the caller
+    acks. Its own headers are kept (an event's signature too), so that it can be sent
+    back as it was (``casetrail dead-letters redrive``)."""
     log.warning("dead-lettering message %s: %s", message.message_id, reason)
     await publisher.publish(
         topology.dead_letter_exchange,
@@ -48,7 +55,9 @@ async def dead_letter(
         message_type=message.type,
         correlation_id=message.correlation_id,
         headers={
+            **(message.headers or {}),
             REASON_HEADER: reason[:4000],
+            DEAD_LETTERED_AT_HEADER: datetime.now(UTC).isoformat(),
             "x-original-exchange": message.exchange or "",
             "x-original-routing-key": message.routing_key or "",
         },
