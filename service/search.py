@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args
 
 import asyncpg
 
-from service.store import translate_errors
+from service.store import translate_errors, utc_text
 
 CaseStatus = Literal["queued", "running", "completed", "failed", "timed_out", "cancelled"]
 """The statuses a case can have (the CHECK on ``cases.status``)."""
@@ -97,10 +97,6 @@ class CaseFilter:
         return " AND ".join(clauses), args
 
 
-def _stamp(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat().replace("+00:00", "Z")
-
-
 def _item(row: asyncpg.Record) -> dict[str, Any]:
     return {
         "caseId": str(row["case_id"]),
@@ -112,8 +108,8 @@ def _item(row: asyncpg.Record) -> dict[str, Any]:
         "tokenUsage": {"inputTokens": row["input_tokens"],
                        "outputTokens": row["output_tokens"]},
         "startedBy": row["started_by"],
-        "createdAt": _stamp(row["created_at"]),
-        "endedAt": _stamp(row["ended_at"]),
+        "createdAt": utc_text(row["created_at"]),
+        "endedAt": utc_text(row["ended_at"]),
     }
 
 

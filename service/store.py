@@ -553,8 +553,8 @@ class KeyRegistry:
                 """SELECT key_id, public_key, created_at, retired_at, not_valid_after
                    FROM signing_keys ORDER BY created_at""")
         return [{"keyId": r["key_id"], "publicKey": public_key_text(bytes(r["public_key"])),
-                 "createdAt": _stamp(r["created_at"]), "retiredAt": _stamp(r["retired_at"]),
-                 "notValidAfter": _stamp(r["not_valid_after"])} for r in rows]
+                 "createdAt": utc_text(r["created_at"]), "retiredAt": utc_text(r["retired_at"]),
+                 "notValidAfter": utc_text(r["not_valid_after"])} for r in rows]
 
     async def retire(self, key_id: str, not_valid_after: datetime | None = None
                      ) -> Literal["retired", "unknown"]:
@@ -567,7 +567,8 @@ class KeyRegistry:
         return "retired" if row is not None else "unknown"
 
 
-def _stamp(value: datetime | None) -> str | None:
+def utc_text(value: datetime | None) -> str | None:
+    """A stored time as the API writes it: ISO 8601 with ``Z``."""
     return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 

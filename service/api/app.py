@@ -72,7 +72,7 @@ from service.errors import (
 from service.events import ENDED_STATUSES, EVENT_TYPES, Limits
 from service.evidence import Evidence
 from service.providers import model_problem
-from service.search import CURSOR_PATTERN, BadCursor, CaseFilter, CaseIndex, CaseStatus, Cursor
+from service.search import CURSOR_PATTERN, CaseFilter, CaseIndex, CaseStatus, Cursor
 from service.sensitive import Vault, restore, split
 from service.store import (
     ApiKeyStore,
@@ -83,6 +83,7 @@ from service.store import (
     component_pool,
     rate_wait,
     tenant_counts,
+    utc_text,
 )
 
 log = logging.getLogger("casetrail.api")
@@ -194,9 +195,6 @@ class OrjsonResponse(Response):
 
 
 def _case_view(row: dict[str, Any]) -> dict[str, Any]:
-    def stamp(value: Any) -> str | None:
-        return None if value is None else value.isoformat().replace("+00:00", "Z")
-
     return {
         "caseId": str(row["case_id"]),
         "agent": row["agent"],
@@ -210,9 +208,9 @@ def _case_view(row: dict[str, Any]) -> dict[str, Any]:
         "model": row["model"],
         "limits": row["limits"],
         "cancelRequested": row["cancel_requested_at"] is not None,
-        "createdAt": stamp(row["created_at"]),
-        "startedAt": stamp(row["started_at"]),
-        "endedAt": stamp(row["ended_at"]),
+        "createdAt": utc_text(row["created_at"]),
+        "startedAt": utc_text(row["started_at"]),
+        "endedAt": utc_text(row["ended_at"]),
     }
 
 
@@ -537,11 +535,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         principal: Principal = reader,
     ) -> Response:
         _refuse_unstorable_query(agent=agent, decision=decision)
-        try:
-            after = Cursor.decode(cursor) if cursor is not None else None
-        except BadCursor as exc:
-            raise HTTPException(422, [{"loc": ["query", "cursor"], "msg": str(exc),
-                                       "type": "value_error"}]) from None
+        after = Cursor.decode(cursor) if cursor is not None else None  # pattern-checked
         wanted = CaseFilter(principal.tenant, agent, status, decision,
                             _instant(since, "since"), _instant(until, "until"))
         items, following = await services.index.search(wanted, limit, after)

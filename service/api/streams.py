@@ -84,12 +84,24 @@ def _message(key: Key, event_type: str, envelope: dict[str, Any],
                            id=f"{key[0]}.{key[1]}")
 
 
-async def _next_live(watcher: Watcher, ping_seconds: float) -> LiveEvent | None:
-    """The next live event, or ``None`` after ``ping_seconds`` without one."""
-    try:
-        return await asyncio.wait_for(watcher.events.get(), ping_seconds)
-    except TimeoutError:
-        return None
+async def _live(watcher: Watcher, ping_seconds: float,
+                still_allowed: Callable[[], Awaitable[bool]], what: str
+                ) -> AsyncGenerator[LiveEvent | ServerSentEvent, None]:
+    """The watcher's live events, with a keep-alive comment after ``ping_seconds``
+    without one; it ends when the credential no longer works (asked at each keep-alive)
+    or the watcher fell behind."""
+    while True:
+        try:
+            live = await asyncio.wait_for(watcher.events.get(), ping_seconds)
+        except TimeoutError:
+            if not await still_allowed():
+                return
+            yield ServerSentEvent(comment="ping")
+            continue
+        if watcher.cut_off:
+            log.warning("stream of %s fell behind and was ended", what)
+            return
+        yield live
 
 
 async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
@@ -115,16 +127,10 @@ async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
                 return
         if ended:  # it had ended before this request: resumed after its terminal event
             return
-        while True:
-            live = await _next_live(watcher, ping_seconds)
-            if live is None:
-                if not await still_allowed():
-                    return
-                yield ServerSentEvent(comment="ping")
+        async for live in _live(watcher, ping_seconds, still_allowed, f"case {case_id}"):
+            if isinstance(live, ServerSentEvent):
+                yield live
                 continue
-            if watcher.cut_off:
-                log.warning("stream of case %s fell behind and was ended", case_id)
-                return
             if last is not None and live.key <= last:
                 continue  # sent already, from the record
             if not _follows(last, live.key):
@@ -159,15 +165,9 @@ async def tenant_stream(watch: EventWatch, tenant: str, ping_seconds: float,
     """Every event of ``tenant`` as it is published (live only; ``id`` is the event
     id). ``still_allowed`` is asked at each keep-alive, so a revoked key's stream ends."""
     async with watch.watch(tenant_key(tenant)) as watcher:
-        while True:
-            live = await _next_live(watcher, ping_seconds)
-            if live is None:
-                if not await still_allowed():
-                    return
-                yield ServerSentEvent(comment="ping")
+        async for live in _live(watcher, ping_seconds, still_allowed, f"tenant {tenant}"):
+            if isinstance(live, ServerSentEvent):
+                yield live
                 continue
-            if watcher.cut_off:
-                log.warning("stream of tenant %s fell behind and was ended", tenant)
-                return
             yield ServerSentEvent(raw_data=orjson.dumps(live.envelope).decode(),
                                   event=live.event_type, id=live.envelope.get("eventId"))

@@ -83,10 +83,8 @@ class Watcher:
     def offer(self, event: LiveEvent) -> None:
         if self.cut_off:
             return
-        if self.events.qsize() >= WATCHER_BACKLOG:
-            self.cut_off = True
-            self.events.put_nowait(event)  # wakes the reader, who sees cut_off
-            return
+        # Past the backlog the event still goes in: it wakes the reader, who sees cut_off.
+        self.cut_off = self.events.qsize() >= WATCHER_BACKLOG
         self.events.put_nowait(event)
 
 
@@ -141,11 +139,6 @@ class EventWatch:
             await self._subscription.cancel()
         if self._channel is not None and not self._channel.is_closed:
             await self._channel.close()
-
-    @property
-    def bindings(self) -> int:
-        """Keys bound now (one per watched case or tenant, not per stream)."""
-        return len(self._watchers)
 
     @asynccontextmanager
     async def watch(self, key: str) -> AsyncIterator[Watcher]:
