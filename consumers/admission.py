@@ -39,9 +39,12 @@ KEY_REFRESH_SECONDS = 1.0
 class Refused(Exception):
     """A message that is not a genuine event; ``reason`` goes with its dead letter."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, code: str) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.code = code
+        """The reason's class: foreign_sender, unreadable, unsigned, bad_integrity,
+        hash_mismatch, unknown_key, retired_key, bad_signature."""
 
 
 @dataclass
@@ -95,25 +98,28 @@ class Admission:
         """The signed event, or ``Refused`` with the reason."""
         if user_id != self.worker_user:
             raise Refused(f"not published by the worker's broker identity "
-                          f"(user_id {user_id!r}, expected {self.worker_user!r})")
+                          f"(user_id {user_id!r}, expected {self.worker_user!r})",
+                          "foreign_sender")
         try:
             event, payload = event_and_payload_from_json(body)
         except InvalidEvent as exc:
-            raise Refused(str(exc)) from None
+            raise Refused(str(exc), "unreadable") from None
         if HEADER not in headers:
-            raise Refused(f"no {HEADER} header: the event is not signed")
+            raise Refused(f"no {HEADER} header: the event is not signed", "unsigned")
         try:
             integrity = Integrity.from_json(headers[HEADER])
         except IntegrityError as exc:
-            raise Refused(str(exc)) from None
+            raise Refused(str(exc), "bad_integrity") from None
         if chain_hash(integrity.prev_hash, body) != integrity.hash:
-            raise Refused("hash_mismatch: the body does not hash to integrity.hash")
+            raise Refused("hash_mismatch: the body does not hash to integrity.hash",
+                          "hash_mismatch")
         key = self.keys.keys.get(integrity.key_id)
         if key is None:
-            raise Refused(f"unknown_key: key {integrity.key_id} is not registered")
+            raise Refused(f"unknown_key: key {integrity.key_id} is not registered",
+                          "unknown_key")
         if key.not_valid_after is not None:
-            raise Refused(f"retired_key: key {integrity.key_id} is retired")
+            raise Refused(f"retired_key: key {integrity.key_id} is retired", "retired_key")
         if not signature_valid(key.public_key, integrity.hash, integrity.sig):
             raise Refused(f"bad_signature: the signature does not verify under key "
-                          f"{integrity.key_id}")
+                          f"{integrity.key_id}", "bad_signature")
         return SignedEvent(event, body, integrity, payload)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from service.bus import fastpath
 from service.bus.connection import connect_patiently
 from service.bus.dead_letter import REASON_HEADER, dead_letter
 from service.bus.deliveries import Delivery, Subscription
+from service.bus.probe import DEAD_LETTERS, QueueProbe
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.config import Settings
@@ -46,10 +48,12 @@ from service.errors import BusUnavailable, StoreUnavailable
 from service.events import SignedEvent
 from service.store import KeyRegistry, component_pool
 from service.supervisor import run_until_signal
+from service.telemetry import metrics, tracing
 
 log = logging.getLogger("casetrail.consumer")
 
 _STORE_BACKOFF = wait_exponential_jitter(multiplier=0.2, max=5.0)
+_REFUSED = "database refused the event"
 
 __all__ = ["REASON_HEADER", "ConsumerStats", "EventLogConsumer", "run_consumer"]
 
@@ -156,27 +160,65 @@ class EventLogConsumer:
                    if (k := self.admission.key_id_of(m.headers, m.user_id))}
         if not await self._know_keys(key_ids, stop):
             return  # stopping during an outage: the broker redelivers the batch
+        began = time.time_ns()
         readable: list[tuple[Delivery, SignedEvent]] = []
-        rejected: list[tuple[Delivery, str]] = []
+        rejected: list[tuple[Delivery, str, str]] = []
         admit = self.admission.admit
         for message in batch:
             try:
                 readable.append((message, admit(message.body, message.headers,
                                                 message.user_id)))
             except Refused as exc:
-                rejected.append((message, exc.reason))
+                rejected.append((message, exc.reason, exc.code))
+        writing = time.perf_counter()
         outcome = await self._write([signed for _, signed in readable], stop)
         if outcome is None:
             return  # stopping during an outage: the broker redelivers the batch
+        metrics.COMMIT_SECONDS.observe(time.perf_counter() - writing)
         for index, reason in outcome.conflicts.items():
-            rejected.append((readable[index][0], reason))
-        for message, reason in rejected:
-            await dead_letter(dead_letters, self.topology, message, reason)
+            rejected.append((readable[index][0], reason,
+                             "database_refused" if reason.startswith(_REFUSED) else "conflict"))
+        for message, reason, code in rejected:
+            await dead_letter(dead_letters, self.topology, message, reason, code)
         await self._ack(batch)
         self.stats.batches += 1
         self.stats.inserted += outcome.inserted
         self.stats.duplicates += outcome.duplicates
         self.stats.dead_lettered += len(rejected)
+        metrics.BATCH_SIZE.observe(len(batch))
+        metrics.EVENTS_STORED.inc(outcome.inserted)
+        metrics.EVENTS_DUPLICATE.inc(outcome.duplicates)
+        if readable:
+            oldest = min(signed.event.occurred_at for _, signed in readable)
+            metrics.CONSUMER_LAG.set(max(0.0, time.time() - oldest.timestamp()))
+        if tracing.ENABLED:
+            self._trace_store(batch, began, outcome)
+
+    def _trace_store(self, batch: Sequence[Delivery], began: int,
+                     outcome: BatchOutcome) -> None:
+        """A ``store`` span in each sampled trace the batch had events of (one per trace
+        and batch, not per event), from the batch's start to its acknowledgement."""
+        first_of: dict[str, Delivery] = {}
+        counts: dict[str, int] = {}
+        for message in batch:
+            trace_id = tracing.sampled(message.headers)
+            if trace_id is not None:
+                first_of.setdefault(trace_id, message)
+                counts[trace_id] = counts.get(trace_id, 0) + 1
+        for trace_id, message in first_of.items():
+            with tracing.continued(message.headers):
+                span = tracing.start(f"store {self.topology.event_log_queue}",
+                                     tracing.SpanKind.CONSUMER, {
+                                         "messaging.system": "rabbitmq",
+                                         "messaging.operation.type": "process",
+                                         "messaging.destination.name":
+                                             self.topology.event_log_queue,
+                                         "messaging.batch.message_count": len(batch),
+                                         "db.system.name": "postgresql",
+                                         "casetrail.events": counts[trace_id],
+                                         "casetrail.batch.inserted": outcome.inserted,
+                                     }, start_time=began)
+                span.end()
 
     async def _wait_out_outage(self, exc: StoreUnavailable, failures: int,
                                stop: asyncio.Event) -> bool:
@@ -215,7 +257,7 @@ class EventLogConsumer:
                     return None
             except asyncpg.PostgresError as exc:
                 if len(signed) == 1:
-                    return BatchOutcome(0, 0, {0: f"database refused the event: {exc}"})
+                    return BatchOutcome(0, 0, {0: f"{_REFUSED}: {exc}"})
                 log.warning("batch refused (%s); isolating the event that caused it", exc)
                 return await self._write_one_by_one(signed, stop)
 
@@ -251,6 +293,8 @@ class EventLogConsumer:
 
 async def run_consumer(settings: Settings) -> None:
     """The ``casetrail consumer`` component, until SIGINT or SIGTERM."""
+    tracing.configure("consumer")
+    metrics.serve(settings, "consumer")
     fastpath.enable(settings.amqp_fastpath)
     identity = settings.identity("consumer")
     connection = await connect_patiently(identity.amqp_url, "casetrail-consumer")
@@ -263,9 +307,22 @@ async def run_consumer(settings: Settings) -> None:
         prefetch=settings.consumer_prefetch, batch_size=settings.consumer_batch_size,
         linger=settings.consumer_linger_ms / 1000,
     )
+    topology = consumer.topology
+    probe = QueueProbe(connection, {"event-log": topology.event_log_queue,
+                                    DEAD_LETTERS: topology.dead_letter_queue},
+                       settings.queue_probe_seconds)
+
+    async def main(stop: asyncio.Event) -> None:
+        probing = asyncio.create_task(probe.run(stop))
+        try:
+            await consumer.run(stop)
+        finally:
+            await probing
+
     try:
-        await run_until_signal(consumer.run)
+        await run_until_signal(main)
     finally:
+        tracing.shutdown()
         await connection.close()
         await pool.close()
     log.info("consumer stopped: %s", consumer.stats)

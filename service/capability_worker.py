@@ -35,6 +35,7 @@ from service.engine.tools import Capability
 from service.errors import PermanentError, Reject
 from service.events import describe_validation_error
 from service.supervisor import run_until_signal
+from service.telemetry import metrics, tracing
 
 log = logging.getLogger("casetrail.capability")
 
@@ -87,13 +88,39 @@ class CapabilityWorker:
         self, message: Delivery, capability: Capability[Any], publisher: Publisher
     ) -> None:
         """Answer one request. Returning acks it; ``Reject`` dead-letters it."""
+        if not tracing.ENABLED:
+            await self._answer(message, capability, publisher)
+            return
+        queue = self.topology.capability_queue(capability.name)
+        with tracing.continued(message.headers):
+            span = tracing.start(f"process {queue}", tracing.SpanKind.CONSUMER, {
+                "messaging.system": "rabbitmq", "messaging.operation.type": "process",
+                "messaging.destination.name": queue, tracing.TOOL_NAME: capability.name,
+                "casetrail.capability.worker": self.name})
+            with tracing.current(span):
+                try:
+                    outcome = await self._answer(message, capability, publisher)
+                except Reject as exc:
+                    tracing.failed(span, exc.code, exc.reason)
+                    raise
+                else:
+                    if outcome == "error":
+                        tracing.failed(span, "tool_error")
+                finally:
+                    span.end()
+
+    async def _answer(
+        self, message: Delivery, capability: Capability[Any], publisher: Publisher
+    ) -> str:
+        """Answer one request; says how (ok, error, remembered, expired)."""
         try:
             request = ToolRequest.model_validate(orjson.loads(message.body))
         except (ValidationError, orjson.JSONDecodeError) as exc:
-            raise Reject(f"unreadable tool request: {exc}") from exc
+            raise Reject(f"unreadable tool request: {exc}", "unreadable") from exc
         if time.time() > request.deadline:
             log.info("request %s expired before it was served", message.message_id)
-            return
+            metrics.TOOL_REQUESTS_SERVED.labels(capability.name, "expired").inc()
+            return "expired"
         # Remembered by capability, arguments and key: a retry gets the answer it
         # asked for, and a request that reuses someone's key with other arguments
         # (or for another capability) is run on its own, not handed their answer.
@@ -104,8 +131,11 @@ class CapabilityWorker:
             self._answers[remembered] = reply
             if len(self._answers) > REMEMBERED_REPLIES:
                 self._answers.popitem(last=False)
+            outcome = "ok" if reply.ok else "error"
         else:
             reply = reply.model_copy(update={"attempt": request.attempt})
+            outcome = "remembered"
+        metrics.TOOL_REQUESTS_SERVED.labels(capability.name, outcome).inc()
         if message.reply_to:
             try:
                 await publisher.publish(
@@ -116,6 +146,7 @@ class CapabilityWorker:
             except PermanentError as exc:
                 log.info("caller of %s is gone (%s)", request.idempotency_key, exc)
         self.served += 1
+        return outcome
 
     async def _run(self, request: ToolRequest, capability: Capability[Any]) -> ToolReply:
         base = {"idempotency_key": request.idempotency_key, "attempt": request.attempt,
@@ -138,6 +169,8 @@ async def run_capability_worker(
 ) -> None:
     """The ``casetrail capability-worker`` component, until SIGINT or SIGTERM. It
     keeps to the public aiormq path: its rate is the tools' own, not the bus's."""
+    tracing.configure("capability")
+    metrics.serve(settings, "capability")
     connection = await connect_patiently(settings.identity("capability").amqp_url,
                                          "casetrail-capability-worker")
     worker = CapabilityWorker(
@@ -147,4 +180,5 @@ async def run_capability_worker(
     try:
         await run_until_signal(worker.run)
     finally:
+        tracing.shutdown()
         await connection.close()

@@ -118,15 +118,26 @@ def api(
     import uvicorn
 
     from service.api import create_app
+    from service.errors import PermanentError
+    from service.telemetry import metrics, tracing
 
     _logging()
     settings = get_settings()
+    try:
+        tracing.configure("api")
+        metrics.serve(settings, "api")
+    except PermanentError as exc:
+        typer.echo(f"casetrail api: {exc}", err=True)
+        raise typer.Exit(2) from None
     application = create_app(settings)
     gc_tuning.tune(settings.gc_threshold)
-    uvicorn.run(
-        application, host=host or settings.api_host, port=port or settings.api_port,
-        log_level="warning", access_log=False,
-    )
+    try:
+        uvicorn.run(
+            application, host=host or settings.api_host, port=port or settings.api_port,
+            log_level="warning", access_log=False,
+        )
+    finally:
+        tracing.shutdown()
 
 
 @app.command()

@@ -210,6 +210,21 @@ class Settings(BaseSettings):
         default="aiohttp", description="The SDKs' HTTP transport; aiohttp was measured to "
         "keep up with hundreds of concurrent requests (docs/benchmarks.md).")
 
+    metrics_host: str = Field(default="127.0.0.1", description="Where each component "
+                              "serves /metrics (0.0.0.0 for a scraper on another host).")
+    api_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
+        "The API's metrics port (not the API port). Unset: 9101, or any free port when "
+        "another process holds it; 0: any free port. The bound port is logged.")
+    worker_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
+        "The worker's metrics port; unset: 9102 or, when taken, any free port.")
+    consumer_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
+        "The consumer's metrics port; unset: 9103 or, when taken, any free port.")
+    capability_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
+        "A capability worker's metrics port; unset: 9104 or, when taken, any free port.")
+    queue_probe_seconds: float = Field(default=5.0, gt=0, description="How often the "
+                                       "worker and the consumer read their queues' depth "
+                                       "for the metrics.")
+
     capability_concurrency: int = 64
     tool_timeout_seconds: float = 10.0
     tool_attempts: int = 3

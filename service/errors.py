@@ -65,6 +65,8 @@ class Reject(PermanentError):
     why it was set aside.
     """
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, code: str = "unprocessable") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.code = code
+        """The reason's class, a word (the dead-letter metric's label)."""

@@ -129,6 +129,11 @@ def refuse_boolean_numbers(model: type[BaseModel], data: Any) -> Any:
     return data
 
 
+# The serializers that leave out absent optional keys (_omit_*) carry no return
+# annotation: pydantic would take one (dict[str, Any]) for the model's schema in
+# serialization mode, and the AsyncAPI document would lose the payload's fields.
+
+
 class ContractModel(BaseModel):
     """Base of every contract type: camelCase on the wire, strict, immutable."""
 
@@ -198,7 +203,7 @@ class ToolCallRecord(ContractModel):
         return self
 
     @model_serializer(mode="wrap")
-    def _omit_absent(self, handler: Any) -> dict[str, Any]:
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
         # Optional keys appear only when they carry something, so the seed's
         # example round-trips key for key; a successful call whose result is
@@ -243,7 +248,7 @@ class ReactCyclePayload(ContractModel):
     )
 
     @model_serializer(mode="wrap")
-    def _omit_absent(self, handler: Any) -> dict[str, Any]:
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
         for key in ("model", "finishReason"):
             if data.get(key) is None:
@@ -296,6 +301,14 @@ class ToolOffer(ContractModel):
                     "schema: two runs offered the same tool only if these agree.")
 
 
+class TraceRef(ContractModel):
+    """Where an attempt's spans are: its ``invoke_agent`` span in OpenTelemetry (W3C ids,
+    lowercase hex), so a trail links to its trace."""
+
+    trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    span_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+
+
 class CaseStartedPayload(ContractModel):
     """The first event of every attempt: who runs the case, with what, on what input."""
 
@@ -312,6 +325,16 @@ class CaseStartedPayload(ContractModel):
     )
     started_by: str | None = Field(
         default=None, description="Who started the case: ``key:<keyId>`` of the API key.")
+    trace: TraceRef | None = Field(
+        default=None, description="The attempt's trace, when traces are exported and this "
+        "case was sampled; absent otherwise.")
+
+    @model_serializer(mode="wrap")
+    def _omit_untraced(self, handler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        if data.get("trace") is None:
+            data.pop("trace", None)
+        return data
 
 
 class CaseTotals(ContractModel):
@@ -333,7 +356,7 @@ class _WithRetries(CaseTotals):
     )
 
     @model_serializer(mode="wrap")
-    def _omit_absent(self, handler: Any) -> dict[str, Any]:
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
         if not data.get("modelRetries"):
             data.pop("modelRetries", None)

@@ -26,7 +26,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ from service.bus import fastpath
 from service.bus.connection import connect_patiently
 from service.bus.dead_letter import dead_letter
 from service.bus.deliveries import Delivery, Subscription, TaskPerDelivery
+from service.bus.probe import QueueProbe
 from service.bus.publisher import EventPublisher, Publisher
 from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
@@ -78,6 +79,7 @@ from service.store import (
     component_pool,
 )
 from service.supervisor import run_until_signal
+from service.telemetry import metrics, tracing
 
 log = logging.getLogger("casetrail.worker")
 
@@ -151,6 +153,10 @@ class CaseWorker:
     _claims: Coalescer[uuid.UUID, Claim] = field(init=False)
     _ended: Coalescer[uuid.UUID, None] = field(init=False)
 
+    @property
+    def live_cases(self) -> Mapping[uuid.UUID, LiveCase]:
+        return self._live
+
     def __post_init__(self) -> None:
         self._claims = Coalescer(
             lambda ids: self.store.claim_many(ids, self.owner, self.lease_seconds)
@@ -168,7 +174,7 @@ class CaseWorker:
         await self.topology.require(channel)
         publisher = self._publisher = await Publisher.open(self.connection)
         self._sink = EventPublisher(publisher, self.topology, self.signer)
-        self._engine = ReactEngine(self._sink)
+        self._engine = ReactEngine(self._sink, self._sink.redact)
         cancel_exchange = await channel.get_exchange(self.topology.cancel_exchange, ensure=False)
         cancel_queue = await channel.declare_queue(
             f"{self.topology.namespace}.cancel.{uuid.uuid4().hex}", exclusive=True,
@@ -197,7 +203,7 @@ class CaseWorker:
         if message.user_id != self.api_user:
             self._spawn(dead_letter(self._publisher, self.topology, message,
                                     f"cancel from broker user {message.user_id!r}, not the "
-                                    f"API's ({self.api_user!r})"))
+                                    f"API's ({self.api_user!r})", "foreign_sender"))
             return
         try:
             command: CancelCommand = CancelCommand.from_json(message.body)
@@ -244,14 +250,14 @@ class CaseWorker:
         dead-letters it; a ``TransientError`` (or cancellation) hands it back."""
         if message.user_id != self.api_user:
             raise Reject(f"start command from broker user {message.user_id!r}, not the "
-                         f"API's ({self.api_user!r})")
+                         f"API's ({self.api_user!r})", "foreign_sender")
         if message.type == "CASE_ERASE":
             await self._record_erasure(message)
             return
         try:
             command: CaseStartCommand = CaseStartCommand.from_json(message.body)
         except InvalidCommand as exc:
-            raise Reject(f"unreadable start command: {exc}") from exc
+            raise Reject(f"unreadable start command: {exc}", "unreadable") from exc
         live = self._live.get(command.case_id)
         if live is not None:
             # The broker redelivered the start command of a case this process is
@@ -263,7 +269,8 @@ class CaseWorker:
         # case is being claimed is not missed.
         live = self._live[command.case_id] = LiveCase()
         try:
-            done = await self._claim_and_run(command, live.signal)
+            with tracing.continued(message.headers):  # the trace POST /cases began
+                done = await self._claim_and_run(command, live.signal)
         except asyncio.CancelledError:
             # Shutdown abandoned this case: hand it back for the next attempt.
             await self._release(command.case_id)
@@ -357,7 +364,7 @@ class CaseWorker:
         try:
             command: EraseCommand = EraseCommand.from_json(message.body)
         except InvalidCommand as exc:
-            raise Reject(f"unreadable erase command: {exc}") from exc
+            raise Reject(f"unreadable erase command: {exc}", "unreadable") from exc
         state = await self.secrets.state(command.case_id)
         if state is None or state.erased_at is None:
             raise Reject(f"erase command for case {command.case_id}, whose values Postgres "
@@ -392,6 +399,8 @@ class CaseWorker:
 async def run_worker(settings: Settings) -> None:
     """The ``casetrail worker`` component, until SIGINT or SIGTERM."""
     signer = worker_signer(settings)
+    tracing.configure("worker")
+    metrics.serve(settings, "worker")
     fastpath.enable(settings.amqp_fastpath)
     identity = settings.identity("worker")
     connection = await connect_patiently(identity.amqp_url, "casetrail-worker")
@@ -416,9 +425,21 @@ async def run_worker(settings: Settings) -> None:
                         models=models,
                         concurrency=settings.worker_concurrency,
                         lease_seconds=settings.lease_seconds)
+    metrics.LIVE_CASES.set_function(lambda: len(worker.live_cases))
+    probe = QueueProbe(connection, {"case-start": topology.case_start_queue},
+                       settings.queue_probe_seconds)
+
+    async def main(stop: asyncio.Event) -> None:
+        probing = asyncio.create_task(probe.run(stop))
+        try:
+            await worker.run(stop)
+        finally:
+            await probing
+
     try:
-        await run_until_signal(worker.run)
+        await run_until_signal(main)
     finally:
+        tracing.shutdown()
         await models.aclose()
         await runtime.close()
         await connection.close()

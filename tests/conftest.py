@@ -77,6 +77,10 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         signing_key_file=str(key_file),
         secrets_file=str(key_file.parent / "identities.json"),
         bench_mode=True,  # the tests use slow scripted models (latencyMs)
+        # Any free port for each component's metrics: beside a demo stack, and beside
+        # each other (the tests start several of each).
+        api_metrics_port=0, worker_metrics_port=0, consumer_metrics_port=0,
+        capability_metrics_port=0,
         # The suite starts many cases in a minute as one tenant (schemathesis alone
         # hundreds); two tenants keep small limits for the quota tests.
         tenant_max_starts_per_minute=100_000,

@@ -4,6 +4,7 @@ processes (as production runs them)."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import subprocess
 import tempfile
@@ -155,6 +156,29 @@ def other_namespace(settings: Settings, suffix: str) -> Settings:
         "namespace": f"{settings.namespace}-{suffix}",
         "database_url": f"{settings.database_url}_{suffix}",
         "secrets_file": str(secrets_file)})
+
+
+async def stop_all(children: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each child and wait for it (kill and fail after 20 s)."""
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children:
+        try:
+            await asyncio.to_thread(child.wait, 20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise
+
+
+async def stop_cleanly(children: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Stop the components and check each exited cleanly (its log's tail if not)."""
+    await stop_all(list(children.values()))
+    for name, child in children.items():
+        # uvicorn re-raises the SIGTERM it handled once it has shut down cleanly.
+        clean = (0, -signal.SIGTERM) if name == "api" else (0,)
+        log = Path(child.log_path).read_text()[-2000:]  # type: ignore[attr-defined]  # noqa: ASYNC240
+        assert child.returncode in clean, f"{name} exited {child.returncode}: {log}"
 
 
 def spawn(settings: Settings, *args: str, **extra: str) -> subprocess.Popen[bytes]:

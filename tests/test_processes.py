@@ -26,7 +26,7 @@ from service.keyfile import worker_signer
 from service.setup import remove
 from tests.conftest import TESTS_APPLICATION
 from tests.helpers import ended, wait_for_sql, wait_until
-from tests.stack import free_port, other_namespace, spawn
+from tests.stack import free_port, other_namespace, spawn, stop_cleanly
 
 
 def test_a_component_started_with_the_environment_reads_the_same_settings(
@@ -37,18 +37,6 @@ def test_a_component_started_with_the_environment_reads_the_same_settings(
     assert Settings() == settings.model_copy(update={"api_port": 9123})
     assert Settings().consumer_linger_ms == 2.0 != Settings.model_fields[
         "consumer_linger_ms"].default  # a test setting, not the default, reached the child
-
-
-async def stop_all(children: list[subprocess.Popen[bytes]]) -> None:
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    for child in children:
-        try:
-            await asyncio.to_thread(child.wait, 20)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            raise
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +62,7 @@ async def processes(
 
     await wait_until(ready, timeout=30, interval=0.2)
     yield {"base_url": base_url, "children": children, "headers": auth_headers}
-    await stop_all(list(children.values()))
-    for name, child in children.items():
-        # uvicorn re-raises the SIGTERM it handled once it has shut down cleanly.
-        clean = (0, -signal.SIGTERM) if name == "api" else (0,)
-        log = Path(child.log_path).read_text()[-2000:]  # type: ignore[attr-defined]  # noqa: ASYNC240
-        assert child.returncode in clean, f"{name} exited {child.returncode}: {log}"
+    await stop_cleanly(children)
 
 
 async def test_no_component_connects_as_a_superuser_or_the_owner(

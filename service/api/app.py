@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.agents import AGENTS
-from service.api.middleware import BodyLimit
+from service.api.middleware import BodyLimit, Observed
 from service.api.oidc import OidcVerifier
 from service.api.openapi import exact_openapi
 from service.api.schemas import (
@@ -85,6 +85,7 @@ from service.store import (
     tenant_counts,
     utc_text,
 )
+from service.telemetry import metrics
 
 log = logging.getLogger("casetrail.api")
 
@@ -317,6 +318,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         lifespan=lifespan,
     )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(Observed)  # outermost: it sees every answer, 413s included
 
     async def owned_case(case_id: uuid.UUID, principal: Principal) -> dict[str, Any]:
         """The case, if it belongs to the caller's tenant: another tenant's case is a
@@ -437,6 +439,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
                 await _publish_start(services, row, forget_on_failure=False)
         else:
             await _publish_start(services, row, forget_on_failure=True)
+            metrics.CASES_ACCEPTED.labels(agent.name).inc()
         shown = str(row["case_id"])
         return OrjsonResponse({
             "caseId": shown, "status": row["status"], "agent": agent.name,

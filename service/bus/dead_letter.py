@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
+from service.telemetry import metrics
 
 log = logging.getLogger("casetrail.bus")
 
@@ -41,11 +42,13 @@ class Undeliverable(Protocol):
 
 
 async def dead_letter(
-    publisher: Publisher, topology: Topology, message: Undeliverable, reason: str
+    publisher: Publisher, topology: Topology, message: Undeliverable, reason: str,
+    code: str = "rejected",
 ) -> None:
     """Publish ``message`` to ``<ns>.dead-letter`` with ``reason`` (confirmed); the caller
     acks. Its own headers are kept (an event's signature too), so that it can be sent
-    back as it was (``casetrail dead-letters redrive``)."""
+    back as it was (``casetrail dead-letters redrive``). ``code`` is the reason's
+    class, one of a few words (the metric's label; the reason is free text)."""
     log.warning("dead-lettering message %s: %s", message.message_id, reason)
     await publisher.publish(
         topology.dead_letter_exchange,
@@ -62,3 +65,4 @@ async def dead_letter(
             "x-original-routing-key": message.routing_key or "",
         },
     )
+    metrics.DEAD_LETTERED.labels(code).inc()

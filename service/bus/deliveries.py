@@ -173,7 +173,7 @@ async def settle(delivery: Delivery, outcome: Awaitable[None], *,
         try:
             await outcome
         except Reject as exc:
-            await dead_letter(dead_letters, topology, delivery, exc.reason)
+            await dead_letter(dead_letters, topology, delivery, exc.reason, exc.code)
             await delivery.ack()
         except TransientError as exc:
             log.info("message %s handed back (%s)", delivery.message_id, exc)

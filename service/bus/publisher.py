@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ from service.events import Event
 from service.integrity import GENESIS, Integrity, Signer
 from service.integrity import HEADER as INTEGRITY_HEADER
 from service.sensitive import Redaction
+from service.telemetry import metrics, tracing
 
 log = logging.getLogger("casetrail.bus")
 
@@ -117,6 +119,9 @@ class Publisher:
             raise TypeError(
                 f"the bus carries bytes, not {type(body).__name__}: serialize it first"
             )
+        if tracing.ENABLED:  # the trace goes on with the message (a no-op outside a span)
+            headers = dict(headers or {})
+            tracing.inject(headers)
         properties = Properties(
             # A message id is what the channel's return handling finds a publish by.
             message_id=message_id or uuid.uuid4().hex,
@@ -132,7 +137,9 @@ class Publisher:
         try:
             try:
                 # The common case, without the retry machinery's per-call cost.
+                sent = time.perf_counter()
                 await self._send(exchange, routing_key, body, properties)
+                metrics.publish_confirm(exchange).observe(time.perf_counter() - sent)
                 return
             except aiormq.exceptions.ChannelAccessRefused:
                 raise  # this identity may not publish there: no retry makes it allowed
@@ -201,6 +208,11 @@ class EventPublisher:
         else:
             self._heads[chain] = (event.seq, integrity.hash)
         await self.publish_sealed(event, body, integrity)
+
+    def redact(self, case_id: uuid.UUID, text: str) -> str:
+        """``text`` (JSON) with the case's sensitive values replaced, as events have them."""
+        redaction = self.redactions.get(case_id)
+        return text if redaction is None else redaction.apply(text.encode()).decode()
 
     async def publish_sealed(self, event: Event, body: bytes, integrity: Integrity) -> None:
         """Publish an event already signed (``emit`` does it for every event)."""

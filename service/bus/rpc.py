@@ -101,7 +101,8 @@ class BusWorkerRuntime:
     def _on_reply(self, message: Delivery) -> None:
         if message.user_id != self.capability_user:
             self._refuse(message, f"tool reply from broker user {message.user_id!r}, not the "
-                                  f"capability workers' ({self.capability_user!r})")
+                                  f"capability workers' ({self.capability_user!r})",
+                         "foreign_sender")
             return
         try:
             reply = ToolReply.model_validate(orjson.loads(message.body))
@@ -114,12 +115,14 @@ class BusWorkerRuntime:
                      reply.attempt)
             return
         if reply.idempotency_key != pending.call_id:
-            self._refuse(message, "tool reply for another call than its correlation id's")
+            self._refuse(message, "tool reply for another call than its correlation id's",
+                         "wrong_call")
             return
         pending.future.set_result(reply)
 
-    def _refuse(self, message: Delivery, reason: str) -> None:
-        task = asyncio.create_task(dead_letter(self.publisher, self.topology, message, reason))
+    def _refuse(self, message: Delivery, reason: str, code: str) -> None:
+        task = asyncio.create_task(dead_letter(self.publisher, self.topology, message, reason,
+                                               code))
         self._refused.add(task)
         task.add_done_callback(self._refused.discard)
 

@@ -25,8 +25,9 @@ import asyncio
 import hashlib
 import inspect
 import re
+import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
@@ -66,8 +67,11 @@ from service.events import (
     TerminalEvent,
     TokenUsage,
     ToolOffer,
+    TraceRef,
     make_event,
 )
+from service.telemetry import metrics, tracing
+from service.telemetry.genai import AttemptTrace
 
 T = TypeVar("T")
 
@@ -201,6 +205,9 @@ class RunState:
     """The last event's publish, until its confirm has been awaited."""
     model_seconds: float | None = None
     """How long the last model turn took (``None`` before the first)."""
+    metrics: metrics.AgentMetrics | None = None
+    trace: AttemptTrace | None = None
+    """The attempt's spans, when tracing is on."""
 
     def remaining(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()
@@ -245,8 +252,11 @@ def first_user_message(case_input: JsonObject) -> str:
 class ReactEngine:
     """Runs attempts of cases: the model, the tools, and the trail of events."""
 
-    def __init__(self, sink: EventSink) -> None:
+    def __init__(self, sink: EventSink,
+                 redact: Callable[[uuid.UUID, str], str] | None = None) -> None:
         self._sink = sink
+        self._redact = redact
+        """How the case's sensitive values leave the process (traces with content)."""
 
     async def run(
         self,
@@ -262,7 +272,13 @@ class ReactEngine:
             spec=spec,
             deadline=loop.time() + spec.limits.deadline_seconds,
             messages=[],
+            metrics=metrics.for_agent(spec.agent, spec.model.provider, spec.model.name),
         )
+        if tracing.ENABLED:
+            state.trace = AttemptTrace.begin(
+                agent=spec.agent, agent_version=spec.agent_version, case_id=str(spec.case_id),
+                attempt=spec.attempt, provider=spec.model.provider, model=spec.model.name,
+                redact=self._redactor(spec.case_id))
         state.add(SystemMessage(spec.system_prompt), UserMessage(first_user_message(spec.input)))
 
         def deadline_passed() -> None:
@@ -275,6 +291,8 @@ class ReactEngine:
             return await self._attempt(state, model, tools, cancel)
         finally:
             timer.cancel()
+            if state.trace is not None:
+                state.trace.finish()
             if state.in_flight is not None and not state.in_flight.done():
                 state.in_flight.cancel()  # the attempt was abandoned (shutdown)
 
@@ -283,6 +301,8 @@ class ReactEngine:
     ) -> TerminalEvent:
         spec = state.spec
         await self._send(state, self._started_payload(spec, tools))
+        assert state.metrics is not None
+        (state.metrics.started_first if spec.attempt == 1 else state.metrics.started_retry).inc()
         while True:
             if cancel.is_set:
                 return await self._cancelled(state, cancel)
@@ -337,6 +357,11 @@ class ReactEngine:
         )
         state.retries = []
         state.cycles += 1
+        observed = state.metrics
+        assert observed is not None
+        observed.cycles.inc()
+        observed.input_tokens.inc(turn.usage.input_tokens)
+        observed.output_tokens.inc(turn.usage.output_tokens)
         if turn.tool_calls:
             return None
         answer = extract_answer(turn.text)
@@ -358,10 +383,18 @@ class ReactEngine:
         """One model turn; transient provider failures are retried with backoff and
         jitter (honouring ``Retry-After``) inside the deadline, and each retry is kept."""
         backoff = wait_exponential_jitter(multiplier=0.5, max=20.0, jitter=0.5)
+        observed = state.metrics
+        assert observed is not None
         for attempt in range(1, MODEL_RETRY_ATTEMPTS + 1):
+            span = None if state.trace is None else state.trace.chat(model.name, prompt)
+            asked = time.perf_counter()
             try:
-                return await self._guard(state, cancel, model.request(prompt, tools.specs))
+                turn = await self._guard(state, cancel, model.request(prompt, tools.specs))
             except ModelUnavailable as exc:
+                observed.model_retryable.observe(time.perf_counter() - asked)
+                if span is not None:
+                    tracing.failed(span, "provider_unavailable", str(exc))
+                    span.end()
                 if attempt == MODEL_RETRY_ATTEMPTS:
                     raise
                 delay = exc.retry_after if exc.retry_after is not None else backoff_delay(
@@ -374,7 +407,21 @@ class ReactEngine:
                         at=datetime.now(UTC), reason=str(exc), waited=timedelta(seconds=delay)
                     )
                 )
+                observed.retries.inc()
                 await self._guard(state, cancel, asyncio.sleep(delay))
+            except BaseException as exc:  # refused, or abandoned (deadline, cancel, shutdown)
+                if isinstance(exc, ModelRejected):
+                    observed.model_error.observe(time.perf_counter() - asked)
+                if span is not None:
+                    kind = exc.kind if isinstance(exc, _Interrupted) else type(exc).__name__
+                    tracing.failed(span, kind, str(exc))
+                    span.end()
+                raise
+            else:
+                observed.model_ok.observe(time.perf_counter() - asked)
+                if span is not None and state.trace is not None:
+                    state.trace.answered(span, turn)
+                return turn
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _guard(self, state: RunState, cancel: CancelSignal, work: Awaitable[T]) -> T:
@@ -420,7 +467,19 @@ class ReactEngine:
             input=spec.input,
             restart_reason=spec.restart_reason,
             started_by=spec.started_by,
+            trace=self._trace_ref(),
         )
+
+    @staticmethod
+    def _trace_ref() -> TraceRef | None:
+        found = tracing.ids() if tracing.ENABLED else None
+        return None if found is None else TraceRef(trace_id=found[0], span_id=found[1])
+
+    def _redactor(self, case_id: uuid.UUID) -> Callable[[str], str]:
+        redact = self._redact
+        if redact is None:
+            return lambda text: text
+        return lambda text: redact(case_id, text)
 
     async def _failed(self, state: RunState, code: Any, message: str) -> TerminalEvent:
         return await self._terminal(
@@ -462,6 +521,12 @@ class ReactEngine:
     async def _terminal(self, state: RunState, payload: Payload) -> TerminalEvent:
         event = await self._emit(state, payload)
         assert event.is_terminal
+        outcome = event.event_type[5:].lower()  # CASE_TIMED_OUT -> timed_out
+        assert state.metrics is not None
+        state.metrics.ended(outcome)
+        if state.trace is not None:
+            state.trace.end(outcome, getattr(payload, "reason_code", None),
+                            state.usage.input_tokens, state.usage.output_tokens)
         return event  # type: ignore[return-value]
 
     async def _emit(self, state: RunState, payload: Payload) -> Event:

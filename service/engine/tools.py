@@ -28,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 from service.engine.chat import ToolCallRequest, ToolResultMessage, ToolSpec
 from service.events import ToolAttempt, ToolCallRecord, describe_validation_error
 from service.integrity import canonical
+from service.telemetry import genai, metrics, tracing
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -203,6 +204,11 @@ class ToolBox:
         started = time.perf_counter()
         tool = self._tools.get(call.name)
         source: str = "local" if tool is None else source_label(tool)
+        # A model may name any tool: only the agent's own are labelled by name.
+        label = call.name if tool is not None else "(unknown)"
+        span = None if not tracing.ENABLED else genai.tool_span(
+            label, call.id, "extension" if source == "worker" else "function",
+            call.arguments if call.arguments is not None else call.raw_arguments)
         attempts: tuple[ToolAttempt, ...] = ()
         if tool is None:
             known = ", ".join(sorted(self._tools)) or "none"
@@ -214,8 +220,13 @@ class ToolBox:
             )
             result = None
         else:
-            result, error, attempts = await self._dispatch(tool, call, f"{key}:{call.id}")
-        duration = timedelta(seconds=time.perf_counter() - started)
+            with tracing.current(span):
+                result, error, attempts = await self._dispatch(tool, call, f"{key}:{call.id}")
+        elapsed = time.perf_counter() - started
+        metrics.tool_call(label, source, error is None).observe(elapsed)
+        if span is not None:
+            genai.tool_done(span, error, result)
+        duration = timedelta(seconds=elapsed)
         record = ToolCallRecord(
             tool_name=call.name,
             tool_args=call.arguments or {},

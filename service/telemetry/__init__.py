@@ -1,0 +1,1 @@
+"""Metrics and traces: how casetrail is operated."""

@@ -1,0 +1,188 @@
+"""Prometheus metrics: every name casetrail exports, and each component's /metrics server.
+
+Names start with ``casetrail_``; labels are bounded (agents, models, tools,
+outcomes, queues, reasons — never a case id). Durations are in seconds, with
+buckets that fit what they measure: milliseconds for the bus and the database,
+seconds for models. Each component serves its own registry on its own port
+(``CASETRAIL_<COMPONENT>_METRICS_PORT``), never on the API's port.
+
+The dashboard (``docs/grafana-dashboard.json``) and the alert rules
+(``docs/prometheus-alerts.yml``) are built on these names; tests/test_metrics.py
+checks every expression in them with promtool and against this module.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from service.config import Component, Settings
+from service.errors import PermanentError
+
+log = logging.getLogger("casetrail.metrics")
+
+BUS_SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+"""Publish confirms and commits: sub-millisecond to a few seconds."""
+MODEL_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+TOOL_SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+HTTP_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+BATCH_SIZES = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000)
+
+# --- the API -----------------------------------------------------------------------
+HTTP_REQUESTS = Counter(
+    "casetrail_http_requests", "HTTP requests answered, by route template and status.",
+    ["method", "route", "status"])
+HTTP_SECONDS_HISTOGRAM = Histogram(
+    "casetrail_http_request_duration_seconds", "Time to answer an HTTP request (to its "
+    "first byte for a stream).", ["method", "route"], buckets=HTTP_SECONDS)
+CASES_ACCEPTED = Counter(
+    "casetrail_cases_accepted", "Cases POST /cases accepted (recorded and queued), by agent.",
+    ["agent"])
+
+# --- the worker --------------------------------------------------------------------
+CASES_STARTED = Counter(
+    "casetrail_cases_started", "Attempts started (CASE_STARTED published), by agent; "
+    "attempt is first or retry.", ["agent", "attempt"])
+CASES_ENDED = Counter(
+    "casetrail_cases_ended", "Terminal events published, by agent and outcome "
+    "(completed, failed, timed_out, cancelled).", ["agent", "outcome"])
+CYCLES = Counter("casetrail_cycles", "REACT_CYCLE events published, by agent.", ["agent"])
+MODEL_REQUEST_SECONDS = Histogram(
+    "casetrail_model_request_duration_seconds", "One model request as the worker saw it, "
+    "by provider, model and outcome (ok, retryable, error).",
+    ["provider", "model", "outcome"], buckets=MODEL_SECONDS)
+MODEL_RETRIES = Counter(
+    "casetrail_model_retries", "Model requests retried after a transient failure.",
+    ["provider", "model"])
+MODEL_TOKENS = Counter(
+    "casetrail_model_tokens", "Tokens billed by the provider, by agent, model and type "
+    "(input, output).", ["agent", "model", "type"])
+TOOL_CALL_SECONDS = Histogram(
+    "casetrail_tool_call_duration_seconds", "One tool call, retries included, by tool, "
+    "source (worker, local) and outcome (ok, error).", ["tool", "source", "outcome"],
+    buckets=TOOL_SECONDS)
+LIVE_CASES = Gauge("casetrail_live_cases", "Cases this worker holds now.")
+
+# --- every publisher ---------------------------------------------------------------
+PUBLISH_CONFIRM_SECONDS = Histogram(
+    "casetrail_publish_confirm_seconds", "From publish to the broker's confirm, by "
+    "exchange.", ["exchange"], buckets=BUS_SECONDS)
+DEAD_LETTERED = Counter(
+    "casetrail_dead_lettered", "Messages this component set aside on the dead-letter "
+    "exchange, by reason.", ["reason"])
+
+# --- the consumer ------------------------------------------------------------------
+BATCH_SIZE = Histogram(
+    "casetrail_consumer_batch_size", "Messages per batch the consumer handled.",
+    buckets=BATCH_SIZES)
+COMMIT_SECONDS = Histogram(
+    "casetrail_consumer_commit_seconds", "Writing one batch to Postgres, to its commit.",
+    buckets=BUS_SECONDS)
+EVENTS_STORED = Counter("casetrail_events_stored", "Events newly stored in event_log.")
+EVENTS_DUPLICATE = Counter(
+    "casetrail_events_duplicate", "Events delivered again and already stored (harmless).")
+CONSUMER_LAG = Gauge(
+    "casetrail_consumer_lag_seconds", "Age, at its commit, of the oldest event of the last "
+    "batch stored: how far the record trails the worker.")
+
+# --- the bus, as the components see it ---------------------------------------------
+QUEUE_MESSAGES = Gauge(
+    "casetrail_queue_messages", "Messages waiting in a casetrail queue (case-start, "
+    "event-log, dead-letters), probed every few seconds.", ["queue"])
+DEAD_LETTERS_HELD_SECONDS = Gauge(
+    "casetrail_dead_letters_held_seconds", "How long the dead-letter queue has held "
+    "messages without being emptied, as far as this consumer has watched it (0 when "
+    "empty).")
+
+# --- the capability workers ---------------------------------------------------------
+TOOL_REQUESTS_SERVED = Counter(
+    "casetrail_tool_requests_served", "Tool requests a capability worker answered, by "
+    "capability and outcome (ok, error, remembered, expired).", ["capability", "outcome"])
+
+
+@dataclass(frozen=True)
+class AgentMetrics:
+    """One agent's and model's labelled children, looked up once (the engine's hot path
+    touches them every cycle)."""
+
+    started_first: Counter
+    started_retry: Counter
+    cycles: Counter
+    input_tokens: Counter
+    output_tokens: Counter
+    model_ok: Histogram
+    model_retryable: Histogram
+    model_error: Histogram
+    retries: Counter
+    provider: str
+    agent: str
+
+    def ended(self, outcome: str) -> None:
+        CASES_ENDED.labels(self.agent, outcome).inc()
+
+
+MAX_MODEL_LABELS = 100
+"""Distinct model names labelled; a case may name any model, so beyond this many the
+rest count as ``(other)`` (a label per name would let callers grow the series)."""
+_models: set[str] = set()
+
+
+@lru_cache(maxsize=1024)
+def for_agent(agent: str, provider: str, model: str) -> AgentMetrics:
+    if model not in _models:
+        if len(_models) >= MAX_MODEL_LABELS:
+            model = "(other)"
+        else:
+            _models.add(model)
+    return AgentMetrics(
+        started_first=CASES_STARTED.labels(agent, "first"),
+        started_retry=CASES_STARTED.labels(agent, "retry"),
+        cycles=CYCLES.labels(agent),
+        input_tokens=MODEL_TOKENS.labels(agent, model, "input"),
+        output_tokens=MODEL_TOKENS.labels(agent, model, "output"),
+        model_ok=MODEL_REQUEST_SECONDS.labels(provider, model, "ok"),
+        model_retryable=MODEL_REQUEST_SECONDS.labels(provider, model, "retryable"),
+        model_error=MODEL_REQUEST_SECONDS.labels(provider, model, "error"),
+        retries=MODEL_RETRIES.labels(provider, model),
+        provider=provider, agent=agent,
+    )
+
+
+@lru_cache(maxsize=256)
+def publish_confirm(exchange: str) -> Histogram:
+    return PUBLISH_CONFIRM_SECONDS.labels(exchange or "(default)")
+
+
+@lru_cache(maxsize=1024)
+def tool_call(tool: str, source: str, ok: bool) -> Histogram:
+    return TOOL_CALL_SECONDS.labels(tool, source, "ok" if ok else "error")
+
+
+DEFAULT_PORTS: dict[Component, int] = {"api": 9101, "worker": 9102, "consumer": 9103,
+                                        "capability": 9104}
+
+
+def serve(settings: Settings, component: Component) -> WSGIServer:
+    """Serve this process's metrics at ``http://<metrics host>:<port>/metrics`` in a
+    thread, and log where. Port ``0``: any free port. With no port set, the
+    component's default, or a free one when another process holds it (a second
+    consumer on the host); a port set explicitly that is taken is an error."""
+    field = f"{component}_metrics_port"
+    configured: int | None = getattr(settings, field)
+    port = DEFAULT_PORTS[component] if configured is None else configured
+    try:
+        server, _ = start_http_server(port, addr=settings.metrics_host)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE or configured is not None:
+            raise PermanentError(f"cannot serve metrics on {settings.metrics_host}:{port} "
+                                 f"(CASETRAIL_{field.upper()}): {exc.strerror}") from None
+        log.warning("metrics port %d is taken; using a free one", port)
+        server, _ = start_http_server(0, addr=settings.metrics_host)
+    log.info("%s metrics at http://%s:%d/metrics", component, settings.metrics_host,
+             server.server_port)
+    return server
