@@ -241,3 +241,49 @@ async def test_one_case_is_one_trace_with_the_genai_spans(
                         "gen_ai.tool.call.arguments", "gen_ai.tool.call.result")]
     assert any("[pii:applicantName]" in text for text in content)
     assert not any(name in str(v) for s in spans for v in s.attributes.values())
+
+
+@pytest.mark.parametrize("opted_in", [False, True])
+def test_message_content_only_when_opted_in_and_then_redacted(
+    opted_in: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GenAI spans of an attempt, made by an SDK tracer of the test's own: content
+    attributes appear only with the opt-in, and the case's redaction applies to them."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from service.engine.chat import AssistantTurn, SystemMessage, UserMessage
+    from service.events import TokenUsage
+    from service.telemetry import genai, tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
+    monkeypatch.setattr(tracing, "CAPTURE_CONTENT", opted_in)
+
+    attempt = genai.AttemptTrace.begin(
+        agent="loan-officer", agent_version="1", case_id="c-1", attempt=1,
+        provider="openai", model="gpt-test",
+        redact=lambda text: text.replace("Maria Okafor", "[pii:applicantName]"))
+    chat = attempt.chat("gpt-test", [SystemMessage("Decide."),
+                                     UserMessage("Applicant: Maria Okafor")])
+    attempt.answered(chat, AssistantTurn(text="Maria Okafor qualifies", model="gpt-test-1",
+                                         usage=TokenUsage(input_tokens=7, output_tokens=3)))
+    tool = genai.tool_span("credit-score", "call-1", "extension", {"name": "Maria Okafor"})
+    genai.tool_done(tool, None, {"score": 720})
+    attempt.end("completed", None, 7, 3)
+
+    spans = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
+    assert set(spans) == {"invoke_agent loan-officer", "chat gpt-test",
+                          "execute_tool credit-score"}
+    assert spans["chat gpt-test"]["gen_ai.usage.input_tokens"] == 7
+    assert spans["chat gpt-test"]["gen_ai.response.model"] == "gpt-test-1"
+    content_keys = {"gen_ai.input.messages", "gen_ai.output.messages",
+                    "gen_ai.tool.call.arguments", "gen_ai.tool.call.result"}
+    present = {k for attributes in spans.values() for k in attributes} & content_keys
+    assert present == (content_keys if opted_in else set())
+    text = " ".join(str(v) for attributes in spans.values() for v in attributes.values())
+    assert "Maria Okafor" not in text
+    assert ("[pii:applicantName]" in text) is opted_in

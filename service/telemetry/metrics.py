@@ -6,9 +6,10 @@ buckets that fit what they measure: milliseconds for the bus and the database,
 seconds for models. Each component serves its own registry on its own port
 (``CASETRAIL_<COMPONENT>_METRICS_PORT``), never on the API's port.
 
-The dashboard (``docs/grafana-dashboard.json``) and the alert rules
-(``docs/prometheus-alerts.yml``) are built on these names; tests/test_metrics.py
-checks every expression in them with promtool and against this module.
+The dashboard (``docs/operations/grafana-dashboard.json``) and the alert rules
+(``docs/operations/prometheus-alerts.yml``) are built on these names;
+tests/test_operations.py checks every expression in them with promtool and
+against this module.
 """
 
 from __future__ import annotations
