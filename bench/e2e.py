@@ -56,11 +56,13 @@ async def post_cases(base_url: str, body: dict[str, Any], cases: int, key: str,
 
 
 async def end_to_end(cases: int, cycles: int, workers: int = 1,
-                     settings: Settings | None = None) -> dict[str, Any]:
+                     settings: Settings | None = None,
+                     env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``env``: more environment for the components (the OTEL_* variables)."""
     settings = settings or bench_settings(api_port=PORT)
     async with namespace(settings) as pool:
         key = await api_key(pool)
-        stack = Processes(settings)
+        stack = Processes(settings, env=env or {})
         stack.spawn("api", "api", "--port", str(settings.api_port))
         for i in range(workers):
             stack.spawn(f"worker-{i}", "worker")

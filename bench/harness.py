@@ -60,10 +60,13 @@ async def api_key(pool: asyncpg.Pool, *extra: str) -> str:
 class Processes:
     settings: Settings
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    """More environment for every child (e.g. the OTEL_* variables)."""
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         log = open(f"/tmp/{self.settings.namespace}-{name}.log", "wb")  # noqa: SIM115
-        child = subprocess.Popen(component_command(*args), env=self.settings.environment(),
+        child = subprocess.Popen(component_command(*args),
+                                 env=self.settings.environment(**self.env),
                                  stdout=log, stderr=log)
         self.children[name] = child
         return child

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from bench import models, raw, scenarios, viewer
+from bench import models, operations, raw, scenarios, viewer
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, namespace
 from bench.integrity import integrity_costs
@@ -85,15 +85,16 @@ def spread(values: list[float], fmt: str = "{:,.0f}") -> str:
             f" to {fmt.format(max(values))}")
 
 
-async def run(quick: bool) -> dict[str, Any]:
-    scale = 0.2 if quick else 1.0
-    rounds = 1 if quick else ROUNDS
-    cases, cycles = int(1000 * scale), 10
-    results: dict[str, Any] = {"machine": machine(), "rounds": rounds}
-    e2e_runs, public_runs, peer_runs, raw_runs = [], [], [], []
+async def interleaved(cases: int, cycles: int, rounds: int) -> dict[str, Any]:
+    """The end-to-end runs (fast path, traced, public path), the peer and the raw bus,
+    interleaved round by round so that each sees the same spells of the machine."""
+    e2e_runs, public_runs, peer_runs, raw_runs, traced_runs = [], [], [], [], []
     for i in range(rounds):
         print(f"end to end, round {i + 1} of {rounds} ...", flush=True)
         e2e_runs.append(await end_to_end(cases, cycles, settings=bench_settings(api_port=8790)))
+        print(f"end to end with traces exported (10 % sampled), round {i + 1} of {rounds} ...",
+              flush=True)
+        traced_runs.append(await operations.traced_end_to_end(cases, cycles, 0.1))
         print(f"end to end on the public aiormq path, round {i + 1} of {rounds} ...",
               flush=True)
         public_runs.append(await end_to_end(
@@ -104,19 +105,29 @@ async def run(quick: bool) -> dict[str, Any]:
         print(f"raw bus limits, round {i + 1} of {rounds} ...", flush=True)
         settings = bench_settings()
         async with namespace(settings):
-            raw_runs.append(await raw.publish_confirmed(settings, int(20000 * scale)))
-    results["endToEndRuns"], results["peerRuns"] = e2e_runs, peer_runs
-    results["endToEndPublicRuns"] = public_runs
-    results["endToEndPublic"] = median_run(public_runs, "cyclesPerSecond")
-    results["rawBusRuns"] = raw_runs
-    results["endToEnd"] = median_run(e2e_runs, "cyclesPerSecond")
-    results["peer"] = median_run(peer_runs, "cyclesPerSecond")
-    results["rawBus"] = median_run(raw_runs, "publishConfirmedPerSecond")
-    results["peerRatios"] = [round(e["cyclesPerSecond"] / p["cyclesPerSecond"], 2)
-                             for e, p in zip(e2e_runs, peer_runs, strict=True)]
-    results["rawPublishShares"] = [
-        round(e["cyclesPerSecond"] / b["publishConfirmedPerSecond"], 3)
-        for e, b in zip(e2e_runs, raw_runs, strict=True)]
+            raw_runs.append(await raw.publish_confirmed(settings, int(20000 * cases / 1000)))
+    return {
+        "endToEndRuns": e2e_runs, "peerRuns": peer_runs, "endToEndPublicRuns": public_runs,
+        "endToEndPublic": median_run(public_runs, "cyclesPerSecond"),
+        "endToEndTracedRuns": traced_runs,
+        "endToEndTraced": median_run(traced_runs, "cyclesPerSecond"),
+        "rawBusRuns": raw_runs,
+        "endToEnd": median_run(e2e_runs, "cyclesPerSecond"),
+        "peer": median_run(peer_runs, "cyclesPerSecond"),
+        "rawBus": median_run(raw_runs, "publishConfirmedPerSecond"),
+        "peerRatios": [round(e["cyclesPerSecond"] / p["cyclesPerSecond"], 2)
+                       for e, p in zip(e2e_runs, peer_runs, strict=True)],
+        "rawPublishShares": [round(e["cyclesPerSecond"] / b["publishConfirmedPerSecond"], 3)
+                             for e, b in zip(e2e_runs, raw_runs, strict=True)],
+    }
+
+
+async def run(quick: bool) -> dict[str, Any]:
+    scale = 0.2 if quick else 1.0
+    rounds = 1 if quick else ROUNDS
+    cases, cycles = int(1000 * scale), 10
+    results: dict[str, Any] = {"machine": machine(), "rounds": rounds}
+    results |= await interleaved(cases, cycles, rounds)
     print("raw COPY ...", flush=True)
     settings = bench_settings()
     async with namespace(settings):
@@ -182,6 +193,7 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         ("end-to-end durable cycles/s", f"{e2e:,.0f}", f"≥ {TARGETS['e2e']:,}",
          f"REST → worker → bus → consumer → Postgres; {spread(e2e_runs)}"),
         *(_public_path_rows(r, e2e)),
+        *(_traced_rows(r, e2e)),
         ("  CPU per durable cycle, all processes",
          f"{sum(cpu.values()) / r['endToEnd']['cycles'] * 1000:.2f} ms", "",
          ", ".join(f"{name} {seconds:.2f}" for name, seconds in cpu.items()) + " CPU-s"),
@@ -302,6 +314,18 @@ def _public_path_rows(r: dict[str, Any], e2e: float) -> list[tuple[str, str, str
         ("  consumer ingest, public aiormq path", f"{ingest['eventsPerSecond']:,} events/s", "",
          f"1 process; {spread([x['eventsPerSecond'] for x in r['ingestPublicRuns']])}"),
     ]
+
+
+def _traced_rows(r: dict[str, Any], e2e: float) -> list[tuple[str, str, str, str]]:
+    """End to end with OpenTelemetry traces exported at 10 % (metrics are on in every
+    run since they exist); runs recorded before traces existed have none."""
+    if "endToEndTraced" not in r:
+        return []
+    traced = r["endToEndTraced"]
+    return [("  same, traces exported at 10 %", f"{traced['cyclesPerSecond']:,.0f}", "",
+             f"{traced['cyclesPerSecond'] / e2e:.0%} of untraced; {traced['tracesReceived']} "
+             f"traces, {traced['spansReceived']:,} spans received over OTLP/HTTP; "
+             f"{spread([x['cyclesPerSecond'] for x in r['endToEndTracedRuns']])}")]
 
 
 def plots(r: dict[str, Any], docs: Path) -> None:

@@ -14,6 +14,7 @@ from bench.e2e import end_to_end
 from bench.harness import bench_settings
 from bench.integrity import integrity_costs
 from bench.models import run_cases
+from bench.operations import traced_end_to_end
 from bench.scenarios import consumer_ingest
 from bench.viewer import search_at_scale, streams_beside_posts
 
@@ -22,6 +23,11 @@ async def smoke() -> None:
     figures = await end_to_end(200, 10, settings=bench_settings(api_port=8791))
     print(f"end to end: {figures['cycles']} cycles, {figures['cyclesPerSecond']:,.0f}/s",
           flush=True)
+    traced = await traced_end_to_end(200, 10, 0.1)
+    print(f"end to end, traces at 10 %: {traced['cyclesPerSecond']:,.0f} cycles/s, "
+          f"{traced['tracesReceived']} traces, {traced['spansReceived']} spans", flush=True)
+    if traced["spansReceived"] == 0:
+        raise SystemExit("no span reached the OTLP receiver")
     ingest = await consumer_ingest(bench_settings(), 10_000)
     print(f"consumer alone: {ingest['events']} events, {ingest['eventsPerSecond']:,.0f}/s",
           flush=True)
