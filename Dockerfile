@@ -24,6 +24,7 @@ COPY migrations ./migrations
 # Mount point of the worker's signing-key volume, owned by the user that writes it.
 RUN mkdir /keys && chown casetrail /keys
 USER casetrail
-EXPOSE 8000
+# The API, and each component's metrics port (api, worker, consumer, capability worker).
+EXPOSE 8000 9101 9102 9103 9104
 ENTRYPOINT ["casetrail"]
 CMD ["up"]

@@ -103,3 +103,17 @@ def test_model_names_beyond_the_limit_share_one_label() -> None:
                 if family.name == "casetrail_model_tokens" for s in family.samples
                 if s.labels.get("agent") == "probe-agent"}
     assert "(other)" in labelled and len(labelled) <= metrics.MAX_MODEL_LABELS + 1
+
+
+def test_the_compose_prometheus_config_is_valid_and_scrapes_every_component() -> None:
+    assert "SUCCESS" in promtool("check", "config", "prometheus.yml")
+    config = yaml.safe_load((OPERATIONS / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job["static_configs"][0]["targets"][0]
+            for job in config["scrape_configs"]}
+    assert jobs == {f"casetrail-{c}": f"{'capability-worker' if c == 'capability' else c}:"
+                                      f"{metrics.DEFAULT_PORTS[c]}" for c in metrics.DEFAULT_PORTS}
+
+
+def test_docs_list_every_metric() -> None:
+    listed = (OPERATIONS.parent / "operations.md").read_text()
+    assert all(f"`{name}" in listed for name in set(exported().values()))
