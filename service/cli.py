@@ -175,8 +175,8 @@ def capability_worker(
         typer.echo(f"unknown capabilities {unknown}; known: {', '.join(sorted(CAPABILITIES))}",
                    err=True)
         raise typer.Exit(2)
-    _run(run_capability_worker(get_settings(), [CAPABILITIES[n] for n in wanted], concurrency),
-         long_running=True)
+    _component("capability-worker", run_capability_worker(
+        get_settings(), [CAPABILITIES[n] for n in wanted], concurrency))
 
 
 @app.command()

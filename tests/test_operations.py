@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 
 import service.telemetry.metrics  # noqa: F401 - registers every casetrail_ metric
 from service.bus.probe import DEAD_LETTERS, QueueProbe
+from service.config import Settings
 from service.telemetry import metrics
 
 OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations"
@@ -117,3 +118,34 @@ def test_the_compose_prometheus_config_is_valid_and_scrapes_every_component() ->
 def test_docs_list_every_metric() -> None:
     listed = (OPERATIONS.parent / "operations.md").read_text()
     assert all(f"`{name}" in listed for name in set(exported().values()))
+
+
+def test_a_taken_default_metrics_port_falls_back_and_a_taken_chosen_one_is_refused(
+    settings: Settings,
+) -> None:
+    """Two consumers on one host: the second, left at the default port, takes a free one;
+    a port set explicitly that is taken is a clear error, not a silent move."""
+    import socket
+
+    from service.errors import PermanentError
+
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        holder.bind(("127.0.0.1", metrics.DEFAULT_PORTS["consumer"]))
+        holder.listen()
+    except OSError:  # someone (a demo stack's consumer) holds it already: as good
+        pass
+    try:
+        fallback = metrics.serve(settings.model_copy(update={"consumer_metrics_port": None}),
+                                 "consumer")
+        try:
+            assert fallback.server_port not in (0, metrics.DEFAULT_PORTS["consumer"])
+            chosen = settings.model_copy(update={"consumer_metrics_port": fallback.server_port})
+            with pytest.raises(PermanentError, match="CASETRAIL_CONSUMER_METRICS_PORT"):
+                metrics.serve(chosen, "consumer")
+        finally:
+            fallback.shutdown()
+            fallback.server_close()
+    finally:
+        holder.close()
