@@ -9,7 +9,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aio_pika
 import asyncpg
 import httpx
 import pytest
@@ -17,9 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
+from service.setup import remove, setup
+from service.store import ApiKeyStore, create_pool
+from tests.conftest import TEST_SCOPES, TESTS_APPLICATION
 from tests.helpers import ended, wait_until
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
-from tests.stack import free_port, spawn, stop_cleanly
+from tests.stack import free_port, other_namespace, spawn, stop_cleanly
 
 COMPONENTS = ("api", "worker", "consumer", "capability")
 Samples = list[tuple[str, dict[str, str], float]]
@@ -46,12 +48,15 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 @pytest.fixture(scope="module")
-async def observed(
-    settings: Settings, database: str, amqp: aio_pika.abc.AbstractRobustConnection,
-    auth_headers: dict[str, str], receiver: Receiver,
-) -> AsyncIterator[dict[str, Any]]:
-    """The four components as processes, each with its metrics on a port of the test's
+async def observed(settings: Settings, database: str, receiver: Receiver
+                   ) -> AsyncIterator[dict[str, Any]]:
+    """The four components as processes in a namespace of their own (so that no other
+    test's case moves their counters), each with its metrics on a port of the test's
     choosing, exporting every span (message content opted in) to ``receiver``."""
+    own = other_namespace(settings, "telemetry")
+    await setup(own)
+    pool = await create_pool(own.database_url, max_size=2, name=TESTS_APPLICATION)
+    _, key = await ApiKeyStore(pool).create("default", TEST_SCOPES, "telemetry tests")
     port = free_port()
     ports = {c: free_port() for c in COMPONENTS}
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
@@ -61,7 +66,7 @@ async def observed(
             "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"}
 
     def start(component: str, *args: str) -> subprocess.Popen[bytes]:
-        return spawn(settings, *args, **otel, **{
+        return spawn(own, *args, **otel, **{
             f"CASETRAIL_{component.upper()}_METRICS_PORT": str(ports[component])})
 
     children = {
@@ -83,13 +88,21 @@ async def observed(
             return False
         return True
 
-    await wait_until(ready, timeout=30, interval=0.2)
-    yield {"base_url": base_url, "ports": ports, "headers": auth_headers}
-    await stop_cleanly(children)
+    try:
+        await wait_until(ready, timeout=30, interval=0.2)
+        yield {"base_url": base_url, "ports": ports, "pool": pool,
+               "headers": {"Authorization": f"Bearer {key}"}}
+        await stop_cleanly(children)
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+        await pool.close()
+        await remove(own)
 
 
 @pytest.fixture(scope="module")
-async def loan_case(observed: dict[str, Any], pool: asyncpg.Pool) -> dict[str, Any]:
+async def loan_case(observed: dict[str, Any]) -> dict[str, Any]:
     """One loan case through the processes, started inside a trace of the test's own
     (its ``traceparent`` on POST /cases); its id, trace id and scrapes before/after."""
     before = {c: await scrape(p) for c, p in observed["ports"].items()}
@@ -103,7 +116,7 @@ async def loan_case(observed: dict[str, Any], pool: asyncpg.Pool) -> dict[str, A
         case_id = uuid.UUID(reply.json()["caseId"])
         case = await ended(client, case_id, timeout=30)
     assert case["status"] == "completed"
-    events = await wait_until(lambda: _stored(pool, case_id), timeout=10)
+    events = await wait_until(lambda: _stored(observed["pool"], case_id), timeout=10)
     after = {c: await scrape(p) for c, p in observed["ports"].items()}
     return {"case_id": case_id, "trace_id": trace_id, "parent": parent, "before": before,
             "after": after, "events": events}
