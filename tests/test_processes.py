@@ -73,14 +73,20 @@ async def test_no_component_connects_as_a_superuser_or_the_owner(
     async with httpx.AsyncClient(base_url=processes["base_url"],
                                  headers=processes["headers"]) as client:
         await post_slow_case(client, SAMPLE_APPLICATIONS[0], latency_ms=0)
-    sessions = await pool.fetch(
-        """SELECT a.application_name, a.usename, r.rolsuper
-           FROM pg_stat_activity a JOIN pg_roles r ON r.oid = a.usesysid
-           WHERE a.datname = current_database() AND a.application_name <> $1""",
-        TESTS_APPLICATION)
-    seen = {(row["application_name"], row["usename"]) for row in sessions}
-    for component in ("api", "worker", "consumer"):
-        assert (f"casetrail-{component}", settings.database_role(component)) in seen, seen
+    expected = {(f"casetrail-{c}", settings.database_role(c)) for c in ("api", "worker",
+                                                                       "consumer")}
+
+    async def everyone_connected() -> list[asyncpg.Record] | None:
+        # The API answers before the worker and the consumer, slower to start, connect.
+        rows = await pool.fetch(
+            """SELECT a.application_name, a.usename, r.rolsuper
+               FROM pg_stat_activity a JOIN pg_roles r ON r.oid = a.usesysid
+               WHERE a.datname = current_database() AND a.application_name <> $1""",
+            TESTS_APPLICATION)
+        seen = {(row["application_name"], row["usename"]) for row in rows}
+        return rows if expected <= seen else None
+
+    sessions = await wait_until(everyone_connected, timeout=30, interval=0.2)
     assert not [row for row in sessions if row["rolsuper"]], sessions
     assert settings.database_role("owner") not in {row["usename"] for row in sessions}
     owner = await pool.fetchval(
