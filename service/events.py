@@ -309,6 +309,16 @@ class TraceRef(ContractModel):
     span_id: str = Field(pattern=r"^[0-9a-f]{16}$")
 
 
+class ResumedFrom(ContractModel):
+    """Where an attempt took up a case a dead worker left: the attempt it resumed, that
+    attempt's last stored seq, and how many recorded cycles it carried over."""
+
+    attempt: int = Field(ge=1)
+    seq: int = Field(ge=0)
+    cycles: int = Field(ge=0, description="Recorded cycles not run again; this attempt's "
+                        "cycleIndex continues from here.")
+
+
 class CaseStartedPayload(ContractModel):
     """The first event of every attempt: who runs the case, with what, on what input."""
 
@@ -328,12 +338,16 @@ class CaseStartedPayload(ContractModel):
     trace: TraceRef | None = Field(
         default=None, description="The attempt's trace, when traces are exported and this "
         "case was sampled; absent otherwise.")
+    resumed_from: ResumedFrom | None = Field(
+        default=None, description="On an attempt that resumed the recorded cycles of an "
+        "earlier one; absent when the attempt started from the beginning.")
 
     @model_serializer(mode="wrap")
-    def _omit_untraced(self, handler):  # type: ignore[no-untyped-def]
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
-        if data.get("trace") is None:
-            data.pop("trace", None)
+        for key in ("trace", "resumedFrom", "resumed_from"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
 

@@ -28,6 +28,7 @@ import socket
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -48,7 +49,7 @@ from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand, EraseCommand, InvalidCommand
 from service.config import Settings, get_settings
 from service.engine.chat import ChatModel
-from service.engine.loop import CancelSignal, CaseSpec, ReactEngine
+from service.engine.loop import CancelSignal, CaseSpec, ReactEngine, Resumption
 from service.engine.tools import ToolBox, WorkerRuntime
 from service.errors import (
     CasetrailError,
@@ -66,9 +67,11 @@ from service.events import (
     describe_validation_error,
     make_event,
 )
+from service.evidence import trail_events
 from service.integrity import Signer
 from service.keyfile import worker_signer
 from service.providers import ModelFactory
+from service.resume import RecordedEvent, first_start, resumption
 from service.sensitive import Redaction, Vault, restore
 from service.store import (
     CaseSecrets,
@@ -80,6 +83,7 @@ from service.store import (
 )
 from service.supervisor import run_until_signal
 from service.telemetry import metrics, tracing
+from service.verification import verify_trail
 
 log = logging.getLogger("casetrail.worker")
 
@@ -135,6 +139,8 @@ class CaseWorker:
     api_user: str
     """The broker user whose start commands and cancels this worker takes."""
     secrets: CaseSecrets
+    keys: KeyRegistry
+    """The registered signing keys: a resumed attempt checks the record it resumes."""
     caps: Caps = field(default_factory=lambda: Caps.from_settings(get_settings()))
     models: Callable[[ModelRef, AgentProfile], ChatModel] = field(
         default_factory=lambda: ModelFactory(get_settings())
@@ -341,6 +347,11 @@ class CaseWorker:
         # The row holds placeholders for the sensitive values: the case runs on the
         # values themselves, and every event it emits has them replaced again.
         values = {} if case.sealed is None else self.secrets.vault.open(case_id, case.sealed)
+        resumption, deadline_at = None, None
+        if attempt > 1:
+            resumption, started = await self._record_so_far(case_id, attempt, values)
+            if started is not None:  # the deadline counts from the first attempt's start
+                deadline_at = started + timedelta(seconds=limits.deadline_seconds)
         spec = CaseSpec(
             case_id=case_id, attempt=attempt, agent=agent.name,
             system_prompt=agent.system_prompt, input=restore(case.input, values),
@@ -348,6 +359,7 @@ class CaseWorker:
             model=model, restart_reason=restart_reason,
             context_budget=agent.context_budget_tokens, agent_version=agent.version,
             tenant_id=case.tenant_id, started_by=case.started_by,
+            resumption=resumption, deadline_at=deadline_at,
         )
         tools = ToolBox(agent.tools, self.runtime)
         if values:
@@ -357,6 +369,27 @@ class CaseWorker:
         finally:
             self._sink.redactions.pop(case_id, None)
         await self._mark_ended(case_id)
+
+    async def _record_so_far(self, case_id: uuid.UUID, attempt: int, values: dict[str, str]
+                             ) -> tuple[Resumption | None, datetime | None]:
+        """What the earlier attempts left in the record: the cycles to resume from (when
+        their chains and signatures verify) and when the first attempt started."""
+        stored = [e for e in await self.store.find_by_case_and_types(case_id, with_body=True)
+                  if e.attempt < attempt]
+        recorded = [RecordedEvent(e.attempt, e.seq, e.event_type, e.payload, e.occurred_at)
+                    for e in stored]
+        report = verify_trail(str(case_id), trail_events(stored),
+                              {k.key_id: k for k in await self.keys.all()})
+        if not report.verified:
+            log.error("case %s: the record of earlier attempts does not verify (%s); "
+                      "attempt %d starts from the beginning", case_id,
+                      report.first_problem(), attempt)
+            return None, first_start(recorded)
+        found = resumption(recorded, values)
+        if found is not None:
+            log.info("case %s attempt %d resumes from attempt %d after %d recorded cycles",
+                     case_id, attempt, found.resumed_from.attempt, found.cycles)
+        return found, first_start(recorded)
 
     async def _record_erasure(self, message: Delivery) -> None:
         """Append the signed CASE_ERASED after the case's last event, once Postgres
@@ -421,7 +454,7 @@ async def run_worker(settings: Settings) -> None:
     models = ModelFactory(settings)  # one shared client per model endpoint
     worker = CaseWorker(connection, CaseStore(pool), topology, runtime, signer,
                         settings.broker_user("api"), CaseSecrets(pool, vault),
-                        Caps.from_settings(settings),
+                        KeyRegistry(pool), Caps.from_settings(settings),
                         models=models,
                         concurrency=settings.worker_concurrency,
                         lease_seconds=settings.lease_seconds)

@@ -4,7 +4,7 @@ wire formats, answering from a script. The real SDKs talk to it over real HTTP."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +34,9 @@ class FakeLLM:
     peers: list[int] = field(default_factory=list)
     """The client port of each request: how many connections were used."""
     repeat_last: bool = False
+    respond: Callable[[dict[str, Any]], Reply] | None = None
+    """Answers each request from its body instead of the script (a model whose answer
+    depends on the conversation, like a real one)."""
 
 
 def openai_turn(text: str | None = None, calls: list[tuple[str, str, str]] = (),  # type: ignore[assignment]
@@ -80,10 +83,13 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
         fake.requests.append(await request.json())
         fake.headers.append(dict(request.headers))
         fake.peers.append(request.client.port if request.client else 0)
-        if not fake.script:
+        if fake.respond is not None:
+            reply = fake.respond(fake.requests[-1])
+        elif not fake.script:
             return JSONResponse({"error": {"message": "script exhausted"}}, status_code=500)
-        reply = fake.script[0] if (fake.repeat_last and len(fake.script) == 1) \
-            else fake.script.pop(0)
+        else:
+            reply = fake.script[0] if (fake.repeat_last and len(fake.script) == 1) \
+                else fake.script.pop(0)
         if reply.delay:
             await asyncio.sleep(reply.delay)
         return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)

@@ -106,7 +106,7 @@ async def in_process_stack(
         worker = CaseWorker(connections["worker"], CaseStore(worker_pool), topology, runtime,
                             signer, settings.broker_user("api"),
                             CaseSecrets(worker_pool, Vault.from_text(settings.master_key_text())),
-                            Caps.from_settings(settings),
+                            KeyRegistry(worker_pool), Caps.from_settings(settings),
                             models=models, concurrency=worker_concurrency,
                             lease_seconds=settings.lease_seconds, shutdown_grace=1.0)
         ring = KeyRing(KeyRegistry(consumer_pool))

@@ -64,6 +64,7 @@ from service.events import (
     ModelRetry,
     Payload,
     ReactCyclePayload,
+    ResumedFrom,
     TerminalEvent,
     TokenUsage,
     ToolOffer,
@@ -132,6 +133,17 @@ class CancelSignal:
 
 
 @dataclass(frozen=True)
+class Resumption:
+    """What an attempt carries over from the record of the attempts before it."""
+
+    resumed_from: ResumedFrom
+    messages: tuple[ChatMessage, ...]
+    """The recorded cycles' model turns and observations, after the case input."""
+    cycles: int
+    usage: TokenUsage
+
+
+@dataclass(frozen=True)
 class CaseSpec:
     """Everything that defines one attempt of a case."""
 
@@ -148,6 +160,10 @@ class CaseSpec:
     started_by: str | None = None
     context_budget: int | None = None
     """Tokens the conversation may take; beyond it the oldest observations are shortened."""
+    resumption: Resumption | None = None
+    deadline_at: datetime | None = None
+    """When the case's deadline passes (from its first attempt's start); ``None``: the
+    deadline counts from this attempt's start."""
 
 
 KEEP_OF_TRIMMED_OBSERVATION = 200
@@ -268,9 +284,11 @@ class ReactEngine:
         """Run one attempt to its terminal event and return that event."""
         cancel = cancel or CancelSignal()
         loop = asyncio.get_running_loop()
+        allowed = spec.limits.deadline_seconds if spec.deadline_at is None else \
+            (spec.deadline_at - datetime.now(UTC)).total_seconds()
         state = RunState(
             spec=spec,
-            deadline=loop.time() + spec.limits.deadline_seconds,
+            deadline=loop.time() + allowed,
             messages=[],
             metrics=metrics.for_agent(spec.agent, spec.model.provider, spec.model.name),
         )
@@ -280,6 +298,9 @@ class ReactEngine:
                 attempt=spec.attempt, provider=spec.model.provider, model=spec.model.name,
                 redact=self._redactor(spec.case_id))
         state.add(SystemMessage(spec.system_prompt), UserMessage(first_user_message(spec.input)))
+        if spec.resumption is not None:  # the recorded cycles are not asked again
+            state.add(*spec.resumption.messages)
+            state.cycles, state.usage = spec.resumption.cycles, spec.resumption.usage
 
         def deadline_passed() -> None:
             state.deadline_passed = True
@@ -338,7 +359,9 @@ class ReactEngine:
         outcomes: list[ToolOutcome] = []
         if turn.tool_calls:
             await self._settle(state)  # the trail so far is durable before anything acts
-            key = f"{state.spec.case_id}:{state.spec.attempt}:{state.cycles}"
+            # The same key on every attempt: a capability worker that already answered
+            # this cycle's call (before its worker died) answers again from memory.
+            key = f"{state.spec.case_id}:{state.cycles}"
             outcomes = await self._guard(state, cancel, tools.run_all(turn.tool_calls, key))
             state.add(*(o.observation for o in outcomes))
         reasoning = turn.text if not turn.thinking else f"{turn.thinking}\n\n{turn.text}".strip()
@@ -468,6 +491,7 @@ class ReactEngine:
             restart_reason=spec.restart_reason,
             started_by=spec.started_by,
             trace=self._trace_ref(),
+            resumed_from=None if spec.resumption is None else spec.resumption.resumed_from,
         )
 
     @staticmethod
@@ -575,5 +599,6 @@ __all__ = [
     "CaseSpec",
     "EventSink",
     "ReactEngine",
+    "Resumption",
     "extract_answer",
 ]

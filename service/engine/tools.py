@@ -193,12 +193,14 @@ class ToolBox:
     async def run_all(self, calls: Sequence[ToolCallRequest], key: str) -> list[ToolOutcome]:
         """Run a turn's calls concurrently; outcomes keep the model's order.
 
-        ``key`` makes each call's idempotency key unique across cases and
-        attempts (``<key>:<call id>``).
+        ``key`` names the case and cycle; each call's idempotency key is
+        ``<key>:<its index in the turn>``, the same when the cycle runs again on a
+        later attempt (the model's call ids may differ from one asking to the next).
         """
         if len(calls) == 1:
-            return [await self.run(calls[0], key)]
-        return list(await asyncio.gather(*(self.run(c, key) for c in calls)))
+            return [await self.run(calls[0], f"{key}:0")]
+        return list(await asyncio.gather(*(self.run(c, f"{key}:{i}")
+                                           for i, c in enumerate(calls))))
 
     async def run(self, call: ToolCallRequest, key: str) -> ToolOutcome:
         started = time.perf_counter()
@@ -221,7 +223,7 @@ class ToolBox:
             result = None
         else:
             with tracing.current(span):
-                result, error, attempts = await self._dispatch(tool, call, f"{key}:{call.id}")
+                result, error, attempts = await self._dispatch(tool, call, key)
         elapsed = time.perf_counter() - started
         metrics.tool_call(label, source, error is None).observe(elapsed)
         if span is not None:

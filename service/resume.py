@@ -1,0 +1,106 @@
+"""Taking up a case from its record: the conversation its recorded cycles held.
+
+When a worker dies mid-case, the next attempt does not start over. Its worker reads
+the events of the earlier attempts that reached Postgres, checks their chains and
+signatures, and rebuilds the conversation from the recorded cycles: each
+``REACT_CYCLE`` holds the model's turn (its text and tool calls) and every call's
+result or error, which is what the model saw next. Those turns are not asked again
+and those tools are not run again; the attempt continues at the next cycle index
+(``CASE_STARTED.resumedFrom``). A cycle cut short (no ``REACT_CYCLE`` stored) runs
+again; its worker tool calls keep their idempotency keys (case, cycle index, call
+index), so a capability worker that had answered answers from memory.
+
+An attempt that resumed another carries that one's cycles too: the chain is followed
+back through each ``resumedFrom``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from service.engine.chat import AssistantMessage, ChatMessage, ToolCallRequest, ToolResultMessage
+from service.engine.loop import Resumption
+from service.events import ZERO_USAGE, ResumedFrom, TokenUsage
+from service.sensitive import restore
+
+
+@dataclass(frozen=True)
+class RecordedEvent:
+    """What resuming reads of a stored event."""
+
+    attempt: int
+    seq: int
+    event_type: str
+    payload: Mapping[str, Any]
+    occurred_at: datetime
+
+
+def cycle_messages(cycle: Mapping[str, Any]) -> list[ChatMessage]:
+    """A recorded ``REACT_CYCLE`` as the conversation had it: the model's turn, then each
+    call's observation (the same text the tool box gave the model)."""
+    calls = cycle.get("toolCalls") or []
+    requests = tuple(
+        ToolCallRequest(id=call.get("toolCallId") or f"call-{cycle['cycleIndex']}-{index}",
+                        name=call["toolName"],
+                        arguments=None if call.get("rawArgs") is not None else call["toolArgs"],
+                        raw_arguments=call.get("rawArgs"))
+        for index, call in enumerate(calls))
+    messages: list[ChatMessage] = [AssistantMessage(cycle["reasoningText"], requests)]
+    for request, call in zip(requests, calls, strict=True):
+        error = call.get("error")
+        content = f"ERROR: {error}" if error else orjson.dumps(call.get("toolResult")).decode()
+        messages.append(ToolResultMessage(request.id, request.name, content,
+                                          is_error=error is not None))
+    return messages
+
+
+def _chain(by_attempt: Mapping[int, list[RecordedEvent]], attempt: int
+           ) -> list[Mapping[str, Any]]:
+    """The cycles attempt ``attempt`` stands on: those it resumed, then its own."""
+    events = by_attempt.get(attempt, [])
+    if not events or events[0].event_type != "CASE_STARTED":
+        return []
+    carried: list[Mapping[str, Any]] = []
+    resumed = events[0].payload.get("resumedFrom")
+    if isinstance(resumed, Mapping):
+        carried = _chain(by_attempt, int(resumed["attempt"]))[: int(resumed["cycles"])]
+    own = [e.payload for e in events if e.event_type == "REACT_CYCLE"]
+    return carried + own
+
+
+def first_start(events: Iterable[RecordedEvent]) -> datetime | None:
+    """When the case's first recorded attempt started (its deadline counts from there)."""
+    starts = [e.occurred_at for e in events if e.event_type == "CASE_STARTED"]
+    return min(starts) if starts else None
+
+
+def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
+               ) -> Resumption | None:
+    """What the next attempt takes over from ``events`` (the earlier attempts' stored
+    events, in order); ``None`` when no attempt got as far as a recorded cycle.
+    ``values`` restores the case's sensitive values in the recorded payloads."""
+    by_attempt: dict[int, list[RecordedEvent]] = {}
+    for event in sorted(events, key=lambda e: (e.attempt, e.seq)):
+        by_attempt.setdefault(event.attempt, []).append(event)
+    for attempt in sorted(by_attempt, reverse=True):
+        if by_attempt[attempt][0].event_type != "CASE_STARTED":
+            continue  # its start never reached the record: look further back
+        cycles = [restore(dict(c), values) if values else c
+                  for c in _chain(by_attempt, attempt)]
+        if not cycles:
+            return None
+        usage = ZERO_USAGE
+        messages: list[ChatMessage] = []
+        for cycle in cycles:
+            usage = usage + TokenUsage.model_validate(cycle["tokenUsage"])
+            messages.extend(cycle_messages(cycle))
+        return Resumption(
+            resumed_from=ResumedFrom(attempt=attempt, seq=by_attempt[attempt][-1].seq,
+                                     cycles=len(cycles)),
+            messages=tuple(messages), cycles=len(cycles), usage=usage)
+    return None
