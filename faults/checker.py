@@ -9,7 +9,12 @@ event by event, with what Postgres holds:
 - lost: accepted but not stored;
 - duplicated: the same (case, attempt, seq) or the same event stored twice, or a
   case with more than one terminal event;
-- unexpected: stored but never accepted by the broker.
+- unexpected: stored but never accepted by the broker;
+- repeated model turns: a cycle recorded by more than one attempt of a case (a
+  resumed attempt asks again only the turn of a cycle the record does not hold);
+- repeated worker tool calls: tool handler runs on the capability worker beyond one
+  per worker call in the cases' records (measured where the capability worker lives
+  through the fault: its metrics count the runs).
 """
 
 from __future__ import annotations
@@ -75,24 +80,33 @@ class Report:
     duplicated: int
     unexpected: int
     seq_gaps: int
+    repeated_turns: int = 0
+    repeated_tool_calls: int | None = None
+    """``None``: not measured (the capability worker itself was killed)."""
     notes: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
         return (self.lost == 0 and self.duplicated == 0 and self.unexpected == 0
-                and self.seq_gaps == 0 and self.terminal_once == self.accepted)
+                and self.seq_gaps == 0 and self.terminal_once == self.accepted
+                and self.repeated_turns == 0 and not self.repeated_tool_calls)
 
 
 async def check(fault: str, pool: asyncpg.Pool, witness: list[dict[str, Any]],
-                accepted: set[uuid.UUID], case_ids: set[uuid.UUID] | None = None) -> Report:
-    """Compare the witness with ``event_log`` for the cases in question."""
+                accepted: set[uuid.UUID], case_ids: set[uuid.UUID] | None = None,
+                tool_runs: int | None = None) -> Report:
+    """Compare the witness with ``event_log`` for the cases in question; ``tool_runs``:
+    how many times the capability worker ran a tool handler, when it was measured."""
     valid = [w for w in witness if isinstance(w, dict) and "eventId" in w and "caseId" in w]
     scope = case_ids if case_ids is not None else {uuid.UUID(w["caseId"]) for w in valid}
     scope |= accepted
     published = {uuid.UUID(w["eventId"]) for w in valid if uuid.UUID(w["caseId"]) in scope}
     rows = await pool.fetch(
-        "SELECT event_id, case_id, attempt, seq, event_type FROM event_log "
-        "WHERE case_id = ANY($1::uuid[])", list(scope))
+        "SELECT event_id, case_id, attempt, seq, event_type, "
+        "(payload->>'cycleIndex')::int AS cycle_index, "
+        "(SELECT count(*) FROM jsonb_array_elements(payload->'toolCalls') c "
+        " WHERE c->>'toolSource' = 'worker') AS worker_calls "
+        "FROM event_log WHERE case_id = ANY($1::uuid[])", list(scope))
     stored = Counter(r["event_id"] for r in rows)
     positions = Counter((r["case_id"], r["attempt"], r["seq"]) for r in rows)
     terminals = Counter(r["case_id"] for r in rows if r["event_type"] in TERMINAL_EVENT_TYPES)
@@ -100,6 +114,11 @@ async def check(fault: str, pool: asyncpg.Pool, witness: list[dict[str, Any]],
     for r in rows:
         seqs.setdefault((r["case_id"], r["attempt"]), []).append(r["seq"])
     gaps = sum(sorted(v) != list(range(len(v))) for v in seqs.values())
+    # Over the cases a worker ran (accepted through the API), not events a scenario
+    # published by hand.
+    ran = [r for r in rows if r["event_type"] == "REACT_CYCLE" and r["case_id"] in accepted]
+    cycles = Counter((r["case_id"], r["cycle_index"]) for r in ran)
+    worker_calls = sum(r["worker_calls"] or 0 for r in ran)
     duplicated = (sum(n - 1 for n in stored.values() if n > 1)
                   + sum(n - 1 for n in positions.values() if n > 1)
                   + sum(n - 1 for n in terminals.values() if n > 1))
@@ -113,17 +132,21 @@ async def check(fault: str, pool: asyncpg.Pool, witness: list[dict[str, Any]],
         duplicated=duplicated,
         unexpected=len(set(stored) - published),
         seq_gaps=gaps,
+        repeated_turns=sum(n - 1 for n in cycles.values() if n > 1),
+        repeated_tool_calls=None if tool_runs is None else max(0, tool_runs - worker_calls),
     )
 
 
 HEADER = ("fault", "accepted cases", "terminal once", "events published", "persisted once",
-          "lost", "duplicated", "unexpected", "seq gaps")
+          "lost", "duplicated", "unexpected", "seq gaps", "repeated model turns",
+          "repeated worker tool calls")
 
 
 def table(reports: list[Report]) -> str:
     rows = [HEADER] + [(r.fault, *(str(v) for v in (
         r.accepted, r.terminal_once, r.published, r.persisted_once, r.lost, r.duplicated,
-        r.unexpected, r.seq_gaps))) for r in reports]
+        r.unexpected, r.seq_gaps, r.repeated_turns,
+        "n/a" if r.repeated_tool_calls is None else r.repeated_tool_calls))) for r in reports]
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     lines.insert(1, "|" + "---|" * len(HEADER))
     return "\n".join(lines)

@@ -15,6 +15,7 @@ import aio_pika
 import asyncpg
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from faults.checker import Report, declare_witness, table, witness_name
 from service.bus.topology import Topology
@@ -56,10 +57,23 @@ class Stack:
     headers: dict[str, str] = field(default_factory=dict)
     """The API key of the stack's own requests."""
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    capability_metrics: int = 0
+    """The capability worker's metrics port (it counts the tool handler's runs)."""
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        self.children[name] = spawn(self.settings, *args)
+        extra = {"CASETRAIL_CAPABILITY_METRICS_PORT": str(self.capability_metrics)} \
+            if args[0] == "capability-worker" else {}
+        self.children[name] = spawn(self.settings, *args, **extra)
         return self.children[name]
+
+    async def tool_runs(self) -> int:
+        """How many times the capability worker (since it started) ran a tool handler."""
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"http://127.0.0.1:{self.capability_metrics}/metrics")).text
+        return round(sum(s.value for f in text_string_to_metric_families(text)
+                         for s in f.samples
+                         if s.name == "casetrail_tool_requests_served_total"
+                         and s.labels["outcome"] in ("ok", "error")))
 
     def kill(self, name: str) -> None:
         child = self.children[name]
@@ -109,7 +123,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     await connection.close()
     port = free_port()
     running = Stack(settings, f"http://127.0.0.1:{port}",
-                    {"Authorization": f"Bearer {api_key}"})
+                    {"Authorization": f"Bearer {api_key}"}, capability_metrics=free_port())
     running.start("api", "api", "--port", str(port))
     running.start("worker", "worker")
     running.start("consumer", "consumer")

@@ -59,12 +59,16 @@ async def all_ended(pool: asyncpg.Pool, cases: set[uuid.UUID], timeout: float = 
 
 async def settle_and_check(stack: Stack, pool: asyncpg.Pool, fault: str,
                            accepted: set[uuid.UUID],
-                           cases: set[uuid.UUID] | None = None) -> None:
+                           cases: set[uuid.UUID] | None = None,
+                           count_tool_runs: bool = True) -> None:
+    """Account for every event; ``count_tool_runs`` when the capability worker lived
+    through the fault (its count of handler runs is then the whole run's)."""
     await asyncio.sleep(1.0)  # the consumer's last batch commits
     connection = await aio_pika.connect_robust(stack.settings.amqp_url)
     witness = await drain_witness(connection, Topology(stack.settings.namespace))
     await connection.close()
-    report = await check(fault, pool, witness, accepted, cases)
+    report = await check(fault, pool, witness, accepted, cases,
+                         tool_runs=await stack.tool_runs() if count_tool_runs else None)
     REPORTS.append(report)
     assert report.clean, report
     assert set(stack.alive()) == set(stack.children), f"a component died: {stack.alive()}"
@@ -176,6 +180,10 @@ async def test_worker_killed_mid_case(stack: Stack, pool: asyncpg.Pool) -> None:
                                 "WHERE case_id = ANY($1::uuid[]) GROUP BY case_id",
                                 list(accepted))
     assert any(r["attempts"] >= 2 for r in attempts), "no case needed a second attempt"
+    resumed = await pool.fetchval(
+        "SELECT count(*) FROM event_log WHERE case_id = ANY($1::uuid[]) AND event_type = "
+        "'CASE_STARTED' AND payload ? 'resumedFrom'", list(accepted))
+    assert resumed >= 1, "no second attempt resumed from the record"
 
 
 async def test_capability_worker_killed_mid_call(stack: Stack, pool: asyncpg.Pool) -> None:
@@ -185,7 +193,8 @@ async def test_capability_worker_killed_mid_call(stack: Stack, pool: asyncpg.Poo
     await asyncio.sleep(1.0)
     stack.start("capability-worker", "capability-worker")
     await all_ended(pool, accepted)
-    await settle_and_check(stack, pool, "capability worker kill -9", accepted)
+    await settle_and_check(stack, pool, "capability worker kill -9", accepted,
+                           count_tool_runs=False)
     calls = await pool.fetch(
         "SELECT tool_result, error, attempt_count FROM react_tool_calls WHERE case_id = "
         "ANY($1::uuid[]) AND tool_source = 'worker'", list(accepted))

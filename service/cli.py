@@ -587,6 +587,100 @@ def verify(
                         lambda ev: ev.verify(parsed)), raw)
 
 
+@app.command()
+def replay(
+    case_id: Annotated[str | None, typer.Argument(help="The case to replay.")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Replay every decided case (of "
+                                        "--agent, since --since).")] = False,
+    agent: Annotated[str | None, typer.Option(help="With --all: only this agent's cases.")]
+    = None,
+    since: Annotated[str | None, typer.Option(help="With --all: cases created at or after "
+                                              "this RFC 3339 time.")] = None,
+    limit: Annotated[int, typer.Option(help="With --all: at most this many cases.")]
+    = 100_000,
+    agent_version: Annotated[str | None, typer.Option(
+        "--agent-version", help="Refuse unless the installed agent is this version (the "
+        "replay runs the code installed here).")] = None,
+    raw: Annotated[bool, typer.Option("--json", help="One JSON object per case.")] = False,
+) -> None:
+    """Would the agent's current code decide the same? Runs recorded cases again from
+    their trail: recorded model turns (a scripted model runs again) and recorded worker
+    tool results, local tools run again; no model is asked, no worker tool runs, nothing
+    is written. Exit 0 when every case replays the same, 1 when one diverged, 2 when
+    nothing could be replayed."""
+    from datetime import datetime
+
+    from service.agents import AGENTS
+    from service.replay import Replay, recorded, replay_many
+    from service.store import CaseStore, create_pool
+
+    if (case_id is None) == (not every):
+        typer.echo("name one case, or --all", err=True)
+        raise typer.Exit(2)
+    if agent_version is not None:
+        wrong = sorted(a.name for a in AGENTS.values()
+                       if (agent is None or a.name == agent) and a.version != agent_version)
+        if wrong:
+            typer.echo(f"the installed {', '.join(wrong)} is not version {agent_version}",
+                       err=True)
+            raise typer.Exit(2)
+    start = None
+    if since is not None:
+        try:
+            start = datetime.fromisoformat(since.replace("Z", "+00:00"))
+        except ValueError:
+            typer.echo(f"--since is not an RFC 3339 time: {since!r}", err=True)
+            raise typer.Exit(2) from None
+
+    async def main() -> list[Replay]:
+        pool = await create_pool(get_settings().database_url, max_size=2)
+        try:
+            store = CaseStore(pool)
+            ids = [_case_id(case_id)] if case_id is not None else \
+                await store.decided_cases(agent, start, limit)
+            replays: list[Replay] = []
+            for chunk in range(0, len(ids), 1000):
+                trails = await store.trails(ids[chunk:chunk + 1000])
+                replays += await replay_many({c: recorded(t) for c, t in trails.items()})
+            return replays
+        finally:
+            await pool.close()
+
+    replays = _run(main())
+    if raw:
+        for one in replays:
+            typer.echo(orjson.dumps(one.as_json()).decode())
+    else:
+        _print_replays(replays, summary=every)
+    if not replays or all(r.outcome == "unreplayable" for r in replays):
+        raise typer.Exit(2)
+    raise typer.Exit(1 if any(r.outcome == "diverged" for r in replays) else 0)
+
+
+def _print_replays(replays: list[Any], *, summary: bool) -> None:
+    for one in replays:
+        if one.outcome == "same" and summary:
+            continue
+        line = f"{one.case_id} {one.agent}: {one.outcome}"
+        if one.outcome == "unreplayable":
+            line += f" ({one.reason})"
+        else:
+            line += f", decision {one.recorded_decision} -> {one.replayed_decision or 'unknown'}"
+        typer.echo(line)
+        if one.divergence is not None:
+            typer.echo(f"  first divergence at cycle {one.divergence.cycle}:")
+            typer.echo(f"    recorded: {one.divergence.recorded}")
+            typer.echo(f"    replayed: {one.divergence.replayed}")
+    if summary:
+        counts = {o: sum(r.outcome == o for r in replays)
+                  for o in ("same", "diverged", "unreplayable")}
+        changed = sum(r.recorded_decision != r.replayed_decision for r in replays
+                      if r.outcome == "diverged")
+        typer.echo(f"{len(replays)} cases replayed: {counts['same']} same, "
+                   f"{counts['diverged']} diverged ({changed} with another or an unknown "
+                   f"decision), {counts['unreplayable']} not replayable")
+
+
 def _about_case(case_id: str, failure: str, work: Any) -> Any:
     """What ``work`` finds out from the case's evidence; exit 2 when the database cannot
     be reached (``failure`` says what could not be done) or the case is unknown."""

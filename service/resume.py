@@ -79,28 +79,43 @@ def first_start(events: Iterable[RecordedEvent]) -> datetime | None:
     return min(starts) if starts else None
 
 
-def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
-               ) -> Resumption | None:
-    """What the next attempt takes over from ``events`` (the earlier attempts' stored
-    events, in order); ``None`` when no attempt got as far as a recorded cycle.
-    ``values`` restores the case's sensitive values in the recorded payloads."""
+def _latest(events: Sequence[RecordedEvent]
+            ) -> tuple[int, dict[int, list[RecordedEvent]]] | None:
+    """The last attempt whose start reached the record, and the events by attempt."""
     by_attempt: dict[int, list[RecordedEvent]] = {}
     for event in sorted(events, key=lambda e: (e.attempt, e.seq)):
         by_attempt.setdefault(event.attempt, []).append(event)
     for attempt in sorted(by_attempt, reverse=True):
-        if by_attempt[attempt][0].event_type != "CASE_STARTED":
-            continue  # its start never reached the record: look further back
-        cycles = [restore(dict(c), values) if values else c
-                  for c in _chain(by_attempt, attempt)]
-        if not cycles:
-            return None
-        usage = ZERO_USAGE
-        messages: list[ChatMessage] = []
-        for cycle in cycles:
-            usage = usage + TokenUsage.model_validate(cycle["tokenUsage"])
-            messages.extend(cycle_messages(cycle))
-        return Resumption(
-            resumed_from=ResumedFrom(attempt=attempt, seq=by_attempt[attempt][-1].seq,
-                                     cycles=len(cycles)),
-            messages=tuple(messages), cycles=len(cycles), usage=usage)
+        if by_attempt[attempt][0].event_type == "CASE_STARTED":
+            return attempt, by_attempt
     return None
+
+
+def final_chain(events: Sequence[RecordedEvent]) -> list[Mapping[str, Any]]:
+    """The recorded cycles of the case as its last recorded attempt had them (the
+    cycles it resumed, then its own), in cycle order."""
+    latest = _latest(events)
+    return [] if latest is None else _chain(latest[1], latest[0])
+
+
+def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
+               ) -> Resumption | None:
+    """What the next attempt takes over from ``events`` (the earlier attempts' stored
+    events); ``None`` when no attempt got as far as a recorded cycle. ``values``
+    restores the case's sensitive values in the recorded payloads."""
+    latest = _latest(events)
+    if latest is None:
+        return None
+    attempt, by_attempt = latest
+    cycles = [restore(dict(c), values) if values else c for c in _chain(by_attempt, attempt)]
+    if not cycles:
+        return None
+    usage = ZERO_USAGE
+    messages: list[ChatMessage] = []
+    for cycle in cycles:
+        usage = usage + TokenUsage.model_validate(cycle["tokenUsage"])
+        messages.extend(cycle_messages(cycle))
+    return Resumption(
+        resumed_from=ResumedFrom(attempt=attempt, seq=by_attempt[attempt][-1].seq,
+                                 cycles=len(cycles)),
+        messages=tuple(messages), cycles=len(cycles), usage=usage)

@@ -376,6 +376,29 @@ class CaseStore:
                     ORDER BY attempt, seq""", case_id, *low, *high)
         return [StoredEvent(**dict(r)) for r in rows]
 
+    async def trails(self, case_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[StoredEvent]]:
+        """Several cases' events at once, each case's in ``(attempt, seq)`` order."""
+        found: dict[uuid.UUID, list[StoredEvent]] = {c: [] for c in case_ids}
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                f"""SELECT {_EVENT_COLUMNS} FROM event_log WHERE case_id = ANY($1::uuid[])
+                    ORDER BY case_id, attempt, seq""", list(case_ids))
+        for row in rows:
+            found[row["case_id"]].append(StoredEvent(**dict(row)))
+        return found
+
+    async def decided_cases(self, agent: str | None, since: datetime | None,
+                            limit: int) -> list[uuid.UUID]:
+        """Completed cases, oldest first: of ``agent`` (any when ``None``), created at or
+        after ``since``; at most ``limit``."""
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                """SELECT case_id FROM cases WHERE status = 'completed'
+                     AND ($1::text IS NULL OR agent = $1)
+                     AND ($2::timestamptz IS NULL OR created_at >= $2)
+                   ORDER BY created_at, case_id LIMIT $3""", agent, since, limit)
+        return [row["case_id"] for row in rows]
+
     async def claim(self, case_id: uuid.UUID, owner: str, lease_seconds: float) -> Claim:
         """Claim the next attempt of a case for ``owner``, atomically.
 

@@ -119,10 +119,16 @@ def debt_to_income(args: DebtToIncomeArgs) -> dict[str, Any]:
     return {"dti": round(args.monthly_debt / args.monthly_income, 3)}
 
 
+SCORE_FLOOR = 580
+"""Below this credit score, decline."""
+AUTO_APPROVE_SCORE = 700
+"""From this credit score (and within the other bands), approve without an underwriter."""
+
+
 def lending_policy(args: LendingPolicyArgs) -> dict[str, Any]:
     reasons: list[str] = []
-    if args.credit_score < 580:
-        reasons.append(f"credit score {args.credit_score} is below the floor of 580")
+    if args.credit_score < SCORE_FLOOR:
+        reasons.append(f"credit score {args.credit_score} is below the floor of {SCORE_FLOOR}")
     if args.dti > 0.5:
         reasons.append(f"debt-to-income {args.dti:.3f} exceeds the ceiling of 0.50")
     if args.risk_score >= 0.25:
@@ -130,15 +136,16 @@ def lending_policy(args: LendingPolicyArgs) -> dict[str, Any]:
     if reasons:
         return {"decision": "decline", "policyVersion": POLICY_VERSION, "reasons": reasons}
     if (
-        args.credit_score >= 700
+        args.credit_score >= AUTO_APPROVE_SCORE
         and args.dti <= 0.36
         and args.risk_score < 0.1
         and args.loan_amount <= 50_000
     ):
         reasons.append("score, debt-to-income and default probability within auto-approve bands")
         return {"decision": "approve", "policyVersion": POLICY_VERSION, "reasons": reasons}
-    if args.credit_score < 700:
-        reasons.append(f"credit score {args.credit_score} is below the auto-approve band of 700")
+    if args.credit_score < AUTO_APPROVE_SCORE:
+        reasons.append(f"credit score {args.credit_score} is below the auto-approve band of "
+                       f"{AUTO_APPROVE_SCORE}")
     if args.dti > 0.36:
         reasons.append(f"debt-to-income {args.dti:.3f} is above the auto-approve band of 0.36")
     if args.risk_score >= 0.1:

@@ -1,0 +1,88 @@
+"""Replaying many decisions: ``casetrail replay --all`` over N recorded loan cases.
+
+Three sample applications are decided by the real stack (scripted model, worker
+tools on the capability worker); their rows in ``cases`` and ``event_log`` are then
+copied under new case ids until there are N, and the command line replays them all.
+
+Usage: python -m bench.replay [cases]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from typing import Any
+
+import asyncpg
+import httpx
+
+from bench.harness import Processes, api_key, bench_settings, namespace, wait_ready, wait_rows
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.supervisor import component_command
+
+PORT = 8798
+
+
+async def _columns(pool: asyncpg.Pool, table: str) -> list[str]:
+    rows = await pool.fetch(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = $1 "
+        "AND is_generated = 'NEVER' ORDER BY ordinal_position", table)
+    return [r["column_name"] for r in rows]
+
+
+async def copy_cases(pool: asyncpg.Pool, copies: int) -> None:
+    """Each recorded case ``copies`` times more, under new ids (its events too)."""
+    replaced = {"case_id": "m.new_id", "idempotency_key": "NULL", "event_id": "gen_random_uuid()"}
+    for table in ("cases", "event_log"):
+        columns = await _columns(pool, table)
+        chosen = ", ".join(replaced.get(c, f"t.{c}") for c in columns)
+        await pool.execute(f"""
+            WITH m AS (SELECT c.case_id AS old_id, gen_random_uuid() AS new_id
+                       FROM cases c, generate_series(1, {copies}) WHERE c.status = 'completed')
+            INSERT INTO {table} ({", ".join(columns)})
+            SELECT {chosen} FROM {table} t JOIN m ON t.case_id = m.old_id""")
+
+
+async def replay_at_scale(cases: int) -> dict[str, Any]:
+    settings = bench_settings(api_port=PORT)
+    async with namespace(settings) as pool:
+        key = await api_key(pool)
+        stack = Processes(settings)
+        stack.spawn("api", "api", "--port", str(PORT))
+        stack.spawn("worker", "worker")
+        stack.spawn("consumer", "consumer")
+        stack.spawn("capability", "capability-worker")
+        try:
+            await wait_ready(f"http://127.0.0.1:{PORT}")
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{PORT}",
+                                         headers={"Authorization": f"Bearer {key}"}) as http:
+                for application in SAMPLE_APPLICATIONS[:3]:
+                    (await http.post("/cases", json={"agent": "loan-officer",
+                                                     "input": application})).raise_for_status()
+            await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type = "
+                            "'CASE_COMPLETED'", 3)
+        finally:
+            stack.stop()
+        await copy_cases(pool, max(0, cases // 3 - 1))
+        recorded = await pool.fetchval("SELECT count(*) FROM cases WHERE status = 'completed'")
+        events = await pool.fetchval("SELECT count(*) FROM event_log")
+        started = time.perf_counter()
+        done = await asyncio.to_thread(
+            subprocess.run, component_command("replay", "--all", "--agent", "loan-officer"),
+            env=settings.environment(), capture_output=True, text=True, check=False)
+        seconds = time.perf_counter() - started
+    summary = re.search(r"(\d+) cases replayed: (\d+) same, (\d+) diverged", done.stdout)
+    if done.returncode != 0 or summary is None:
+        raise RuntimeError(f"replay failed ({done.returncode}): {done.stdout[-500:]}"
+                           f"{done.stderr[-2000:]}")
+    replayed, same, diverged = (int(g) for g in summary.groups())
+    return {"cases": recorded, "events": events, "replayed": replayed, "same": same,
+            "diverged": diverged, "seconds": round(seconds, 2),
+            "casesPerSecond": round(replayed / seconds, 1)}
+
+
+if __name__ == "__main__":
+    print(asyncio.run(replay_at_scale(int(sys.argv[1]) if len(sys.argv) > 1 else 10_000)))
