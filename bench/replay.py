@@ -36,14 +36,17 @@ async def _columns(pool: asyncpg.Pool, table: str) -> list[str]:
 async def copy_cases(pool: asyncpg.Pool, copies: int) -> None:
     """Each recorded case ``copies`` times more, under new ids (its events too)."""
     replaced = {"case_id": "m.new_id", "idempotency_key": "NULL", "event_id": "gen_random_uuid()"}
-    for table in ("cases", "event_log"):
-        columns = await _columns(pool, table)
-        chosen = ", ".join(replaced.get(c, f"t.{c}") for c in columns)
-        await pool.execute(f"""
-            WITH m AS (SELECT c.case_id AS old_id, gen_random_uuid() AS new_id
-                       FROM cases c, generate_series(1, {copies}) WHERE c.status = 'completed')
-            INSERT INTO {table} ({", ".join(columns)})
-            SELECT {chosen} FROM {table} t JOIN m ON t.case_id = m.old_id""")
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(f"""
+            CREATE TEMPORARY TABLE m ON COMMIT DROP AS
+            SELECT c.case_id AS old_id, gen_random_uuid() AS new_id
+            FROM cases c, generate_series(1, {copies}) WHERE c.status = 'completed'""")
+        for table in ("cases", "event_log"):
+            columns = await _columns(pool, table)
+            chosen = ", ".join(replaced.get(c, f"t.{c}") for c in columns)
+            await conn.execute(f"""
+                INSERT INTO {table} ({", ".join(columns)})
+                SELECT {chosen} FROM {table} t JOIN m ON t.case_id = m.old_id""")
 
 
 async def replay_at_scale(cases: int) -> dict[str, Any]:
@@ -79,6 +82,9 @@ async def replay_at_scale(cases: int) -> dict[str, Any]:
         raise RuntimeError(f"replay failed ({done.returncode}): {done.stdout[-500:]}"
                            f"{done.stderr[-2000:]}")
     replayed, same, diverged = (int(g) for g in summary.groups())
+    if same != replayed:
+        raise RuntimeError(f"only {same} of {replayed} cases replayed the same: "
+                           f"{done.stdout[-1000:]}")
     return {"cases": recorded, "events": events, "replayed": replayed, "same": same,
             "diverged": diverged, "seconds": round(seconds, 2),
             "casesPerSecond": round(replayed / seconds, 1)}

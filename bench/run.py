@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from bench import models, operations, raw, scenarios, viewer
+from bench import models, operations, raw, replay, scenarios, viewer
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, namespace
 from bench.integrity import integrity_costs
@@ -37,6 +37,8 @@ TARGETS: dict[str, Any] = {
     "modelsShare": 0.9,
     # Reading: a filtered search page at 1,000,000 cases; POST /cases beside 500 streams.
     "searchP99": 50, "streamsPostP99": 100,
+    # casetrail replay --all over 10,000 recorded loan cases.
+    "replaySeconds": 60,
 }
 
 
@@ -158,6 +160,8 @@ async def run(quick: bool) -> dict[str, Any]:
     results["api"] = await scenarios.api_posts(bench_settings(api_port=8797),
                                                requests=int(3000 * scale) or 300)
     results |= await reading(scale, rounds)
+    print("replaying recorded cases ...", flush=True)
+    results["replay"] = await replay.replay_at_scale(int(10_000 * scale))
     print("real providers against a 300 ms model ...", flush=True)
     results["models"] = [await models.run_cases(provider, int(1000 * scale), level)
                          for provider in ("openai", "anthropic") for level in (256, 1024)]
@@ -231,8 +235,21 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
          f"{r['api']['concurrency']}"),
         *_model_rows(r),
         *_reading_rows(r),
+        *_replay_rows(r),
     ]
     return rows
+
+
+def _replay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """``casetrail replay --all`` over recorded cases (bench/replay.py)."""
+    if "replay" not in r:
+        return []
+    x = r["replay"]
+    return [(f"casetrail replay --all, {x['replayed']:,} recorded cases",
+             f"{x['seconds']:.1f} s", f"< {TARGETS['replaySeconds']} s",
+             f"{x['casesPerSecond']:,.0f} cases/s, {x['events']:,} events read; "
+             f"{x['same']:,} same, {x['diverged']} diverged; no model asked, no worker tool "
+             "run")]
 
 
 def _reading_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:

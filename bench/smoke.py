@@ -15,6 +15,7 @@ from bench.harness import bench_settings
 from bench.integrity import integrity_costs
 from bench.models import run_cases
 from bench.operations import traced_end_to_end
+from bench.replay import replay_at_scale
 from bench.scenarios import consumer_ingest
 from bench.viewer import search_at_scale, streams_beside_posts
 
@@ -41,6 +42,9 @@ async def smoke() -> None:
           "streamed)", flush=True)
     if streams["eventsStreamedPerSecond"] == 0:
         raise SystemExit("no event reached the streams")
+    replayed = await replay_at_scale(600)
+    print(f"replay: {replayed['replayed']} recorded cases in {replayed['seconds']} s, "
+          f"{replayed['same']} same", flush=True)
     for provider in ("openai", "anthropic"):
         run = await run_cases(provider, 64, 32)
         print(f"{provider} provider: {run['completed']} of {run['cases']} cases, "
