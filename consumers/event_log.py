@@ -311,16 +311,8 @@ async def run_consumer(settings: Settings) -> None:
     probe = QueueProbe(connection, {"event-log": topology.event_log_queue,
                                     DEAD_LETTERS: topology.dead_letter_queue},
                        settings.queue_probe_seconds)
-
-    async def main(stop: asyncio.Event) -> None:
-        probing = asyncio.create_task(probe.run(stop))
-        try:
-            await consumer.run(stop)
-        finally:
-            await probing
-
     try:
-        await run_until_signal(main)
+        await run_until_signal(probe.beside(consumer.run))
     finally:
         tracing.shutdown()
         await connection.close()

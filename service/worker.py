@@ -461,16 +461,8 @@ async def run_worker(settings: Settings) -> None:
     metrics.LIVE_CASES.set_function(lambda: len(worker.live_cases))
     probe = QueueProbe(connection, {"case-start": topology.case_start_queue},
                        settings.queue_probe_seconds)
-
-    async def main(stop: asyncio.Event) -> None:
-        probing = asyncio.create_task(probe.run(stop))
-        try:
-            await worker.run(stop)
-        finally:
-            await probing
-
     try:
-        await run_until_signal(main)
+        await run_until_signal(probe.beside(worker.run))
     finally:
         tracing.shutdown()
         await models.aclose()

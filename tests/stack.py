@@ -16,6 +16,7 @@ from typing import Any
 
 import aio_pika
 import asyncpg
+import httpx
 import pytest
 import uvicorn
 
@@ -33,7 +34,15 @@ from service.config import Settings
 from service.keyfile import worker_signer
 from service.providers import ModelFactory
 from service.sensitive import Vault
-from service.store import CaseSecrets, CaseStore, KeyRegistry, component_pool
+from service.setup import remove, setup
+from service.store import (
+    ApiKeyStore,
+    CaseSecrets,
+    CaseStore,
+    KeyRegistry,
+    component_pool,
+    create_pool,
+)
 from service.supervisor import component_command
 from service.worker import Caps, CaseWorker
 
@@ -156,6 +165,41 @@ def other_namespace(settings: Settings, suffix: str) -> Settings:
         "namespace": f"{settings.namespace}-{suffix}",
         "database_url": f"{settings.database_url}_{suffix}",
         "secrets_file": str(secrets_file)})
+
+
+@asynccontextmanager
+async def namespace_of_its_own(settings: Settings, suffix: str, **updates: Any
+                               ) -> AsyncIterator[tuple[Settings, asyncpg.Pool, str]]:
+    """A namespace set up beside the tests' own (no other module's case reaches its
+    components): its settings, a bootstrap pool to its database and an API key of the
+    default tenant; removed afterwards."""
+    from tests.conftest import TEST_SCOPES, TESTS_APPLICATION
+
+    own = other_namespace(settings, suffix).model_copy(update=updates)
+    await setup(own)
+    pool = await create_pool(own.database_url, max_size=2, name=TESTS_APPLICATION)
+    try:
+        _, key = await ApiKeyStore(pool).create("default", TEST_SCOPES, f"{suffix} tests")
+        yield own, pool, key
+    finally:
+        await pool.close()
+        await remove(own)
+
+
+async def api_ready(base_url: str) -> bool:
+    try:
+        async with httpx.AsyncClient(base_url=base_url) as client:
+            return (await client.get("/readyz")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def kill_leftovers(children: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Kill what a failed test left running (a clean stop is ``stop_cleanly``)."""
+    for child in children.values():
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 async def stop_all(children: list[subprocess.Popen[bytes]]) -> None:

@@ -26,7 +26,7 @@ from service.keyfile import worker_signer
 from service.setup import remove
 from tests.conftest import TESTS_APPLICATION
 from tests.helpers import ended, wait_for_sql, wait_until
-from tests.stack import free_port, other_namespace, spawn, stop_cleanly
+from tests.stack import api_ready, free_port, other_namespace, spawn, stop_cleanly
 
 
 def test_a_component_started_with_the_environment_reads_the_same_settings(
@@ -52,15 +52,7 @@ async def processes(
         "capability-worker": spawn(settings, "capability-worker"),
     }
     base_url = f"http://127.0.0.1:{port}"
-
-    async def ready() -> bool:
-        try:
-            async with httpx.AsyncClient(base_url=base_url) as client:
-                return (await client.get("/readyz")).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    await wait_until(ready, timeout=30, interval=0.2)
+    await wait_until(lambda: api_ready(base_url), timeout=30, interval=0.2)
     yield {"base_url": base_url, "children": children, "headers": auth_headers}
     await stop_cleanly(children)
 

@@ -20,12 +20,16 @@ import orjson
 import pytest
 
 from service.config import ModelEndpoint, Settings
-from service.setup import remove, setup
-from service.store import ApiKeyStore, create_pool
-from tests.conftest import TEST_SCOPES, TESTS_APPLICATION
 from tests.fake_llm import FakeLLM, Reply, fake_llm, openai_turn
 from tests.helpers import ended, wait_until
-from tests.stack import free_port, other_namespace, spawn, stop_cleanly
+from tests.stack import (
+    api_ready,
+    free_port,
+    kill_leftovers,
+    namespace_of_its_own,
+    spawn,
+    stop_cleanly,
+)
 from tests.test_telemetry import scrape, total
 
 TURN_SECONDS = 0.8
@@ -71,39 +75,25 @@ async def resuming(settings: Settings, database: str, llm: FakeLLM
                    ) -> AsyncIterator[dict[str, Any]]:
     """API, consumer and capability worker as processes in a namespace of their own; the
     test starts (and kills) the worker."""
-    own = other_namespace(settings, "resume").model_copy(update={"model_endpoints": [
-        ModelEndpoint(name="fake", provider="openai", base_url=f"{llm.base_url}/v1")]})
-    await setup(own)
-    pool = await create_pool(own.database_url, max_size=2, name=TESTS_APPLICATION)
-    _, key = await ApiKeyStore(pool).create("default", TEST_SCOPES, "resume tests")
-    port, capability_port = free_port(), free_port()
-    children = {
-        "api": spawn(own, "api", "--port", str(port)),
-        "consumer": spawn(own, "consumer"),
-        "capability": spawn(own, "capability-worker",
-                            CASETRAIL_CAPABILITY_METRICS_PORT=str(capability_port)),
-    }
-    base_url = f"http://127.0.0.1:{port}"
-
-    async def ready() -> bool:
+    endpoint = ModelEndpoint(name="fake", provider="openai", base_url=f"{llm.base_url}/v1")
+    async with namespace_of_its_own(settings, "resume", model_endpoints=[endpoint]
+                                    ) as (own, pool, key):
+        port, capability_port = free_port(), free_port()
+        children = {
+            "api": spawn(own, "api", "--port", str(port)),
+            "consumer": spawn(own, "consumer"),
+            "capability": spawn(own, "capability-worker",
+                                CASETRAIL_CAPABILITY_METRICS_PORT=str(capability_port)),
+        }
+        base_url = f"http://127.0.0.1:{port}"
         try:
-            async with httpx.AsyncClient(base_url=base_url) as client:
-                return (await client.get("/readyz")).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        await wait_until(ready, timeout=30, interval=0.2)
-        yield {"settings": own, "base_url": base_url, "pool": pool, "children": children,
-               "capability_port": capability_port,
-               "headers": {"Authorization": f"Bearer {key}"}}
-        await stop_cleanly(children)
-    finally:
-        for child in children.values():
-            if child.poll() is None:
-                child.kill()
-        await pool.close()
-        await remove(own)
+            await wait_until(lambda: api_ready(base_url), timeout=30, interval=0.2)
+            yield {"settings": own, "base_url": base_url, "pool": pool, "children": children,
+                   "capability_port": capability_port,
+                   "headers": {"Authorization": f"Bearer {key}"}}
+            await stop_cleanly(children)
+        finally:
+            kill_leftovers(children)
 
 
 def start_worker(resuming: dict[str, Any]) -> subprocess.Popen[bytes]:

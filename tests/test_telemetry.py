@@ -16,12 +16,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
-from service.setup import remove, setup
-from service.store import ApiKeyStore, create_pool
-from tests.conftest import TEST_SCOPES, TESTS_APPLICATION
 from tests.helpers import ended, wait_until
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
-from tests.stack import free_port, other_namespace, spawn, stop_cleanly
+from tests.stack import (
+    api_ready,
+    free_port,
+    kill_leftovers,
+    namespace_of_its_own,
+    spawn,
+    stop_cleanly,
+)
 
 COMPONENTS = ("api", "worker", "consumer", "capability")
 Samples = list[tuple[str, dict[str, str], float]]
@@ -53,52 +57,44 @@ async def observed(settings: Settings, database: str, receiver: Receiver
     """The four components as processes in a namespace of their own (so that no other
     test's case moves their counters), each with its metrics on a port of the test's
     choosing, exporting every span (message content opted in) to ``receiver``."""
-    own = other_namespace(settings, "telemetry")
-    await setup(own)
-    pool = await create_pool(own.database_url, max_size=2, name=TESTS_APPLICATION)
-    _, key = await ApiKeyStore(pool).create("default", TEST_SCOPES, "telemetry tests")
-    port = free_port()
-    ports = {c: free_port() for c in COMPONENTS}
-    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "OTEL_TRACES_SAMPLER": "parentbased_always_on",
-            "OTEL_BSP_SCHEDULE_DELAY": "100",
-            "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"}
+    async with namespace_of_its_own(settings, "telemetry") as (own, pool, key):
+        port = free_port()
+        ports = {c: free_port() for c in COMPONENTS}
+        otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+                "OTEL_BSP_SCHEDULE_DELAY": "100",
+                "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"}
 
-    def start(component: str, *args: str) -> subprocess.Popen[bytes]:
-        return spawn(own, *args, **otel, **{
-            f"CASETRAIL_{component.upper()}_METRICS_PORT": str(ports[component])})
+        def start(component: str, *args: str) -> subprocess.Popen[bytes]:
+            return spawn(own, *args, **otel, **{
+                f"CASETRAIL_{component.upper()}_METRICS_PORT": str(ports[component])})
 
-    children = {
-        "api": start("api", "api", "--port", str(port)),
-        "worker": start("worker", "worker"),
-        "consumer": start("consumer", "consumer"),
-        "capability": start("capability", "capability-worker"),
-    }
-    base_url = f"http://127.0.0.1:{port}"
+        children = {
+            "api": start("api", "api", "--port", str(port)),
+            "worker": start("worker", "worker"),
+            "consumer": start("consumer", "consumer"),
+            "capability": start("capability", "capability-worker"),
+        }
+        base_url = f"http://127.0.0.1:{port}"
 
-    async def ready() -> bool:
+        async def ready() -> bool:
+            if not await api_ready(base_url):
+                return False
+            try:
+                for component in COMPONENTS:
+                    await scrape(ports[component])
+            except httpx.TransportError:
+                return False
+            return True
+
         try:
-            async with httpx.AsyncClient(base_url=base_url) as client:
-                if (await client.get("/readyz")).status_code != 200:
-                    return False
-            for component in COMPONENTS:
-                await scrape(ports[component])
-        except httpx.TransportError:
-            return False
-        return True
-
-    try:
-        await wait_until(ready, timeout=30, interval=0.2)
-        yield {"base_url": base_url, "ports": ports, "pool": pool,
-               "headers": {"Authorization": f"Bearer {key}"}}
-        await stop_cleanly(children)
-    finally:
-        for child in children.values():
-            if child.poll() is None:
-                child.kill()
-        await pool.close()
-        await remove(own)
+            await wait_until(ready, timeout=30, interval=0.2)
+            yield {"base_url": base_url, "ports": ports, "pool": pool,
+                   "headers": {"Authorization": f"Bearer {key}"}}
+            await stop_cleanly(children)
+        finally:
+            kill_leftovers(children)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import aiormq
@@ -51,6 +51,22 @@ class QueueProbe:
         finally:
             with contextlib.suppress(aiormq.exceptions.AMQPError, ConnectionError):
                 await channel.close()
+
+    def beside(self, work: Callable[[asyncio.Event], Awaitable[None]]
+               ) -> Callable[[asyncio.Event], Awaitable[None]]:
+        """``work(stop)`` with this probe running beside it until it returns."""
+
+        async def both(stop: asyncio.Event) -> None:
+            probing = asyncio.create_task(self.run(stop))
+            try:
+                await work(stop)
+            finally:
+                if not stop.is_set():  # the work failed: nobody else ends the probe
+                    probing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await probing
+
+        return both
 
     def observe(self, label: str, count: int, now: float | None = None) -> None:
         metrics.QUEUE_MESSAGES.labels(label).set(count)
