@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from service.agents import AGENTS
 from service.agents.profile import AgentProfile
-from service.engine.chat import AssistantTurn, ChatMessage, ToolCallRequest, ToolSpec
+from service.engine.chat import AssistantTurn, ChatMessage, ToolSpec
 from service.engine.loop import CaseSpec, ReactEngine
 from service.engine.scripted import ScriptedModel
 from service.engine.tools import ToolBox, WorkerCallResult
@@ -44,7 +44,7 @@ from service.events import (
     ToolAttempt,
 )
 from service.integrity import canonical
-from service.resume import RecordedEvent, final_chain
+from service.resume import RecordedEvent, final_chain, recorded_calls
 from service.store import StoredEvent
 
 REPLAY_DEADLINE_SECONDS = 3600.0
@@ -111,11 +111,7 @@ class RecordedModel:
 
 
 def _turn(cycle: Mapping[str, Any]) -> AssistantTurn:
-    calls = tuple(ToolCallRequest(
-        id=c.get("toolCallId") or f"call-{cycle['cycleIndex']}-{i}", name=c["toolName"],
-        arguments=None if c.get("rawArgs") is not None else c["toolArgs"],
-        raw_arguments=c.get("rawArgs")) for i, c in enumerate(cycle.get("toolCalls") or []))
-    return AssistantTurn(text=cycle["reasoningText"], tool_calls=calls,
+    return AssistantTurn(text=cycle["reasoningText"], tool_calls=recorded_calls(cycle),
                          usage=TokenUsage.model_validate(cycle["tokenUsage"]),
                          finish_reason=cycle.get("finishReason") or "stop",
                          model=cycle.get("model") or "")

@@ -40,16 +40,21 @@ class RecordedEvent:
     occurred_at: datetime
 
 
-def cycle_messages(cycle: Mapping[str, Any]) -> list[ChatMessage]:
-    """A recorded ``REACT_CYCLE`` as the conversation had it: the model's turn, then each
-    call's observation (the same text the tool box gave the model)."""
-    calls = cycle.get("toolCalls") or []
-    requests = tuple(
+def recorded_calls(cycle: Mapping[str, Any]) -> tuple[ToolCallRequest, ...]:
+    """The tool calls a recorded ``REACT_CYCLE``'s model turn asked for, as it asked."""
+    return tuple(
         ToolCallRequest(id=call.get("toolCallId") or f"call-{cycle['cycleIndex']}-{index}",
                         name=call["toolName"],
                         arguments=None if call.get("rawArgs") is not None else call["toolArgs"],
                         raw_arguments=call.get("rawArgs"))
-        for index, call in enumerate(calls))
+        for index, call in enumerate(cycle.get("toolCalls") or []))
+
+
+def cycle_messages(cycle: Mapping[str, Any]) -> list[ChatMessage]:
+    """A recorded ``REACT_CYCLE`` as the conversation had it: the model's turn, then each
+    call's observation (the same text the tool box gave the model)."""
+    calls = cycle.get("toolCalls") or []
+    requests = recorded_calls(cycle)
     messages: list[ChatMessage] = [AssistantMessage(cycle["reasoningText"], requests)]
     for request, call in zip(requests, calls, strict=True):
         error = call.get("error")

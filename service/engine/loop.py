@@ -206,6 +206,8 @@ class RunState:
     spec: CaseSpec
     deadline: float
     messages: list[ChatMessage]
+    metrics: metrics.AgentMetrics
+    """The agent's and model's counters, looked up once per attempt."""
     seq: int = 0
     cycles: int = 0
     usage: TokenUsage = ZERO_USAGE
@@ -221,7 +223,6 @@ class RunState:
     """The last event's publish, until its confirm has been awaited."""
     model_seconds: float | None = None
     """How long the last model turn took (``None`` before the first)."""
-    metrics: metrics.AgentMetrics | None = None
     trace: AttemptTrace | None = None
     """The attempt's spans, when tracing is on."""
 
@@ -322,7 +323,6 @@ class ReactEngine:
     ) -> TerminalEvent:
         spec = state.spec
         await self._send(state, self._started_payload(spec, tools))
-        assert state.metrics is not None
         (state.metrics.started_first if spec.attempt == 1 else state.metrics.started_retry).inc()
         while True:
             if cancel.is_set:
@@ -381,7 +381,6 @@ class ReactEngine:
         state.retries = []
         state.cycles += 1
         observed = state.metrics
-        assert observed is not None
         observed.cycles.inc()
         observed.input_tokens.inc(turn.usage.input_tokens)
         observed.output_tokens.inc(turn.usage.output_tokens)
@@ -407,7 +406,6 @@ class ReactEngine:
         jitter (honouring ``Retry-After``) inside the deadline, and each retry is kept."""
         backoff = wait_exponential_jitter(multiplier=0.5, max=20.0, jitter=0.5)
         observed = state.metrics
-        assert observed is not None
         for attempt in range(1, MODEL_RETRY_ATTEMPTS + 1):
             span = None if state.trace is None else state.trace.chat(model.name, prompt)
             asked = time.perf_counter()
@@ -546,7 +544,6 @@ class ReactEngine:
         event = await self._emit(state, payload)
         assert event.is_terminal
         outcome = event.event_type[5:].lower()  # CASE_TIMED_OUT -> timed_out
-        assert state.metrics is not None
         state.metrics.ended(outcome)
         if state.trace is not None:
             state.trace.end(outcome, getattr(payload, "reason_code", None),
