@@ -25,6 +25,6 @@ COPY migrations ./migrations
 RUN mkdir /keys && chown casetrail /keys
 USER casetrail
 # The API, and each component's metrics port (api, worker, consumer, capability worker).
-EXPOSE 8000 9101 9102 9103 9104
+EXPOSE 8000 9101 9102 9103 9104 9105
 ENTRYPOINT ["casetrail"]
 CMD ["up"]

@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-faults lint typecheck services browser promtool install bench bench-smoke clean up
+.PHONY: demo test test-faults lint typecheck services browser promtool go-interop install bench bench-smoke clean up
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ browser:
 promtool:
 	@scripts/ensure-promtool
 
+go-interop:
+	@scripts/ensure-go-interop
+
 demo: install services
 	$(BIN)/casetrail demo
 
@@ -43,7 +46,7 @@ typecheck: install
 BUS_TESTS := tests/test_pipeline.py tests/test_publisher.py tests/test_deliveries.py \
              tests/test_worker_tools.py tests/test_processes.py tests/test_fastpath.py
 
-test: install services browser promtool lint typecheck
+test: install services browser promtool go-interop lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider
 	CASETRAIL_AMQP_FASTPATH=off $(BIN)/pytest -q -p no:cacheprovider $(BUS_TESTS)
 

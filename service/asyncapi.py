@@ -133,6 +133,16 @@ def asyncapi_document(namespace: str, vhost: str = "/", host: str = "localhost:5
                 "messages": {name: {"$ref": f"#/components/messages/{name}"} for name in events},
                 "bindings": _exchange(topology.events_exchange, "topic", vhost),
             },
+            "checkpoints": {
+                "address": Topology.CHECKPOINT_KEY,
+                "title": f"{topology.events_exchange} (topic)",
+                "description": "The transparency log's signed checkpoints (a new one whenever "
+                               "the tree grew, at most every CASETRAIL_CHECKPOINT_SECONDS), "
+                               f"also kept in the stream {topology.checkpoints_stream} for "
+                               "witnesses to read from any offset.",
+                "messages": {"Checkpoint": {"$ref": "#/components/messages/Checkpoint"}},
+                "bindings": _exchange(topology.events_exchange, "topic", vhost),
+            },
             "caseCommands": {
                 "address": "{command}", "title": f"{topology.commands_exchange} (direct)",
                 "description": f"Bound to the quorum queue {topology.case_start_queue}.",
@@ -188,6 +198,8 @@ def asyncapi_document(namespace: str, vhost: str = "/", host: str = "localhost:5
                 "summary": "Subscribers: the event-log consumer, the API's streams, yours.",
                 "messages": [{"$ref": f"#/channels/caseEvents/messages/{m}"} for m in events],
             },
+            "publishCheckpoint": _send("checkpoints", ["Checkpoint"], "The ledger publishes "
+                                       "each checkpoint it signs.", user=f"{namespace}-ledger"),
             "sendCaseCommand": _send("caseCommands", list(commands),
                                      "The API starts (and the operator erases) cases.",
                                      user=f"{namespace}-api"),
@@ -217,6 +229,13 @@ def asyncapi_document(namespace: str, vhost: str = "/", host: str = "localhost:5
                                             "x-idempotency-key": {"type": "string"}}}),
                 "ToolReply": _message("TOOL_REPLY", "Tool reply", "ToolReply",
                                       "The capability worker's answer to one attempt."),
+                "Checkpoint": {
+                    "name": "LEDGER_CHECKPOINT", "title": "Signed checkpoint",
+                    "summary": "A c2sp.org/tlog-checkpoint (origin, tree size, base64 root) in "
+                               "a c2sp.org/signed-note with the log's Ed25519 signature.",
+                    "contentType": "text/plain",
+                    "payload": {"type": "string"},
+                },
                 "DeadLetter": {
                     "name": "DEAD_LETTER", "title": "Dead letter",
                     "summary": "A message set aside, unchanged, with why and where from.",

@@ -158,6 +158,106 @@ def consumer() -> None:
     _component("consumer", run_consumer(get_settings()))
 
 
+ledger_app = typer.Typer(help="The transparency log: run its sequencer, or manage its key.")
+app.add_typer(ledger_app, name="ledger")
+
+
+@ledger_app.callback(invoke_without_command=True)
+def ledger(ctx: typer.Context) -> None:
+    """Run the transparency log's sequencer: every stored event a leaf of one Merkle tree,
+    signed checkpoints published as ledger.checkpoint (one per deployment; a second one
+    stands by)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from service.ledger.sequencer import run_ledger
+
+    _logging()
+    _component("ledger", run_ledger(get_settings()))
+
+
+@ledger_app.command("key")
+def ledger_key(
+    output: Annotated[Path, typer.Option("-o", "--output", help="The key file to write "
+                                         "(mode 0600; never overwritten).")],
+    witness: Annotated[bool, typer.Option(
+        "--witness", help="A witness's cosigner key (cosignature/v1) instead of the log's.")]
+    = False,
+    name: Annotated[str | None, typer.Option(
+        help="The key's name: the log's origin (default: CASETRAIL_LOG_ORIGIN, else "
+             "casetrail/<namespace>), or the witness's name.")] = None,
+    if_missing: Annotated[bool, typer.Option(
+        "--if-missing", help="A key already there is fine: keep it.")] = False,
+) -> None:
+    """Make a signed-note key; prints its verifier key (what verifiers and witnesses
+    trust: --trust-log, --log-key, CASETRAIL_LEDGER_WITNESSES)."""
+    from service.ledger.note import COSIGNATURE_V1, ED25519, NoteError, NoteSigner
+    from service.ledger.sequencer import read_log_key, write_log_key
+
+    kind = COSIGNATURE_V1 if witness else ED25519
+    if witness and not name:
+        typer.echo("a witness key needs --name (e.g. witness.example.com/w1)", err=True)
+        raise typer.Exit(2)
+    try:
+        signer = NoteSigner.generate(name or get_settings().origin(), kind)
+        write_log_key(output, signer)
+    except NoteError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    except FileExistsError:
+        if not if_missing:
+            typer.echo(f"{output} exists: a key is never overwritten", err=True)
+            raise typer.Exit(2) from None
+        signer = read_log_key(output, kind)
+    typer.echo(f"key {signer.name} written to {output}", err=True)
+    typer.echo(signer.verifier.text())
+
+
+@app.command()
+def witness(
+    log_url: Annotated[str, typer.Option("--log", help="The log's base URL (the API's).")],
+    log_key: Annotated[str, typer.Option(
+        help="The log's verifier key (<origin>+<hash>+<key>) or a file with it.")],
+    state: Annotated[Path, typer.Option(help="Where the witness keeps the last checkpoint "
+                                        "it accepted.")] = Path(".casetrail/witness.json"),
+    cosign_key: Annotated[Path | None, typer.Option(
+        help="This witness's cosigner key (`casetrail ledger key --witness`): cosign each "
+             "accepted checkpoint and hand the cosignature to the log.")] = None,
+    once: Annotated[bool, typer.Option("--once", help="Check the current checkpoint and "
+                                       "exit.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between checks.")] = 5.0,
+) -> None:
+    """Follow the log's checkpoints and check each extends the last one accepted: exit 1,
+    naming both, when the log forked, shrank or rolled back; 2 when it could not check."""
+    from service.errors import PermanentError
+    from service.ledger.note import COSIGNATURE_V1, NoteError
+    from service.ledger.sequencer import read_log_key
+    from service.ledger.witness import (
+        LogClient,
+        LogMisbehaved,
+        LogUnreachable,
+        Witness,
+        run_witness,
+        verifier_key,
+    )
+    from service.supervisor import run_until_signal
+
+    _logging()
+    try:
+        the_witness = Witness(verifier_key(log_key), state, LogClient(log_url.rstrip("/")),
+                              read_log_key(cosign_key, COSIGNATURE_V1) if cosign_key else None)
+    except (NoteError, OSError, PermanentError) as exc:
+        typer.echo(f"casetrail witness: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        _run(run_until_signal(lambda stop: run_witness(the_witness, once, interval, stop)))
+    except LogMisbehaved as exc:
+        typer.echo(f"casetrail witness: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except LogUnreachable as exc:
+        typer.echo(f"casetrail witness: could not check: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command("capability-worker")
 def capability_worker(
     names: Annotated[list[str] | None, typer.Argument(help="Capabilities to serve (all if none).")]
@@ -565,11 +665,12 @@ async def _log_export(settings: Settings, case_id: Any) -> None:
 
 async def _with_evidence(settings: Settings, work: Any) -> Any:
     from service.evidence import Evidence
+    from service.ledger.store import LedgerStore
     from service.store import CaseStore, KeyRegistry, create_pool
 
     pool = await create_pool(settings.database_url, max_size=2)
     try:
-        return await work(Evidence(CaseStore(pool), KeyRegistry(pool)))
+        return await work(Evidence(CaseStore(pool), KeyRegistry(pool), LedgerStore(pool)))
     finally:
         await pool.close()
 
@@ -710,6 +811,8 @@ def _report(report: Any, raw: bool) -> None:
         if not raw:
             typer.echo(f"verified: {report.events} events, {len(report.attempts)} attempt(s), "
                        f"{'complete' if report.complete else 'still running'}")
+            if report.log is not None:
+                typer.echo(_log_summary(report.log))
         return
     typer.echo(f"NOT verified: {report.first_problem()}"
                + (f" (+{len(report.problems) - 1} more)" if len(report.problems) > 1 else ""),
@@ -717,17 +820,49 @@ def _report(report: Any, raw: bool) -> None:
     raise typer.Exit(1)
 
 
+def _log_summary(log: dict[str, Any]) -> str:
+    head = log["checkpoint"]
+    if head is None:
+        return "transparency log: the bundle carries no checkpoint"
+    signed = "signed by the trusted log key" if log["checkpointTrusted"] else \
+        "its signature not checked (no --trust-log)"
+    cosigned = f", cosigned by {', '.join(log['witnesses'])}" if log["witnesses"] else ""
+    return (f"transparency log: {log['eventsInLog']} events included in checkpoint "
+            f"{head['origin']} size {head['treeSize']}, {signed}{cosigned}")
+
+
 @app.command()
 def export(
     case_id: Annotated[str, typer.Argument(help="The case id.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="The bundle file to write.")],
+    wait_for_log: Annotated[float, typer.Option(
+        help="Seconds to wait for the log to sign a checkpoint holding every event.")]
+    = 30.0,
 ) -> None:
-    """Write a case's offline bundle: the events exactly as signed, and the public keys."""
+    """Write a case's offline bundle: the events exactly as signed, the public keys, and
+    each event's inclusion proof in the transparency log with the signed checkpoint."""
     parsed = _case_id(case_id)
-    bundle = _about_case(case_id, "could not export", lambda ev: ev.bundle(parsed))
+
+    async def logged_bundle(evidence: Any) -> Any:
+        deadline = asyncio.get_running_loop().time() + wait_for_log
+        while True:
+            bundle = await evidence.bundle(parsed)
+            if bundle is None or not _unlogged(bundle) or \
+                    asyncio.get_running_loop().time() >= deadline:
+                return bundle
+            await asyncio.sleep(0.5)
+
+    bundle = _about_case(case_id, "could not export", logged_bundle)
     output.write_bytes(orjson.dumps(bundle, option=orjson.OPT_INDENT_2))
     _run(_log_export(get_settings(), parsed))
     typer.echo(f"{len(bundle['events'])} events written to {output}", err=True)
+    if _unlogged(bundle):
+        typer.echo(f"{_unlogged(bundle)} events are not in a signed checkpoint yet (is the "
+                   "ledger running?): they carry no log proof", err=True)
+
+
+def _unlogged(bundle: dict[str, Any]) -> int:
+    return sum(1 for e in bundle["events"] if e.get("integrity") and "logProof" not in e)
 
 
 @app.command()
@@ -775,18 +910,36 @@ def verify_bundle_command(
     bundle_file: Annotated[Path, typer.Argument(help="A bundle from `casetrail export`.")],
     trust: Annotated[list[str], typer.Option(
         "--trust", help="A trusted public key (base64) or a file with one; repeatable.")],
+    trust_log: Annotated[list[str] | None, typer.Option(
+        "--trust-log", help="The transparency log's verifier key (<origin>+<hash>+<key>) "
+        "or a file with one; then every event must be in a checkpoint it signed.")] = None,
+    trust_witness: Annotated[list[str] | None, typer.Option(
+        "--trust-witness", help="A witness's verifier key (cosignature/v1) or a file with "
+        "one; its cosignature is then required. Repeatable.")] = None,
+    log: Annotated[str | None, typer.Option(
+        "--log", help="The log's base URL (the API's): also check that the log today still "
+        "extends the bundle's checkpoint (nothing removed or rewritten since).")] = None,
     raw: Annotated[bool, typer.Option("--json", help="Print the whole report as JSON.")]
     = False,
 ) -> None:
     """Check a bundle offline, with nothing but the file and the keys you trust: exit 0
     verified, 1 not, 2 could not check."""
     from service.evidence import BundleError, trusted_key, verify_bundle
+    from service.ledger.note import NoteError
+    from service.ledger.witness import LogUnreachable, check_log_today, verifier_key
 
     try:
         keys = [trusted_key(t) for t in trust]
+        log_keys = [verifier_key(t) for t in trust_log or []]
+        witnesses = [verifier_key(t) for t in trust_witness or []]
         bundle = orjson.loads(bundle_file.read_bytes())
-        report = verify_bundle(bundle, keys)
-    except (OSError, orjson.JSONDecodeError, BundleError) as exc:
+        report = verify_bundle(bundle, keys, log_keys, witnesses)
+        if log is not None:
+            if not log_keys:
+                raise BundleError("--log needs --trust-log: the log's answers are checked "
+                                  "against its key")
+            report.problems.extend(_run(check_log_today(log, bundle, log_keys)))
+    except (OSError, orjson.JSONDecodeError, BundleError, NoteError, LogUnreachable) as exc:
         typer.echo(f"could not check {bundle_file}: {exc}", err=True)
         raise typer.Exit(2) from None
     _report(report, raw)

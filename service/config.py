@@ -17,9 +17,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from service import gc_tuning
 from service.errors import PermanentError
 
-Component = Literal["api", "worker", "consumer", "capability"]
-COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "capability")
-DATABASE_COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer")
+Component = Literal["api", "worker", "consumer", "capability", "ledger"]
+COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "capability", "ledger")
+DATABASE_COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "ledger")
 """The capability workers reach no database."""
 
 LOCAL_DIR = Path(".casetrail")
@@ -110,6 +110,10 @@ class Settings(BaseSettings):
         "user.")
     capability_amqp_url: str | None = Field(default=None, description="The capability "
         "workers' broker user.")
+    ledger_database_url: str | None = Field(default=None, description="The ledger's own "
+        "role (the transparency log's sequencer).")
+    ledger_amqp_url: str | None = Field(default=None, description="The ledger's broker user "
+        "(publishes ledger.checkpoint).")
     master_key: SecretStr | None = Field(
         default=None, description="Base64 of 32 random bytes: wraps each case's data key "
         "(sensitive input fields). The API and the worker need it; default: from the "
@@ -221,9 +225,25 @@ class Settings(BaseSettings):
         "The consumer's metrics port; unset: 9103 or, when taken, any free port.")
     capability_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
         "A capability worker's metrics port; unset: 9104 or, when taken, any free port.")
+    ledger_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
+        "The ledger's metrics port; unset: 9105 or, when taken, any free port.")
     queue_probe_seconds: float = Field(default=5.0, gt=0, description="How often the "
                                        "worker and the consumer read their queues' depth "
                                        "for the metrics.")
+
+    log_key_file: str | None = Field(default=None, description="The transparency log's "
+        "Ed25519 key: a file holding a signed-note signer key (PRIVATE+KEY+<origin>+...), "
+        "made by `casetrail ledger key generate`. The ledger alone reads it.")
+    log_origin: str | None = Field(default=None, pattern=r"^[^\s+]+$", description="The "
+        "log's name, the first line of its checkpoints (a schema-less URL such as "
+        "audit.example.com/casetrail); default: casetrail/<namespace>.")
+    checkpoint_seconds: float = Field(default=5.0, gt=0, description="A new signed "
+        "checkpoint whenever the tree grew, at most this often.")
+    ledger_batch_size: int = Field(default=5000, ge=1, description="Leaves the ledger "
+        "appends in one transaction, at most.")
+    ledger_witnesses: list[str] = Field(default_factory=list, description="Verifier keys "
+        "(<name>+<hash>+<key>, cosignature/v1) of the witnesses whose cosignatures "
+        "POST /ledger/cosignatures accepts and bundles carry.")
 
     capability_concurrency: int = 64
     tool_timeout_seconds: float = 10.0
@@ -308,6 +328,10 @@ class Settings(BaseSettings):
 
     def database_role(self, component: Component | Literal["owner"]) -> str:
         return f"{self.namespace}_{component}"
+
+    def origin(self) -> str:
+        """The transparency log's origin (its checkpoints' first line, its key's name)."""
+        return self.log_origin or f"casetrail/{self.namespace}"
 
     def quota(self, tenant: str) -> tuple[int, int]:
         """``(max active cases, max starts per minute)`` for ``tenant``."""

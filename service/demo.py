@@ -23,6 +23,9 @@ from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
 from service.evidence import Evidence, verify_bundle
 from service.integrity import public_key_text
 from service.keyfile import ensure_local_signer, worker_signer
+from service.ledger.sequencer import ensure_local_log_key, log_signer
+from service.ledger.store import LedgerStore
+from service.ledger.witness import LogClient, LogMisbehaved, LogUnreachable, Witness
 from service.setup import setup
 from service.store import ApiKeyStore, CaseStore, KeyRegistry, create_pool
 from service.supervisor import Stack, stack_commands
@@ -69,7 +72,7 @@ async def _wait_ready(base_url: str, stack: Stack, timeout: float = 60.0) -> Non
 
 async def run_stack(settings: Settings) -> int:
     """``casetrail up``: the whole stack as child processes until Ctrl-C or SIGTERM."""
-    settings = ensure_local_signer(settings)
+    settings = ensure_local_log_key(ensure_local_signer(settings))
     report = await setup(settings)
     _say(f"migrations: {', '.join(report.migrations) or 'up to date'}; components run as "
          f"their own identities ({report.secrets_file})")
@@ -152,7 +155,7 @@ async def run_demo(settings: Settings) -> int:
                     ended.add(event["caseId"])
             for case_id in names:
                 await _until_recorded(client, case_id)
-        return _show_api_use(await _show_trails(settings, names), key, base_url,
+        return _show_api_use(await _show_trails(settings, names, base_url), key, base_url,
                              settings.public_url or base_url, names)
     finally:
         if connection is not None:
@@ -187,7 +190,7 @@ async def _prepare(settings: Settings) -> tuple[Settings, str]:
     """A signing key for the worker, the identities and schema (``casetrail setup``), and
     an API key for the demo's requests
     (tenant ``default``, the scopes a case needs)."""
-    settings = ensure_local_signer(settings)
+    settings = ensure_local_log_key(ensure_local_signer(settings))
     await setup(settings)
     pool = await create_pool(settings.database_url, max_size=1)
     try:
@@ -207,7 +210,7 @@ async def _until_recorded(client: httpx.AsyncClient, case_id: str) -> None:
     raise RuntimeError(f"case {case_id} ended on the bus but not in Postgres within 30s")
 
 
-async def _show_trails(settings: Settings, names: dict[str, str]) -> int:
+async def _show_trails(settings: Settings, names: dict[str, str], base_url: str) -> int:
     pool = await create_pool(settings.database_url, max_size=2)
     store = CaseStore(pool)
     decisions: list[tuple[str, str, str, int]] = []
@@ -230,7 +233,12 @@ async def _show_trails(settings: Settings, names: dict[str, str]) -> int:
             _say(f"  cycle {call['cycle_index']}  {call['tool_name']:<22} "
                  f"{call['tool_source']:<6} {call['duration_ms']:>5} ms  "
                  f"{orjson.dumps(call['tool_result']).decode()}")
-        intact = await _show_integrity(settings, Evidence(store, KeyRegistry(pool)), names)
+        ledger = LedgerStore(pool)
+        intact = await _show_integrity(settings, Evidence(store, KeyRegistry(pool), ledger),
+                                       names)
+        intact = await _show_log(settings, ledger, names, base_url) and intact
+        intact = intact and await _show_bundle(settings, Evidence(store, KeyRegistry(pool),
+                                                                  ledger), names)
     finally:
         await pool.close()
     _say("\n-- outcome --")
@@ -260,6 +268,49 @@ async def _show_integrity(settings: Settings, evidence: Evidence, names: dict[st
         verdict = "verified, complete" if report.verified and report.complete \
             else f"NOT verified: {report.first_problem()}"
         _say(f"  {name:<40} {report.events} events  {verdict}")
+    return intact
+
+
+async def _show_log(settings: Settings, ledger: LedgerStore, names: dict[str, str],
+                    base_url: str) -> bool:
+    """Wait for a checkpoint holding every demo event, show it, and have a witness check
+    it against the log's key (consistent with the checkpoint the witness saw first)."""
+    _say("\n-- transparency log: every stored event a leaf of one Merkle tree --")
+    log_key = log_signer(settings).verifier
+    witness = Witness(log_key, LOCAL_DIR / f"{settings.namespace}.demo-witness.json",
+                      LogClient(base_url))
+    witness.state_file.unlink(missing_ok=True)
+    latest = None
+    ids = [uuid.UUID(c) for c in names]
+    for _ in range(200):
+        stored = await ledger.pool.fetchval(
+            "SELECT count(*) FROM event_log WHERE case_id = ANY($1::uuid[])", ids)
+        leaves = await ledger.pool.fetchrow(
+            "SELECT count(*) AS n, max(leaf_index) AS last FROM ledger_leaves "
+            "WHERE case_id = ANY($1::uuid[])", ids)
+        latest = await ledger.latest()
+        if latest is not None and leaves is not None and leaves["n"] == stored \
+                and latest.size > leaves["last"]:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        _say("  the ledger signed no checkpoint holding the demo's events within 20s")
+        return False
+    _say(f"GET {base_url}/ledger/checkpoint (C2SP tlog-checkpoint, signed note):")
+    _say("".join(f"  {line}\n" for line in latest.served.splitlines()).rstrip())
+    try:
+        head, _ = await witness.observe()
+    except (LogMisbehaved, LogUnreachable) as exc:
+        _say(f"  witness: {exc}")
+        return False
+    _say(f"  witness: accepted {head.describe()}")
+    _say(f"  watch it yourself: casetrail witness --log {base_url} --log-key "
+         f"{log_key.text()}")
+    return True
+
+
+async def _show_bundle(settings: Settings, evidence: Evidence, names: dict[str, str]) -> bool:
+    """Export one bundle (with its log proofs) and check it offline."""
     first = next(iter(names))
     bundle = await evidence.bundle(uuid.UUID(first))
     assert bundle is not None
@@ -267,13 +318,15 @@ async def _show_integrity(settings: Settings, evidence: Evidence, names: dict[st
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(orjson.dumps(bundle, option=orjson.OPT_INDENT_2))
     signer = worker_signer(settings)
-    offline = verify_bundle(orjson.loads(path.read_bytes()), [signer.public_key])
-    intact = intact and offline.verified
-    _say(f"  bundle of {names[first]}: {path} -> verify-bundle: "
-         + ("verified" if offline.verified else f"NOT verified: {offline.first_problem()}"))
+    log_key = log_signer(settings).verifier
+    offline = verify_bundle(orjson.loads(path.read_bytes()), [signer.public_key], [log_key])
+    logged = (offline.log or {}).get("eventsInLog", 0)
+    _say(f"\n  bundle of {names[first]}: {path} -> verify-bundle: "
+         + (f"verified, {logged} events proven in the log" if offline.verified
+            else f"NOT verified: {offline.first_problem()}"))
     _say(f"  check it yourself: casetrail verify-bundle {path} --trust "
-         f"{public_key_text(signer.public_key)}")
-    return intact
+         f"{public_key_text(signer.public_key)} --trust-log {log_key.text()}")
+    return offline.verified
 
 
 async def tail_events(settings: Settings, case: str | None, types: Sequence[str],

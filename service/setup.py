@@ -136,9 +136,9 @@ def write_secrets(path: Path, identities: Identities) -> None:
 
 def grants(settings: Settings) -> list[str]:
     """What each component may do, and nothing more (run by the owner's authority)."""
-    api, worker, consumer = (quote_ident(settings.database_role(c))
-                             for c in DATABASE_COMPONENTS)
-    everyone = f"{api}, {worker}, {consumer}"
+    api, worker, consumer, ledger = (quote_ident(settings.database_role(c))
+                                     for c in DATABASE_COMPONENTS)
+    everyone = f"{api}, {worker}, {consumer}, {ledger}"
     policy = quote_ident(f"{settings.namespace}_components")
     statements = [
         f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {everyone}",
@@ -168,6 +168,19 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT SELECT ON cases, signing_keys TO {consumer}",
         f"GRANT UPDATE (status, cycles, input_tokens, output_tokens, answer, outcome, "
         f"started_at, ended_at, updated_at) ON cases TO {consumer}",
+        # (Each stored event enters ledger_queue through a trigger of the owner's.)
+        # The ledger alone builds the transparency log: takes stored events from the
+        # queue, appends leaves and tiles (tiles may only grow, leaves and checkpoints
+        # are never changed: the triggers refuse it), signs checkpoints.
+        f"GRANT SELECT, DELETE ON ledger_queue TO {ledger}",
+        f"GRANT SELECT, INSERT ON ledger_leaves, ledger_checkpoints, ledger_keys TO {ledger}",
+        f"GRANT SELECT ON ledger_cosignatures TO {ledger}",
+        f"GRANT SELECT, INSERT, UPDATE ON ledger_tiles TO {ledger}",
+        # The API serves the log (checkpoints, proofs) and keeps witnesses' checked
+        # cosignatures; it reads which leaves a case has for its verdicts.
+        f"GRANT SELECT ON ledger_leaves, ledger_tiles, ledger_checkpoints, ledger_keys, "
+        f"ledger_cosignatures TO {api}",
+        f"GRANT INSERT ON ledger_cosignatures TO {api}",
     ]
     # Row-level security (migration 004) shows a SQL reader its tenant's rows; the
     # components serve every tenant and check tenancy themselves.
@@ -295,6 +308,8 @@ def broker_permissions(settings: Settings) -> dict[Component, tuple[str, str, st
                    rf"^({ns}\.(case-start|cancel)|{private})$"),
         # Reads the event log queue; sets aside what it refuses.
         "consumer": ("^$", rf"^{ns}\.dead-letter$", rf"^{ns}\.event-log$"),
+        # Publishes signed checkpoints on <ns>.events (ledger.checkpoint).
+        "ledger": ("^$", rf"^{ns}\.events$", "^$"),
         # Declares and reads its capability queues; replies through the default
         # exchange (each reply carries its user_id, which the worker checks).
         "capability": (rf"^{capability}$",
@@ -320,7 +335,8 @@ def broker_definitions(settings: Settings, identities: Identities) -> dict[str, 
         # Only the worker publishes case events; only the API binds to them (for its
         # streams); other subscribers get users of their own.
         topics.append({"user": user, "vhost": vhost, "exchange": topology.events_exchange,
-                       "write": r"^case\." if component == "worker" else "^$",
+                       "write": {"worker": r"^case\.", "ledger": r"^ledger\."}.get(
+                           component, "^$"),
                        "read": r"^case\." if component == "api" else "^$"})
     policies = [{"vhost": vhost, "name": f"{settings.namespace}-case-start-limit",
                  "pattern": f"^{re.escape(topology.case_start_queue)}$", "apply-to": "queues",

@@ -85,5 +85,6 @@ def stack_commands(port: int, capabilities: Sequence[str]) -> list[list[str]]:
         component_command("api", "--port", str(port)),
         component_command("worker"),
         component_command("consumer"),
+        component_command("ledger"),
         component_command("capability-worker", *capabilities),
     ]

@@ -75,6 +75,8 @@ class Report:
     complete: bool = False
     attempts: list[dict[str, Any]] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    log: dict[str, Any] | None = None
+    """What the transparency log's proofs showed (bundles)."""
 
     @property
     def verified(self) -> bool:
@@ -83,7 +85,8 @@ class Report:
     def as_json(self) -> dict[str, Any]:
         return {"caseId": self.case_id, "verified": self.verified, "complete": self.complete,
                 "events": self.events, "attempts": self.attempts,
-                "problems": [p.as_json() for p in self.problems]}
+                "problems": [p.as_json() for p in self.problems],
+                **({"log": self.log} if self.log is not None else {})}
 
     def first_problem(self) -> str:
         if not self.problems:

@@ -25,6 +25,8 @@ from service.bus.topology import Topology
 from service.config import Component, Settings, TenantQuota
 from service.integrity import Signer
 from service.keyfile import worker_signer, write_signer
+from service.ledger.note import NoteSigner
+from service.ledger.sequencer import write_log_key
 from service.setup import remove, setup
 from service.store import ApiKeyStore, KeyRegistry, component_pool, create_pool
 from tests.stack import InProcessStack
@@ -61,16 +63,26 @@ BASE_AMQP = os.environ.get("CASETRAIL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5
 BASE_DB = os.environ.get("CASETRAIL_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/casetrail")
 
 
+LOG_ORIGIN = "casetrail.test/log"
+"""The tests' transparency log (one key for every namespace the tests make)."""
+
+
 @pytest.fixture(scope="session")
 def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     suffix = uuid.uuid4().hex[:8]
     db_url = BASE_DB.rsplit("/", 1)[0] + f"/casetrail_test_{suffix}"
     key_file = tmp_path_factory.mktemp("keys") / "worker-signing-key.pem"
-    write_signer(key_file, Signer.generate())  # the tests make their own key
+    write_signer(key_file, Signer.generate())  # the tests make their own keys
+    namespace = f"casetrail-test-{suffix}"
+    log_key = key_file.parent / "log-key"
+    write_log_key(log_key, NoteSigner.generate(LOG_ORIGIN))
     return Settings(
         amqp_url=BASE_AMQP,
         database_url=db_url,
-        namespace=f"casetrail-test-{suffix}",
+        namespace=namespace,
+        log_key_file=str(log_key),
+        log_origin=LOG_ORIGIN,
+        checkpoint_seconds=0.2,
         consumer_linger_ms=2.0,
         lease_seconds=3.0,
         tool_timeout_seconds=2.0,
@@ -80,7 +92,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         # Any free port for each component's metrics: beside a demo stack, and beside
         # each other (the tests start several of each).
         api_metrics_port=0, worker_metrics_port=0, consumer_metrics_port=0,
-        capability_metrics_port=0,
+        capability_metrics_port=0, ledger_metrics_port=0,
         # The suite starts many cases in a minute as one tenant (schemathesis alone
         # hundreds); two tenants keep small limits for the quota tests.
         tenant_max_starts_per_minute=100_000,

@@ -75,6 +75,17 @@ async def capability_publisher(settings: Settings) -> AsyncIterator[Publisher]:
     ("worker", "UPDATE cases SET answer = '{}'"),
     ("worker", "ALTER TABLE event_log DISABLE TRIGGER ALL"),
     ("api", "SET session_replication_role = replica"),
+    # The transparency log: only the ledger appends, and never rewrites.
+    ("ledger", "INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, "
+               "occurred_at, schema_version, payload) VALUES (gen_random_uuid(), "
+               "gen_random_uuid(), 1, 0, 'CASE_STARTED', now(), 1, '{}')"),
+    ("ledger", "DELETE FROM ledger_leaves"),
+    ("ledger", "UPDATE ledger_checkpoints SET note = ''"),
+    ("ledger", "DELETE FROM ledger_tiles"),
+    ("api", "INSERT INTO ledger_tiles (level, tile_index, hashes) VALUES (0, 0, '\\x00')"),
+    ("api", "DELETE FROM ledger_checkpoints"),
+    ("consumer", "DELETE FROM ledger_queue"),
+    ("worker", "INSERT INTO ledger_leaves VALUES (0, gen_random_uuid(), gen_random_uuid())"),
 ])
 async def test_a_component_role_cannot_do_what_another_does(
     settings: Settings, database: str, component: str, statement: str,
@@ -100,6 +111,23 @@ async def test_even_replica_mode_does_not_switch_the_append_only_triggers_off(
             await conn.execute("DELETE FROM event_log WHERE case_id = $1", uuid.UUID(case_id))
 
 
+async def test_a_tile_of_the_log_may_only_grow(settings: Settings, pool: asyncpg.Pool) -> None:
+    """The ledger may extend a tile (it appends), but no one may shorten or change one."""
+    full = bytes(range(32)) * 2
+    await pool.execute("INSERT INTO ledger_tiles (level, tile_index, hashes) VALUES (7, 0, $1) "
+                       "ON CONFLICT DO NOTHING", full)
+    ledger = await component_pool(settings.identity("ledger"), 1)
+    try:
+        for changed in (full[:32], bytes(64), full[:32] + bytes(64)):
+            with pytest.raises(asyncpg.RaiseError, match="may only grow"):
+                await ledger.execute("UPDATE ledger_tiles SET hashes = $1 WHERE level = 7",
+                                     changed)
+        await ledger.execute("UPDATE ledger_tiles SET hashes = $1 WHERE level = 7",
+                             full + bytes(32))
+    finally:
+        await ledger.close()
+
+
 # -- the broker's permissions --------------------------------------------------------------
 
 async def test_only_the_worker_may_publish_case_events(
@@ -120,6 +148,16 @@ async def test_the_worker_may_not_publish_ledger_checkpoints(
     with pytest.raises(PublishRejected, match=r"ACCESS_REFUSED|may not publish"):
         await publisher.publish(Topology(settings.namespace).events_exchange,
                                 "ledger.checkpoint", b"forged")
+
+
+async def test_the_ledger_publishes_checkpoints_and_nothing_else(settings: Settings) -> None:
+    topology = Topology(settings.namespace)
+    async for publisher in as_user(settings, "ledger"):
+        await publisher.publish(topology.events_exchange, Topology.CHECKPOINT_KEY, b"note")
+        event = started(uuid.uuid4())
+        with pytest.raises(PublishRejected, match=r"ACCESS_REFUSED|may not publish"):
+            await publisher.publish(topology.events_exchange, event.routing_key,
+                                    event.to_json())
 
 
 async def test_only_the_api_may_send_start_commands_and_cancels(

@@ -27,7 +27,7 @@ COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text
 README = (ROOT / "README.md").read_text()
 SUBCOMMANDS = set(get_command(app).commands)  # type: ignore[attr-defined]
 OURS = {name: svc for name, svc in COMPOSE["services"].items() if "command" in svc}
-GROUPS = {"signer"}
+GROUPS = {"signer", "ledger"}
 
 
 def test_the_cli_has_the_designed_subcommands() -> None:
@@ -37,14 +37,14 @@ def test_the_cli_has_the_designed_subcommands() -> None:
 
 def test_compose_has_every_component() -> None:
     assert {"rabbitmq", "postgres", "setup", "api", "worker", "consumer",
-            "capability-worker"} <= set(COMPOSE["services"])
+            "capability-worker", "ledger"} <= set(COMPOSE["services"])
 
 
 @pytest.mark.parametrize("name", sorted(OURS))
 def test_each_compose_service_runs_a_real_documented_subcommand(name: str) -> None:
     command = OURS[name]["command"]
     assert command[0] in SUBCOMMANDS
-    # A command group (``signer``) names its subcommand next.
+    # A command group (``signer``, ``ledger``) names its subcommand next, if any.
     path = command[:2] if command[0] in GROUPS else command[:1]
     assert f"casetrail {' '.join(path)}" in README
     if command[0] == "capability-worker":
@@ -57,7 +57,7 @@ def test_each_compose_service_runs_a_real_documented_subcommand(name: str) -> No
 
 
 COMPONENTS = {"api": "API", "worker": "WORKER", "consumer": "CONSUMER",
-              "capability-worker": "CAPABILITY"}
+              "capability-worker": "CAPABILITY", "ledger": "LEDGER"}
 
 
 def test_start_order_waits_on_health_and_setup() -> None:
@@ -112,15 +112,20 @@ def test_compose_is_hardened() -> None:
     assert "${CASETRAIL_RABBITMQ_ADMIN_PASSWORD:?" in raw
 
 
-def test_the_worker_signs_with_a_key_only_it_mounts() -> None:
-    worker, others = OURS["worker"], [s for n, s in OURS.items() if n not in
-                                      ("worker", "signing-key")]
-    assert worker["depends_on"]["signing-key"]["condition"] == \
-        "service_completed_successfully"
-    key_file = worker["environment"]["CASETRAIL_SIGNING_KEY_FILE"]
-    assert any(v.endswith(":/keys:ro") for v in worker["volumes"])
-    assert key_file.startswith("/keys/") and key_file in OURS["signing-key"]["command"]
-    assert all("volumes" not in s for s in others)
+@pytest.mark.parametrize(("component", "maker", "variable"), [
+    ("worker", "signing-key", "CASETRAIL_SIGNING_KEY_FILE"),
+    ("ledger", "log-key", "CASETRAIL_LOG_KEY_FILE"),
+])
+def test_the_worker_and_the_ledger_sign_with_keys_only_they_mount(
+    component: str, maker: str, variable: str,
+) -> None:
+    service = OURS[component]
+    assert service["depends_on"][maker]["condition"] == "service_completed_successfully"
+    key_file = service["environment"][variable]
+    assert service["volumes"] == [f"{maker}:/keys:ro"]
+    assert key_file.startswith("/keys/") and key_file in OURS[maker]["command"]
+    others = [s for n, s in OURS.items() if n not in (component, maker)]
+    assert all(f"{maker}:" not in " ".join(s.get("volumes", [])) for s in others)
 
 
 def test_dockerfile_is_slim_non_root_and_runs_the_cli() -> None:

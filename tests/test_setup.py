@@ -52,7 +52,7 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
                                         CASETRAIL_START_QUEUE_MAX_LENGTH="1234")
         assert again.returncode == 0, again.stderr
         assert json.loads(secrets.read_text()) == made  # the same passwords: idempotent
-        assert set(made) == {"api", "worker", "consumer", "capability", "master_key"}
+        assert set(made) == {"api", "worker", "consumer", "capability", "ledger", "master_key"}
         assert len(base64.b64decode(made.pop("master_key"))) == 32  # made once, kept
         assert "database_url" not in made["capability"]  # it reaches no database
 
@@ -74,6 +74,8 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
         assert topics[(ns.broker_user("api"), f"{ns.namespace}.events")]["write"] == "^$"
         assert topics[(ns.broker_user("api"), f"{ns.namespace}.events")]["read"] == r"^case\."
         assert topics[(ns.broker_user("consumer"), f"{ns.namespace}.events")]["read"] == "^$"
+        assert topics[(ns.broker_user("ledger"), f"{ns.namespace}.events")]["write"] == \
+            r"^ledger\."
         policy = {p["name"]: p for p in _rabbitmqctl_json("list_policies")}[
             f"{ns.namespace}-case-start-limit"]
         assert json.loads(str(policy["definition"])) == {"max-length": 1234,
@@ -147,7 +149,7 @@ async def test_setup_imports_the_definitions_through_the_management_api(
         assert path == "/api/definitions"
         assert authorization == "Basic " + base64.b64encode(b"admin:s@cret").decode()
         assert {u["name"] for u in body["users"]} == {
-            ns.broker_user(c) for c in ("api", "worker", "consumer", "capability")}
+            ns.broker_user(c) for c in ("api", "worker", "consumer", "capability", "ledger")}
         worker = next(u for u in body["users"] if u["name"] == ns.broker_user("worker"))
         salted = base64.b64decode(worker["password_hash"])
         import hashlib

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.agents import AGENTS
+from service.api.ledger import ledger_routes
 from service.api.middleware import BodyLimit, Observed
 from service.api.oidc import OidcVerifier
 from service.api.openapi import exact_openapi
@@ -71,6 +72,8 @@ from service.errors import (
 )
 from service.events import ENDED_STATUSES, EVENT_TYPES, Limits
 from service.evidence import Evidence
+from service.ledger.note import Verifier
+from service.ledger.store import LedgerStore
 from service.providers import model_problem
 from service.search import CURSOR_PATTERN, CaseFilter, CaseIndex, CaseStatus, Cursor
 from service.sensitive import Vault, restore, split
@@ -258,6 +261,7 @@ class Services:
     index: CaseIndex
     watch: EventWatch
     evidence: Evidence
+    ledger: LedgerStore
     publisher: Publisher
     topology: Topology
 
@@ -274,7 +278,8 @@ class Services:
         self.store = CaseStore(self.pool)
         self.index = CaseIndex(self.pool)
         self.secrets = CaseSecrets(self.pool, Vault.from_text(self.settings.master_key_text()))
-        self.evidence = Evidence(self.store, KeyRegistry(self.pool))
+        self.ledger = LedgerStore(self.pool)
+        self.evidence = Evidence(self.store, KeyRegistry(self.pool), self.ledger)
         self.caller.keys = ApiKeyStore(self.pool)
         self.quotas = TenantLoads(lambda *args: tenant_counts(self.pool, *args))
         channel = await self.connection.channel()
@@ -694,6 +699,9 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         return {"ready": ready, "checks": checks}
 
     viewer_routes(app, public)
+    ledger_routes(app, lambda: services.ledger,
+                  [Verifier.parse(k) for k in settings.ledger_witnesses], public, _responses,
+                  OrjsonResponse)
     app.openapi = lambda: exact_openapi(app, settings)  # type: ignore[method-assign]
     return app
 

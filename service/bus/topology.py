@@ -6,6 +6,8 @@ benchmarks run beside a live stack without touching it.
 
     <ns>.events          topic, durable     every event; key case.<caseId>.<EVENT_TYPE>
       └─ <ns>.event-log  quorum queue       bound case.#; the consumer persists it
+      └─ <ns>.checkpoints stream            bound ledger.#; the log's signed
+                                            checkpoints, kept for witnesses to read
     <ns>.commands        direct, durable    start commands
       └─ <ns>.case-start quorum queue       bound case.start, case.erase; the workers
     <ns>.cancel          fanout, durable    cancel broadcast; each worker binds an
@@ -51,6 +53,12 @@ class Topology:
     @property
     def event_log_queue(self) -> str:
         return f"{self.namespace}.event-log"
+
+    @property
+    def checkpoints_stream(self) -> str:
+        return f"{self.namespace}.checkpoints"
+
+    CHECKPOINT_KEY = "ledger.checkpoint"
 
     @property
     def commands_exchange(self) -> str:
@@ -108,6 +116,13 @@ class Topology:
             self.event_log_queue, durable=True, arguments=self._quorum(EVENT_LOG_DELIVERY_LIMIT)
         )
         await log.bind(events, routing_key="case.#")
+        # A stream keeps every checkpoint for any number of readers, each from the
+        # offset it wants (a witness from the first); bounded by age and size.
+        checkpoints = await channel.declare_queue(
+            self.checkpoints_stream, durable=True,
+            arguments={"x-queue-type": "stream", "x-max-age": "90D",
+                       "x-max-length-bytes": 1 << 30})
+        await checkpoints.bind(events, routing_key="ledger.#")
         commands = await channel.declare_exchange(
             self.commands_exchange, aio_pika.ExchangeType.DIRECT, durable=True
         )
@@ -133,7 +148,8 @@ class Topology:
         may not declare them (``casetrail setup`` does, as the admin)."""
         exchanges = (self.events_exchange, self.commands_exchange, self.cancel_exchange,
                      self.capabilities_exchange, self.dead_letter_exchange)
-        queues = (self.event_log_queue, self.case_start_queue, self.dead_letter_queue)
+        queues = (self.event_log_queue, self.case_start_queue, self.dead_letter_queue,
+                  self.checkpoints_stream)
         name = ""
         try:
             for name in exchanges:
@@ -161,7 +177,8 @@ class Topology:
     async def delete_all(self, channel: AbstractChannel, capabilities: list[str]) -> None:
         """Remove the namespace (tests and benchmarks). Quorum queues refuse aio-pika's
         default ``if_unused=True``, which would close the connection."""
-        queues = [self.event_log_queue, self.case_start_queue, self.dead_letter_queue]
+        queues = [self.event_log_queue, self.case_start_queue, self.dead_letter_queue,
+                  self.checkpoints_stream]
         queues += [self.capability_queue(c) for c in capabilities]
         for name in queues:
             await channel.queue_delete(name, if_unused=False, if_empty=False)

@@ -105,6 +105,19 @@ TOOL_REQUESTS_SERVED = Counter(
     "casetrail_tool_requests_served", "Tool requests a capability worker answered, by "
     "capability and outcome (ok, error, remembered, expired).", ["capability", "outcome"])
 
+# --- the ledger (transparency log) ---------------------------------------------------
+LEDGER_LEAVES = Counter("casetrail_ledger_leaves", "Stored events appended to the "
+                        "transparency log's tree.")
+LEDGER_TREE_SIZE = Gauge("casetrail_ledger_tree_size", "Leaves in the tree.")
+LEDGER_CHECKPOINT_SIZE = Gauge("casetrail_ledger_checkpoint_size", "Tree size of the "
+                               "last signed checkpoint.")
+LEDGER_CHECKPOINTS = Counter("casetrail_ledger_checkpoints", "Checkpoints signed.")
+LEDGER_BACKLOG = Gauge("casetrail_ledger_backlog", "Stored events not yet in the tree "
+                       "(after the last append).")
+LEDGER_APPEND_SECONDS = Histogram(
+    "casetrail_ledger_append_seconds", "Appending one batch of leaves, to its commit.",
+    buckets=BUS_SECONDS)
+
 
 @dataclass(frozen=True)
 class AgentMetrics:
@@ -165,7 +178,7 @@ def tool_call(tool: str, source: str, ok: bool) -> Histogram:
 
 
 DEFAULT_PORTS: dict[Component, int] = {"api": 9101, "worker": 9102, "consumer": 9103,
-                                        "capability": 9104}
+                                        "capability": 9104, "ledger": 9105}
 
 
 def serve(settings: Settings, component: Component) -> WSGIServer:

@@ -1,0 +1,212 @@
+"""The transparency log over HTTP, open to anyone (DESIGN.md: ``/ledger/*`` is public):
+checkpoints, inclusion and consistency proofs, the log's key, and witnesses'
+cosignatures. Hashes and signed notes only: nothing here reveals an event's contents."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import FastAPI, HTTPException, Query, Request, Response
+from pydantic import BaseModel, Field
+
+from service.auth import Principal
+from service.ledger.note import NoteError, TlogProof, Verifier
+from service.ledger.store import LedgerStore, StoredCheckpoint, UnknownCheckpoint, cosignature_for
+
+TEXT = "text/plain; charset=utf-8"
+
+NOTE_PATTERN = (r"^[^\n]+\n(0|[1-9][0-9]*)\n[A-Za-z0-9+/]{43}=\n\n"
+                "(\u2014 [^ \\n]+ [A-Za-z0-9+/]+=*\\n)+$")
+"""A checkpoint's note with its signature lines (what a witness hands in)."""
+
+
+class CheckpointView(BaseModel):
+    treeSize: int
+    rootHash: str = Field(description="Base64 of the 32-byte root hash.")
+    note: str = Field(description="The signed note (c2sp.org/tlog-checkpoint in "
+                      "c2sp.org/signed-note), with the witnesses' cosignatures.")
+    createdAt: str
+
+
+class Checkpoints(BaseModel):
+    checkpoints: list[CheckpointView]
+
+
+class InclusionProof(BaseModel):
+    leafIndex: int
+    treeSize: int
+    eventHash: str | None = Field(description="The leaf's data: the event's chain hash "
+                                  "(64 hex), when asked by eventId.")
+    proof: list[str] = Field(description="RFC 9162 inclusion path, base64, the leaf's "
+                             "sibling first.")
+    checkpoint: str
+    tlogProof: str = Field(description="The same as c2sp.org/tlog-proof@v1 text.")
+
+
+class ConsistencyProof(BaseModel):
+    treeSizeFrom: int = Field(alias="from")
+    treeSizeTo: int = Field(alias="to")
+    proof: list[str] = Field(description="RFC 9162 consistency proof, base64.")
+
+
+class Cosigned(BaseModel):
+    treeSize: int
+    accepted: list[str] = Field(description="Witnesses whose cosignature was kept.")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _view(checkpoint: StoredCheckpoint) -> dict[str, Any]:
+    return {"treeSize": checkpoint.size, "rootHash": _b64(checkpoint.root),
+            "note": checkpoint.served,
+            "createdAt": checkpoint.created_at.isoformat().replace("+00:00", "Z")}
+
+
+def _not_found(detail: str) -> HTTPException:
+    return HTTPException(404, detail)
+
+
+def _unprocessable(field: str, message: str, where: str = "query") -> HTTPException:
+    return HTTPException(422, [{"loc": [where, field], "msg": message, "type": "value_error"}])
+
+
+def ledger_routes(app: FastAPI, ledger: Callable[[], LedgerStore], witnesses: list[Verifier],
+                  public: Any, responses: Callable[..., dict[int | str, dict[str, Any]]],
+                  json_response: Callable[..., Response]) -> None:
+    """Add ``/ledger/*`` to ``app`` (``ledger``: the store, once the app has opened)."""
+
+    async def latest() -> StoredCheckpoint:
+        checkpoint = await ledger().latest()
+        if checkpoint is None:
+            raise _not_found("the log has signed no checkpoint yet")
+        return checkpoint
+
+    async def at_size(size: int | None) -> StoredCheckpoint:
+        if size is None:
+            return await latest()
+        try:
+            return await ledger().checkpoint(size)
+        except UnknownCheckpoint as exc:
+            raise _not_found(str(exc)) from None
+
+    @app.get("/ledger/checkpoint", summary="The log's latest signed checkpoint",
+             response_class=Response,
+             responses={**responses(200, Checkpoints, "", 404, 503),
+                        200: {"content": {"text/plain": {}}, "description":
+                              "c2sp.org/tlog-checkpoint in a c2sp.org/signed-note, with "
+                              "the witnesses' cosignatures"}})
+    async def checkpoint(_: Principal = public) -> Response:
+        return Response((await latest()).served, media_type=TEXT)
+
+    @app.get("/ledger/checkpoints", summary="Signed checkpoints, oldest first",
+             response_model=None, responses=responses(200, Checkpoints,
+                                                      "Checkpoints larger than since", 422, 503))
+    async def checkpoints(
+        since: Annotated[int, Query(ge=0, description="Only checkpoints of a larger "
+                                    "tree.")] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        _: Principal = public,
+    ) -> Response:
+        found = await ledger().checkpoints(since, limit)
+        return json_response({"checkpoints": [_view(c) for c in found]})
+
+    @app.get("/ledger/key", summary="The log's verifier keys (c2sp.org/signed-note)",
+             response_class=Response,
+             responses={200: {"content": {"text/plain": {}},
+                              "description": "One <origin>+<hash>+<key> per line"}})
+    async def key(_: Principal = public) -> Response:
+        return Response("".join(f"{k}\n" for k in await ledger().verifier_keys()),
+                        media_type=TEXT)
+
+    async def inclusion_proof(leaf_index: int, tree_size: int | None,
+                              event_hash: str | None, what: str) -> Response:
+        head = await at_size(tree_size)
+        if leaf_index >= head.size:
+            raise _not_found(f"{what} is not in the tree of checkpoint {head.size}")
+        path = await ledger().inclusion(leaf_index, head.size)
+        return json_response({
+            "leafIndex": leaf_index, "treeSize": head.size, "eventHash": event_hash,
+            "proof": [_b64(h) for h in path], "checkpoint": head.served,
+            "tlogProof": TlogProof(leaf_index, tuple(path), head.served).render()})
+
+    @app.get("/ledger/proofs/inclusion", summary="A leaf's inclusion proof",
+             response_model=None,
+             responses=responses(200, InclusionProof, "The RFC 9162 inclusion path",
+                                 404, 422, 503))
+    async def inclusion(
+        leaf_index: Annotated[int, Query(alias="leafIndex", ge=0)],
+        tree_size: Annotated[int | None, Query(alias="treeSize", ge=1, description=
+                                               "A checkpoint's size; default the latest.")
+                             ] = None,
+        _: Principal = public,
+    ) -> Response:
+        return await inclusion_proof(leaf_index, tree_size, None, f"leaf {leaf_index}")
+
+    @app.get("/ledger/events/{event_id}/proof", summary="An event's inclusion proof",
+             response_model=None,
+             responses=responses(200, InclusionProof, "The RFC 9162 inclusion path of the "
+                                 "event's leaf", 404, 422, 503))
+    async def event_inclusion(
+        event_id: uuid.UUID,
+        tree_size: Annotated[int | None, Query(alias="treeSize", ge=1, description=
+                                               "A checkpoint's size; default the latest.")
+                             ] = None,
+        _: Principal = public,
+    ) -> Response:
+        row = await ledger().pool.fetchrow(
+            "SELECT l.leaf_index, e.hash FROM ledger_leaves l LEFT JOIN event_log e "
+            "USING (event_id) WHERE l.event_id = $1", event_id)
+        if row is None:
+            raise _not_found(f"event {event_id} is not in the log (yet)")
+        return await inclusion_proof(row["leaf_index"], tree_size, row["hash"],
+                                     f"event {event_id}")
+
+    @app.get("/ledger/proofs/consistency", summary="A consistency proof between two sizes",
+             response_model=None,
+             responses=responses(200, ConsistencyProof, "The RFC 9162 consistency proof",
+                                 404, 422, 503))
+    async def consistency(
+        old: Annotated[int, Query(alias="from", ge=0)],
+        new: Annotated[int | None, Query(alias="to", ge=0, description=
+                                         "Default: the latest checkpoint's size.")] = None,
+        _: Principal = public,
+    ) -> Response:
+        limit = (await latest()).size
+        new = limit if new is None else new
+        if new > limit:
+            raise _not_found(f"the latest checkpoint has {limit} leaves, not {new}")
+        if old > new:
+            raise _not_found(f"no consistency proof leads from a tree of {old} leaves to a "
+                             f"smaller one of {new}")
+        path = await ledger().consistency(old, new)
+        return json_response({"from": old, "to": new, "proof": [_b64(h) for h in path]})
+
+    @app.post("/ledger/cosignatures", status_code=201, summary="Hand in a witness's "
+              "cosignature of a checkpoint", response_model=None,
+              openapi_extra={"requestBody": {"required": True, "content": {"text/plain": {
+                  "schema": {"type": "string", "pattern": NOTE_PATTERN}}}}},
+              responses=responses(201, Cosigned, "Cosignatures checked and kept",
+                                  404, 422, 503))
+    async def cosignatures(request: Request, _: Principal = public) -> Response:
+        text = (await request.body()).decode("utf-8", errors="replace")
+        try:
+            size = int(text.split("\n", 2)[1])
+            head = await ledger().checkpoint(size)
+            found = cosignature_for(text, head, witnesses)
+        except (IndexError, ValueError, NoteError) as exc:
+            raise _unprocessable("note", f"not a cosigned checkpoint of this log: {exc}",
+                                 "body") from None
+        except UnknownCheckpoint as exc:
+            raise _not_found(str(exc)) from None
+        if not found:
+            raise _unprocessable("note", "no valid cosignature of a witness this log knows "
+                                 "(CASETRAIL_LEDGER_WITNESSES)", "body")
+        for witness, signature in found:
+            await ledger().keep_cosignature(size, witness.name, signature)
+        return json_response({"treeSize": size, "accepted": [w.name for w, _ in found]},
+                             status_code=201)

@@ -1,0 +1,120 @@
+"""A bundle's log proofs, made and checked: each event's C2SP ``tlog-proof`` (its leaf
+index, its RFC 9162 inclusion path and the signed checkpoint) against the log's key and
+the witnesses a verifier trusts. No I/O."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.ledger import merkle
+from service.ledger.note import (
+    Checkpoint,
+    Note,
+    NoteError,
+    TlogProof,
+    Verifier,
+    open_checkpoint,
+)
+from service.verification import Problem
+
+
+@dataclass
+class LogCheck:
+    """What the log proofs of a bundle showed."""
+
+    problems: list[Problem] = field(default_factory=list)
+    checkpoint: Checkpoint | None = None
+    trusted: bool = False
+    """The checkpoint is signed by a trusted log key."""
+    witnesses: list[str] = field(default_factory=list)
+    logged: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "checkpoint": None if self.checkpoint is None else {
+                "origin": self.checkpoint.origin, "treeSize": self.checkpoint.size,
+                "rootHash": base64.b64encode(self.checkpoint.root).decode()},
+            "checkpointTrusted": self.trusted, "witnesses": self.witnesses,
+            "eventsInLog": self.logged,
+        }
+
+
+@dataclass(frozen=True)
+class LoggedEvent:
+    attempt: int
+    seq: int
+    hash: str | None
+    """The event's chain hash (64 hex), the leaf's data."""
+    proof: str | None
+
+
+def check_log(checkpoint_note: str | None, events: Sequence[LoggedEvent],
+              log_keys: Sequence[Verifier], witnesses: Sequence[Verifier]) -> LogCheck:
+    """Every proof's path must lead from the event's leaf to the checkpoint's root. With
+    ``log_keys``, the checkpoint must carry a valid signature of one and every event a
+    proof; with ``witnesses``, a valid cosignature of each."""
+    check = LogCheck()
+
+    def problem(event: LoggedEvent | None, code: str, message: str) -> None:
+        check.problems.append(Problem(event.attempt if event else None,
+                                      event.seq if event else None, code, message))
+
+    if checkpoint_note is None:
+        if log_keys:
+            problem(None, "not_in_log", "the bundle carries no checkpoint of the log")
+        return check
+    try:
+        if log_keys:
+            check.checkpoint, note = _open_with_any(checkpoint_note, log_keys)
+            check.trusted = True
+        else:
+            note = Note.parse(checkpoint_note)
+            check.checkpoint = Checkpoint.parse(note.text)
+    except NoteError as exc:
+        problem(None, "bad_checkpoint", str(exc))
+        return check
+    for witness in witnesses:
+        if note.signed_by(witness) is not None:
+            check.witnesses.append(witness.name)
+        else:
+            problem(None, "missing_cosignature",
+                    f"the checkpoint carries no valid cosignature of {witness.name}")
+    head = check.checkpoint
+    indexes: dict[int, LoggedEvent] = {}
+    for event in events:
+        if event.proof is None:
+            if log_keys:
+                problem(event, "not_in_log", "the event carries no inclusion proof")
+            continue
+        try:
+            proof = TlogProof.parse(event.proof)
+        except NoteError as exc:
+            problem(event, "bad_log_proof", str(exc))
+            continue
+        if proof.checkpoint != checkpoint_note:
+            problem(event, "bad_log_proof", "the proof is for another checkpoint")
+            continue
+        if event.hash is None or proof.index in indexes:
+            problem(event, "bad_log_proof", "the proof names no event hash or a leaf twice")
+            continue
+        leaf = merkle.leaf_hash(bytes.fromhex(event.hash))
+        if not merkle.verify_inclusion(leaf, proof.index, head.size, proof.path, head.root):
+            problem(event, "bad_log_proof", f"leaf {proof.index} is not included in the tree "
+                    f"of {head.size} under the checkpoint's root")
+            continue
+        indexes[proof.index] = event
+        check.logged += 1
+    return check
+
+
+def _open_with_any(note: str, keys: Sequence[Verifier]) -> tuple[Checkpoint, Note]:
+    errors = []
+    for key in keys:
+        try:
+            return open_checkpoint(note, key)
+        except NoteError as exc:
+            errors.append(str(exc))
+    raise NoteError("; ".join(errors))

@@ -1,0 +1,361 @@
+"""The transparency log end to end: the ledger as a real process in a namespace of its
+own, the in-process stack feeding it, its checkpoints on the bus and over REST, proofs,
+bundles, a witness (the real command), and a superuser who deletes or rewrites the record
+afterwards — caught by the witness and by verify-bundle of an earlier bundle."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import shutil
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+import httpx
+import orjson
+import pytest
+
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.config import Settings
+from service.evidence import Evidence, verify_bundle
+from service.integrity import GENESIS, Signer, canonical
+from service.keyfile import worker_signer
+from service.ledger import merkle
+from service.ledger.note import (
+    COSIGNATURE_V1,
+    Note,
+    NoteSigner,
+    Verifier,
+    cosign,
+    open_checkpoint,
+)
+from service.ledger.sequencer import log_signer, write_log_key
+from service.ledger.store import LedgerStore
+from service.store import CaseStore, KeyRegistry
+from service.supervisor import component_command
+from tests.helpers import ended, wait_until
+from tests.stack import (
+    InProcessStack,
+    in_process_stack,
+    kill_leftovers,
+    namespace_of_its_own,
+    spawn,
+    stop_cleanly,
+)
+
+
+@dataclass
+class Logged:
+    settings: Settings
+    pool: asyncpg.Pool
+    stack: InProcessStack
+    client: httpx.AsyncClient
+    children: dict[str, subprocess.Popen[bytes]]
+    log_key: Verifier
+    witness_key: Path
+    witness: Verifier
+    checkpoints: aio_pika.abc.AbstractQueue
+
+    async def start_ledger(self) -> None:
+        self.children["ledger"] = spawn(self.settings, "ledger")
+
+    async def stop_ledger(self) -> None:
+        await stop_cleanly({"ledger": self.children.pop("ledger")})
+
+
+@pytest.fixture(scope="module")
+async def logged(settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection,
+                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Logged]:
+    keys = tmp_path_factory.mktemp("witness")
+    witness = NoteSigner.generate("witness.test/w1", COSIGNATURE_V1)
+    write_log_key(keys / "witness-key", witness)
+    async with namespace_of_its_own(settings, "ledger",
+                                    ledger_witnesses=[witness.verifier.text()]) as (own, pool,
+                                                                                    key):
+        channel = await amqp.channel()
+        exchange = await channel.get_exchange(f"{own.namespace}.events")
+        checkpoints = await channel.declare_queue(exclusive=True)
+        await checkpoints.bind(exchange, "ledger.#")
+        children: dict[str, subprocess.Popen[bytes]] = {}
+        try:
+            async with in_process_stack(own, amqp, pool, worker_concurrency=4) as stack, \
+                    httpx.AsyncClient(base_url=stack.base_url, timeout=10,
+                                      headers={"Authorization": f"Bearer {key}"}) as client:
+                running = Logged(own, pool, stack, client, children,
+                                 log_signer(own).verifier, keys / "witness-key",
+                                 witness.verifier, checkpoints)
+                await running.start_ledger()
+                yield running
+                await stop_cleanly(children)
+        finally:
+            kill_leftovers(children)
+            await channel.close()
+
+
+async def run_cases(logged: Logged, n: int) -> list[str]:
+    ids = []
+    for i in range(n):
+        reply = await logged.client.post("/cases", json={
+            "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[i % 3]})
+        assert reply.status_code == 202, reply.text
+        ids.append(reply.json()["caseId"])
+    for case_id in ids:
+        await ended(logged.client, case_id)
+    return ids
+
+
+async def logged_everything(logged: Logged) -> tuple[int, str]:
+    """Wait until the latest checkpoint holds every stored event; its size and note."""
+    async def check() -> tuple[int, str] | None:
+        stored = await logged.pool.fetchval("SELECT count(*) FROM event_log")
+        reply = await logged.client.get("/ledger/checkpoint")
+        if reply.status_code != 200:
+            return None
+        head, _ = open_checkpoint(reply.text, logged.log_key)
+        return (head.size, reply.text) if head.size == stored else None
+
+    found: tuple[int, str] = await wait_until(check, timeout=30)
+    return found
+
+
+async def test_every_stored_event_is_a_leaf_of_a_signed_published_checkpoint(
+    logged: Logged,
+) -> None:
+    await run_cases(logged, 3)
+    size, note = await logged_everything(logged)
+    head, _ = open_checkpoint(note, logged.log_key)
+    # The leaves are the stored events' hashes; the root is RFC 6962's over them.
+    rows = await logged.pool.fetch(
+        "SELECT l.leaf_index, e.event_id, e.hash FROM ledger_leaves l "
+        "JOIN event_log e USING (event_id) ORDER BY l.leaf_index")
+    assert [r["leaf_index"] for r in rows] == list(range(size))
+    assert {r["event_id"] for r in rows} == {r["event_id"] for r in await logged.pool.fetch(
+        "SELECT event_id FROM event_log")}
+
+    def mth(items: list[bytes]) -> bytes:
+        if len(items) == 1:
+            return merkle.leaf_hash(items[0])
+        k = 1 << ((len(items) - 1).bit_length() - 1)
+        return merkle.node_hash(mth(items[:k]), mth(items[k:]))
+
+    assert head.root == mth([bytes.fromhex(r["hash"]) for r in rows])
+    # Each event's inclusion proof, served publicly, checks out.
+    http = httpx.AsyncClient(base_url=logged.stack.base_url)
+    async with http:
+        for row in rows:
+            proof = (await http.get(f"/ledger/events/{row['event_id']}/proof")).json()
+            path = [base64.b64decode(h) for h in proof["proof"]]
+            assert proof["leafIndex"] == row["leaf_index"] and proof["treeSize"] == size
+            assert merkle.verify_inclusion(merkle.leaf_hash(bytes.fromhex(row["hash"])),
+                                           row["leaf_index"], size, path, head.root)
+        # Every checkpoint is consistent with the latest.
+        history = (await http.get("/ledger/checkpoints", params={"since": 0})).json()
+        assert history["checkpoints"][-1]["treeSize"] == size
+        for earlier in history["checkpoints"]:
+            old, _ = open_checkpoint(earlier["note"], logged.log_key)
+            proof = (await http.get("/ledger/proofs/consistency",
+                                    params={"from": old.size, "to": size})).json()
+            assert merkle.verify_consistency(old.size, old.root, size, head.root,
+                                             [base64.b64decode(h) for h in proof["proof"]])
+        assert logged.log_key.text() in (await http.get("/ledger/key")).text
+        by_index = (await http.get("/ledger/proofs/inclusion",
+                                   params={"leafIndex": 0, "treeSize": size})).json()
+        assert merkle.verify_inclusion(merkle.leaf_hash(bytes.fromhex(rows[0]["hash"])), 0,
+                                       size, [base64.b64decode(h) for h in by_index["proof"]],
+                                       head.root)
+        wrong = await http.get("/ledger/proofs/inclusion", params={"leafIndex": size + 5})
+        assert wrong.status_code == 404 and f"leaf {size + 5}" in wrong.text
+    # Each checkpoint went out on the bus, from the ledger's own broker user.
+    message = await logged.checkpoints.get(timeout=5, fail=True)
+    assert message is not None
+    assert message.routing_key == "ledger.checkpoint"
+    assert message.user_id == logged.settings.broker_user("ledger")
+    assert open_checkpoint(message.body.decode(), logged.log_key)[0].size <= size
+
+
+async def test_a_witness_accepts_cosigns_and_bundles_carry_proofs_and_the_cosignature(
+    logged: Logged, tmp_path: Path,
+) -> None:
+    case_id = (await run_cases(logged, 1))[0]
+    size, _ = await logged_everything(logged)
+    state = tmp_path / "witness.json"
+    witness = await asyncio.to_thread(subprocess.run, component_command(
+        "witness", "--log", logged.stack.base_url, "--log-key", logged.log_key.text(),
+        "--state", str(state), "--cosign-key", str(logged.witness_key), "--once"),
+        capture_output=True, text=True, env=logged.settings.environment(), timeout=60)
+    assert witness.returncode == 0, witness.stderr
+    assert f"size {size}" in witness.stdout
+    served = (await logged.client.get("/ledger/checkpoint")).text
+    assert f"\u2014 {logged.witness.name} " in served
+    # The bundle: every event with its tlog-proof in that checkpoint, cosignature and all.
+    reply = await logged.client.get(f"/cases/{case_id}/bundle")
+    bundle = reply.json()
+    assert all("logProof" in e for e in bundle["events"])
+    assert bundle["log"]["checkpoint"] == served
+    signer = worker_signer(logged.settings)
+    report = verify_bundle(bundle, [signer.public_key], [logged.log_key], [logged.witness])
+    assert report.verified and report.log is not None
+    assert report.log["eventsInLog"] == len(bundle["events"])
+    assert report.log["witnesses"] == [logged.witness.name]
+    # A proof bent by one bit, or a log key not the log's, is caught.
+    bent = orjson.loads(orjson.dumps(bundle))
+    proof = bent["events"][1]["logProof"].split("\n")
+    proof[2] = base64.b64encode(bytes(32)).decode()
+    bent["events"][1]["logProof"] = "\n".join(proof)
+    assert [p.code for p in verify_bundle(bent, [signer.public_key],
+                                          [logged.log_key]).problems] == ["bad_log_proof"]
+    stranger = NoteSigner.generate(logged.log_key.name).verifier
+    assert "bad_checkpoint" in {p.code for p in verify_bundle(
+        bundle, [signer.public_key], [stranger]).problems}
+    # A cosignature from a witness the log does not know is refused.
+    unknown = NoteSigner.generate("witness.test/stranger", COSIGNATURE_V1)
+    note = Note.parse(served)
+    note = Note(note.text, note.signatures[:1])  # the log's own signature only
+    refused = await logged.client.post(
+        "/ledger/cosignatures", content=note.with_signatures(cosign(note, unknown, 1)).render())
+    assert refused.status_code == 422 and "witness" in refused.text
+
+
+async def _as_superuser(pool: asyncpg.Pool, *statements: str, args: Any = ()) -> None:
+    """What an operator with the database's superuser can do: switch the append-only
+    triggers off, change the record, switch them on again."""
+    async with pool.acquire() as conn, conn.transaction():
+        for table in ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints"):
+            await conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
+        for statement in statements:
+            await conn.execute(statement, *args) if args else await conn.execute(statement)
+        for table in ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints"):
+            await conn.execute(f"ALTER TABLE {table} ENABLE TRIGGER USER")
+
+
+REBUILD = (
+    # The tree rebuilt from what the store holds now, and signed again with the log key.
+    "TRUNCATE ledger_queue, ledger_leaves, ledger_tiles, ledger_cosignatures, "
+    "ledger_checkpoints",
+    "INSERT INTO ledger_queue (event_id, case_id, hash) SELECT event_id, case_id, hash "
+    "FROM event_log ORDER BY recorded_at, case_id, attempt, seq",
+)
+
+
+async def witness_once(logged: Logged, state: Path) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(subprocess.run, component_command(
+        "witness", "--log", logged.stack.base_url, "--log-key", logged.log_key.text(),
+        "--state", str(state), "--once"),
+        capture_output=True, text=True, env=logged.settings.environment(), timeout=60)
+
+
+async def verify_bundle_today(logged: Logged, bundle: Path) -> subprocess.CompletedProcess[str]:
+    signer = worker_signer(logged.settings)
+    return await asyncio.to_thread(subprocess.run, component_command(
+        "verify-bundle", str(bundle), "--trust", base64.b64encode(signer.public_key).decode(),
+        "--trust-log", logged.log_key.text(), "--log", logged.stack.base_url),
+        capture_output=True, text=True, env=logged.settings.environment(), timeout=60)
+
+
+async def export(logged: Logged, case_id: str, path: Path) -> Path:
+    reply = await logged.client.get(f"/cases/{case_id}/bundle")
+    assert reply.status_code == 200
+    await asyncio.to_thread(path.write_bytes, reply.content)
+    return path
+
+
+async def test_deleting_or_rewriting_the_record_afterwards_is_caught(
+    logged: Logged, tmp_path: Path,
+) -> None:
+    deleted, shortened, rewritten = await run_cases(logged, 3)
+    size, _ = await logged_everything(logged)
+    accepted = tmp_path / "accepted.json"
+    assert (await witness_once(logged, accepted)).returncode == 0
+    bundles = {c: await export(logged, c, tmp_path / f"{c}.json")
+               for c in (deleted, shortened, rewritten)}
+    for path in bundles.values():
+        assert (await verify_bundle_today(logged, path)).returncode == 0
+    evidence = Evidence(CaseStore(logged.pool), KeyRegistry(logged.pool),
+                        LedgerStore(logged.pool))
+
+    # 1. The last two events of a case removed, the tree left alone: the store no longer
+    #    holds what the log holds, and verify says so.
+    gone = await logged.pool.fetch(
+        "SELECT event_id FROM event_log WHERE case_id = $1 ORDER BY seq DESC LIMIT 2",
+        uuid.UUID(shortened))
+    await _as_superuser(logged.pool, "DELETE FROM event_log WHERE event_id = ANY($1::uuid[])",
+                        args=([r["event_id"] for r in gone],))
+    report = await evidence.verify(uuid.UUID(shortened))
+    assert report is not None and "removed_after_logging" in {p.code for p in report.problems}
+
+    # 2. A whole case deleted and the tree rebuilt without it, signed with the log key:
+    #    the tree is smaller than the one the witness accepted.
+    await logged.stop_ledger()
+    await _as_superuser(logged.pool, f"DELETE FROM event_log WHERE case_id = '{deleted}'",
+                        f"DELETE FROM cases WHERE case_id = '{deleted}'", *REBUILD)
+    await logged.start_ledger()
+    await wait_until(lambda: _checkpoint_below(logged, size), timeout=30)
+    verdict = await witness_once(logged, _copy(accepted, tmp_path / "w2.json"))
+    assert verdict.returncode == 1, verdict.stdout + verdict.stderr
+    assert "rolled back" in verdict.stderr and f"size {size}" in verdict.stderr
+    today = await verify_bundle_today(logged, bundles[deleted])
+    assert today.returncode == 1 and "log_inconsistent" in today.stdout + today.stderr
+
+    # 3. A trail rewritten (the decision changed), re-signed with the stolen event key and
+    #    chained again, the tree rebuilt and grown past the accepted size: it forked.
+    await logged.stop_ledger()
+    await _rewrite(logged, rewritten, worker_signer(logged.settings))
+    await _as_superuser(logged.pool, *REBUILD)
+    report = await evidence.verify(uuid.UUID(rewritten))
+    assert report is not None and report.verified  # the chain alone cannot tell
+    await logged.start_ledger()
+    await run_cases(logged, 2)
+    grown, _ = await logged_everything(logged)
+    assert grown > size
+    verdict = await witness_once(logged, _copy(accepted, tmp_path / "w3.json"))
+    assert verdict.returncode == 1, verdict.stdout + verdict.stderr
+    assert "forked" in verdict.stderr and f"size {size}" in verdict.stderr \
+        and f"size {grown}" in verdict.stderr
+    today = await verify_bundle_today(logged, bundles[rewritten])
+    assert today.returncode == 1 and "log_inconsistent" in today.stdout + today.stderr
+    # The earlier bundle itself still verifies offline: it is the evidence of what was.
+    signer = worker_signer(logged.settings)
+    earlier = orjson.loads(bundles[rewritten].read_bytes())
+    assert verify_bundle(earlier, [signer.public_key], [logged.log_key]).verified
+
+
+async def _checkpoint_below(logged: Logged, size: int) -> bool:
+    reply = await logged.client.get("/ledger/checkpoint")
+    return reply.status_code == 200 and \
+        open_checkpoint(reply.text, logged.log_key)[0].size < size
+
+
+def _copy(source: Path, target: Path) -> Path:
+    shutil.copy(source, target)
+    return target
+
+
+async def _rewrite(logged: Logged, case_id: str, signer: Signer) -> None:
+    """Change the case's decision in its terminal event and re-sign its chain from there,
+    so that the trail on its own still verifies."""
+    rows = await logged.pool.fetch(
+        "SELECT event_id, seq, body FROM event_log WHERE case_id = $1 ORDER BY attempt, seq",
+        uuid.UUID(case_id))
+    prev, args = GENESIS, []
+    for row in rows:
+        envelope = orjson.loads(row["body"])
+        if envelope["eventType"] == "CASE_COMPLETED":
+            answer = envelope["payload"]["answer"]
+            answer["decision"] = "approve" if answer.get("decision") != "approve" else "decline"
+        body = canonical(envelope)
+        sealed = signer.seal(prev, body)
+        prev = sealed.hash
+        args.append((sealed.prev_hash, sealed.hash, sealed.sig, body,
+                     envelope["payload"], row["event_id"]))
+    async with logged.pool.acquire() as conn, conn.transaction():
+        await conn.execute("ALTER TABLE event_log DISABLE TRIGGER USER")
+        await conn.executemany(
+            "UPDATE event_log SET prev_hash = $1, hash = $2, sig = $3, body = $4, "
+            "payload = $5 WHERE event_id = $6", args)
+        await conn.execute("ALTER TABLE event_log ENABLE TRIGGER USER")
