@@ -67,6 +67,7 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
         for i in range(workers):
             stack.spawn(f"worker-{i}", "worker")
         stack.spawn("consumer", "consumer")
+        stack.spawn("ledger", "ledger")  # every feature on: the transparency log too
         try:
             await wait_ready(f"http://127.0.0.1:{settings.api_port}")
             body = {"agent": "throughput-probe", "input": {"cycles": cycles}}
@@ -81,6 +82,11 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
             total_cycles = await pool.fetchval(
                 "SELECT count(*) FROM event_log WHERE event_type = 'REACT_CYCLE'")
             after = {n: cpu_seconds(c.pid) for n, c in stack.children.items()} | service_cpu()
+            # The log keeps up: a checkpoint holding every stored event, how long after.
+            events = await pool.fetchval("SELECT count(*) FROM event_log")
+            await wait_rows(pool, "SELECT count(*) FROM ledger_checkpoints "
+                            "WHERE tree_size >= $1", 1, 120, events)
+            logged = time.time()
         finally:
             stack.stop()
     elapsed = float(last) - started
@@ -90,6 +96,8 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
         "postSeconds": round(posted - started, 3),
         "cyclesPerSecond": round(total_cycles / elapsed, 1),
         "cpuSeconds": {n: round(after[n] - before[n], 2) for n in after},
+        "events": events,
+        "checkpointAfterLastCommitSeconds": round(logged - float(last), 2),
     }
 
 

@@ -21,6 +21,8 @@ import httpx
 from service.config import Settings
 from service.integrity import Signer
 from service.keyfile import worker_signer, write_signer
+from service.ledger.note import NoteSigner
+from service.ledger.sequencer import write_log_key
 from service.setup import remove, setup
 from service.store import ApiKeyStore
 from service.supervisor import component_command
@@ -29,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 _KEYS = tempfile.TemporaryDirectory(prefix="casetrail-bench-keys-")
+LOG_ORIGIN = "casetrail.bench/log"
 """The bench stacks' signing keys; removed when the benchmark process exits."""
 
 
@@ -40,9 +43,12 @@ def bench_settings(**overrides: object) -> Settings:
     url = base.database_url.rsplit("/", 1)[0] + f"/casetrail_bench_{suffix}"
     key_file = Path(_KEYS.name) / f"casetrail-bench-{suffix}.signing-key.pem"
     write_signer(key_file, Signer.generate())
+    log_key = Path(_KEYS.name) / f"casetrail-bench-{suffix}.log-key"
+    write_log_key(log_key, NoteSigner.generate(LOG_ORIGIN))
     return base.model_copy(update={
         "database_url": url, "namespace": f"casetrail-bench-{suffix}",
         "signing_key_file": str(key_file), "bench_mode": True,
+        "log_key_file": str(log_key), "log_origin": LOG_ORIGIN,
         # A load generator is one tenant starting thousands of cases a second.
         "tenant_max_active_cases": 1_000_000, "tenant_max_starts_per_minute": 10_000_000,
         **overrides,

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from bench import models, operations, raw, replay, scenarios, viewer
+from bench import ledger, models, operations, raw, replay, scenarios, viewer
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, namespace
 from bench.integrity import integrity_costs
@@ -39,6 +39,9 @@ TARGETS: dict[str, Any] = {
     "searchP99": 50, "streamsPostP99": 100,
     # casetrail replay --all over 10,000 recorded loan cases.
     "replaySeconds": 60,
+    # The transparency log: leaves appended per second; an inclusion proof from a tree of
+    # 10,000,000 leaves (make bench-all).
+    "ledgerAppend": 15000, "proofP99": 20,
 }
 
 
@@ -124,7 +127,7 @@ async def interleaved(cases: int, cycles: int, rounds: int) -> dict[str, Any]:
     }
 
 
-async def run(quick: bool) -> dict[str, Any]:
+async def run(quick: bool, everything: bool = False) -> dict[str, Any]:
     scale = 0.2 if quick else 1.0
     rounds = 1 if quick else ROUNDS
     cases, cycles = int(1000 * scale), 10
@@ -154,6 +157,13 @@ async def run(quick: bool) -> dict[str, Any]:
         await scenarios.consumer_ingest(bench_settings(amqp_fastpath=False),
                                         int(100_000 * scale)) for _ in range(rounds)]
     results["ingestPublic"] = median_run(results["ingestPublicRuns"], "eventsPerSecond")
+    print("transparency log: appending leaves ...", flush=True)
+    results["ledgerAppendRuns"] = [await ledger.append(int(200_000 * scale))
+                                   for _ in range(rounds)]
+    results["ledgerAppend"] = median_run(results["ledgerAppendRuns"], "leavesPerSecond")
+    if everything:
+        print("transparency log: proofs from 10,000,000 leaves ...", flush=True)
+        results["ledgerProofs"] = await ledger.proofs(10_000_000, 2000)
     print("integrity costs per event ...", flush=True)
     results["integrity"] = integrity_costs(int(5000 * scale) or 1000)
     print("POST /cases ...", flush=True)
@@ -236,7 +246,32 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         *_model_rows(r),
         *_reading_rows(r),
         *_replay_rows(r),
+        *_ledger_rows(r),
     ]
+    return rows
+
+
+def _ledger_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The transparency log (bench/ledger.py): appends, proofs at 10,000,000 leaves."""
+    rows = []
+    if "ledgerAppend" in r:
+        x = r["ledgerAppend"]
+        runs = [y["leavesPerSecond"] for y in r.get("ledgerAppendRuns", [x])]
+        rows.append(("transparency log: leaves appended", f"{x['leavesPerSecond']:,}/s",
+                     f"≥ {TARGETS['ledgerAppend']:,}",
+                     f"{x['leaves']:,} stored events into the tree by `casetrail ledger`, "
+                     f"tiles and leaves committed per batch; checkpoint "
+                     f"{x['checkpointSeconds']} s after the last; {spread(runs)}"))
+    if "checkpointAfterLastCommitSeconds" in r.get("endToEnd", {}):
+        rows.append(("  end to end: checkpoint after the last commit",
+                     f"{r['endToEnd']['checkpointAfterLastCommitSeconds']} s", "",
+                     f"a signed checkpoint holding all {r['endToEnd']['events']:,} events"))
+    if "ledgerProofs" in r:
+        x = r["ledgerProofs"]
+        rows.append((f"inclusion proof, tree of {x['treeSize']:,} leaves",
+                     f"p99 {x['p99Ms']:.1f} ms", f"≤ {TARGETS['proofP99']} ms",
+                     f"GET /ledger/proofs/inclusion, one at a time, {x['requests']:,} random "
+                     f"leaves; p50 {x['p50Ms']:.1f} ms; {x['tileRows']:,} tile rows"))
     return rows
 
 
@@ -388,7 +423,7 @@ def main() -> None:
               ROOT / "docs")
         return
     quick = "--quick" in sys.argv
-    results = asyncio.run(run(quick))
+    results = asyncio.run(run(quick, everything="--all" in sys.argv))
     rows = table(results)
     width = max(len(r[0]) for r in rows)
     print()

@@ -13,6 +13,7 @@ import asyncio
 from bench.e2e import end_to_end
 from bench.harness import bench_settings
 from bench.integrity import integrity_costs
+from bench.ledger import append as ledger_append
 from bench.models import run_cases
 from bench.operations import traced_end_to_end
 from bench.replay import replay_at_scale
@@ -29,6 +30,9 @@ async def smoke() -> None:
           f"{traced['tracesReceived']} traces, {traced['spansReceived']} spans", flush=True)
     if traced["spansReceived"] == 0:
         raise SystemExit("no span reached the OTLP receiver")
+    logged = await ledger_append(20_000)
+    print(f"transparency log: {logged['leaves']} leaves, {logged['leavesPerSecond']:,}/s",
+          flush=True)
     ingest = await consumer_ingest(bench_settings(), 10_000)
     print(f"consumer alone: {ingest['events']} events, {ingest['eventsPerSecond']:,.0f}/s",
           flush=True)

@@ -63,7 +63,17 @@ class Logged:
     checkpoints: aio_pika.abc.AbstractQueue
 
     async def start_ledger(self) -> None:
+        """Start ``casetrail ledger`` and wait until it holds the log's lock (past its
+        start-up checks)."""
         self.children["ledger"] = spawn(self.settings, "ledger")
+
+        async def holding() -> bool:
+            return bool(await self.pool.fetchval(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                "WHERE l.locktype = 'advisory' AND a.application_name = 'casetrail-ledger' "
+                "AND a.datname = current_database()"))
+
+        await wait_until(holding, timeout=30)
 
     async def stop_ledger(self) -> None:
         await stop_cleanly({"ledger": self.children.pop("ledger")})
@@ -359,3 +369,30 @@ async def _rewrite(logged: Logged, case_id: str, signer: Signer) -> None:
             "UPDATE event_log SET prev_hash = $1, hash = $2, sig = $3, body = $4, "
             "payload = $5 WHERE event_id = $6", args)
         await conn.execute("ALTER TABLE event_log ENABLE TRIGGER USER")
+
+
+async def test_the_ledger_refuses_to_sign_over_a_tree_altered_underneath_it(
+    logged: Logged,
+) -> None:
+    """The ledger is its own first witness: at start it checks that its last checkpoint
+    is still the stored tree's root, and exits 2 naming the problem when it is not."""
+    await run_cases(logged, 1)
+    await logged_everything(logged)
+    await logged.stop_ledger()
+    tile = await logged.pool.fetchrow(
+        "SELECT level, tile_index, hashes FROM ledger_tiles ORDER BY level, tile_index LIMIT 1")
+    assert tile is not None
+    bent = bytes([tile["hashes"][0] ^ 1]) + bytes(tile["hashes"][1:])
+    await _as_superuser(logged.pool, "UPDATE ledger_tiles SET hashes = $1 WHERE level = $2 "
+                        "AND tile_index = $3", args=(bent, tile["level"], tile["tile_index"]))
+    try:
+        refused = await asyncio.to_thread(
+            subprocess.run, component_command("ledger"), capture_output=True, text=True,
+            env=logged.settings.environment(), timeout=60)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert "the tree was altered" in refused.stderr
+    finally:
+        await _as_superuser(logged.pool, "UPDATE ledger_tiles SET hashes = $1 WHERE level = $2 "
+                            "AND tile_index = $3",
+                            args=(bytes(tile["hashes"]), tile["level"], tile["tile_index"]))
+        await logged.start_ledger()

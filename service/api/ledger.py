@@ -158,13 +158,11 @@ def ledger_routes(app: FastAPI, ledger: Callable[[], LedgerStore], witnesses: li
                              ] = None,
         _: Principal = public,
     ) -> Response:
-        row = await ledger().pool.fetchrow(
-            "SELECT l.leaf_index, e.hash FROM ledger_leaves l LEFT JOIN event_log e "
-            "USING (event_id) WHERE l.event_id = $1", event_id)
-        if row is None:
+        found = await ledger().event_leaf(event_id)
+        if found is None:
             raise _not_found(f"event {event_id} is not in the log (yet)")
-        return await inclusion_proof(row["leaf_index"], tree_size, row["hash"],
-                                     f"event {event_id}")
+        leaf_index, event_hash = found
+        return await inclusion_proof(leaf_index, tree_size, event_hash, f"event {event_id}")
 
     @app.get("/ledger/proofs/consistency", summary="A consistency proof between two sizes",
              response_model=None,

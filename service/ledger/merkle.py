@@ -213,20 +213,27 @@ class Edge:
 
     def append(self, leaf_hashes: Sequence[bytes]) -> dict[Tile, bytes]:
         """Append leaves; returns every tile that changed, with its new contents."""
-        touched: dict[Tile, list[bytes]] = {}
+        changed: dict[Tile, bytes] = {}
+        touched: set[int] = set()
+        partial = self.partial
         for leaf in leaf_hashes:
             level, value, index = 0, leaf, self.size
             self.size += 1
             while True:
-                tile = self.partial.setdefault(level, [])
+                tile = partial.setdefault(level, [])
                 tile.append(value)
-                touched[(level, index // TILE_WIDTH)] = list(tile)
+                touched.add(level)
                 if len(tile) < TILE_WIDTH:
                     break
+                changed[(level, index // TILE_WIDTH)] = b"".join(tile)  # now full
                 value = merge(tile)
-                self.partial[level] = []
+                partial[level] = []
                 level, index = level + 1, index >> TILE_HEIGHT
-        return {key: b"".join(hashes) for key, hashes in touched.items()}
+        for level in touched:
+            if partial[level]:
+                stored = self.size >> (TILE_HEIGHT * level)
+                changed[(level, stored // TILE_WIDTH)] = b"".join(partial[level])
+        return changed
 
     def read(self, level: int, first: int, count: int) -> list[bytes]:
         """Entries of the partial tiles (those the current root needs)."""

@@ -109,10 +109,13 @@ class LedgerStore:
 
     # -- leaves ------------------------------------------------------------------------
 
-    async def leaf_index(self, event_id: uuid.UUID) -> int | None:
-        index: int | None = await self.pool.fetchval(
-            "SELECT leaf_index FROM ledger_leaves WHERE event_id = $1", event_id)
-        return index
+    async def event_leaf(self, event_id: uuid.UUID) -> tuple[int, str | None] | None:
+        """The event's leaf index and its hash (the leaf's data; ``None`` when the store
+        no longer holds the event), or ``None`` when it is not in the log."""
+        row = await self.pool.fetchrow(
+            "SELECT l.leaf_index, e.hash FROM ledger_leaves l LEFT JOIN event_log e "
+            "USING (event_id) WHERE l.event_id = $1", event_id)
+        return None if row is None else (row["leaf_index"], row["hash"])
 
     async def leaves_of_case(self, case_id: uuid.UUID) -> dict[uuid.UUID, int]:
         rows = await self.pool.fetch(
