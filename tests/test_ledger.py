@@ -396,3 +396,22 @@ async def test_the_ledger_refuses_to_sign_over_a_tree_altered_underneath_it(
                             "AND tile_index = $3",
                             args=(bytes(tile["hashes"]), tile["level"], tile["tile_index"]))
         await logged.start_ledger()
+
+
+async def test_an_event_queued_twice_is_one_leaf(logged: Logged) -> None:
+    """An operator who queues a logged event again (or the backfill meeting the trigger)
+    does not make it a second leaf, and the log goes on."""
+    case_id = (await run_cases(logged, 1))[0]
+    size, _ = await logged_everything(logged)
+    again = await logged.pool.fetch(
+        "SELECT event_id, case_id, hash FROM event_log WHERE case_id = $1", uuid.UUID(case_id))
+    await logged.pool.executemany(
+        "INSERT INTO ledger_queue (event_id, case_id, hash) VALUES ($1, $2, $3)",
+        [tuple(r.values()) for r in again])
+    more = await run_cases(logged, 1)
+    grown, _ = await logged_everything(logged)
+    assert grown == size + await logged.pool.fetchval(
+        "SELECT count(*) FROM event_log WHERE case_id = $1", uuid.UUID(more[0]))
+    assert await logged.pool.fetchval("SELECT count(*) FROM ledger_queue") == 0
+    assert await logged.pool.fetchval(
+        "SELECT count(*) FROM ledger_leaves WHERE case_id = $1", uuid.UUID(case_id)) == len(again)

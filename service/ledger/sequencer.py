@@ -125,6 +125,13 @@ class Sequencer:
 
     async def append(self) -> int:
         """Append up to ``batch_size`` queued events; the number appended."""
+        try:
+            return await self._append(check_logged=False)
+        except asyncpg.UniqueViolationError:
+            # An event queued twice (an operator's re-queue): the batch again, without it.
+            return await self._append(check_logged=True)
+
+    async def _append(self, *, check_logged: bool) -> int:
         began = time.perf_counter()
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", APPEND_KEY)
@@ -139,7 +146,8 @@ class Sequencer:
             if not rows:
                 return 0
             rows = sorted(rows, key=lambda r: r["queued_id"])
-            rows = await self._not_yet_logged(conn, rows)
+            if check_logged:
+                rows = await self._not_yet_logged(conn, rows)
             edge = merkle.Edge(self.edge.size, {k: list(v) for k, v in
                                                 self.edge.partial.items()})
             first = edge.size
