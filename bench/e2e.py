@@ -57,7 +57,7 @@ async def post_cases(base_url: str, body: dict[str, Any], cases: int, key: str,
 
 async def end_to_end(cases: int, cycles: int, workers: int = 1,
                      settings: Settings | None = None,
-                     env: dict[str, str] | None = None) -> dict[str, Any]:
+                     env: dict[str, str] | None = None, consumers: int = 1) -> dict[str, Any]:
     """``env``: more environment for the components (the OTEL_* variables)."""
     settings = settings or bench_settings(api_port=PORT)
     async with namespace(settings) as pool:
@@ -66,7 +66,8 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
         stack.spawn("api", "api", "--port", str(settings.api_port))
         for i in range(workers):
             stack.spawn(f"worker-{i}", "worker")
-        stack.spawn("consumer", "consumer")
+        for i in range(consumers):
+            stack.spawn("consumer" if i == 0 else f"consumer-{i}", "consumer")
         stack.spawn("ledger", "ledger")  # every feature on: the transparency log too
         try:
             await wait_ready(f"http://127.0.0.1:{settings.api_port}")
@@ -91,7 +92,7 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
             stack.stop()
     elapsed = float(last) - started
     return {
-        "cases": cases, "cyclesPerCase": cycles, "workers": workers,
+        "cases": cases, "cyclesPerCase": cycles, "workers": workers, "consumers": consumers,
         "cycles": total_cycles, "seconds": round(elapsed, 3),
         "postSeconds": round(posted - started, 3),
         "cyclesPerSecond": round(total_cycles / elapsed, 1),

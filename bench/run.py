@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from bench import ledger, models, operations, raw, replay, scenarios, viewer
+from bench import cluster, ledger, models, operations, raw, replay, scenarios, viewer
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, namespace
 from bench.integrity import integrity_costs
@@ -161,6 +161,8 @@ async def run(quick: bool, everything: bool = False) -> dict[str, Any]:
     results["ledgerAppendRuns"] = [await ledger.append(int(200_000 * scale))
                                    for _ in range(rounds)]
     results["ledgerAppend"] = median_run(results["ledgerAppendRuns"], "leavesPerSecond")
+    print("scale-out: the bus on a three-node cluster ...", flush=True)
+    results["scaleOut"] = await cluster.scale_out(int(1000 * scale))
     if everything:
         print("transparency log: proofs from 10,000,000 leaves ...", flush=True)
         results["ledgerProofs"] = await ledger.proofs(10_000_000, 2000)
@@ -247,8 +249,19 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         *_reading_rows(r),
         *_replay_rows(r),
         *_ledger_rows(r),
+        *_scale_out_rows(r),
     ]
     return rows
+
+
+def _scale_out_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """End to end with the bus on one node and on a three-node cluster (bench/cluster.py)."""
+    return [(f"end to end, {x['bus']}, {x['workers']} worker(s), {x['consumers']} consumer(s)",
+             f"{x['cyclesPerSecond']:,.0f} cycles/s", "",
+             f"RabbitMQ {x['cpuSeconds']['rabbitmq']:.1f} CPU-s, Postgres "
+             f"{x['cpuSeconds']['postgres']:.1f} CPU-s for {x['cycles']:,} cycles (2 cores "
+             "shared by everything)")
+            for x in r.get("scaleOut", [])]
 
 
 def _ledger_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:

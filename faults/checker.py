@@ -14,7 +14,10 @@ event by event, with what Postgres holds:
   resumed attempt asks again only the turn of a cycle the record does not hold);
 - repeated worker tool calls: tool handler runs on the capability worker beyond one
   per worker call in the cases' records (measured where the capability worker lives
-  through the fault: its metrics count the runs).
+  through the fault: its metrics count the runs);
+- not in the log: stored events that are not a leaf of the transparency log's latest
+  signed checkpoint once the ledger has caught up (an event is a leaf at most once:
+  a unique index).
 """
 
 from __future__ import annotations
@@ -83,13 +86,15 @@ class Report:
     repeated_turns: int = 0
     repeated_tool_calls: int | None = None
     """``None``: not measured (the capability worker itself was killed)."""
+    not_logged: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
         return (self.lost == 0 and self.duplicated == 0 and self.unexpected == 0
                 and self.seq_gaps == 0 and self.terminal_once == self.accepted
-                and self.repeated_turns == 0 and not self.repeated_tool_calls)
+                and self.repeated_turns == 0 and not self.repeated_tool_calls
+                and self.not_logged == 0)
 
 
 async def check(fault: str, pool: asyncpg.Pool, witness: list[dict[str, Any]],
@@ -119,6 +124,7 @@ async def check(fault: str, pool: asyncpg.Pool, witness: list[dict[str, Any]],
     ran = [r for r in rows if r["event_type"] == "REACT_CYCLE" and r["case_id"] in accepted]
     cycles = Counter((r["case_id"], r["cycle_index"]) for r in ran)
     worker_calls = sum(r["worker_calls"] or 0 for r in ran)
+    not_logged = await _not_logged(pool, scope)
     duplicated = (sum(n - 1 for n in stored.values() if n > 1)
                   + sum(n - 1 for n in positions.values() if n > 1)
                   + sum(n - 1 for n in terminals.values() if n > 1))
@@ -134,19 +140,35 @@ async def check(fault: str, pool: asyncpg.Pool, witness: list[dict[str, Any]],
         seq_gaps=gaps,
         repeated_turns=sum(n - 1 for n in cycles.values() if n > 1),
         repeated_tool_calls=None if tool_runs is None else max(0, tool_runs - worker_calls),
+        not_logged=not_logged,
     )
+
+
+async def _not_logged(pool: asyncpg.Pool, scope: set[uuid.UUID], timeout: float = 30) -> int:
+    """Stored events of ``scope`` not under the latest checkpoint, once the ledger has
+    had ``timeout`` seconds to catch up."""
+    query = ("SELECT count(*) FROM event_log e LEFT JOIN ledger_leaves l USING (event_id) "
+             "WHERE e.case_id = ANY($1::uuid[]) AND (l.leaf_index IS NULL OR l.leaf_index >= "
+             "(SELECT coalesce(max(tree_size), 0) FROM ledger_checkpoints))")
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        missing: int = await pool.fetchval(query, list(scope))
+        if missing == 0 or asyncio.get_running_loop().time() > deadline:
+            return missing
+        await asyncio.sleep(0.25)
 
 
 HEADER = ("fault", "accepted cases", "terminal once", "events published", "persisted once",
           "lost", "duplicated", "unexpected", "seq gaps", "repeated model turns",
-          "repeated worker tool calls")
+          "repeated worker tool calls", "not in the log")
 
 
 def table(reports: list[Report]) -> str:
     rows = [HEADER] + [(r.fault, *(str(v) for v in (
         r.accepted, r.terminal_once, r.published, r.persisted_once, r.lost, r.duplicated,
         r.unexpected, r.seq_gaps, r.repeated_turns,
-        "n/a" if r.repeated_tool_calls is None else r.repeated_tool_calls))) for r in reports]
+        "n/a" if r.repeated_tool_calls is None else r.repeated_tool_calls,
+        r.not_logged))) for r in reports]
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     lines.insert(1, "|" + "---|" * len(HEADER))
     return "\n".join(lines)

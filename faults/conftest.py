@@ -7,21 +7,24 @@ import asyncio
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import asyncpg
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from faults.checker import Report, declare_witness, table, witness_name
+from service.bus.connection import connect
 from service.bus.topology import Topology
 from service.config import Settings
 from service.integrity import Signer
 from service.keyfile import write_signer
+from service.ledger.note import NoteSigner
+from service.ledger.sequencer import write_log_key
 from service.setup import remove, setup
 from service.store import ApiKeyStore, KeyRegistry, create_pool
 from tests.helpers import wait_until
@@ -91,21 +94,28 @@ class Stack:
             return False
 
 
-@pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+@asynccontextmanager
+async def running_stack(tmp_path: Path, **overrides: Any) -> AsyncIterator[Stack]:
+    """The whole stack as processes in a namespace of its own (``overrides``: settings,
+    e.g. the cluster's AMQP URLs), torn down afterwards."""
     suffix = uuid.uuid4().hex[:8]
     base = Settings()
     key_file = tmp_path / "worker-signing-key.pem"
     signer = Signer.generate()
     write_signer(key_file, signer)
+    log_key = tmp_path / "log-key"
+    write_log_key(log_key, NoteSigner.generate("casetrail.faults/log"))
     settings = base.model_copy(update={
         "database_url": base.database_url.rsplit("/", 1)[0] + f"/casetrail_faults_{suffix}",
         "namespace": f"casetrail-faults-{suffix}",
         "lease_seconds": 15.0,
         "tool_timeout_seconds": 2.0,
         "signing_key_file": str(key_file),
+        "log_key_file": str(log_key), "log_origin": "casetrail.faults/log",
+        "checkpoint_seconds": 0.5,
         "secrets_file": str(tmp_path / "identities.json"),
         "bench_mode": True,  # slow scripted models (latencyMs)
+        **overrides,
     })
     await setup(settings)  # every component under its own least-privileged identity
     # Registered before anything runs: fault scenarios also publish signed events
@@ -116,9 +126,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
         "default", ("cases:start", "cases:read", "cases:cancel", "models:override"), "faults")
     await keys_pool.close()
     topology = Topology(settings.namespace)
-    connection = await aio_pika.connect_robust(settings.amqp_url)
-    channel = await connection.channel()
-    await topology.declare(channel)
+    connection = await connect(settings.amqp_url, "casetrail-faults")
     await declare_witness(connection, topology)
     await connection.close()
     port = free_port()
@@ -127,6 +135,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     running.start("api", "api", "--port", str(port))
     running.start("worker", "worker")
     running.start("consumer", "consumer")
+    running.start("ledger", "ledger")
     running.start("capability-worker", "capability-worker")
     await wait_until(running.ready, timeout=60, interval=0.2)
     try:
@@ -140,11 +149,17 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
                 await asyncio.to_thread(child.wait, 30)
             except subprocess.TimeoutExpired:
                 child.kill()
-        connection = await aio_pika.connect_robust(settings.amqp_url)
+        connection = await connect(settings.amqp_url, "casetrail-faults")
         channel = await connection.channel()
         await channel.queue_delete(witness_name(topology), if_unused=False, if_empty=False)
         await connection.close()
         await remove(settings)
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    async with running_stack(tmp_path) as running:
+        yield running
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import orjson
 from faults.checker import check, drain_witness
 from faults.conftest import REPORTS, Stack, pg_cluster, rabbit
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.bus.connection import connect
 from service.bus.dead_letter import REASON_HEADER
 from service.bus.publisher import EventPublisher, Publisher
 from service.bus.topology import Topology
@@ -64,7 +65,7 @@ async def settle_and_check(stack: Stack, pool: asyncpg.Pool, fault: str,
     """Account for every event; ``count_tool_runs`` when the capability worker lived
     through the fault (its count of handler runs is then the whole run's)."""
     await asyncio.sleep(1.0)  # the consumer's last batch commits
-    connection = await aio_pika.connect_robust(stack.settings.amqp_url)
+    connection = await connect(stack.settings.amqp_url, "casetrail-faults")
     witness = await drain_witness(connection, Topology(stack.settings.namespace))
     await connection.close()
     report = await check(fault, pool, witness, accepted, cases,

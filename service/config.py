@@ -129,6 +129,9 @@ class Settings(BaseSettings):
         "generate`). A worker refuses to start without one.",
     )
 
+    rabbitmq_node: str | None = Field(
+        default=None, description="The node `casetrail setup` runs rabbitmqctl against "
+        "(`-n`), when it is not the machine's default node.")
     rabbitmq_management_url: str | None = Field(
         default=None, description="The broker's management HTTP API, with credentials "
         "(http://user:pass@host:15672): `casetrail setup` sets policies through it instead "
@@ -266,8 +269,9 @@ class Settings(BaseSettings):
         return env
 
     def amqp_vhost(self) -> str:
-        """The virtual host of ``amqp_url`` (``/`` when the URL names none)."""
-        path = urlsplit(self.amqp_url).path
+        """The virtual host of ``amqp_url`` (``/`` when the URL names none; a cluster's
+        URLs name the same one)."""
+        path = urlsplit(self.amqp_url.split(",")[0]).path
         return unquote(path[1:]) if len(path) > 1 else "/"
 
     def secrets_path(self) -> Path:
@@ -291,7 +295,9 @@ class Settings(BaseSettings):
         # whose messages they take by these names.
         for url, expected in ((configured, self.broker_user(component)),
                               (database, self.database_role(component))):
-            user = unquote(urlsplit(url).username or "") if url else expected
+            users = {unquote(urlsplit(u).username or "") for u in url.split(",")} \
+                if url else {expected}
+            user = ", ".join(sorted(users))
             if user != expected:
                 raise PermanentError(
                     f"the {component} must connect as {expected!r}, not {user!r} (see "

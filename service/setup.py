@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-import aio_pika
 import asyncpg
 import httpx
 
 from service.agents import CAPABILITIES
+from service.bus.connection import connect
 from service.bus.topology import Topology
 from service.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings
 from service.errors import PermanentError
@@ -60,10 +60,14 @@ log = logging.getLogger("casetrail.setup")
 # -- identities ------------------------------------------------------------------------
 
 def _with_user(url: str, user: str, password: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}:"
-                                            f"{quote(password, safe='')}@{host}"))
+    """``url`` (each URL of a comma-separated list: a cluster's nodes) as ``user``."""
+    def one(node: str) -> str:
+        parts = urlsplit(node)
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}:"
+                                                f"{quote(password, safe='')}@{host}"))
+
+    return ",".join(one(node) for node in url.split(","))
 
 
 def _given_password(url: str | None, expected_user: str, variable: str) -> str | None:
@@ -71,7 +75,7 @@ def _given_password(url: str | None, expected_user: str, variable: str) -> str |
     setup creates."""
     if url is None:
         return None
-    parts = urlsplit(url)
+    parts = urlsplit(url.split(",")[0])
     if unquote(parts.username or "") != expected_user or not parts.password:
         raise PermanentError(f"{variable} must name the user {expected_user!r} with a password "
                              "(setup creates that identity with it)")
@@ -87,7 +91,7 @@ class Identities:
     master_key: str | None = None
 
     def password(self, component: Component, kind: str) -> str:
-        return unquote(urlsplit(self.urls[component][kind]).password or "")
+        return unquote(urlsplit(self.urls[component][kind].split(",")[0]).password or "")
 
 
 def plan_identities(settings: Settings) -> Identities:
@@ -115,9 +119,10 @@ def plan_identities(settings: Settings) -> Identities:
 
 
 def _kept_password(url: str | None, user: str) -> str | None:
-    if url is None or unquote(urlsplit(url).username or "") != user:
+    first = urlsplit(url.split(",")[0]) if url is not None else None
+    if first is None or unquote(first.username or "") != user:
         return None
-    return unquote(urlsplit(url).password or "") or None
+    return unquote(first.password or "") or None
 
 
 def write_secrets(path: Path, identities: Identities) -> None:
@@ -354,12 +359,13 @@ def _management(settings: Settings) -> tuple[str, tuple[str, str]]:
     return urlunsplit((base.scheme, host, base.path.rstrip("/"), "", "")), auth
 
 
-def _rabbitmqctl(*args: str, stdin: str | None = None) -> str:
+def _rabbitmqctl(settings: Settings, *args: str, stdin: str | None = None) -> str:
     if shutil.which("rabbitmqctl") is None:
         raise PermanentError(
             "rabbitmqctl is not on this machine: set CASETRAIL_RABBITMQ_MANAGEMENT_URL to "
             "the broker's management API, or run setup where the broker runs")
-    result = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
+    node = ["-n", settings.rabbitmq_node] if settings.rabbitmq_node else []
+    result = subprocess.run(["rabbitmqctl", "-q", *node, *args], capture_output=True, text=True,
                             input=stdin, timeout=120, check=False)
     if result.returncode != 0:
         raise PermanentError(f"rabbitmqctl {args[0]} failed: "
@@ -381,7 +387,8 @@ def apply_broker_definitions(settings: Settings, definitions: dict[str, Any]) ->
                                  f"{reply.status_code} {reply.text[:200]}")
         return
     # On standard input: no file with password hashes is left anywhere.
-    _rabbitmqctl("import_definitions", "--format", "json", stdin=json.dumps(definitions))
+    _rabbitmqctl(settings, "import_definitions", "--format", "json",
+                 stdin=json.dumps(definitions))
 
 
 def remove_broker_users(settings: Settings) -> None:
@@ -393,7 +400,7 @@ def remove_broker_users(settings: Settings) -> None:
         return
     for user in users:
         try:
-            _rabbitmqctl("delete_user", user)
+            _rabbitmqctl(settings, "delete_user", user)
         except PermanentError as exc:
             if "no_such_user" not in str(exc) and "does not exist" not in str(exc):
                 raise
@@ -402,7 +409,7 @@ def remove_broker_users(settings: Settings) -> None:
 async def declare_topology(settings: Settings) -> None:
     """Every exchange and queue of the namespace, declared by the admin: components may
     declare only their private queues (and a capability worker its capability's)."""
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect(settings.amqp_url, "casetrail-setup")
     try:
         channel = await connection.channel()
         topology = Topology(settings.namespace)
@@ -439,7 +446,7 @@ async def setup(settings: Settings) -> SetupReport:
 async def remove(settings: Settings) -> None:
     """Undo ``setup`` for a namespace: its database, roles, broker users, queues and
     exchanges, and its secrets file (tests, benchmarks, ``casetrail setup --remove``)."""
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect(settings.amqp_url, "casetrail-setup")
     try:
         await Topology(settings.namespace).delete_all(await connection.channel(),
                                                       sorted(CAPABILITIES))

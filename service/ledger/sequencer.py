@@ -37,11 +37,11 @@ from service.bus.connection import connect_patiently
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.config import LOCAL_DIR, Settings
-from service.errors import BusUnavailable, PermanentError, PublishRejected
+from service.errors import BusUnavailable, PermanentError, PublishRejected, StoreUnavailable
 from service.ledger import merkle
 from service.ledger.note import ED25519, Checkpoint, Note, NoteError, NoteSigner, sign
 from service.ledger.store import LedgerStore, StoredCheckpoint
-from service.store import component_pool
+from service.store import component_pool, translate_errors
 from service.supervisor import run_until_signal
 from service.telemetry import metrics
 
@@ -58,6 +58,8 @@ APPEND_KEY = LEADER_KEY + 1
 
 IDLE_SECONDS = 0.2
 """How long the sequencer waits when the queue was empty."""
+RETRY_SECONDS = 1.0
+"""How long it waits after Postgres went away."""
 
 
 def load_edge_sql() -> str:
@@ -223,22 +225,33 @@ class Ledger:
     async def run(self, stop: asyncio.Event) -> None:
         last_checkpoint = 0.0
         while not stop.is_set():
-            appended = await self.sequencer.append()
-            now = time.monotonic()
-            if appended < self.sequencer.batch_size and \
-                    now - last_checkpoint >= self.checkpoint_seconds:
-                note = await self.sequencer.checkpoint()
-                if note is not None:
-                    last_checkpoint = now
-                    self._unpublished = note
-                await self._publish()
-                metrics.LEDGER_BACKLOG.set(await self.sequencer.pool.fetchval(
-                    "SELECT count(*) FROM ledger_queue"))
+            try:
+                async with translate_errors():
+                    appended = await self.sequencer.append()
+                    now = time.monotonic()
+                    if appended < self.sequencer.batch_size and \
+                            now - last_checkpoint >= self.checkpoint_seconds:
+                        note = await self.sequencer.checkpoint()
+                        if note is not None:
+                            last_checkpoint = now
+                            self._unpublished = note
+                        await self._publish()
+                        metrics.LEDGER_BACKLOG.set(await self.sequencer.pool.fetchval(
+                            "SELECT count(*) FROM ledger_queue"))
+            except StoreUnavailable as exc:
+                # A batch is one transaction: nothing half-appended. Wait and go on.
+                log.warning("%s; appending again in %.0f s", exc, RETRY_SECONDS)
+                appended = 0
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), RETRY_SECONDS)
+                continue
             if appended == 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), IDLE_SECONDS)
         # A last checkpoint of what was appended, so a clean stop leaves nothing unsigned.
-        self._unpublished = await self.sequencer.checkpoint() or self._unpublished
+        with contextlib.suppress(StoreUnavailable):
+            async with translate_errors():
+                self._unpublished = await self.sequencer.checkpoint() or self._unpublished
         await self._publish()
 
     async def _publish(self) -> None:

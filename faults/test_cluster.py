@@ -1,0 +1,166 @@
+"""The stack on a three-node RabbitMQ cluster (faults/cluster.py), each fault injected
+while cases run, then every event accounted for by the same checker as the single-node
+faults: kill -9 the node leading the event-log queue, kill -9 the node the worker is
+connected to, two of three nodes stopped (no majority: publishing stalls, POST /cases
+answers 503 and keeps nothing) and brought back, and a rolling restart under load.
+
+Every component gets all three nodes' URLs (``CASETRAIL_AMQP_URL``, comma-separated) and
+fails over from one to the next (service/bus/connection.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+from faults import cluster
+from faults.conftest import Stack, running_stack
+from faults.test_faults import all_ended, settle_and_check, submit
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from tests.helpers import wait_until
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[list[cluster.Node]]:
+    cluster.start()
+    try:
+        yield cluster.nodes()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+async def stack(nodes: list[cluster.Node], tmp_path: Path) -> AsyncIterator[Stack]:
+    for node in nodes:  # every node up (a scenario before may have left one down)
+        if node.run("status", check=False).returncode != 0:
+            await asyncio.to_thread(node.restart)
+    async with running_stack(tmp_path, amqp_url=cluster.urls(),
+                             rabbitmq_node=nodes[0].name) as running:
+        yield running
+
+
+@pytest.fixture
+async def pool(stack: Stack) -> AsyncIterator[asyncpg.Pool]:
+    created = await asyncpg.create_pool(stack.settings.database_url, min_size=1, max_size=4)
+    assert created is not None
+    yield created
+    await created.close()
+
+
+def _by_name(nodes: list[cluster.Node], name: str) -> cluster.Node:
+    return next(n for n in nodes if n.name == name)
+
+
+def leader_of(nodes: list[cluster.Node], queue: str) -> cluster.Node:
+    out = nodes[0].run("list_queues", "name", "leader", "--formatter", "json")
+    rows = {q["name"]: q["leader"] for q in json.loads(out.stdout)}
+    return _by_name(nodes, rows[queue])
+
+
+def node_of(nodes: list[cluster.Node], user: str) -> cluster.Node:
+    """The node ``user``'s connection is on (by the listener port it connected to)."""
+    for node in nodes:
+        out = node.run("list_connections", "user", "port", "--formatter", "json",
+                       check=False)
+        if out.returncode != 0:
+            continue
+        for row in json.loads(out.stdout):
+            if row["user"] == user:
+                return next(n for n in nodes if n.port == row["port"])
+    raise AssertionError(f"{user} is connected to no node")
+
+
+async def test_kill_9_the_event_log_queues_leader_while_200_cases_run(
+    stack: Stack, pool: asyncpg.Pool, nodes: list[cluster.Node],
+) -> None:
+    accepted = await submit(stack, 200, latency_ms=200)
+    await asyncio.sleep(1.0)
+    leader = leader_of(nodes, f"{stack.settings.namespace}.event-log")
+    await asyncio.to_thread(leader.kill)
+    await all_ended(pool, accepted, timeout=300)
+    await asyncio.to_thread(leader.restart)
+    await settle_and_check(stack, pool, "cluster: kill -9 the event-log leader, 200 cases",
+                           accepted)
+
+
+async def test_kill_9_the_node_the_worker_is_connected_to(
+    stack: Stack, pool: asyncpg.Pool, nodes: list[cluster.Node],
+) -> None:
+    accepted = await submit(stack, 100, latency_ms=300)
+    await asyncio.sleep(1.0)
+    node = node_of(nodes, stack.settings.broker_user("worker"))
+    await asyncio.to_thread(node.kill)
+    await all_ended(pool, accepted, timeout=300)
+    moved = node_of(nodes, stack.settings.broker_user("worker"))
+    assert moved != node, "the worker did not move to another node"
+    await asyncio.to_thread(node.restart)
+    await settle_and_check(stack, pool, "cluster: kill -9 the worker's node, 100 cases",
+                           accepted)
+
+
+async def test_two_of_three_nodes_stopped_then_back(
+    stack: Stack, pool: asyncpg.Pool, nodes: list[cluster.Node],
+) -> None:
+    accepted = await submit(stack, 60, latency_ms=300)
+    await asyncio.sleep(1.0)
+    down = nodes[1:]
+    await asyncio.gather(*(asyncio.to_thread(n.stop) for n in down))
+    try:
+        # No majority: nothing can be promised, so nothing is accepted.
+        before = await pool.fetchval("SELECT count(*) FROM cases")
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=60,
+                                     headers=stack.headers) as client:
+            reply = await client.post("/cases", json={"agent": "loan-officer",
+                                                      "input": SAMPLE_APPLICATIONS[0]})
+        assert reply.status_code == 503, reply.text
+        assert await pool.fetchval("SELECT count(*) FROM cases") == before
+        await asyncio.sleep(3)
+    finally:
+        await asyncio.gather(*(asyncio.to_thread(n.restart) for n in down))
+    await all_ended(pool, accepted, timeout=300)
+    await wait_until(stack.ready, timeout=120)
+    await settle_and_check(stack, pool, "cluster: two of three nodes stopped, 60 cases",
+                           accepted)
+
+
+async def test_rolling_restart_of_all_three_nodes_under_load(
+    stack: Stack, pool: asyncpg.Pool, nodes: list[cluster.Node],
+) -> None:
+    accepted = await submit(stack, 100, latency_ms=300)
+    load = asyncio.create_task(_keep_submitting(stack, accepted))
+    try:
+        for node in nodes:
+            await asyncio.to_thread(node.run, "stop_app")
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(node.run, "start_app")
+            await asyncio.to_thread(node.await_startup)
+    finally:
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
+    await all_ended(pool, accepted, timeout=300)
+    await settle_and_check(stack, pool, "cluster: rolling restart under load", accepted)
+
+
+async def _keep_submitting(stack: Stack, accepted: set[uuid.UUID]) -> None:
+    """Cases keep arriving during the restart; those the API accepted count (a 503 is a
+    refusal that kept nothing)."""
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=60,
+                                 headers=stack.headers) as client:
+        i = 0
+        while True:
+            reply = await client.post("/cases", json={
+                "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[i % 3],
+                "model": {"provider": "scripted", "name": "slow", "latencyMs": 300}})
+            if reply.status_code == 202:
+                accepted.add(uuid.UUID(reply.json()["caseId"]))
+            else:
+                assert reply.status_code == 503, reply.text
+            i += 1
+            await asyncio.sleep(0.1)
