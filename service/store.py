@@ -334,12 +334,15 @@ class CaseStore:
                 "SELECT 1 FROM cases WHERE tenant_id = $1 AND idempotency_key = $2",
                 tenant, key))
 
-    async def delete_unstarted(self, case_id: uuid.UUID) -> None:
-        """Remove a case whose start command the broker would not take (no events exist)."""
+    async def delete_unstarted(self, case_id: uuid.UUID) -> bool:
+        """Remove a case whose start command the broker would not take (no events exist);
+        ``False`` when a worker has claimed it meanwhile: the command did arrive (its
+        confirm was what got lost), and the case is running."""
         async with translate_errors():
-            await self._pool.execute(
+            status = await self._pool.execute(
                 "DELETE FROM cases WHERE case_id = $1 AND attempts_claimed = 0", case_id
             )
+        return bool(status.endswith(" 1"))
 
     async def get_case(self, case_id: uuid.UUID) -> dict[str, Any] | None:
         async with translate_errors():

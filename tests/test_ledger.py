@@ -299,8 +299,8 @@ async def test_deleting_or_rewriting_the_record_afterwards_is_caught(
     report = await evidence.verify(uuid.UUID(shortened))
     assert report is not None and "removed_after_logging" in {p.code for p in report.problems}
 
-    # 2. A whole case deleted and the tree rebuilt without it, signed with the log key:
-    #    the tree is smaller than the one the witness accepted.
+    # 2. A whole case deleted and the tree rebuilt without it (and without the cut
+    #    events), signed with the log key: smaller than the tree the witness accepted.
     await logged.stop_ledger()
     await _as_superuser(logged.pool, f"DELETE FROM event_log WHERE case_id = '{deleted}'",
                         f"DELETE FROM cases WHERE case_id = '{deleted}'", *REBUILD)
@@ -310,6 +310,9 @@ async def test_deleting_or_rewriting_the_record_afterwards_is_caught(
     assert verdict.returncode == 1, verdict.stdout + verdict.stderr
     assert "rolled back" in verdict.stderr and f"size {size}" in verdict.stderr
     today = await verify_bundle_today(logged, bundles[deleted])
+    assert today.returncode == 1 and "log_inconsistent" in today.stdout + today.stderr
+    # The rebuilt tree lacks the cut events too: the earlier bundle of that case shows it.
+    today = await verify_bundle_today(logged, bundles[shortened])
     assert today.returncode == 1 and "log_inconsistent" in today.stdout + today.stderr
 
     # 3. A trail rewritten (the decision changed), re-signed with the stolen event key and

@@ -746,9 +746,13 @@ async def _publish_start(services: Services, row: dict[str, Any], *,
             message_id=str(case_id), message_type="CASE_START", correlation_id=str(case_id),
         )
     except (BusUnavailable, PublishRejected) as exc:
+        if forget_on_failure and not await services.store.delete_unstarted(case_id):
+            # The broker took the command after all (a node died with its confirm): a
+            # worker claimed the case, so it is accepted, not refused.
+            log.warning("start command for %s unconfirmed (%s) but the case was claimed",
+                        case_id, exc)
+            return
         log.error("start command for %s not accepted: %s", case_id, exc)
-        if forget_on_failure:
-            await services.store.delete_unstarted(case_id)
         # A full start queue (its length limit, reject-publish) lands here too.
         raise HTTPException(503, "message broker did not accept the case; nothing was kept",
                             headers=RETRY_LATER) from exc

@@ -18,6 +18,9 @@ from service.ledger.store import LedgerStore, StoredCheckpoint, UnknownCheckpoin
 
 TEXT = "text/plain; charset=utf-8"
 
+TreeSize = Annotated[int | None, Query(alias="treeSize", ge=1,
+                                       description="A checkpoint's size; default the latest.")]
+
 NOTE_PATTERN = (r"^[^\n]+\n(0|[1-9][0-9]*)\n[A-Za-z0-9+/]{43}=\n\n"
                 "(\u2014 [^ \\n]+ [A-Za-z0-9+/]+=*\\n)+$")
 """A checkpoint's note with its signature lines (what a witness hands in)."""
@@ -140,9 +143,7 @@ def ledger_routes(app: FastAPI, ledger: Callable[[], LedgerStore], witnesses: li
                                  404, 422, 503))
     async def inclusion(
         leaf_index: Annotated[int, Query(alias="leafIndex", ge=0)],
-        tree_size: Annotated[int | None, Query(alias="treeSize", ge=1, description=
-                                               "A checkpoint's size; default the latest.")
-                             ] = None,
+        tree_size: TreeSize = None,
         _: Principal = public,
     ) -> Response:
         return await inclusion_proof(leaf_index, tree_size, None, f"leaf {leaf_index}")
@@ -153,9 +154,7 @@ def ledger_routes(app: FastAPI, ledger: Callable[[], LedgerStore], witnesses: li
                                  "event's leaf", 404, 422, 503))
     async def event_inclusion(
         event_id: uuid.UUID,
-        tree_size: Annotated[int | None, Query(alias="treeSize", ge=1, description=
-                                               "A checkpoint's size; default the latest.")
-                             ] = None,
+        tree_size: TreeSize = None,
         _: Principal = public,
     ) -> Response:
         found = await ledger().event_leaf(event_id)
