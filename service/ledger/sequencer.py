@@ -111,6 +111,10 @@ class Sequencer:
         if last is not None:
             await self._check_against(last)
             self.signed_size = last.size
+            if Note.parse(last.note).signed_by(self.signer.verifier) is None:
+                log.warning("the log's key changed: its last checkpoint (size %d) was signed "
+                            "by another key; witnesses and verifiers need the new verifier "
+                            "key %s", last.size, self.signer.verifier.text())
             metrics.LEDGER_CHECKPOINT_SIZE.set(last.size)
         metrics.LEDGER_TREE_SIZE.set(self.edge.size)
         log.info("ledger %s: tree of %d leaves, last checkpoint %s", self.signer.name,
