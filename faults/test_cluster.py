@@ -132,7 +132,8 @@ async def test_rolling_restart_of_all_three_nodes_under_load(
     stack: Stack, pool: asyncpg.Pool, nodes: list[cluster.Node],
 ) -> None:
     accepted = await submit(stack, 100, latency_ms=300)
-    load = asyncio.create_task(_keep_submitting(stack, accepted))
+    restarted = asyncio.Event()
+    load = asyncio.create_task(_keep_submitting(stack, accepted, restarted))
     try:
         for node in nodes:
             await asyncio.to_thread(node.run, "stop_app")
@@ -140,19 +141,22 @@ async def test_rolling_restart_of_all_three_nodes_under_load(
             await asyncio.to_thread(node.run, "start_app")
             await asyncio.to_thread(node.await_startup)
     finally:
-        load.cancel()
-        await asyncio.gather(load, return_exceptions=True)
+        # Not cancelled: a request cancelled in flight could be a case the API accepted
+        # whose 202 nobody read (it would run, uncounted).
+        restarted.set()
+        await load
     await all_ended(pool, accepted, timeout=300)
     await settle_and_check(stack, pool, "cluster: rolling restart under load", accepted)
 
 
-async def _keep_submitting(stack: Stack, accepted: set[uuid.UUID]) -> None:
-    """Cases keep arriving during the restart; those the API accepted count (a 503 is a
+async def _keep_submitting(stack: Stack, accepted: set[uuid.UUID],
+                           done: asyncio.Event) -> None:
+    """Cases keep arriving until ``done``; those the API accepted count (a 503 is a
     refusal that kept nothing)."""
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=60,
                                  headers=stack.headers) as client:
         i = 0
-        while True:
+        while not done.is_set():
             reply = await client.post("/cases", json={
                 "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[i % 3],
                 "model": {"provider": "scripted", "name": "slow", "latencyMs": 300}})
