@@ -39,6 +39,7 @@ from bench.harness import (
 )
 from service.ledger import merkle
 from service.ledger.note import Checkpoint, NoteSigner, sign
+from service.ledger.sequencer import TREE_SIZE_SQL
 from service.migrate import database_name
 from service.setup import setup
 
@@ -58,11 +59,10 @@ async def append(count: int) -> dict[str, Any]:
         stack = Processes(settings)
         started = time.time()
         ledger = stack.spawn("ledger", "ledger")
-        size = "SELECT coalesce(max(leaf_index) + 1, 0) FROM ledger_leaves"
         try:
             first = None
             while True:
-                done = await pool.fetchval(size)
+                done = await pool.fetchval(TREE_SIZE_SQL)
                 now = time.time()
                 if first is None and done:
                     first = (now, done)

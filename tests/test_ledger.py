@@ -48,6 +48,7 @@ from tests.stack import (
     spawn,
     stop_cleanly,
 )
+from tests.test_ledger_formats import mth
 
 
 @dataclass
@@ -147,12 +148,6 @@ async def test_every_stored_event_is_a_leaf_of_a_signed_published_checkpoint(
     assert [r["leaf_index"] for r in rows] == list(range(size))
     assert {r["event_id"] for r in rows} == {r["event_id"] for r in await logged.pool.fetch(
         "SELECT event_id FROM event_log")}
-
-    def mth(items: list[bytes]) -> bytes:
-        if len(items) == 1:
-            return merkle.leaf_hash(items[0])
-        k = 1 << ((len(items) - 1).bit_length() - 1)
-        return merkle.node_hash(mth(items[:k]), mth(items[k:]))
 
     assert head.root == mth([bytes.fromhex(r["hash"]) for r in rows])
     # Each event's inclusion proof, served publicly, checks out.

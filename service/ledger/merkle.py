@@ -200,6 +200,10 @@ class Edge:
         self.size = size
         self.partial: dict[int, list[bytes]] = partial or {}
 
+    def copy(self) -> Edge:
+        """An edge to append to without touching this one (until its batch commits)."""
+        return Edge(self.size, {level: list(tile) for level, tile in self.partial.items()})
+
     @staticmethod
     def widths(size: int) -> dict[int, tuple[int, int]]:
         """``{level: (tile index, width)}`` of the partial tile of each level at

@@ -21,6 +21,7 @@ import binascii
 import hashlib
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidSignature
@@ -277,6 +278,18 @@ def open_checkpoint(note_text: str, log: Verifier) -> tuple[Checkpoint, Note]:
         raise NoteError(f"the checkpoint's origin {checkpoint.origin!r} is not the log "
                         f"key's name {log.name!r}")
     return checkpoint, note
+
+
+def open_with_any(note_text: str, log_keys: Sequence[Verifier]) -> tuple[Checkpoint, Note]:
+    """``open_checkpoint`` with the first of ``log_keys`` that signed it (a log's keys
+    across a rotation); ``NoteError`` with every key's reason when none did."""
+    errors = []
+    for key in log_keys:
+        try:
+            return open_checkpoint(note_text, key)
+        except NoteError as exc:
+            errors.append(str(exc))
+    raise NoteError("; ".join(errors) or "no log key to check the checkpoint with")
 
 
 # -- proofs (c2sp.org/tlog-proof) -------------------------------------------------------

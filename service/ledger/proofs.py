@@ -16,7 +16,7 @@ from service.ledger.note import (
     NoteError,
     TlogProof,
     Verifier,
-    open_checkpoint,
+    open_with_any,
 )
 from service.verification import Problem
 
@@ -68,7 +68,7 @@ def check_log(checkpoint_note: str | None, events: Sequence[LoggedEvent],
         return check
     try:
         if log_keys:
-            check.checkpoint, note = _open_with_any(checkpoint_note, log_keys)
+            check.checkpoint, note = open_with_any(checkpoint_note, log_keys)
             check.trusted = True
         else:
             note = Note.parse(checkpoint_note)
@@ -109,12 +109,3 @@ def check_log(checkpoint_note: str | None, events: Sequence[LoggedEvent],
         check.logged += 1
     return check
 
-
-def _open_with_any(note: str, keys: Sequence[Verifier]) -> tuple[Checkpoint, Note]:
-    errors = []
-    for key in keys:
-        try:
-            return open_checkpoint(note, key)
-        except NoteError as exc:
-            errors.append(str(exc))
-    raise NoteError("; ".join(errors))

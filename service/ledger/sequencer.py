@@ -62,14 +62,14 @@ RETRY_SECONDS = 1.0
 """How long it waits after Postgres went away."""
 
 
-def load_edge_sql() -> str:
-    return "SELECT coalesce(max(leaf_index) + 1, 0) FROM ledger_leaves"
+TREE_SIZE_SQL = "SELECT coalesce(max(leaf_index) + 1, 0) FROM ledger_leaves"
+"""Leaves in the stored tree (from the primary key's end)."""
 
 
 async def read_edge(conn: Queries) -> merkle.Edge:
     """The right edge of the stored tree; ``PermanentError`` if its tiles do not match
     its leaves."""
-    size = await conn.fetchval(load_edge_sql())
+    size = await conn.fetchval(TREE_SIZE_SQL)
     partial: dict[int, list[bytes]] = {}
     for level, (index, width) in merkle.Edge.widths(size).items():
         stored = await conn.fetchval(
@@ -141,7 +141,7 @@ class Sequencer:
         began = time.perf_counter()
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", APPEND_KEY)
-            if await conn.fetchval(load_edge_sql()) != self.edge.size:
+            if await conn.fetchval(TREE_SIZE_SQL) != self.edge.size:
                 log.warning("the tree grew under this ledger (another sequencer?); "
                             "reading its edge again")
                 self.edge = await read_edge(conn)
@@ -154,8 +154,7 @@ class Sequencer:
             rows = sorted(rows, key=lambda r: r["queued_id"])
             if check_logged:
                 rows = await self._not_yet_logged(conn, rows)
-            edge = merkle.Edge(self.edge.size, {k: list(v) for k, v in
-                                                self.edge.partial.items()})
+            edge = self.edge.copy()
             first = edge.size
             tiles = edge.append([merkle.leaf_hash(bytes.fromhex(r["hash"])) for r in rows])
             await conn.execute(
@@ -201,9 +200,14 @@ class Sequencer:
             if appended < self.batch_size:
                 return total
 
+    @property
+    def grew(self) -> bool:
+        """The tree has leaves no checkpoint signed yet."""
+        return self.edge.size > self.signed_size
+
     async def checkpoint(self) -> Note | None:
         """Sign the tree as it is now, if it grew since the last checkpoint."""
-        if self.edge.size <= self.signed_size:
+        if not self.grew:
             return None
         head = Checkpoint(self.signer.name, self.edge.size, self.edge.root())
         note = sign(head.text(), self.signer)
@@ -233,7 +237,11 @@ class Ledger:
                 async with translate_errors():
                     appended = await self.sequencer.append()
                     now = time.monotonic()
-                    if appended < self.sequencer.batch_size and \
+                    if appended == 0:
+                        metrics.LEDGER_BACKLOG.set(0)  # the queue was empty just now
+                    # Idle (nothing to sign or publish), a tick costs no query.
+                    due = self.sequencer.grew or self._unpublished is not None
+                    if due and appended < self.sequencer.batch_size and \
                             now - last_checkpoint >= self.checkpoint_seconds:
                         note = await self.sequencer.checkpoint()
                         if note is not None:

@@ -37,6 +37,7 @@ from service.ledger.note import (
     Verifier,
     cosign,
     open_checkpoint,
+    open_with_any,
 )
 from service.verification import Problem
 
@@ -114,20 +115,14 @@ async def check_log_today(base_url: str, bundle: dict[str, Any], log_keys: Seque
     if not isinstance(note, str):
         return [Problem(None, None, "not_in_log", "the bundle carries no checkpoint")]
     client = LogClient(base_url)
-    today_note = await client.checkpoint()
-    problems = []
-    for key in log_keys:
-        try:
-            then, _ = open_checkpoint(note, key)
-            today, _ = open_checkpoint(today_note, key)
-        except NoteError:
-            continue
-        wrong = await consistent(client, then, today)
-        if wrong:
-            problems.append(Problem(None, None, "log_inconsistent", wrong))
-        return problems
-    return [Problem(None, None, "bad_checkpoint", "the log's checkpoint today or the "
-                    "bundle's is not signed by a trusted log key")]
+    try:
+        then, _ = open_with_any(note, log_keys)
+        today, _ = open_with_any(await client.checkpoint(), log_keys)
+    except NoteError as exc:
+        return [Problem(None, None, "bad_checkpoint", "the log's checkpoint today or the "
+                        f"bundle's is not signed by a trusted log key: {exc}")]
+    wrong = await consistent(client, then, today)
+    return [Problem(None, None, "log_inconsistent", wrong)] if wrong else []
 
 
 @dataclass
