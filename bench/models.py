@@ -9,7 +9,7 @@ tool, then the decision), so the ideal is ``concurrency / 0.3 s`` turns a second
 Reported: turns/s and their share of the ideal, p50/p99 turn latency as the worker saw
 it (time between consecutive events of a case), TCP connections the server accepted,
 the worker's CPU seconds and peak RSS.
-``python -m bench.models [CASES] [CONCURRENCY …] [--transport httpx]``."""
+``python -m bench.models [CASES] [CONCURRENCY …]``."""
 
 from __future__ import annotations
 
@@ -136,14 +136,12 @@ async def server_ceiling(provider: Provider, concurrency: int, seconds: float = 
     return done / elapsed
 
 
-async def run_cases(provider: Provider, cases: int, concurrency: int,
-                    transport: str = "aiohttp") -> dict[str, Any]:
+async def run_cases(provider: Provider, cases: int, concurrency: int) -> dict[str, Any]:
     server = SlowModelServer(provider)
     listening = await server.start()
     pool_size = max(256, concurrency)
     settings = bench_settings(
         api_port=free_port(), worker_concurrency=concurrency, model_pool_size=pool_size,
-        model_http_transport=transport,
         model_endpoints=[ModelEndpoint(name="slow", provider=provider,
                                        base_url=server.base_url)])
     try:
@@ -205,7 +203,7 @@ async def run_cases(provider: Provider, cases: int, concurrency: int,
     ideal = min(concurrency, cases) / TURN_SECONDS
     latency = percentiles(gaps)
     return {
-        "provider": provider, "transport": transport, "cases": cases,
+        "provider": provider, "cases": cases,
         "completed": completed, "concurrency": concurrency, "poolSize": pool_size,
         "turns": turns, "seconds": round(span, 2),
         "turnsPerSecond": round(turns / span, 1), "idealTurnsPerSecond": round(ideal, 1),
@@ -222,13 +220,11 @@ async def run_cases(provider: Provider, cases: int, concurrency: int,
 
 
 async def main(args: list[str]) -> None:
-    transport = "httpx" if "--transport" in args and args[args.index("--transport") + 1] \
-        == "httpx" else "aiohttp"
     numbers = [int(a) for a in args if a.isdigit()]
     cases, levels = (numbers[0], numbers[1:]) if numbers else (1000, [])
     for provider in ("openai", "anthropic"):
         for level in levels or [256]:
-            print(await run_cases(provider, cases, level, transport), flush=True)
+            print(await run_cases(provider, cases, level), flush=True)
 
 
 if __name__ == "__main__":

@@ -213,9 +213,6 @@ class Settings(BaseSettings):
                                                  "a connection to a model endpoint.")
     model_pool_size: int = Field(default=256, ge=1, description="Connections one worker "
                                  "keeps to each model endpoint, shared by all its cases.")
-    model_http_transport: Literal["aiohttp", "httpx"] = Field(
-        default="aiohttp", description="The SDKs' HTTP transport; aiohttp was measured to "
-        "keep up with hundreds of concurrent requests (docs/benchmarks.md).")
 
     metrics_host: str = Field(default="127.0.0.1", description="Where each component "
                               "serves /metrics (0.0.0.0 for a scraper on another host).")

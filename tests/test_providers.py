@@ -1,5 +1,5 @@
-"""Real providers through the official SDKs, over real HTTP, against a local server that
-speaks each provider's wire format."""
+"""Real providers over real HTTP (casetrail's shared aiohttp clients), against a local
+server that speaks each provider's wire format."""
 
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ from service.errors import ModelRejected, ModelUnavailable
 from service.events import ModelRef
 from service.providers import ModelFactory
 from service.providers.anthropic_messages import AnthropicChatModel
+from service.providers.clients import ModelClients
 from service.providers.openai_compat import OpenAIChatModel
 from tests import conftest
-from tests.fake_llm import FakeLLM, anthropic_turn, error, fake_llm, openai_turn
+from tests.fake_llm import FakeLLM, Reply, anthropic_turn, error, fake_llm, openai_turn
 from tests.helpers import ListSink, ended, spec_for, toolbox
 from tests.stack import in_process_stack
 
@@ -47,20 +48,29 @@ async def fake() -> AsyncIterator[FakeLLM]:
         yield server
 
 
-def openai_model(fake: FakeLLM) -> OpenAIChatModel:
-    return OpenAIChatModel("gpt-test", api_key=SECRET, base_url=f"{fake.base_url}/v1")
+@pytest.fixture
+async def clients() -> AsyncIterator[ModelClients]:
+    made = ModelClients()
+    yield made
+    await made.aclose()
 
 
-def anthropic_model(fake: FakeLLM) -> AnthropicChatModel:
-    return AnthropicChatModel("claude-test", api_key=SECRET, base_url=fake.base_url)
+def openai_model(fake: FakeLLM, clients: ModelClients) -> OpenAIChatModel:
+    return OpenAIChatModel("gpt-test", clients.client("openai", f"{fake.base_url}/v1", SECRET))
 
 
-async def test_openai_tool_calls_usage_and_wire_format(fake: FakeLLM) -> None:
+def anthropic_model(fake: FakeLLM, clients: ModelClients) -> AnthropicChatModel:
+    return AnthropicChatModel("claude-test", clients.client("anthropic", fake.base_url, SECRET))
+
+
+async def test_openai_tool_calls_usage_and_wire_format(
+    fake: FakeLLM, clients: ModelClients,
+) -> None:
     fake.script = [openai_turn("Checking two things.", calls=[
         ("call_a", "debt-to-income", '{"monthlyDebt": 1, "monthlyIncome": 4}'),
         ("call_b", "lending-policy", '{"creditScore": 700}'),
     ], prompt=120, completion=30)]
-    turn = await openai_model(fake).request(PROMPT, TOOLS)
+    turn = await openai_model(fake, clients).request(PROMPT, TOOLS)
     assert [(c.id, c.name, c.arguments) for c in turn.tool_calls] == [
         ("call_a", "debt-to-income", {"monthlyDebt": 1, "monthlyIncome": 4}),
         ("call_b", "lending-policy", {"creditScore": 700}),
@@ -78,14 +88,15 @@ async def test_openai_tool_calls_usage_and_wire_format(fake: FakeLLM) -> None:
 
 
 async def test_openai_malformed_arguments_become_a_tool_error_the_model_sees(
-    fake: FakeLLM,
+    fake: FakeLLM, clients: ModelClients,
 ) -> None:
     fake.script = [
         openai_turn(None, calls=[("call_x", "debt-to-income", '{"monthlyDebt": 1,')]),
         openai_turn('{"decision": "refer"}'),
     ]
     sink = ListSink()
-    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), openai_model(fake), toolbox())
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), openai_model(fake, clients),
+                                toolbox())
     assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "REACT_CYCLE", "CASE_COMPLETED"]
     record = sink.events[1].payload.tool_calls[0]  # type: ignore[union-attr]
     assert record.error is not None and "not a JSON object" in record.error
@@ -97,11 +108,14 @@ async def test_openai_malformed_arguments_become_a_tool_error_the_model_sees(
         '{"monthlyDebt": 1,'
 
 
-async def test_429_then_success_is_retried_and_recorded(fake: FakeLLM) -> None:
+async def test_429_then_success_is_retried_and_recorded(
+    fake: FakeLLM, clients: ModelClients,
+) -> None:
     fake.script = [error(429, "slow down", {"retry-after": "0"}),
                    error(503, "overloaded"), openai_turn('{"decision": "approve"}')]
     sink = ListSink()
-    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), openai_model(fake), toolbox())
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), openai_model(fake, clients),
+                                toolbox())
     assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "CASE_COMPLETED"]
     retries = sink.events[1].payload.model_retries  # type: ignore[union-attr]
     assert [r.reason for r in retries] == ["openai answered 429: slow down",
@@ -110,23 +124,25 @@ async def test_429_then_success_is_retried_and_recorded(fake: FakeLLM) -> None:
 
 
 async def test_5xx_until_the_deadline_times_out_with_the_retries_on_record(
-    fake: FakeLLM,
+    fake: FakeLLM, clients: ModelClients,
 ) -> None:
     fake.script, fake.repeat_last = [error(500, "boom")], True
     sink = ListSink()
     await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0], deadline=2.5),
-                                openai_model(fake), toolbox())
+                                openai_model(fake, clients), toolbox())
     assert sink.types == ["CASE_STARTED", "CASE_TIMED_OUT"]
     retries = sink.events[-1].payload.model_retries  # type: ignore[union-attr]
     assert len(retries) >= 2 and all("500" in r.reason for r in retries)
     assert len(fake.requests) == len(retries) + 1
 
 
-async def test_401_fails_the_case_with_a_fixed_text_never_the_key(fake: FakeLLM) -> None:
+async def test_401_fails_the_case_with_a_fixed_text_never_the_key(
+    fake: FakeLLM, clients: ModelClients,
+) -> None:
     # Providers echo part of the key they refused; none of it may reach the trail.
     fake.script = [error(401, f"Incorrect API key provided: {SECRET[:9]}***{SECRET[-4:]}")]
     sink = ListSink()
-    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), anthropic_model(fake),
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), anthropic_model(fake, clients),
                                 toolbox())
     assert sink.types == ["CASE_STARTED", "CASE_FAILED"]
     payload = sink.events[-1].payload
@@ -151,7 +167,9 @@ def test_credentials_in_other_provider_messages_are_scrubbed() -> None:
     assert scrub("model gpt-4o-mini does not exist") == "model gpt-4o-mini does not exist"
 
 
-async def test_anthropic_thinking_and_tool_use_round_trip(fake: FakeLLM) -> None:
+async def test_anthropic_thinking_and_tool_use_round_trip(
+    fake: FakeLLM, clients: ModelClients,
+) -> None:
     thinking = {"type": "thinking", "thinking": "The ratio decides it.", "signature": "sig=="}
     fake.script = [
         anthropic_turn([thinking, {"type": "text", "text": "Computing the ratio."},
@@ -163,7 +181,7 @@ async def test_anthropic_thinking_and_tool_use_round_trip(fake: FakeLLM) -> None
         anthropic_turn([{"type": "text", "text": '{"decision": "approve"}'}]),
     ]
     sink = ListSink()
-    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), anthropic_model(fake),
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), anthropic_model(fake, clients),
                                 toolbox())
     assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "REACT_CYCLE", "CASE_COMPLETED"]
     cycle = sink.events[1].payload
@@ -180,19 +198,37 @@ async def test_anthropic_thinking_and_tool_use_round_trip(fake: FakeLLM) -> None
     assert assistant["content"][0] == thinking  # sent back verbatim, signature included
     assert [b["tool_use_id"] for b in results["content"]] == ["toolu_1", "toolu_2"]
     assert [b["is_error"] for b in results["content"]] == [False, True]
+    sent = fake.headers[0]  # Anthropic's own authentication, not a bearer token
+    assert sent["x-api-key"] == SECRET and sent["anthropic-version"] == "2023-06-01"
+    assert "authorization" not in sent
 
 
-async def test_transport_failures_are_transient(fake: FakeLLM) -> None:
-    dead = OpenAIChatModel("gpt-test", api_key=SECRET, base_url="http://127.0.0.1:9/v1")
+async def test_transport_failures_are_transient(fake: FakeLLM, clients: ModelClients) -> None:
+    dead = OpenAIChatModel("gpt-test", clients.client("openai", "http://127.0.0.1:9/v1", SECRET))
     with pytest.raises(ModelUnavailable, match="unreachable"):
         await dead.request(PROMPT, TOOLS)
     fake.script = [error(404, "no such model")]
     with pytest.raises(ModelRejected, match="404"):
-        await openai_model(fake).request(PROMPT, TOOLS)
+        await openai_model(fake, clients).request(PROMPT, TOOLS)
 
 
-async def test_the_guard_stops_requests_to_real_providers() -> None:
-    real = OpenAIChatModel("gpt-4o", api_key="sk-none")
+async def test_redirects_are_not_followed_and_odd_answers_are_errors(
+    fake: FakeLLM, clients: ModelClients,
+) -> None:
+    """A key never follows a redirect: a 3xx ends the request, and the place it points
+    to is never asked. An answer that is not a JSON object is a provider failure."""
+    target = f"{fake.base_url}/v1/chat/completions"
+    fake.script = [error(307, "moved", {"location": target})]
+    with pytest.raises(ModelRejected, match="openai answered 307"):
+        await openai_model(fake, clients).request(PROMPT, TOOLS)
+    assert len(fake.requests) == 1
+    fake.script = [Reply(200, ["not", "an", "object"])]  # type: ignore[arg-type]
+    with pytest.raises(ModelUnavailable, match="not a JSON object"):
+        await openai_model(fake, clients).request(PROMPT, TOOLS)
+
+
+async def test_the_guard_stops_requests_to_real_providers(clients: ModelClients) -> None:
+    real = OpenAIChatModel("gpt-4o", clients.client("openai", None, "sk-none"))
     with pytest.raises(ModelUnavailable):
         await real.request(PROMPT, TOOLS)
     assert set(conftest.BLOCKED_HOSTS) == {"api.openai.com"}
@@ -325,8 +361,12 @@ async def test_cases_share_one_client_per_endpoint_and_shutdown_closes_it(
     assert other._client is not first._client  # type: ignore[attr-defined]
     assert len(factory.clients) == 2
     shared = first._client  # type: ignore[attr-defined]
+    session = shared._session
+    assert session is not None and not session.closed
     await factory.aclose()
-    assert shared.is_closed() and len(factory.clients) == 0
+    assert shared.is_closed() and session.closed and len(factory.clients) == 0
+    with pytest.raises(ModelUnavailable, match="closed"):  # a straggler after shutdown
+        await first.request([UserMessage("hello")], [])
     openai_server.repeat_last = False
 
 

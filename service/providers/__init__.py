@@ -21,7 +21,9 @@ from service.engine.chat import AssistantTurn, ChatMessage, ChatModel, ToolSpec
 from service.engine.scripted import ScriptedModel
 from service.errors import ModelRejected
 from service.events import ModelRef
+from service.providers.anthropic_messages import AnthropicChatModel
 from service.providers.clients import ModelClients, PoolSettings
+from service.providers.openai_compat import OpenAIChatModel
 
 
 class UnavailableProvider:
@@ -79,7 +81,7 @@ class ModelFactory:
         self._settings = settings
         self.clients = ModelClients(PoolSettings(
             size=settings.model_pool_size, connect_timeout=settings.model_connect_timeout_seconds,
-            timeout=settings.model_timeout_seconds, transport=settings.model_http_transport))
+            timeout=settings.model_timeout_seconds))
 
     async def aclose(self) -> None:
         """Close the shared clients (the worker's shutdown)."""
@@ -111,12 +113,8 @@ class ModelFactory:
                                            f"{variable}_API_KEY)")
         client = self.clients.client(ref.provider, base_url, key)
         if ref.provider == "openai":
-            from service.providers.openai_compat import OpenAIChatModel
-
-            return OpenAIChatModel(ref.name, client=client)
-        from service.providers.anthropic_messages import AnthropicChatModel
-
-        return AnthropicChatModel(ref.name, client=client)
+            return OpenAIChatModel(ref.name, client)
+        return AnthropicChatModel(ref.name, client)
 
     def _provider_key(self, provider: str) -> str | None:
         if provider == "openai":

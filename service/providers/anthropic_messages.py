@@ -1,4 +1,5 @@
-"""Anthropic Messages with tool use, through the official ``anthropic`` SDK.
+"""Anthropic Messages with tool use: ``POST {baseUrl}/v1/messages``, built and read
+here, sent by the process's shared client (``clients``).
 
 Thinking blocks become part of ``reasoningText`` and are sent back verbatim
 (with their signatures) on the next turn, as the API requires.
@@ -8,10 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-
-import anthropic
-import httpx2
-import orjson
 
 from service.engine.chat import (
     AssistantMessage,
@@ -23,9 +20,8 @@ from service.engine.chat import (
     ToolSpec,
     UserMessage,
 )
-from service.errors import ModelUnavailable
 from service.events import TokenUsage
-from service.providers._errors import scrub, status_error
+from service.providers.clients import ProviderClient
 
 DEFAULT_MAX_TOKENS = 4096
 
@@ -88,16 +84,12 @@ def from_wire(data: dict[str, Any], default_model: str) -> AssistantTurn:
 class AnthropicChatModel:
     """``ChatModel`` over ``POST {base_url}/v1/messages``."""
 
-    def __init__(self, model: str, *, api_key: str = "", base_url: str | None = None,
-                 timeout: float = 120.0, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 client: anthropic.AsyncAnthropic | None = None) -> None:
-        """``client``: the process's shared client for this endpoint (``ModelClients``);
-        without one (a single use), a client of its own."""
+    def __init__(self, model: str, client: ProviderClient, *,
+                 max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+        """``client``: the process's shared client for the endpoint (``ModelClients``)."""
         self._model = model
         self._max_tokens = max_tokens
-        self._client = client or anthropic.AsyncAnthropic(
-            api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0
-        )
+        self._client = client
 
     @property
     def name(self) -> str:
@@ -115,17 +107,4 @@ class AnthropicChatModel:
                                "input_schema": t.parameters} for t in tools]
         body = {"model": self._model, "max_tokens": self._max_tokens, "messages": wire,
                 **extra}
-        try:
-            # The SDK's client with the body as built here (see OpenAIChatModel.request).
-            response = await self._client.post("/v1/messages", body=body,
-                                               cast_to=httpx2.Response)
-            data = orjson.loads(await response.aread())
-        except anthropic.APIStatusError as exc:
-            raise status_error("anthropic", exc.status_code, exc.response.headers, exc.body,
-                               exc.message) from None
-        except anthropic.APIConnectionError as exc:
-            raise ModelUnavailable(f"anthropic unreachable: {scrub(str(exc))}") from None
-        except orjson.JSONDecodeError as exc:
-            raise ModelUnavailable(f"anthropic answered something that is not JSON: {exc}") \
-                from None
-        return from_wire(data, self._model)
+        return from_wire(await self._client.post("/v1/messages", body), self._model)

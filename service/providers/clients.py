@@ -1,22 +1,29 @@
-"""One SDK client per (provider, endpoint, key) per worker process, shared by every case.
+"""One HTTP client per (provider, endpoint, key) per worker process, shared by every case.
 
-A case used to build its own ``AsyncOpenAI``/``AsyncAnthropic``, i.e. its own
-connection pool, and never close it: 1,000 cases opened 1,000 connections and reached
-8 % of the throughput a 300 ms model allows. Here a client is made on first use, kept
-while the process lives and closed on shutdown; every case on the same endpoint with
-the same key shares its pool.
+A case used to build its own SDK client, i.e. its own connection pool, and never close
+it: 1,000 cases opened 1,000 connections and reached 8 % of the throughput a 300 ms
+model allows. Here a client is made on first use, kept while the process lives and
+closed on shutdown; every case on the same endpoint with the same key shares its pool.
 
-The transport is aiohttp under the SDKs' own ``DefaultAioHttpClient`` (the extras
-``openai[aiohttp]``, ``anthropic[aiohttp]``), chosen by measurement:
-``python -m bench.models`` drives 1,000 cases against a local server that answers
-after 300 ms with either transport (``CASETRAIL_MODEL_HTTP_TRANSPORT``) and prints both;
-docs/benchmarks.md has the figures. Redirects are never followed (a key must not go
-where a redirect points). Pool size and timeouts: ``CASETRAIL_MODEL_POOL_SIZE``,
-``CASETRAIL_MODEL_CONNECT_TIMEOUT_SECONDS``, ``CASETRAIL_MODEL_TIMEOUT_SECONDS``.
+The client is aiohttp, spoken to directly: casetrail builds each request body and
+reads each answer itself (``openai_compat``, ``anthropic_messages``), so the official
+SDKs were only a way to send bytes, and the layers they add (typed options, URL and
+header models, an httpx-shaped adapter over aiohttp) cost the worker more CPU per
+model turn than everything else a turn does. Measured with ``python -m bench.models``
+(docs/benchmarks.md, "Real models"): the SDKs over httpx, the SDKs over aiohttp, and
+aiohttp alone.
 
-A case's deadline cancels its in-flight request (the engine wraps the call in a
-timeout): the cancelled request's connection is dropped by the pool, not handed to the
-next case half-read, so one case's deadline never poisons another's request.
+- Redirects are never followed (a key must not go where a redirect points): a 3xx is
+  an answer the case fails on.
+- No proxy or ``.netrc`` from the environment (``trust_env`` off): a key goes to the
+  configured endpoint and nowhere else; no cookies are kept between cases.
+- Pool size and timeouts: ``CASETRAIL_MODEL_POOL_SIZE``,
+  ``CASETRAIL_MODEL_CONNECT_TIMEOUT_SECONDS``, ``CASETRAIL_MODEL_TIMEOUT_SECONDS``.
+- A case's deadline cancels its in-flight request: aiohttp closes a connection whose
+  answer was not read to the end instead of handing it to the next case, so one
+  case's deadline never poisons another's request (tested).
+- Every failure of the exchange is translated here into the project's kinds
+  (``_errors``): transient (unreachable, timed out, 429/5xx) or permanent.
 """
 
 from __future__ import annotations
@@ -26,13 +33,23 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import anthropic
-import httpx2
-import openai
+import aiohttp
+import orjson
+
+from service import CASETRAIL_VERSION
+from service.errors import ModelUnavailable
+from service.providers._errors import scrub, status_error
 
 log = logging.getLogger("casetrail.models")
 
-Transport = Literal["aiohttp", "httpx"]
+Provider = Literal["openai", "anthropic"]
+
+DEFAULT_BASE_URLS: dict[Provider, str] = {
+    "openai": "https://api.openai.com/v1",
+    "anthropic": "https://api.anthropic.com",
+}
+ANTHROPIC_VERSION = "2023-06-01"
+"""The Messages API version casetrail speaks (the ``anthropic-version`` header)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +57,74 @@ class PoolSettings:
     size: int = 256
     connect_timeout: float = 10.0
     timeout: float = 120.0
-    transport: Transport = "aiohttp"
+
+
+def _headers(provider: Provider, api_key: str) -> dict[str, str]:
+    common = {"Content-Type": "application/json", "Accept": "application/json",
+              "User-Agent": f"casetrail/{CASETRAIL_VERSION}"}
+    if provider == "openai":
+        return {**common, "Authorization": f"Bearer {api_key}"}
+    return {**common, "x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION}
+
+
+class ProviderClient:
+    """Requests to one endpoint with one key, over one connection pool."""
+
+    def __init__(self, provider: Provider, base_url: str | None, api_key: str,
+                 pool: PoolSettings | None = None) -> None:
+        self.provider: Provider = provider
+        self.base_url = (base_url or DEFAULT_BASE_URLS[provider]).rstrip("/")
+        self._headers = _headers(provider, api_key)
+        self._pool = pool or PoolSettings()
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def _open(self) -> aiohttp.ClientSession:
+        """The session, made in the running event loop on first use."""
+        if self._closed:
+            raise ModelUnavailable(f"{self.provider} client closed (the worker is stopping)")
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._pool.size, limit_per_host=0),
+                timeout=aiohttp.ClientTimeout(total=self._pool.timeout,
+                                              sock_connect=self._pool.connect_timeout),
+                headers=self._headers, cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False, raise_for_status=False)
+        return self._session
+
+    async def post(self, path: str, body: dict[str, Any]) -> Any:
+        """POST ``body`` as JSON to ``base_url + path``; the answer's JSON. A failed
+        exchange raises ``ModelUnavailable`` (transient) or ``ModelRejected``."""
+        session = self._open()
+        try:
+            async with session.post(self.base_url + path, data=orjson.dumps(body),
+                                    allow_redirects=False) as response:
+                raw = await response.read()
+                status, headers = response.status, response.headers
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            reason = "timed out" if isinstance(exc, TimeoutError) else scrub(str(exc))
+            raise ModelUnavailable(f"{self.provider} unreachable: {reason or type(exc).__name__}"
+                                   ) from None
+        try:
+            data = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            data = None
+        if status >= 300:
+            fallback = raw[:200].decode("utf-8", "replace") or f"HTTP {status}"
+            raise status_error(self.provider, status, headers, data, fallback)
+        if not isinstance(data, dict):
+            raise ModelUnavailable(f"{self.provider} answered something that is not a "
+                                   "JSON object")
+        return data
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    async def aclose(self) -> None:
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
 
 @dataclass
@@ -48,30 +132,19 @@ class ModelClients:
     """The shared clients of one process."""
 
     pool: PoolSettings = field(default_factory=PoolSettings)
-    _clients: dict[tuple[str, str | None, str], Any] = field(default_factory=dict)
+    _clients: dict[tuple[str, str | None, str], ProviderClient] = field(default_factory=dict)
 
-    def _http(self, provider: str) -> Any:
-        limits = httpx2.Limits(max_connections=self.pool.size,
-                               max_keepalive_connections=self.pool.size)
-        timeout = httpx2.Timeout(self.pool.timeout, connect=self.pool.connect_timeout)
-        sdk: Any = openai if provider == "openai" else anthropic
-        kind = sdk.DefaultAioHttpClient if self.pool.transport == "aiohttp" \
-            else sdk.DefaultAsyncHttpxClient
-        return kind(limits=limits, timeout=timeout, follow_redirects=False)
-
-    def client(self, provider: Literal["openai", "anthropic"], base_url: str | None,
-               api_key: str) -> Any:
+    def client(self, provider: Provider, base_url: str | None, api_key: str
+               ) -> ProviderClient:
         """The client for this endpoint and key, made on first use."""
         # The key itself is never kept as a dictionary key, only its digest.
         slot = (provider, base_url, hashlib.sha256(api_key.encode()).hexdigest())
         made = self._clients.get(slot)
         if made is None:
-            sdk: Any = openai.AsyncOpenAI if provider == "openai" else anthropic.AsyncAnthropic
-            made = sdk(api_key=api_key, base_url=base_url, max_retries=0,
-                       timeout=self.pool.timeout, http_client=self._http(provider))
-            self._clients[slot] = made
-            log.info("%s client for %s made (pool of %d, %s)", provider,
-                     base_url or "the provider's API", self.pool.size, self.pool.transport)
+            made = self._clients[slot] = ProviderClient(provider, base_url, api_key,
+                                                        self.pool)
+            log.info("%s client for %s made (pool of %d)", provider, made.base_url,
+                     self.pool.size)
         return made
 
     def __len__(self) -> int:
@@ -81,4 +154,4 @@ class ModelClients:
         """Close every client and its connections (the worker's shutdown)."""
         clients, self._clients = list(self._clients.values()), {}
         for made in clients:
-            await made.close()
+            await made.aclose()

@@ -1,8 +1,9 @@
 """OpenAI-compatible Chat Completions with tools (OpenAI, vLLM, Ollama, LM Studio,
-gateways), through the official ``openai`` SDK.
+gateways): ``POST {baseUrl}/chat/completions``, built and read here, sent by the
+process's shared client (``clients``).
 
-The SDK's own retries are off: the engine retries transient failures within the
-case deadline and records each retry in the trail.
+Nothing retries below the engine: it retries transient failures within the case
+deadline and records each retry in the trail.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import httpx2
-import openai
 import orjson
 
 from service.engine.chat import (
@@ -24,9 +23,8 @@ from service.engine.chat import (
     ToolSpec,
     UserMessage,
 )
-from service.errors import ModelUnavailable
 from service.events import TokenUsage
-from service.providers._errors import scrub, status_error
+from service.providers.clients import ProviderClient
 
 
 def parse_arguments(raw: str | None) -> dict[str, Any] | None:
@@ -68,16 +66,12 @@ def to_wire(message: ChatMessage) -> dict[str, Any]:
 class OpenAIChatModel:
     """``ChatModel`` over ``POST {base_url}/chat/completions``."""
 
-    def __init__(self, model: str, *, api_key: str = "", base_url: str | None = None,
-                 timeout: float = 120.0, max_tokens: int | None = None,
-                 client: openai.AsyncOpenAI | None = None) -> None:
-        """``client``: the process's shared client for this endpoint (``ModelClients``);
-        without one (a single use), a client of its own."""
+    def __init__(self, model: str, client: ProviderClient, *,
+                 max_tokens: int | None = None) -> None:
+        """``client``: the process's shared client for the endpoint (``ModelClients``)."""
         self._model = model
         self._max_tokens = max_tokens
-        self._client = client or openai.AsyncOpenAI(
-            api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0
-        )
+        self._client = client
 
     @property
     def name(self) -> str:
@@ -96,23 +90,7 @@ class OpenAIChatModel:
         if self._max_tokens:
             extra["max_tokens"] = self._max_tokens
         body = {"model": self._model, "messages": [to_wire(m) for m in messages], **extra}
-        try:
-            # The SDK's client (auth, errors, the shared pool) with the body as built
-            # here: `chat.completions.create` would walk every message again to
-            # transform typed parameters, which cost a worker most of its CPU at
-            # hundreds of concurrent cases (docs/benchmarks.md, "Real models").
-            response = await self._client.post("/chat/completions", body=body,
-                                               cast_to=httpx2.Response)
-            data = orjson.loads(await response.aread())
-        except openai.APIStatusError as exc:
-            raise status_error("openai", exc.status_code, exc.response.headers, exc.body,
-                               exc.message) from None
-        except openai.APIConnectionError as exc:  # includes timeouts
-            raise ModelUnavailable(f"openai unreachable: {scrub(str(exc))}") from None
-        except orjson.JSONDecodeError as exc:
-            raise ModelUnavailable(f"openai answered something that is not JSON: {exc}") \
-                from None
-        return from_wire(data, self._model)
+        return from_wire(await self._client.post("/chat/completions", body), self._model)
 
 
 def from_wire(data: dict[str, Any], default_model: str) -> AssistantTurn:
