@@ -1,7 +1,11 @@
 """The case worker: takes start commands off ``<ns>.case-start`` and runs the ReAct loop.
 
-- Manual ack, only after the case's terminal event is confirmed by the broker;
-  up to ``concurrency`` cases at once (the channel's prefetch).
+- Manual ack, only after the case's terminal event is confirmed by the broker and
+  its end noted in Postgres. Up to ``concurrency`` cases at work at once (a slot
+  each); a case gives its slot back as soon as its outcome is decided, so the next
+  case starts while the last one's end is still being confirmed and noted. The
+  channel's prefetch is a quarter above ``concurrency``, so that next start
+  command is already here (``prefetch_for``).
 - Before running, the worker *claims* the case in Postgres (a lease it renews
   while the case runs). The claim decides what a start command means: a
   first run, the next attempt after a dead worker, a redelivery beside a live
@@ -119,12 +123,25 @@ class Caps:
         return held, model
 
 
+def prefetch_for(concurrency: int) -> int:
+    """Start commands a worker holds: its slots, and a quarter more waiting for one.
+
+    A case's last steps (its terminal event's confirm, its end noted in Postgres, the
+    ack) take tens of milliseconds after its slot is free; without start commands in
+    hand the slot would wait for the ack and the broker's next delivery. A quarter
+    covers the cases finishing at once at hundreds of cases a second, and holds back
+    from other workers no more than that (bench/models.py, docs/benchmarks.md)."""
+    return concurrency + max(1, concurrency // 4)
+
+
 @dataclass
 class LiveCase:
     """A case this process holds: how to stop it, and when it has finished here."""
 
     signal: CancelSignal = field(default_factory=CancelSignal)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    slot: bool = False
+    """Whether the case holds one of the worker's slots."""
 
 
 @dataclass
@@ -158,6 +175,7 @@ class CaseWorker:
     # one statement each (a burst of start commands is one round trip, not 1,000).
     _claims: Coalescer[uuid.UUID, Claim] = field(init=False)
     _ended: Coalescer[uuid.UUID, None] = field(init=False)
+    _slots: asyncio.Semaphore = field(init=False)
 
     @property
     def live_cases(self) -> Mapping[uuid.UUID, LiveCase]:
@@ -168,6 +186,16 @@ class CaseWorker:
             lambda ids: self.store.claim_many(ids, self.owner, self.lease_seconds)
         )
         self._ended = Coalescer(self._mark_terminal_published)
+        self._slots = asyncio.Semaphore(self.concurrency)
+
+    async def _take_slot(self, live: LiveCase) -> None:
+        await self._slots.acquire()
+        live.slot = True
+
+    def _free_slot(self, live: LiveCase) -> None:
+        if live.slot:
+            live.slot = False
+            self._slots.release()
 
     async def _mark_terminal_published(self, case_ids: Sequence[uuid.UUID]
                                        ) -> dict[uuid.UUID, None]:
@@ -176,7 +204,7 @@ class CaseWorker:
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         channel = await self.connection.channel()
-        await channel.set_qos(prefetch_count=self.concurrency)
+        await channel.set_qos(prefetch_count=prefetch_for(self.concurrency))
         await self.topology.require(channel)
         publisher = self._publisher = await Publisher.open(self.connection)
         self._sink = EventPublisher(publisher, self.topology, self.signer)
@@ -275,8 +303,9 @@ class CaseWorker:
         # case is being claimed is not missed.
         live = self._live[command.case_id] = LiveCase()
         try:
+            await self._take_slot(live)
             with tracing.continued(message.headers):  # the trace POST /cases began
-                done = await self._claim_and_run(command, live.signal)
+                done = await self._claim_and_run(command, live)
         except asyncio.CancelledError:
             # Shutdown abandoned this case: hand it back for the next attempt.
             await self._release(command.case_id)
@@ -290,13 +319,15 @@ class CaseWorker:
             await self._release(command.case_id)
             raise TransientError(f"case {command.case_id} handed back: {exc}") from exc
         finally:
+            self._free_slot(live)
             del self._live[command.case_id]
             live.finished.set()
         if not done:
             raise TransientError(f"worker stopping before case {command.case_id} ran")
 
-    async def _claim_and_run(self, command: CaseStartCommand, signal: CancelSignal) -> bool:
+    async def _claim_and_run(self, command: CaseStartCommand, live: LiveCase) -> bool:
         """True when the case has reached its terminal event (ack the command)."""
+        signal = live.signal
         while not self._stopping:
             try:
                 claim = await self._claims(command.case_id)
@@ -327,7 +358,7 @@ class CaseWorker:
                         signal.cancel(claim.cancel_reason, claim.cancelled_by)
                     assert claim.case is not None
                     await self._run(command.case_id, claim.case, claim.attempt,
-                                    claim.restart_reason, signal)
+                                    claim.restart_reason, live)
                     return True
         return False
 
@@ -337,7 +368,7 @@ class CaseWorker:
         case: RecordedCase,
         attempt: int,
         restart_reason: str | None,
-        signal: CancelSignal,
+        live: LiveCase,
     ) -> None:
         agent = AGENTS.get(case.agent)
         if agent is None:
@@ -365,7 +396,8 @@ class CaseWorker:
         if values:
             self._sink.redactions[case_id] = Redaction.of(values)
         try:
-            await self._engine.run(spec, self.models(model, agent), tools, signal)
+            await self._engine.run(spec, self.models(model, agent), tools, live.signal,
+                                   decided=lambda: self._free_slot(live))
         finally:
             self._sink.redactions.pop(case_id, None)
         await self._mark_ended(case_id)

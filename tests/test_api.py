@@ -4,6 +4,7 @@ worker running against the real RabbitMQ and Postgres."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from typing import Any
 
@@ -239,3 +240,23 @@ async def test_many_cases_at_once_each_end_once(client: httpx.AsyncClient) -> No
     ids = await asyncio.gather(*(start(client, app) for app in SAMPLE_APPLICATIONS * 3))
     outcomes = [await ended(client, i, timeout=30) for i in ids]
     assert [o["answer"]["decision"] for o in outcomes] == ["approve", "refer", "decline"] * 3
+
+
+async def test_one_slot_runs_one_case_at_a_time_and_the_next_waits_in_hand(
+    client: httpx.AsyncClient,
+) -> None:
+    """The worker holds a start command beyond its slots (the next case is in hand when
+    a slot frees), but never works on more cases than it has slots: with one slot, no
+    two cases' model turns overlap, though a case may start while the last one's end
+    is still being confirmed."""
+    paced = {"model": {"provider": "scripted", "name": "paced", "latencyMs": 150}}
+    ids = [await start(client, app, **paced) for app in SAMPLE_APPLICATIONS]
+    spans = []
+    for case_id in ids:
+        assert (await ended(client, case_id, timeout=30))["status"] == "completed"
+        trail = (await client.get(f"/cases/{case_id}/events")).json()["events"]
+        at_work = [e["occurredAt"] for e in trail if e["eventType"] in
+                   ("CASE_STARTED", "REACT_CYCLE")]
+        spans.append((min(at_work), max(at_work)))
+    spans.sort()
+    assert all(earlier[1] < later[0] for earlier, later in itertools.pairwise(spans))

@@ -314,3 +314,38 @@ async def test_scripted_prompt_tokens_match_a_full_count_as_the_conversation_cha
     conversation[1] = UserMessage("short")  # an earlier message replaced (trimmed)
     assert await prompt_tokens(list(conversation)) == full(conversation)
     assert await prompt_tokens(conversation[:1]) == full(conversation[:1])  # shorter
+
+
+@pytest.mark.parametrize("ending", ["completed", "failed", "timed_out", "cancelled"])
+async def test_decided_is_told_once_after_the_last_turn_and_before_the_terminal_event(
+    ending: str,
+) -> None:
+    """The worker hands a case's slot to the next case when the engine says the outcome
+    is decided: after every model turn and tool call, before the terminal event."""
+    sink, told = ListSink(), []
+    cancel = CancelSignal()
+    model: Any = {
+        "completed": ScriptedModel(AGENTS["loan-officer"].script),
+        "failed": Flaky([ModelRejected("400 bad request")]),
+        "timed_out": SlowAfter(fast=1, delay=30),
+        "cancelled": SlowAfter(fast=1, delay=30),
+    }[ending]
+    if ending == "cancelled":
+        asyncio.get_running_loop().call_later(0.2, cancel.cancel, "withdrawn")
+
+    def decided() -> None:
+        told.append(len(sink.events))
+        if hasattr(model, "calls"):
+            told.append(model.calls)
+
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0], deadline=0.5
+                                         if ending == "timed_out" else 30),
+                                model, toolbox(), cancel, decided=decided)
+    assert_well_formed(sink)
+    assert sink.events[-1].event_type == f"CASE_{ending.upper()}"
+    # After it, only the terminal event (and the one before it, if its publish was
+    # still in flight: at most one ever is) reaches the sink.
+    assert len(sink.events) - told[0] in (1, 2)
+    if hasattr(model, "calls"):  # nothing asked of the model after it
+        assert told[1] == model.calls
+    assert len(told) == (2 if hasattr(model, "calls") else 1)

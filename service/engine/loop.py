@@ -225,6 +225,8 @@ class RunState:
     """How long the last model turn took (``None`` before the first)."""
     trace: AttemptTrace | None = None
     """The attempt's spans, when tracing is on."""
+    decided: Callable[[], None] | None = None
+    """Told once the attempt's outcome is decided, before its terminal event is sent."""
 
     def remaining(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()
@@ -281,8 +283,12 @@ class ReactEngine:
         model: ChatModel,
         tools: ToolBox,
         cancel: CancelSignal | None = None,
+        decided: Callable[[], None] | None = None,
     ) -> TerminalEvent:
-        """Run one attempt to its terminal event and return that event."""
+        """Run one attempt to its terminal event and return that event. ``decided`` is
+        called once the outcome is known and nothing is left to ask the model or the
+        tools: only the terminal event's publish and confirm remain (the worker gives
+        the case's slot to the next case then)."""
         cancel = cancel or CancelSignal()
         loop = asyncio.get_running_loop()
         allowed = spec.limits.deadline_seconds if spec.deadline_at is None else \
@@ -292,6 +298,7 @@ class ReactEngine:
             deadline=loop.time() + allowed,
             messages=[],
             metrics=metrics.for_agent(spec.agent, spec.model.provider, spec.model.name),
+            decided=decided,
         )
         if tracing.ENABLED:
             state.trace = AttemptTrace.begin(
@@ -541,6 +548,8 @@ class ReactEngine:
         )
 
     async def _terminal(self, state: RunState, payload: Payload) -> TerminalEvent:
+        if state.decided is not None:
+            state.decided()
         event = await self._emit(state, payload)
         assert event.is_terminal
         outcome = event.event_type[5:].lower()  # CASE_TIMED_OUT -> timed_out
