@@ -68,13 +68,18 @@ class KeyRing:
         """Read the keys again if one of ``key_ids`` is not known yet (a worker that
         registered its key since the last read). Reads are at most one a second, so a
         batch that arrives sooner waits for the next read rather than refusing a key
-        that may have been registered a moment ago."""
+        that may have been registered a moment ago.
+
+        After waiting, the read is forced: a timer may fire a hair early (uvloop's are
+        in milliseconds), and a read skipped as "too soon" would refuse the key. Each
+        batch that waits reads for itself, so none is checked against the keys from
+        before another batch's read that is still in progress."""
         if key_ids <= self.keys.keys():
             return
         wait = self._read_at + KEY_REFRESH_SECONDS - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
-        await self.refresh()
+        await self.refresh(force=True)
 
 
 @dataclass(frozen=True)
