@@ -341,7 +341,8 @@ def _model_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             f"turn p50 {run['turnP50Ms']:.0f} / p99 {run['turnP99Ms']:.0f} ms; "
             f"{run['connectionsOpened']} connections (pool {run['poolSize']}); worker "
             f"{run['workerCpuSeconds']} CPU-s, {run['workerPeakRssMb']:.0f} MB; the server "
-            f"alone {run['serverCeilingPerSecond']:,.0f}/s"))
+            f"alone {run['serverCeilingPerSecond']:,.0f}/s "
+            f"({run.get('serverCeilingShare', 0):.0%} of ideal)"))
     return rows
 
 
