@@ -432,7 +432,11 @@ class EventBase(ContractModel):
     def to_json(self) -> bytes:
         """The wire form, the bytes that are hashed and signed: the envelope as RFC 8785
         canonical JSON in UTF-8 (``integrity`` travels beside it)."""
-        return canonical(self.model_dump(mode="json", by_alias=True))
+        return canonical(self.wire_values())
+
+    def wire_values(self) -> dict[str, Any]:
+        """The envelope as JSON values, the wire form before it is made canonical."""
+        return self.model_dump(mode="json", by_alias=True)
 
     @property
     def routing_key(self) -> str:

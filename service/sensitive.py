@@ -154,9 +154,21 @@ class Redaction:
         return cls(tuple(ordered), tuple(orjson.dumps(v)[1:-1] for v, _ in ordered))
 
     def apply(self, body: bytes) -> bytes:
+        """``body`` (JSON) with the values replaced, canonical again if any was there."""
         if not any(probe in body for probe in self._probes):
             return body  # most events of a case hold none of its values
         return canonical(self._walk(orjson.loads(body)))
+
+    def replace_in(self, data: Any) -> Any:
+        """``data`` (an event as JSON values, before it is made canonical) with the
+        values replaced: the event is then serialized once, not twice."""
+        try:
+            text = orjson.dumps(data)
+        except orjson.JSONEncodeError:  # an integer beyond 64 bits: look everywhere
+            return self._walk(data)
+        if not any(probe in text for probe in self._probes):
+            return data
+        return self._walk(data)
 
     def _text(self, text: str) -> str:
         for value, name in self.pairs:

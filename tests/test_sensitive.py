@@ -17,6 +17,8 @@ import pytest
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.errors import PermanentError
+from service.events import CaseCompletedPayload, TokenUsage, make_event
+from service.integrity import canonical
 from service.sensitive import Redaction, Vault
 from service.store import ApiKeyStore
 from tests.helpers import ended, wait_for_sql
@@ -187,6 +189,32 @@ def test_redaction_replaces_inside_strings_never_in_the_structure() -> None:
                    "[pii:b]": 1}
     untouched = b'{"x":"nothing here"}'
     assert redaction.apply(untouched) is untouched
+
+
+def test_values_replaced_before_serializing_give_the_same_signed_bytes() -> None:
+    """The worker replaces the values in the event's JSON values and serializes once;
+    the bytes are those of replacing them in the canonical bytes and serializing again."""
+    redaction = Redaction.of({"[pii:a]": "Maria Okafor", "[pii:b]": "A-1001",
+                              "[pii:c]": 'Zoë "Z" \\ Ünal'})
+    event = make_event(uuid.uuid4(), 1, 0, CaseCompletedPayload(
+        cycles_completed=2, token_totals=TokenUsage(input_tokens=3, output_tokens=4),
+        answer={"decision": "approve", "ratio": 0.2333, "count": 2**53, "note":
+                'Maria Okafor (A-1001) and Zoë "Z" \\ Ünal', "A-1001": [1.5e-7, 1e21]}))
+    once = canonical(redaction.replace_in(event.wire_values()))
+    assert once == redaction.apply(event.to_json())
+    assert b"Maria" not in once and b"[pii:a] ([pii:b])" in once
+    plain = make_event(uuid.uuid4(), 1, 0, CaseCompletedPayload(
+        cycles_completed=0, token_totals=TokenUsage(input_tokens=0, output_tokens=0),
+        answer={"decision": "refer"}))
+    assert canonical(redaction.replace_in(plain.wire_values())) == plain.to_json()
+    # Beyond 2**53 an integer is written as the double it rounds to, once: serializing
+    # twice (as before) turned that double's digits into a string, in events holding
+    # values only.
+    huge = make_event(uuid.uuid4(), 1, 0, CaseCompletedPayload(
+        cycles_completed=0, token_totals=TokenUsage(input_tokens=0, output_tokens=0),
+        answer={"big": 2**60, "who": "Maria Okafor"}))
+    assert b'"big":1152921504606847000' in canonical(redaction.replace_in(huge.wire_values()))
+    assert b'"big":1152921504606847000' in huge.to_json()
 
 
 def test_sealed_values_open_only_for_their_case_with_their_master_key() -> None:

@@ -37,7 +37,7 @@ from service.bus.properties import Properties
 from service.bus.topology import Topology
 from service.errors import BusUnavailable, CasetrailError, PublishRejected
 from service.events import Event
-from service.integrity import GENESIS, Integrity, Signer
+from service.integrity import GENESIS, Integrity, Signer, canonical
 from service.integrity import HEADER as INTEGRITY_HEADER
 from service.sensitive import Redaction
 from service.telemetry import metrics, tracing
@@ -198,10 +198,9 @@ class EventPublisher:
                     f"event {event.seq} of case {event.case_id} attempt {event.attempt} does "
                     f"not follow the last one emitted ({head[0] if head else 'none'})")
             prev_hash = head[1]
-        body = event.to_json()
         redaction = self.redactions.get(event.case_id)
-        if redaction is not None:
-            body = redaction.apply(body)
+        body = event.to_json() if redaction is None \
+            else canonical(redaction.replace_in(event.wire_values()))
         integrity = self.signer.seal(prev_hash, body)
         if event.is_terminal:
             self._heads.pop(chain, None)
