@@ -176,7 +176,7 @@ async def run(quick: bool, everything: bool = False) -> dict[str, Any]:
     results["replay"] = await replay.replay_at_scale(int(10_000 * scale))
     print("real providers against a 300 ms model ...", flush=True)
     results["models"] = [await models.run_cases(provider, int(1000 * scale), level)
-                         for provider in ("openai", "anthropic") for level in (256, 1024)]
+                         for provider in ("openai", "anthropic") for level in (128, 256, 1024)]
     return results
 
 
