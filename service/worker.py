@@ -176,10 +176,17 @@ class CaseWorker:
     _claims: Coalescer[uuid.UUID, Claim] = field(init=False)
     _ended: Coalescer[uuid.UUID, None] = field(init=False)
     _slots: asyncio.Semaphore = field(init=False)
+    _slots_busy: int = 0
 
     @property
     def live_cases(self) -> Mapping[uuid.UUID, LiveCase]:
         return self._live
+
+    @property
+    def slots_busy(self) -> int:
+        """Slots held by a case at work (the rest of ``live_cases`` wait for one, or
+        are finishing: their outcome decided, their end being confirmed)."""
+        return self._slots_busy
 
     def __post_init__(self) -> None:
         self._claims = Coalescer(
@@ -191,10 +198,12 @@ class CaseWorker:
     async def _take_slot(self, live: LiveCase) -> None:
         await self._slots.acquire()
         live.slot = True
+        self._slots_busy += 1
 
     def _free_slot(self, live: LiveCase) -> None:
         if live.slot:
             live.slot = False
+            self._slots_busy -= 1
             self._slots.release()
 
     async def _mark_terminal_published(self, case_ids: Sequence[uuid.UUID]
@@ -491,6 +500,7 @@ async def run_worker(settings: Settings) -> None:
                         concurrency=settings.worker_concurrency,
                         lease_seconds=settings.lease_seconds)
     metrics.LIVE_CASES.set_function(lambda: len(worker.live_cases))
+    metrics.SLOTS_BUSY.set_function(lambda: worker.slots_busy)
     probe = QueueProbe(connection, {"case-start": topology.case_start_queue},
                        settings.queue_probe_seconds)
     try:

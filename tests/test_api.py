@@ -17,7 +17,7 @@ import pytest
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
 from tests.helpers import ended, wait_until
-from tests.stack import module_stack
+from tests.stack import InProcessStack, module_stack
 
 APPROVE = SAMPLE_APPLICATIONS[0]
 CYCLE_KEYS = ["cycleIndex", "reasoningText", "toolCalls", "tokenUsage"]
@@ -243,7 +243,7 @@ async def test_many_cases_at_once_each_end_once(client: httpx.AsyncClient) -> No
 
 
 async def test_one_slot_runs_one_case_at_a_time_and_the_next_waits_in_hand(
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient, stack: InProcessStack,
 ) -> None:
     """The worker holds a start command beyond its slots (the next case is in hand when
     a slot frees), but never works on more cases than it has slots: with one slot, no
@@ -251,6 +251,11 @@ async def test_one_slot_runs_one_case_at_a_time_and_the_next_waits_in_hand(
     is still being confirmed."""
     paced = {"model": {"provider": "scripted", "name": "paced", "latencyMs": 150}}
     ids = [await start(client, app, **paced) for app in SAMPLE_APPLICATIONS]
+
+    async def one_at_work_one_in_hand() -> bool:
+        return stack.worker.slots_busy == 1 and len(stack.worker.live_cases) == 2
+
+    await wait_until(one_at_work_one_in_hand)
     spans = []
     for case_id in ids:
         assert (await ended(client, case_id, timeout=30))["status"] == "completed"
@@ -260,3 +265,4 @@ async def test_one_slot_runs_one_case_at_a_time_and_the_next_waits_in_hand(
         spans.append((min(at_work), max(at_work)))
     spans.sort()
     assert all(earlier[1] < later[0] for earlier, later in itertools.pairwise(spans))
+    assert stack.worker.slots_busy == 0

@@ -68,6 +68,9 @@ TOOL_CALL_SECONDS = Histogram(
     "source (worker, local) and outcome (ok, error).", ["tool", "source", "outcome"],
     buckets=TOOL_SECONDS)
 LIVE_CASES = Gauge("casetrail_live_cases", "Cases this worker holds now.")
+SLOTS_BUSY = Gauge("casetrail_worker_slots_busy", "Of this worker's slots "
+                   "(CASETRAIL_WORKER_CONCURRENCY), those held by a case at work; when all "
+                   "are, start commands wait in hand for one.")
 
 # --- every publisher ---------------------------------------------------------------
 PUBLISH_CONFIRM_SECONDS = Histogram(
