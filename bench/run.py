@@ -359,9 +359,10 @@ def _integrity_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         ("  hash + Ed25519 verify", f"{c['hashAndVerifyMicroseconds']} µs", "",
          f"in the consumer; its whole admission check {c['consumerAdmitMicroseconds']} µs"),
         *([("  sensitive values, event without one", f"{c['redactionScanMicroseconds']} µs",
-            "", "in the worker: a scan for each of the case's values"),
+            "", "in the worker: serialized once more and scanned for each of the case's "
+            "values"),
            ("  sensitive values, event with one", f"{c['redactionRewriteMicroseconds']} µs",
-            "", "in the worker: parsed, rewritten in its strings, canonicalised again")]
+            "", "in the worker: rewritten in its strings before the one canonical form")]
           if "redactionScanMicroseconds" in c else []),
     ]
 
