@@ -213,6 +213,15 @@ class Settings(BaseSettings):
                                                  "a connection to a model endpoint.")
     model_pool_size: int = Field(default=256, ge=1, description="Connections one worker "
                                  "keeps to each model endpoint, shared by all its cases.")
+    model_proxy: SecretStr | None = Field(
+        default=None, description="An egress proxy for requests to https model endpoints "
+        "(http://[user:password@]host:port): each connection is a CONNECT tunnel, so the "
+        "proxy sees the host, never a key or a conversation. Loopback endpoints never use "
+        "it; HTTPS_PROXY and the like are not read.")
+    model_ca_file: str | None = Field(
+        default=None, description="PEM file of the certificate authorities that model "
+        "endpoints' certificates are checked against instead of the system's (a gateway "
+        "inside the organisation, or a proxy that inspects TLS).")
 
     metrics_host: str = Field(default="127.0.0.1", description="Where each component "
                               "serves /metrics (0.0.0.0 for a scraper on another host).")
@@ -249,6 +258,16 @@ class Settings(BaseSettings):
     tool_timeout_seconds: float = 10.0
     tool_attempts: int = 3
 
+
+    @field_validator("model_proxy")
+    @classmethod
+    def _proxy_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            parts = urlsplit(value.get_secret_value())
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError("model_proxy must be http://[user:password@]host:port "
+                                 "(or https://)")
+        return value
 
     def environment(self, **extra: str) -> dict[str, str]:
         """This process's environment with every setting set as ``CASETRAIL_<NAME>``

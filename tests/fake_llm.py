@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -74,9 +75,10 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> R
 
 
 @asynccontextmanager
-async def fake_llm() -> AsyncIterator[FakeLLM]:
+async def fake_llm(tls: tuple[Path, Path] | None = None) -> AsyncIterator[FakeLLM]:
+    """The server; ``tls`` (certificate, key): over https, as ``localhost``."""
     port = free_port()
-    fake = FakeLLM(base_url=f"http://127.0.0.1:{port}")
+    fake = FakeLLM(base_url=f"https://localhost:{port}" if tls else f"http://127.0.0.1:{port}")
     app = FastAPI()
 
     async def answer(request: Request) -> JSONResponse:
@@ -96,7 +98,9 @@ async def fake_llm() -> AsyncIterator[FakeLLM]:
 
     app.post("/v1/chat/completions")(answer)
     app.post("/v1/messages")(answer)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    server = uvicorn.Server(uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="error",
+        ssl_certfile=str(tls[0]) if tls else None, ssl_keyfile=str(tls[1]) if tls else None))
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
         await asyncio.sleep(0.01)

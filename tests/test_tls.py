@@ -1,6 +1,7 @@
-"""TLS on both wires, once each: ``amqps://`` to a private RabbitMQ node and
+"""TLS on every wire, once each: ``amqps://`` to a private RabbitMQ node,
 ``sslmode=verify-full`` to a private Postgres cluster, both started and stopped here
-with a certificate authority made here. The machine's own broker and database are not
+with a certificate authority made here, and https to a model endpoint through an
+egress proxy. The machine's own broker and database are not
 touched (the private node has its own node name, config file, data dir and ports;
 the private cluster its own data dir, port and socket directory)."""
 
@@ -16,7 +17,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
@@ -29,8 +30,16 @@ from cryptography.x509.oid import NameOID
 from service.bus.connection import connect
 from service.bus.deliveries import Subscription
 from service.bus.publisher import Publisher
+from service.config import Settings
+from service.engine.chat import UserMessage
+from service.errors import ModelUnavailable
 from service.migrate import migrate
+from service.providers import ModelFactory
+from service.providers._errors import scrub
+from service.providers.clients import ModelClients, PoolSettings
+from service.providers.openai_compat import OpenAIChatModel
 from service.store import create_pool
+from tests.fake_llm import fake_llm, openai_turn
 from tests.helpers import wait_until
 from tests.stack import free_port
 
@@ -240,3 +249,92 @@ async def test_postgres_with_sslmode_verify_full(authority: Authority,
     with pytest.raises(OSError, match=r"certificate verify failed|CERTIFICATE_VERIFY_FAILED"):
         await asyncpg.connect(f"{base}?sslmode=verify-full&sslrootcert={authority.stranger}")
 
+
+
+# -- a model endpoint over https, through an egress proxy -----------------------------------
+
+@dataclass
+class ConnectProxy:
+    """An egress proxy that only tunnels (CONNECT): keeps the request line of each
+    tunnel asked for and every byte it carried."""
+
+    asked: list[bytes] = field(default_factory=list)
+    carried: bytearray = field(default_factory=bytearray)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        self.asked.append(head.split(b"\r\n", 1)[0])
+        method, target, _ = head.split(b" ", 2)
+        if method != b"CONNECT":
+            writer.write(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n")
+            writer.close()
+            return
+        host, port = target.rsplit(b":", 1)
+        upstream_reader, upstream = await asyncio.open_connection(host.decode(), int(port))
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    self.carried += data
+                    sink.write(data)
+                    await sink.drain()
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, upstream), pipe(upstream_reader, writer),
+                             return_exceptions=True)
+
+
+async def test_model_requests_go_through_the_egress_proxy_in_verified_tls(
+    authority: Authority,
+) -> None:
+    """An https endpoint is reached through CONNECT: the proxy carries only ciphertext
+    (no key, no conversation), the endpoint's certificate is checked against the
+    configured authorities (another CA: refused), and a loopback endpoint goes direct."""
+    proxy = ConnectProxy()
+    listening = await asyncio.start_server(proxy.serve, "127.0.0.1", 0)
+    proxy_url = f"http://127.0.0.1:{listening.sockets[0].getsockname()[1]}"
+    trusted = ModelClients(PoolSettings(proxy=proxy_url, ca_file=str(authority.ca)))
+    strangers = ModelClients(PoolSettings(proxy=proxy_url, ca_file=str(authority.stranger)))
+    secret = "sk-tunnelled-key-0123456789"
+    try:
+        async with fake_llm((authority.certificate, authority.key)) as endpoint:
+            endpoint.script = [openai_turn("through the tunnel")]
+            model = OpenAIChatModel("gpt-test", trusted.client(
+                "openai", f"{endpoint.base_url}/v1", secret))
+            turn = await model.request([UserMessage("the applicant's income")], [])
+            assert turn.text == "through the tunnel"
+            port = endpoint.base_url.rsplit(":", 1)[1]
+            assert proxy.asked == [f"CONNECT localhost:{port} HTTP/1.1".encode()]
+            assert endpoint.headers[0]["authorization"] == f"Bearer {secret}"
+            assert secret.encode() not in proxy.carried
+            assert b"income" not in proxy.carried and len(proxy.carried) > 1000
+            refused = OpenAIChatModel("gpt-test", strangers.client(
+                "openai", f"{endpoint.base_url}/v1", secret))
+            with pytest.raises(ModelUnavailable, match=r"(?i)certificate verify failed"):
+                await refused.request([UserMessage("hello")], [])
+        async with fake_llm() as loopback:
+            loopback.script = [openai_turn("direct")]
+            tunnels = len(proxy.asked)
+            direct = OpenAIChatModel("gpt-test", trusted.client(
+                "openai", f"{loopback.base_url}/v1", secret))
+            assert (await direct.request([UserMessage("hello")], [])).text == "direct"
+            assert len(proxy.asked) == tunnels
+    finally:
+        await trusted.aclose()
+        await strangers.aclose()
+        listening.close()
+
+
+def test_the_proxy_setting_reaches_the_clients_and_must_be_a_proxy_url() -> None:
+    configured = Settings(_env_file=None, model_proxy="http://egress:s3cret@proxy.internal:3128",
+                          model_ca_file="/etc/ssl/internal-ca.pem")
+    pool = ModelFactory(configured).clients.pool
+    assert pool.proxy == "http://egress:s3cret@proxy.internal:3128"
+    assert pool.ca_file == "/etc/ssl/internal-ca.pem"
+    assert "s3cret" not in repr(configured)
+    with pytest.raises(ValueError, match="model_proxy must be"):
+        Settings(_env_file=None, model_proxy="socks5://proxy.internal:1080")
+    assert scrub("Cannot connect to http://egress:s3cret@proxy.internal:3128") == \
+        "Cannot connect to http://[redacted]@proxy.internal:3128"

@@ -81,7 +81,8 @@ class ModelFactory:
         self._settings = settings
         self.clients = ModelClients(PoolSettings(
             size=settings.model_pool_size, connect_timeout=settings.model_connect_timeout_seconds,
-            timeout=settings.model_timeout_seconds))
+            timeout=settings.model_timeout_seconds, proxy=_secret(settings.model_proxy),
+            ca_file=settings.model_ca_file))
 
     async def aclose(self) -> None:
         """Close the shared clients (the worker's shutdown)."""

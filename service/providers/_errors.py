@@ -26,11 +26,12 @@ FIXED_TEXTS = {
 MAX_MESSAGE = 500
 _CREDENTIAL = re.compile(
     r"(?i)\b(?:sk|pk|rk|ak|key|token|secret|bearer)[-_ :=]+[A-Za-z0-9*._\-]{6,}")
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")  # http://user:password@proxy
 
 
 def scrub(text: str) -> str:
     """``text`` with anything shaped like a credential replaced, at most 500 characters."""
-    cleaned = _CREDENTIAL.sub("[redacted]", text)
+    cleaned = _USERINFO.sub("[redacted]@", _CREDENTIAL.sub("[redacted]", text))
     return cleaned if len(cleaned) <= MAX_MESSAGE else cleaned[:MAX_MESSAGE] + "…"
 
 TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})

@@ -16,7 +16,10 @@ aiohttp alone.
 - Redirects are never followed (a key must not go where a redirect points): a 3xx is
   an answer the case fails on.
 - No proxy or ``.netrc`` from the environment (``trust_env`` off): a key goes to the
-  configured endpoint and nowhere else; no cookies are kept between cases.
+  configured endpoint and nowhere else; no cookies are kept between cases. An egress
+  proxy is named explicitly (``CASETRAIL_MODEL_PROXY``) and carries https endpoints'
+  connections as CONNECT tunnels, so it never sees a key; loopback endpoints go
+  direct. ``CASETRAIL_MODEL_CA_FILE`` replaces the system's authorities.
 - Pool size and timeouts: ``CASETRAIL_MODEL_POOL_SIZE``,
   ``CASETRAIL_MODEL_CONNECT_TIMEOUT_SECONDS``, ``CASETRAIL_MODEL_TIMEOUT_SECONDS``.
 - A case's deadline cancels its in-flight request: aiohttp closes a connection whose
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import ssl
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -57,6 +61,10 @@ class PoolSettings:
     size: int = 256
     connect_timeout: float = 10.0
     timeout: float = 120.0
+    proxy: str | None = None
+    """The egress proxy for https endpoints (a CONNECT tunnel each connection)."""
+    ca_file: str | None = None
+    """The authorities endpoints' certificates are checked against; none: the system's."""
 
 
 def _headers(provider: Provider, api_key: str) -> dict[str, str]:
@@ -76,6 +84,9 @@ class ProviderClient:
         self.base_url = (base_url or DEFAULT_BASE_URLS[provider]).rstrip("/")
         self._headers = _headers(provider, api_key)
         self._pool = pool or PoolSettings()
+        # Only a TLS connection goes through the proxy, tunnelled: the proxy never
+        # sees the key (a loopback endpoint is this machine's, and goes direct).
+        self._proxy = self._pool.proxy if self.base_url.startswith("https://") else None
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
@@ -84,8 +95,11 @@ class ProviderClient:
         if self._closed:
             raise ModelUnavailable(f"{self.provider} client closed (the worker is stopping)")
         if self._session is None:
+            verify: ssl.SSLContext | bool = True if self._pool.ca_file is None \
+                else ssl.create_default_context(cafile=self._pool.ca_file)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._pool.size, limit_per_host=0),
+                connector=aiohttp.TCPConnector(limit=self._pool.size, limit_per_host=0,
+                                               ssl=verify),
                 timeout=aiohttp.ClientTimeout(total=self._pool.timeout,
                                               sock_connect=self._pool.connect_timeout),
                 headers=self._headers, cookie_jar=aiohttp.DummyCookieJar(),
@@ -98,7 +112,7 @@ class ProviderClient:
         session = self._open()
         try:
             async with session.post(self.base_url + path, data=orjson.dumps(body),
-                                    allow_redirects=False) as response:
+                                    allow_redirects=False, proxy=self._proxy) as response:
                 raw = await response.read()
                 status, headers = response.status, response.headers
         except (aiohttp.ClientError, TimeoutError) as exc:
