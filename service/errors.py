@@ -1,6 +1,6 @@
 """The project's own error hierarchy.
 
-Every third-party exception (aiormq, aio-pika, asyncpg, provider SDKs) is
+Every third-party exception (aiormq, aio-pika, asyncpg, aiohttp) is
 translated at the boundary into one of these, so the code above the adapters
 decides by *kind*, never by library:
 

@@ -1,5 +1,5 @@
 """A local HTTP server that speaks the OpenAI Chat Completions and Anthropic Messages
-wire formats, answering from a script. The real SDKs talk to it over real HTTP."""
+wire formats, answering from a script. casetrail's providers talk to it over real HTTP."""
 
 from __future__ import annotations
 
