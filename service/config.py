@@ -53,6 +53,11 @@ class TenantQuota(BaseModel):
 _LOOPBACK = {"localhost", "::1"}
 
 
+def amqp_nodes(url: str) -> list[str]:
+    """The URLs of an AMQP URL setting: one, or several of one cluster (commas)."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
 class ModelEndpoint(BaseModel):
     """An operator-defined model endpoint: a case names it, and only its own key (from
     the variable ``apiKeyEnv``) is ever sent to its ``baseUrl``."""
@@ -287,7 +292,7 @@ class Settings(BaseSettings):
     def amqp_vhost(self) -> str:
         """The virtual host of ``amqp_url`` (``/`` when the URL names none; a cluster's
         URLs name the same one)."""
-        path = urlsplit(self.amqp_url.split(",")[0]).path
+        path = urlsplit(amqp_nodes(self.amqp_url)[0]).path
         return unquote(path[1:]) if len(path) > 1 else "/"
 
     def secrets_path(self) -> Path:
@@ -311,7 +316,7 @@ class Settings(BaseSettings):
         # whose messages they take by these names.
         for url, expected in ((configured, self.broker_user(component)),
                               (database, self.database_role(component))):
-            users = {unquote(urlsplit(u).username or "") for u in url.split(",")} \
+            users = {unquote(urlsplit(u).username or "") for u in amqp_nodes(url)} \
                 if url else {expected}
             user = ", ".join(sorted(users))
             if user != expected:

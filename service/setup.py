@@ -42,7 +42,7 @@ import httpx
 from service.agents import CAPABILITIES
 from service.bus.connection import connect
 from service.bus.topology import Topology
-from service.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings
+from service.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings, amqp_nodes
 from service.errors import PermanentError
 from service.migrate import (
     database_name,
@@ -67,7 +67,7 @@ def _with_user(url: str, user: str, password: str) -> str:
         return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}:"
                                                 f"{quote(password, safe='')}@{host}"))
 
-    return ",".join(one(node) for node in url.split(","))
+    return ",".join(one(node) for node in amqp_nodes(url))
 
 
 def _given_password(url: str | None, expected_user: str, variable: str) -> str | None:
@@ -75,7 +75,7 @@ def _given_password(url: str | None, expected_user: str, variable: str) -> str |
     setup creates."""
     if url is None:
         return None
-    parts = urlsplit(url.split(",")[0])
+    parts = urlsplit(amqp_nodes(url)[0])
     if unquote(parts.username or "") != expected_user or not parts.password:
         raise PermanentError(f"{variable} must name the user {expected_user!r} with a password "
                              "(setup creates that identity with it)")
@@ -91,7 +91,7 @@ class Identities:
     master_key: str | None = None
 
     def password(self, component: Component, kind: str) -> str:
-        return unquote(urlsplit(self.urls[component][kind].split(",")[0]).password or "")
+        return unquote(urlsplit(amqp_nodes(self.urls[component][kind])[0]).password or "")
 
 
 def plan_identities(settings: Settings) -> Identities:
@@ -119,7 +119,7 @@ def plan_identities(settings: Settings) -> Identities:
 
 
 def _kept_password(url: str | None, user: str) -> str | None:
-    first = urlsplit(url.split(",")[0]) if url is not None else None
+    first = urlsplit(amqp_nodes(url)[0]) if url is not None else None
     if first is None or unquote(first.username or "") != user:
         return None
     return unquote(first.password or "") or None

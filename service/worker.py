@@ -176,7 +176,6 @@ class CaseWorker:
     _claims: Coalescer[uuid.UUID, Claim] = field(init=False)
     _ended: Coalescer[uuid.UUID, None] = field(init=False)
     _slots: asyncio.Semaphore = field(init=False)
-    _slots_busy: int = 0
 
     @property
     def live_cases(self) -> Mapping[uuid.UUID, LiveCase]:
@@ -186,7 +185,7 @@ class CaseWorker:
     def slots_busy(self) -> int:
         """Slots held by a case at work (the rest of ``live_cases`` wait for one, or
         are finishing: their outcome decided, their end being confirmed)."""
-        return self._slots_busy
+        return sum(1 for live in self._live.values() if live.slot)
 
     def __post_init__(self) -> None:
         self._claims = Coalescer(
@@ -198,12 +197,10 @@ class CaseWorker:
     async def _take_slot(self, live: LiveCase) -> None:
         await self._slots.acquire()
         live.slot = True
-        self._slots_busy += 1
 
     def _free_slot(self, live: LiveCase) -> None:
         if live.slot:
             live.slot = False
-            self._slots_busy -= 1
             self._slots.release()
 
     async def _mark_terminal_published(self, case_ids: Sequence[uuid.UUID]

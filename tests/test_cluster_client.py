@@ -7,8 +7,8 @@ import aio_pika
 import pytest
 from yarl import URL
 
-from service.bus.connection import ClusterConnection, connect, nodes
-from service.config import Settings
+from service.bus.connection import ClusterConnection, connect
+from service.config import Settings, amqp_nodes
 from service.errors import BusUnavailable
 from service.setup import _with_user
 from tests.stack import free_port
@@ -22,7 +22,7 @@ def test_the_reconnect_hook_it_wraps_is_aio_pikas() -> None:
 
 def test_a_cluster_url_list_is_parsed_and_rewritten_per_node() -> None:
     urls = "amqp://admin:pw@10.0.0.1:5672/,amqp://admin:pw@10.0.0.2:5672/ "
-    assert nodes(urls) == ["amqp://admin:pw@10.0.0.1:5672/", "amqp://admin:pw@10.0.0.2:5672/"]
+    assert amqp_nodes(urls) == ["amqp://admin:pw@10.0.0.1:5672/", "amqp://admin:pw@10.0.0.2:5672/"]
     assert _with_user(urls.strip(), "ns-worker", "s3cret") == (
         "amqp://ns-worker:s3cret@10.0.0.1:5672/,amqp://ns-worker:s3cret@10.0.0.2:5672/")
     assert Settings(amqp_url=urls.strip().replace(":5672/", ":5672/v1")).amqp_vhost() == "v1"

@@ -24,17 +24,13 @@ from pamqp.common import FieldTable
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 from yarl import URL
 
+from service.config import amqp_nodes
 from service.errors import BusUnavailable
 
 log = logging.getLogger("casetrail.bus")
 
 STARTUP_PATIENCE_SECONDS = 60.0
 """How long a component waits for the broker to answer at start."""
-
-
-def nodes(url: str) -> list[str]:
-    """The URLs of ``CASETRAIL_AMQP_URL``: one, or several of one cluster (commas)."""
-    return [u.strip() for u in url.split(",") if u.strip()]
 
 
 def _where(url: str) -> str:
@@ -89,7 +85,7 @@ class ClusterConnection(aio_pika.RobustConnection):
 async def connect(url: str, name: str) -> AbstractRobustConnection:
     """A robust connection: it reconnects and restores channels, queues and consumers;
     with several URLs, to whichever node of the cluster answers."""
-    urls = nodes(url)
+    urls = amqp_nodes(url)
     properties: FieldTable = {"connection_name": name}
     if len(urls) == 1:
         try:
