@@ -5,6 +5,7 @@ appears in a URL. Screenshots of the list and of a case page go to ``docs/``."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.store import ApiKeyStore
@@ -69,6 +70,12 @@ async def signed_in(browser: Browser, stack: InProcessStack, key: str, path: str
     await page.get_by_label("API key").fill(key)
     await page.get_by_role("button", name="Sign in").click()
     return page
+
+
+async def shown_in_full(page: Page) -> None:
+    """Waits until the page asked for last is shown: until then the previous one stays
+    on screen, marked busy."""
+    await expect(page.locator("main")).not_to_have_attribute("aria-busy", "true")
 
 
 def never_in_a_url(page: Page, key: str) -> None:
@@ -140,19 +147,47 @@ async def test_the_list_filters_and_hides_other_tenants_cases(
     await page.get_by_label("Decision").fill(decision)
     await page.get_by_role("button", name="Search").click()
     await expect(page).to_have_url(re.compile(rf"decision={decision}"))
-    await expect(rows.first).to_be_visible()
+    await shown_in_full(page)
     badges = await page.locator("table.cases tbody td:nth-child(4)").all_inner_texts()
     assert badges and set(badges) == {decision}
 
     # Keyboard: the first case's link is reachable with Tab and opens its page.
     await page.get_by_role("button", name="Clear").click()
     await expect(page).to_have_url(stack.base_url + "/ui/")
+    await shown_in_full(page)
     link = rows.first.locator("a")
     await link.focus()
     await page.keyboard.press("Enter")
     await expect(page).to_have_url(re.compile(r"/ui/cases/[0-9a-f-]{36}$"))
     await expect(page.locator("#outcome")).to_be_visible(timeout=10_000)
     never_in_a_url(page, viewer_key)
+    await page.close()
+
+
+async def test_an_answer_for_a_page_left_behind_never_replaces_the_page_shown(
+    browser: Browser, stack: InProcessStack, viewer_key: str,
+) -> None:
+    page = await signed_in(browser, stack, viewer_key)
+    await shown_in_full(page)
+    released = asyncio.Event()
+
+    async def held(route: Route) -> None:
+        await released.wait()
+        await route.continue_()
+
+    await page.route(re.compile(r"/cases\?.*decision=refer"), held)
+    await page.get_by_label("Decision").fill("refer")
+    await page.get_by_role("button", name="Search").click()
+    await expect(page.locator("main")).to_have_attribute("aria-busy", "true")
+    await page.go_back()  # the reader moves on before the filtered list arrives
+    await expect(page).to_have_url(stack.base_url + "/ui/")
+    await shown_in_full(page)
+
+    async with page.expect_response(re.compile(r"decision=refer")):
+        released.set()
+    await page.evaluate("() => new Promise((done) => setTimeout(done, 200))")
+    assert page.url == stack.base_url + "/ui/"
+    await expect(page.get_by_label("Decision")).to_have_value("")  # not the filtered page
     await page.close()
 
 

@@ -15,6 +15,16 @@ const STATUS_TONE = {
 };
 const main = document.getElementById("main");
 
+// Shows a page's content, unless the reader has moved on (a newer route aborted this
+// one): a slow answer for an old page never replaces the page asked for since. Clears
+// the busy mark that route() sets, so the old content is never taken for the new.
+function show(signal, ...children) {
+  if (signal.aborted) return false;
+  main.replaceChildren(...children);
+  main.removeAttribute("aria-busy");
+  return true;
+}
+
 class Unauthorized extends Error {}
 
 // --- small DOM helpers ----------------------------------------------------
@@ -116,6 +126,7 @@ function signInPage(problem) {
     }
   });
   main.replaceChildren(form);
+  main.removeAttribute("aria-busy");
   input.focus();
 }
 
@@ -126,7 +137,7 @@ function signOut() {
 }
 
 // --- the case list ------------------------------------------------------------
-async function listPage() {
+async function listPage(signal) {
   const params = new URLSearchParams(location.search);
   const agents = (await api("/agents")).agents.map((a) => a.name);
   const field = (label, control) => el("label", {}, label, control);
@@ -171,7 +182,6 @@ async function listPage() {
       el("th", { scope: "col", class: "wide", text: "Started by" }),
       el("th", { scope: "col", text: "Created" }))), body);
   const more = el("button", { type: "button", text: "Load more", hidden: true });
-  main.replaceChildren(el("h1", { text: "Cases" }), form, table, el("div", { class: "more" }, more));
 
   let cursor = null;
   const load = async () => {
@@ -179,6 +189,7 @@ async function listPage() {
     query.set("limit", "50");
     if (cursor) query.set("cursor", cursor);
     const page = await api(`/cases?${query}`);
+    if (signal.aborted) return;
     for (const item of page.items) {
       const link = el("a", { class: "id", href: `/ui/cases/${item.caseId}`, text: item.caseId.slice(0, 8) });
       body.append(el("tr", { "data-case-id": item.caseId },
@@ -198,6 +209,7 @@ async function listPage() {
   };
   more.addEventListener("click", () => load().catch(fail));
   await load();
+  show(signal, el("h1", { text: "Cases" }), form, table, el("div", { class: "more" }, more));
 }
 
 // --- one case -------------------------------------------------------------------
@@ -285,7 +297,7 @@ async function casePage(caseId, signal) {
   const chart = el("div", { class: "chart", role: "img", "aria-label": "Tokens per cycle" });
   const live = el("p", { class: "live", role: "status" });
   const timeline = el("div", { class: "timeline" });
-  main.replaceChildren(
+  if (!show(signal,
     el("section", { class: "case-head", "aria-label": "Case" },
       el("div", {},
         el("p", { class: "muted" }, el("a", { href: "/ui/", text: "← All cases" })),
@@ -302,7 +314,7 @@ async function casePage(caseId, signal) {
           fact("Created", "f-created", when(view.createdAt)))),
       el("div", { class: "chart-box" }, el("div", { class: "label", text: "Tokens per cycle" }), chart,
         el("div", { class: "legend" }, el("i", { class: "in" }), "in", el("i", { class: "out" }), "out"))),
-    live, timeline);
+    live, timeline)) return;
 
   const bars = [];
   const totals = { cycles: 0, input: 0, output: 0 };
@@ -400,6 +412,7 @@ function fail(exc) {
     return;
   }
   main.replaceChildren(el("p", { class: "error", role: "alert", text: `Could not load: ${exc.message}` }));
+  main.removeAttribute("aria-busy");
 }
 
 let leaving = new AbortController();
@@ -415,7 +428,8 @@ function route() {
   document.getElementById("who").textContent = "signed in";
   const match = location.pathname.match(/^\/ui\/cases\/([0-9a-f-]{36})$/);
   const signal = leaving.signal;
-  (match ? casePage(match[1], signal) : listPage()).catch((exc) => signal.aborted || fail(exc));
+  main.setAttribute("aria-busy", "true");
+  (match ? casePage(match[1], signal) : listPage(signal)).catch((exc) => signal.aborted || fail(exc));
 }
 
 document.getElementById("signout").addEventListener("click", signOut);
