@@ -73,7 +73,7 @@ async def test_without_a_valid_key_every_private_route_answers_401(
                         {"Authorization": "Basic dXNlcjpwYXNz"}, revoked, expired,
                         {"Authorization": "Bearer ct_000000000000_" + "A" * 43}):
             for method, path in (("GET", f"/cases/{uuid.uuid4()}"), ("POST", "/cases"),
-                                 ("GET", "/agents")):
+                                 ("GET", "/agents"), ("GET", "/me")):
                 reply = await http.request(method, path, headers=headers, json=LOAN)
                 assert reply.status_code == 401, (headers, path, reply.text)
                 assert reply.headers["www-authenticate"] == "Bearer"
@@ -86,6 +86,18 @@ async def test_without_a_valid_key_every_private_route_answers_401(
                 assert reply.status_code in (200, 404, 422), (route, reply.text)
             else:
                 assert reply.status_code == 200, (route, reply.text)
+
+
+async def test_a_caller_can_ask_who_its_credentials_act_as(
+    stack: InProcessStack, pool: asyncpg.Pool,
+) -> None:
+    key_id, headers = await key(pool, "acme", "cases:read", "cases:start")
+    _, admin = await key(pool, "globex", "admin")
+    async with httpx.AsyncClient(base_url=stack.base_url) as http:
+        assert (await http.get("/me", headers=headers)).json() == {
+            "tenant": "acme", "subject": f"key:{key_id}",
+            "scopes": ["cases:read", "cases:start"]}
+        assert (await http.get("/me", headers=admin)).json()["scopes"] == ["admin"]
 
 
 async def test_revocation_takes_effect_within_a_second(

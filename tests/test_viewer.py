@@ -138,6 +138,9 @@ async def test_the_list_filters_and_hides_other_tenants_cases(
     page = await signed_in(browser, stack, viewer_key)
     rows = page.locator("table.cases tbody tr[data-case-id]")
     await expect(rows.first).to_be_visible()
+    # The header says whose cases these are: the tenant and the key's id, never the key.
+    key_id = viewer_key.split("_")[1]
+    await expect(page.locator("#who")).to_have_text(f"lender · key:{key_id}")
     shown = await rows.evaluate_all("rows => rows.map(r => r.dataset.caseId)")
     assert {c["caseId"] for c in mine} <= set(shown)
     assert theirs["caseId"] not in shown  # another tenant's case

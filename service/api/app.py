@@ -42,6 +42,7 @@ from service.api.schemas import (
     CaseView,
     EraseAccepted,
     Health,
+    Identity,
     LimitsRequest,
     Problem,
     Readiness,
@@ -667,6 +668,12 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         _: Principal = any_key,
     ) -> dict[str, Any]:
         return {"agents": [AGENTS[name].describe() for name in _offered(settings)]}
+
+    @app.get("/me", summary="Who the credentials act as", response_model=None,
+             responses=_responses(200, Identity, "The tenant, subject and scopes", 401, 503))
+    async def me(principal: Principal = any_key) -> dict[str, Any]:
+        return {"tenant": principal.tenant, "subject": principal.subject,
+                "scopes": sorted(principal.scopes)}
 
     bus_document = asyncapi_document(settings.namespace, settings.amqp_vhost())
 

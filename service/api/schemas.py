@@ -199,6 +199,15 @@ class AgentList(BaseModel):
     agents: list[AgentDescription]
 
 
+class Identity(BaseModel):
+    """Who the request's credentials act as."""
+
+    tenant: str = Field(description="The tenant whose cases the credentials reach.")
+    subject: str = Field(description="`key:<keyId>` for an API key, `oidc:<sub>` for a "
+                                     "token; recorded as who started or cancelled a case.")
+    scopes: list[str] = Field(description="The scopes granted, sorted.")
+
+
 class Health(BaseModel):
     status: str
 

@@ -100,9 +100,18 @@ async function readStream(path, lastEventId, onEvent, signal) {
 }
 
 // --- session ----------------------------------------------------------------
+// The header names the tenant and the credential the viewer reads as, so a
+// reviewer with several keys always knows whose cases these are.
+function showWho(identity) {
+  const who = document.getElementById("who");
+  who.textContent = `${identity.tenant} · ${identity.subject}`;
+  who.title = `Scopes: ${identity.scopes.join(", ") || "none"}`;
+}
+
 function signInPage(problem) {
   document.getElementById("signout").hidden = true;
   document.getElementById("who").textContent = "";
+  document.getElementById("who").title = "";
   const input = el("input", { id: "api-key", type: "password", autocomplete: "off",
                               spellcheck: "false", required: true, placeholder: "ct_…" });
   const error = el("p", { class: "error", role: "alert", hidden: !problem, text: problem || "" });
@@ -116,7 +125,7 @@ function signInPage(problem) {
     event.preventDefault();
     sessionStorage.setItem(KEY, input.value.trim());
     try {
-      await api("/agents");
+      showWho(await api("/me"));
       route();
     } catch (exc) {
       sessionStorage.removeItem(KEY);
@@ -425,7 +434,9 @@ function route() {
     return;
   }
   document.getElementById("signout").hidden = false;
-  document.getElementById("who").textContent = "signed in";
+  if (!document.getElementById("who").textContent) {
+    api("/me").then(showWho, () => { /* the page's own requests report the problem */ });
+  }
   const match = location.pathname.match(/^\/ui\/cases\/([0-9a-f-]{36})$/);
   const signal = leaving.signal;
   main.setAttribute("aria-busy", "true");
