@@ -8,6 +8,7 @@ real LLM provider (or anything else off this machine).
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,7 @@ import aio_pika
 import asyncpg
 import httpx
 import pytest
+from playwright.async_api import Browser, async_playwright
 
 from consumers.admission import Admission, KeyRing
 from service.agents import CAPABILITIES
@@ -228,3 +230,23 @@ async def client(stack: InProcessStack, auth_headers: dict[str, str]
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=10,
                                  headers=auth_headers) as http:
         yield http
+
+
+def chromium() -> str:
+    """Debian's Chromium (``make test`` installs it); Playwright's own download does not
+    work here, so the browser is never fetched by the tests."""
+    found = os.environ.get("CASETRAIL_CHROMIUM") or shutil.which("chromium") \
+        or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("Chromium is not installed: `apt-get install chromium` (make test does)")
+    return found
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    """Debian's Chromium, one per test module that asks for it."""
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=chromium(),
+                                                    args=["--no-sandbox"])
+        yield launched
+        await launched.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import shutil
 import subprocess
 import uuid
@@ -20,6 +21,7 @@ import asyncpg
 import httpx
 import orjson
 import pytest
+from playwright.async_api import Browser, Route, expect
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
@@ -39,6 +41,7 @@ from service.ledger.sequencer import log_signer, write_log_key
 from service.ledger.store import LedgerStore
 from service.store import CaseStore, KeyRegistry
 from service.supervisor import component_command
+from tests.browser import signed_in
 from tests.helpers import ended, wait_until
 from tests.stack import (
     InProcessStack,
@@ -49,6 +52,7 @@ from tests.stack import (
     stop_cleanly,
 )
 from tests.test_ledger_formats import mth
+from tests.test_viewer import DOCS
 
 
 @dataclass
@@ -182,6 +186,48 @@ async def test_every_stored_event_is_a_leaf_of_a_signed_published_checkpoint(
     assert message.routing_key == "ledger.checkpoint"
     assert message.user_id == logged.settings.broker_user("ledger")
     assert open_checkpoint(message.body.decode(), logged.log_key)[0].size <= size
+
+
+async def test_the_viewer_checks_the_decisions_inclusion_proof_in_the_browser(
+    logged: Logged, browser: Browser,
+) -> None:
+    case_id = (await run_cases(logged, 1))[0]
+    size, _ = await logged_everything(logged)
+    key = logged.client.headers["Authorization"].removeprefix("Bearer ")
+    page = await signed_in(browser, logged.stack, key, f"/ui/cases/{case_id}")
+    logged_fact = page.locator("#f-logged")
+    await expect(logged_fact).to_contain_text("proof checks", timeout=15_000)
+    await expect(logged_fact).to_contain_text(f"in checkpoint {size:,} at leaf")
+    await page.locator("section.case-head").screenshot(path=str(DOCS / "viewer-logged.png"))
+
+    # A proof altered on its way to the browser is caught there.
+    async def altered(route: Route) -> None:
+        served = await route.fetch()
+        proof = await served.json()
+        assert proof["proof"], "a one-leaf tree has no path to alter"
+        proof["proof"][0] = base64.b64encode(bytes(32)).decode()
+        await route.fulfill(response=served, json=proof)
+
+    proofs = re.compile(r"/ledger/events/[0-9a-f-]+/proof$")
+    await page.route(proofs, altered)
+    await page.reload()
+    await expect(logged_fact).to_contain_text("inclusion proof does not check",
+                                              timeout=15_000)
+
+    # So is a sound proof of another event (this case's first) served in its place.
+    first = await logged.pool.fetchval(
+        "SELECT event_id FROM event_log WHERE case_id = $1 AND seq = 0", uuid.UUID(case_id))
+
+    async def swapped(route: Route) -> None:
+        await route.fulfill(response=await route.fetch(
+            url=f"{logged.stack.base_url}/ledger/events/{first}/proof"))
+
+    await page.unroute(proofs)
+    await page.route(proofs, swapped)
+    await page.reload()
+    await expect(logged_fact).to_contain_text("inclusion proof does not check",
+                                              timeout=15_000)
+    await page.close()
 
 
 async def test_a_witness_accepts_cosigns_and_bundles_carry_proofs_and_the_cosignature(

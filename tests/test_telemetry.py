@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from playwright.async_api import Browser
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
@@ -303,23 +304,18 @@ def test_message_content_only_when_opted_in_and_then_redacted(
 
 
 async def test_the_trace_drawn_as_a_waterfall(loan_case: dict[str, Any],
-                                             receiver: Receiver) -> None:
+                                             receiver: Receiver, browser: Browser) -> None:
     """docs/trace-waterfall.png: the spans of the loan case above, as a person sees them."""
-    from playwright.async_api import async_playwright
-
-    from tests.test_viewer import DOCS, chromium
+    from tests.test_viewer import DOCS
     from tests.waterfall import render
 
     spans = [s for s in receiver.of_trace(loan_case["trace_id"])
              if s.parent_id != loan_case["parent"] or s.name == "POST /cases"]
     page_html = render(spans, f"One loan case, one trace ({loan_case['trace_id']}): "
                               f"{len(spans)} spans from 4 services")
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=chromium(),
-                                                   args=["--no-sandbox"])
-        page = await browser.new_page(viewport={"width": 1200, "height": 400})
-        await page.set_content(page_html)
-        rows = await page.locator(".row").count()
-        assert rows == len(spans)
-        await page.screenshot(path=str(DOCS / "trace-waterfall.png"), full_page=True)
-        await browser.close()
+    page = await browser.new_page(viewport={"width": 1200, "height": 400})
+    await page.set_content(page_html)
+    rows = await page.locator(".row").count()
+    assert rows == len(spans)
+    await page.screenshot(path=str(DOCS / "trace-waterfall.png"), full_page=True)
+    await page.close()

@@ -6,19 +6,18 @@ appears in a URL. Screenshots of the list and of a case page go to ``docs/``."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, Route, async_playwright, expect
+from playwright.async_api import Browser, Route, expect
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.store import ApiKeyStore
+from tests.browser import never_in_a_url, shown_in_full, signed_in
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack
 
@@ -26,25 +25,6 @@ stack = module_stack(worker_concurrency=8)
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 SCOPES = ("cases:start", "cases:read", "models:override")
-
-
-def chromium() -> str:
-    """Debian's Chromium (``make test`` installs it); Playwright's own download does not
-    work here, so the browser is never fetched by the tests."""
-    found = os.environ.get("CASETRAIL_CHROMIUM") or shutil.which("chromium") \
-        or shutil.which("chromium-browser")
-    if found is None:
-        pytest.fail("Chromium is not installed: `apt-get install chromium` (make test does)")
-    return found
-
-
-@pytest.fixture(scope="module")
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=chromium(),
-                                                    args=["--no-sandbox"])
-        yield launched
-        await launched.close()
 
 
 @pytest.fixture(scope="module")
@@ -58,29 +38,6 @@ async def lender(stack: InProcessStack, viewer_key: str) -> AsyncIterator[httpx.
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=10,
                                  headers={"Authorization": f"Bearer {viewer_key}"}) as http:
         yield http
-
-
-async def signed_in(browser: Browser, stack: InProcessStack, key: str, path: str = "/ui/",
-                    width: int = 1280) -> Page:
-    page = await browser.new_page(viewport={"width": width, "height": 900})
-    requested: list[str] = []
-    page.on("request", lambda request: requested.append(request.url))
-    page.requested = requested  # type: ignore[attr-defined]
-    await page.goto(stack.base_url + path)
-    await page.get_by_label("API key").fill(key)
-    await page.get_by_role("button", name="Sign in").click()
-    return page
-
-
-async def shown_in_full(page: Page) -> None:
-    """Waits until the page asked for last is shown: until then the previous one stays
-    on screen, marked busy."""
-    await expect(page.locator("main")).not_to_have_attribute("aria-busy", "true")
-
-
-def never_in_a_url(page: Page, key: str) -> None:
-    requested: list[str] = page.requested  # type: ignore[attr-defined]
-    assert requested and not [url for url in requested if key in url or "ct_" in url]
 
 
 async def test_a_running_case_fills_in_live_and_ends_with_its_decision(

@@ -320,6 +320,7 @@ async function casePage(caseId, signal) {
                `${view.tokenUsage.inputTokens} / ${view.tokenUsage.outputTokens}`),
           fact("Attempts", "f-attempts", String(view.attempts)),
           fact("Integrity", "f-integrity", integrityBadge(view.integrity)),
+          fact("Transparency log", "f-logged", el("span", { class: "muted", text: "—" })),
           fact("Created", "f-created", when(view.createdAt)))),
       el("div", { class: "chart-box" }, el("div", { class: "label", text: "Tokens per cycle" }), chart,
         el("div", { class: "legend" }, el("i", { class: "in" }), "in", el("i", { class: "out" }), "out"))),
@@ -405,6 +406,92 @@ async function casePage(caseId, signal) {
   setFact("f-attempts", String(final.attempts));
   setFact("f-integrity", integrityBadge(final.integrity));
   showLive(`Ended ${when(final.endedAt)}.`, false);
+  await showLogged(caseId, (value) => setFact("f-logged", value), signal);
+}
+
+// --- the transparency log ---------------------------------------------------------
+// The decision's event (the terminal one: its chain hash covers every event before it
+// in the attempt) is looked up in the log, and its inclusion proof is checked here,
+// in the browser: a leaf of the recorded event's hash, a path to the checkpoint's
+// root hash (RFC 9162, 2.1.3.2). The
+// checkpoint's signatures are checked by witnesses and by `casetrail verify-bundle`.
+const fromBase64 = (text) => Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
+const fromHex = (hex) => Uint8Array.from(hex.match(/../g) || [], (pair) => parseInt(pair, 16));
+
+async function sha256(...parts) {
+  const joined = new Uint8Array(parts.reduce((n, part) => n + part.length, 0));
+  parts.reduce((at, part) => { joined.set(part, at); return at + part.length; }, 0);
+  return new Uint8Array(await crypto.subtle.digest("SHA-256", joined));
+}
+
+async function provesInclusion(leafData, index, size, path, root) {
+  if (!(index >= 0 && index < size)) return false;
+  const half = (n) => Math.floor(n / 2);
+  let fn = index;
+  let sn = size - 1;
+  let r = await sha256(Uint8Array.of(0), leafData);
+  for (const sibling of path) {
+    if (sn === 0) return false;
+    if (fn % 2 === 1 || fn === sn) {
+      r = await sha256(Uint8Array.of(1), sibling, r);
+      while (fn % 2 === 0 && fn !== 0) { fn = half(fn); sn = half(sn); }
+    } else {
+      r = await sha256(Uint8Array.of(1), r, sibling);
+    }
+    fn = half(fn);
+    sn = half(sn);
+  }
+  return sn === 0 && r.length === root.length && r.every((byte, i) => byte === root[i]);
+}
+
+async function showLogged(caseId, setLogged, signal) {
+  try {
+    // The terminal event as recorded, with its chain hash: the proof must be of that hash.
+    const { events } = await api(`/cases/${caseId}/events?types=${[...TERMINAL].join(",")}`);
+    const decided = events.at(-1);
+    if (signal.aborted || !decided || !decided.integrity) return;
+    await lookUpLogged(decided.eventId, decided.integrity.hash, setLogged, signal);
+  } catch (exc) {
+    if (!signal.aborted) setLogged(badge("log unavailable", "warn"));
+  }
+}
+
+async function lookUpLogged(eventId, eventHash, setLogged, signal) {
+  for (let tries = 0; ; tries += 1) {
+    const response = await fetch(`/ledger/events/${eventId}/proof`, { signal });
+    if (signal.aborted) return;
+    if (response.status === 404) {
+      // Checkpoints are made every few seconds: look again for a while.
+      setLogged(badge("not in the log yet", "info"));
+      if (tries >= 20) return;
+      await new Promise((resolve) => setTimeout(resolve, 3000));
+      continue;
+    }
+    if (!response.ok) {
+      setLogged(badge(`log unavailable (${response.status})`, "warn"));
+      return;
+    }
+    const proof = await response.json();
+    const lines = proof.checkpoint.split("\n");
+    const origin = lines[0];
+    const witnesses = lines.filter((line) => line.startsWith("\u2014 ") &&
+                                             line.split(" ")[1] !== origin).length;
+    const where = `in checkpoint ${proof.treeSize.toLocaleString()} at leaf ` +
+      `${proof.leafIndex.toLocaleString()}; ${witnesses} witness${witnesses === 1 ? "" : "es"}`;
+    if (!globalThis.crypto || !crypto.subtle) {  // not a secure context (plain HTTP)
+      setLogged(el("span", {}, badge("in the log", "info"), ` ${where}; proof not checked ` +
+                    "here (needs HTTPS)"));
+      return;
+    }
+    const holds = proof.eventHash === eventHash &&
+      await provesInclusion(fromHex(eventHash), proof.leafIndex,
+                            proof.treeSize, proof.proof.map(fromBase64), fromBase64(lines[2]));
+    if (signal.aborted) return;
+    setLogged(holds ? el("span", { title: "The inclusion proof was checked in this browser" },
+                         badge("proof checks", "ok"), ` ${where}`)
+                    : badge("inclusion proof does not check", "bad"));
+    return;
+  }
 }
 
 function integrityBadge(integrity) {
