@@ -7,19 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import httpx
+import orjson
 import pytest
 from playwright.async_api import Browser, Route, expect
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.config import Settings
+from service.evidence import verify_bundle
+from service.keyfile import worker_signer
 from service.store import ApiKeyStore
 from tests.browser import never_in_a_url, shown_in_full, signed_in
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack
+from tests.test_integrity import tamper
 
 stack = module_stack(worker_concurrency=8)
 
@@ -148,6 +154,49 @@ async def test_an_answer_for_a_page_left_behind_never_replaces_the_page_shown(
     await page.evaluate("() => new Promise((done) => setTimeout(done, 200))")
     assert page.url == stack.base_url + "/ui/"
     await expect(page.get_by_label("Decision")).to_have_value("")  # not the filtered page
+    await page.close()
+
+
+async def test_an_ended_case_offers_its_bundle_and_marks_an_altered_event(
+    browser: Browser, stack: InProcessStack, lender: httpx.AsyncClient, viewer_key: str,
+    pool: asyncpg.Pool, settings: Settings, tmp_path: Path,
+) -> None:
+    case_id = (await lender.post("/cases", json={"agent": "loan-officer",
+                                                 "input": SAMPLE_APPLICATIONS[0]})).json()
+    case_id = (await ended(lender, case_id["caseId"]))["caseId"]
+    page = await signed_in(browser, stack, viewer_key, f"/ui/cases/{case_id}")
+    await expect(page.locator("#f-integrity")).to_have_text("verified, complete",
+                                                            timeout=10_000)
+    await expect(page.locator(".problems")).to_be_hidden()
+
+    # The evidence bundle, saved from the page, verifies offline against the worker's key.
+    async with page.expect_download() as saving:
+        await page.get_by_role("button", name="Download evidence bundle").click()
+    saved = await saving.value
+    assert saved.suggested_filename == f"case-{case_id}.bundle.json"
+    await saved.save_as(tmp_path / saved.suggested_filename)
+    bundle = orjson.loads((tmp_path / saved.suggested_filename).read_bytes())
+    report = verify_bundle(bundle, [worker_signer(settings).public_key])
+    assert bundle["caseId"] == case_id and report.verified and report.complete
+
+    # A superuser rewrites a tool result in the signed bytes: the page names the event.
+    seq = await pool.fetchval(
+        "SELECT seq FROM event_log WHERE case_id = $1 AND event_type = 'REACT_CYCLE' "
+        "ORDER BY seq LIMIT 1", uuid.UUID(case_id))
+    await tamper(pool, "UPDATE event_log SET body = convert_to(replace(convert_from(body, "
+                       "'UTF8'), '\"toolResult\":{', '\"toolResult\":{\"forged\":1,'), 'UTF8') "
+                       "WHERE case_id = $1 AND seq = $2", uuid.UUID(case_id), seq)
+    await page.reload()
+    problems = page.locator(".problems")
+    await expect(problems).to_contain_text("This trail does not verify", timeout=10_000)
+    await expect(page.locator("#f-integrity")).to_have_text("does not verify")
+    altered = page.locator(f"#e-1-{seq}")
+    await expect(altered).to_have_class(re.compile(r"\btampered\b"))
+    await expect(altered.locator(".problem", has_text="hash_mismatch")).to_be_visible()
+    await page.evaluate("window.scrollTo(0, document.querySelector('.problems').offsetTop - 8)")
+    await page.screenshot(path=str(DOCS / "viewer-altered.png"))
+    await problems.get_by_role("button", name=f"attempt 1, event {seq}").first.click()
+    await expect(altered).to_be_focused()
     await page.close()
 
 

@@ -306,6 +306,8 @@ async function casePage(caseId, signal) {
   const chart = el("div", { class: "chart", role: "img", "aria-label": "Tokens per cycle" });
   const live = el("p", { class: "live", role: "status" });
   const timeline = el("div", { class: "timeline" });
+  const problems = el("section", { class: "problems", role: "alert", hidden: true });
+  const download = bundleButton(caseId);
   if (!show(signal,
     el("section", { class: "case-head", "aria-label": "Case" },
       el("div", {},
@@ -321,10 +323,11 @@ async function casePage(caseId, signal) {
           fact("Attempts", "f-attempts", String(view.attempts)),
           fact("Integrity", "f-integrity", integrityBadge(view.integrity)),
           fact("Transparency log", "f-logged", el("span", { class: "muted", text: "—" })),
-          fact("Created", "f-created", when(view.createdAt)))),
+          fact("Created", "f-created", when(view.createdAt))),
+        el("p", { class: "head-actions" }, download)),
       el("div", { class: "chart-box" }, el("div", { class: "label", text: "Tokens per cycle" }), chart,
         el("div", { class: "legend" }, el("i", { class: "in" }), "in", el("i", { class: "out" }), "out"))),
-    live, timeline)) return;
+    live, problems, timeline)) return;
 
   const bars = [];
   const totals = { cycles: 0, input: 0, output: 0 };
@@ -406,7 +409,59 @@ async function casePage(caseId, signal) {
   setFact("f-attempts", String(final.attempts));
   setFact("f-integrity", integrityBadge(final.integrity));
   showLive(`Ended ${when(final.endedAt)}.`, false);
+  download.classList.remove("pending");
+  if (final.integrity && !final.integrity.verified) await showProblems(caseId, problems, signal);
   await showLogged(caseId, (value) => setFact("f-logged", value), signal);
+}
+
+// The offline evidence: the events exactly as signed and the keys, for
+// `casetrail verify-bundle` or docs/verify_bundle.py. Fetched with the key in the
+// header (never in a URL) and saved from memory. Shown once the case has ended.
+function bundleButton(caseId) {
+  const button = el("button", { type: "button", class: "pending", text: "Download evidence bundle" });
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try {
+      const response = await fetch(`/cases/${caseId}/bundle`, { headers: authHeaders() });
+      if (response.status === 401) throw new Unauthorized();
+      if (!response.ok) throw new Error(`the bundle could not be made (${response.status})`);
+      const url = URL.createObjectURL(await response.blob());
+      const save = el("a", { href: url, download: `case-${caseId}.bundle.json`, hidden: true });
+      document.body.append(save);
+      save.click();
+      save.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60000);
+    } catch (exc) {
+      fail(exc);
+    } finally {
+      button.disabled = false;
+    }
+  });
+  return button;
+}
+
+// What the server's check of the trail found wrong, each problem also marked on the
+// event it names, so a reviewer sees which cycle was altered or is missing.
+async function showProblems(caseId, box, signal) {
+  const report = await api(`/cases/${caseId}/verify`);
+  if (signal.aborted || report.verified) return;
+  const items = report.problems.map((problem) => {
+    const where = problem.seq === null || problem.seq === undefined ? "the record"
+      : `attempt ${problem.attempt}, event ${problem.seq}`;
+    const card = document.getElementById(`e-${problem.attempt}-${problem.seq}`);
+    if (card) {
+      card.classList.add("tampered");
+      card.setAttribute("tabindex", "-1");
+      card.append(el("p", { class: "problem", text: `${problem.code}: ${problem.message}` }));
+    }
+    return el("li", {},
+      card ? el("button", { type: "button", class: "link", text: where,
+                            onclick: () => { card.scrollIntoView({ block: "center" }); card.focus(); } })
+           : where,
+      ` — ${problem.code}: ${problem.message}`);
+  });
+  box.replaceChildren(el("h2", { text: "This trail does not verify" }), el("ul", {}, items));
+  box.hidden = false;
 }
 
 // --- the transparency log ---------------------------------------------------------
