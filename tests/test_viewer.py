@@ -179,6 +179,16 @@ async def test_an_ended_case_offers_its_bundle_and_marks_an_altered_event(
     report = verify_bundle(bundle, [worker_signer(settings).public_key])
     assert bundle["caseId"] == case_id and report.verified and report.complete
 
+    # A bundle that cannot be made is said beside the button; the page stays.
+    async def unavailable(route: Route) -> None:
+        await route.fulfill(status=503, json={"detail": "the database is unavailable"})
+
+    await page.route(re.compile(r"/cases/[0-9a-f-]+/bundle$"), unavailable)
+    await page.get_by_role("button", name="Download evidence bundle").click()
+    await expect(page.get_by_role("alert").filter(has_text="could not be made (503)")
+                 ).to_be_visible()
+    await expect(page.locator("#outcome")).to_be_visible()
+
     # A superuser rewrites a tool result in the signed bytes: the page names the event.
     seq = await pool.fetchval(
         "SELECT seq FROM event_log WHERE case_id = $1 AND event_type = 'REACT_CYCLE' "

@@ -418,13 +418,15 @@ async function casePage(caseId, signal) {
 // `casetrail verify-bundle` or docs/verify_bundle.py. Fetched with the key in the
 // header (never in a URL) and saved from memory. Shown once the case has ended.
 function bundleButton(caseId) {
-  const button = el("button", { type: "button", class: "pending", text: "Download evidence bundle" });
+  const button = el("button", { type: "button", text: "Download evidence bundle" });
+  const problem = el("span", { class: "error", role: "alert", hidden: true });
   button.addEventListener("click", async () => {
     button.disabled = true;
+    problem.hidden = true;
     try {
       const response = await fetch(`/cases/${caseId}/bundle`, { headers: authHeaders() });
       if (response.status === 401) throw new Unauthorized();
-      if (!response.ok) throw new Error(`the bundle could not be made (${response.status})`);
+      if (!response.ok) throw new Error(`The bundle could not be made (${response.status}).`);
       const url = URL.createObjectURL(await response.blob());
       const save = el("a", { href: url, download: `case-${caseId}.bundle.json`, hidden: true });
       document.body.append(save);
@@ -432,12 +434,17 @@ function bundleButton(caseId) {
       save.remove();
       setTimeout(() => URL.revokeObjectURL(url), 60000);
     } catch (exc) {
-      fail(exc);
+      if (exc instanceof Unauthorized) {
+        fail(exc);
+        return;
+      }
+      problem.textContent = exc.message;
+      problem.hidden = false;
     } finally {
       button.disabled = false;
     }
   });
-  return button;
+  return el("span", { class: "pending" }, button, " ", problem);
 }
 
 // What the server's check of the trail found wrong, each problem also marked on the
