@@ -26,6 +26,11 @@ from faults.test_faults import all_ended, settle_and_check, submit
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from tests.helpers import wait_until
 
+# The suite-wide 120 s counts fixture setup too: the first scenario here also starts the
+# three nodes (40-50 s on an idle machine, more after a long test run), then its stack,
+# then waits out a failover. Each scenario's own waits (all_ended, up to 300 s) bound it.
+pytestmark = pytest.mark.timeout(600)
+
 
 @pytest.fixture(scope="module")
 def nodes() -> Iterator[list[cluster.Node]]:

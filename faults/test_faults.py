@@ -55,7 +55,15 @@ async def all_ended(pool: asyncpg.Pool, cases: set[uuid.UUID], timeout: float = 
             return False
         return bool(n == len(cases))
 
-    await wait_until(ended, timeout=timeout, interval=0.3)
+    try:
+        await wait_until(ended, timeout=timeout, interval=0.3)
+    except AssertionError:
+        left = await pool.fetch(
+            "SELECT status, count(*) AS n FROM cases WHERE case_id = ANY($1::uuid[]) "
+            "AND NOT status = ANY($2::text[]) GROUP BY status", list(cases), list(TERMINAL))
+        raise AssertionError(f"{sum(r['n'] for r in left)} of {len(cases)} cases had not "
+                             f"ended after {timeout} s: "
+                             + ", ".join(f"{r['n']} {r['status']}" for r in left)) from None
 
 
 async def settle_and_check(stack: Stack, pool: asyncpg.Pool, fault: str,
