@@ -3,9 +3,14 @@ Chromium, driven by Playwright), signed in with an API key."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from playwright.async_api import Browser, Page, expect
 
 from tests.stack import InProcessStack
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+"""Where the screenshots go (the README shows them)."""
 
 
 async def signed_in(browser: Browser, stack: InProcessStack, key: str, path: str = "/ui/",

@@ -146,6 +146,14 @@ async def tamper(pool: asyncpg.Pool, sql: str, *args: Any) -> None:
             "ALTER TABLE event_log ENABLE ALWAYS TRIGGER event_log_no_update_or_delete")
 
 
+async def forge_tool_result(pool: asyncpg.Pool, case_id: uuid.UUID, seq: int) -> None:
+    """A superuser rewrites the first tool result of event ``seq`` in its signed bytes
+    (the queried ``payload`` column left as it was)."""
+    await tamper(pool, "UPDATE event_log SET body = convert_to(replace(convert_from(body, "
+                       "'UTF8'), '\"toolResult\":{', '\"toolResult\":{\"forged\":1,'), 'UTF8') "
+                       "WHERE case_id = $1 AND seq = $2", case_id, seq)
+
+
 async def test_a_superuser_edit_of_a_tool_result_is_named_at_its_seq(
     client: httpx.AsyncClient, pool: asyncpg.Pool,
 ) -> None:
@@ -165,9 +173,7 @@ async def test_a_superuser_edit_of_a_tool_result_is_named_at_its_seq(
     await tamper(pool, "UPDATE event_log SET payload = (convert_from(body, 'UTF8')::jsonb) "
                        "-> 'payload' WHERE case_id = $1 AND seq = $2", case_id, seq)
     assert (await verify(client, str(case_id)))["verified"] is True
-    await tamper(pool, "UPDATE event_log SET body = convert_to(replace(convert_from(body, "
-                       "'UTF8'), '\"toolResult\":{', '\"toolResult\":{\"forged\":1,'), 'UTF8') "
-                       "WHERE case_id = $1 AND seq = $2", case_id, seq)
+    await forge_tool_result(pool, case_id, seq)
     report = await verify(client, str(case_id))
     assert (1, seq, "hash_mismatch") in codes(report)
     assert {s for _, s, _ in codes(report)} == {seq}

@@ -41,7 +41,7 @@ from service.ledger.sequencer import log_signer, write_log_key
 from service.ledger.store import LedgerStore
 from service.store import CaseStore, KeyRegistry
 from service.supervisor import component_command
-from tests.browser import signed_in
+from tests.browser import DOCS, signed_in
 from tests.helpers import ended, wait_until
 from tests.stack import (
     InProcessStack,
@@ -52,7 +52,6 @@ from tests.stack import (
     stop_cleanly,
 )
 from tests.test_ledger_formats import mth
-from tests.test_viewer import DOCS
 
 
 @dataclass

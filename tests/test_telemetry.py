@@ -306,7 +306,7 @@ def test_message_content_only_when_opted_in_and_then_redacted(
 async def test_the_trace_drawn_as_a_waterfall(loan_case: dict[str, Any],
                                              receiver: Receiver, browser: Browser) -> None:
     """docs/trace-waterfall.png: the spans of the loan case above, as a person sees them."""
-    from tests.test_viewer import DOCS
+    from tests.browser import DOCS
     from tests.waterfall import render
 
     spans = [s for s in receiver.of_trace(loan_case["trace_id"])

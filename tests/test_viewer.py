@@ -22,14 +22,13 @@ from service.config import Settings
 from service.evidence import verify_bundle
 from service.keyfile import worker_signer
 from service.store import ApiKeyStore
-from tests.browser import never_in_a_url, shown_in_full, signed_in
+from tests.browser import DOCS, never_in_a_url, shown_in_full, signed_in
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack
-from tests.test_integrity import tamper
+from tests.test_integrity import forge_tool_result
 
 stack = module_stack(worker_concurrency=8)
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 SCOPES = ("cases:start", "cases:read", "models:override")
 
 
@@ -193,9 +192,7 @@ async def test_an_ended_case_offers_its_bundle_and_marks_an_altered_event(
     seq = await pool.fetchval(
         "SELECT seq FROM event_log WHERE case_id = $1 AND event_type = 'REACT_CYCLE' "
         "ORDER BY seq LIMIT 1", uuid.UUID(case_id))
-    await tamper(pool, "UPDATE event_log SET body = convert_to(replace(convert_from(body, "
-                       "'UTF8'), '\"toolResult\":{', '\"toolResult\":{\"forged\":1,'), 'UTF8') "
-                       "WHERE case_id = $1 AND seq = $2", uuid.UUID(case_id), seq)
+    await forge_tool_result(pool, uuid.UUID(case_id), seq)
     await page.reload()
     problems = page.locator(".problems")
     await expect(problems).to_contain_text("This trail does not verify", timeout=10_000)

@@ -15,13 +15,18 @@ const STATUS_TONE = {
 };
 const main = document.getElementById("main");
 
-// Shows a page's content, unless the reader has moved on (a newer route aborted this
-// one): a slow answer for an old page never replaces the page asked for since. Clears
-// the busy mark that route() sets, so the old content is never taken for the new.
-function show(signal, ...children) {
-  if (signal.aborted) return false;
+// Puts a page's content in place and clears the busy mark route() sets, so the old
+// content is never taken for the new.
+function display(...children) {
   main.replaceChildren(...children);
   main.removeAttribute("aria-busy");
+}
+
+// The same, unless the reader has moved on (a newer route aborted this one): a slow
+// answer for an old page never replaces the page asked for since.
+function show(signal, ...children) {
+  if (signal.aborted) return false;
+  display(...children);
   return true;
 }
 
@@ -134,8 +139,7 @@ function signInPage(problem) {
         ? "That key was not accepted (unknown, revoked or expired)." : String(exc.message);
     }
   });
-  main.replaceChildren(form);
-  main.removeAttribute("aria-busy");
+  display(form);
   input.focus();
 }
 
@@ -475,14 +479,18 @@ async function showProblems(caseId, box, signal) {
 // The decision's event (the terminal one: its chain hash covers every event before it
 // in the attempt) is looked up in the log, and its inclusion proof is checked here,
 // in the browser: a leaf of the recorded event's hash, a path to the checkpoint's
-// root hash (RFC 9162, 2.1.3.2). The
-// checkpoint's signatures are checked by witnesses and by `casetrail verify-bundle`.
+// root hash (RFC 9162, 2.1.3.2). The checkpoint's signatures are checked by witnesses
+// and by `casetrail verify-bundle`.
 const fromBase64 = (text) => Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
 const fromHex = (hex) => Uint8Array.from(hex.match(/../g) || [], (pair) => parseInt(pair, 16));
 
 async function sha256(...parts) {
   const joined = new Uint8Array(parts.reduce((n, part) => n + part.length, 0));
-  parts.reduce((at, part) => { joined.set(part, at); return at + part.length; }, 0);
+  let at = 0;
+  for (const part of parts) {
+    joined.set(part, at);
+    at += part.length;
+  }
   return new Uint8Array(await crypto.subtle.digest("SHA-256", joined));
 }
 
@@ -519,41 +527,39 @@ async function showLogged(caseId, setLogged, signal) {
 }
 
 async function lookUpLogged(eventId, eventHash, setLogged, signal) {
+  let response;
   for (let tries = 0; ; tries += 1) {
-    const response = await fetch(`/ledger/events/${eventId}/proof`, { signal });
+    response = await fetch(`/ledger/events/${eventId}/proof`, { signal });
     if (signal.aborted) return;
-    if (response.status === 404) {
-      // Checkpoints are made every few seconds: look again for a while.
-      setLogged(badge("not in the log yet", "info"));
-      if (tries >= 20) return;
-      await new Promise((resolve) => setTimeout(resolve, 3000));
-      continue;
-    }
-    if (!response.ok) {
-      setLogged(badge(`log unavailable (${response.status})`, "warn"));
-      return;
-    }
-    const proof = await response.json();
-    const lines = proof.checkpoint.split("\n");
-    const origin = lines[0];
-    const witnesses = lines.filter((line) => line.startsWith("\u2014 ") &&
-                                             line.split(" ")[1] !== origin).length;
-    const where = `in checkpoint ${proof.treeSize.toLocaleString()} at leaf ` +
-      `${proof.leafIndex.toLocaleString()}; ${witnesses} witness${witnesses === 1 ? "" : "es"}`;
-    if (!globalThis.crypto || !crypto.subtle) {  // not a secure context (plain HTTP)
-      setLogged(el("span", {}, badge("in the log", "info"), ` ${where}; proof not checked ` +
-                    "here (needs HTTPS)"));
-      return;
-    }
-    const holds = proof.eventHash === eventHash &&
-      await provesInclusion(fromHex(eventHash), proof.leafIndex,
-                            proof.treeSize, proof.proof.map(fromBase64), fromBase64(lines[2]));
-    if (signal.aborted) return;
-    setLogged(holds ? el("span", { title: "The inclusion proof was checked in this browser" },
-                         badge("proof checks", "ok"), ` ${where}`)
-                    : badge("inclusion proof does not check", "bad"));
+    if (response.status !== 404) break;
+    // Checkpoints are made every few seconds: look again for a while.
+    setLogged(badge("not in the log yet", "info"));
+    if (tries >= 20) return;
+    await new Promise((resolve) => setTimeout(resolve, 3000));
+  }
+  if (!response.ok) {
+    setLogged(badge(`log unavailable (${response.status})`, "warn"));
     return;
   }
+  const proof = await response.json();
+  const lines = proof.checkpoint.split("\n");
+  const origin = lines[0];
+  const witnesses = lines.filter((line) => line.startsWith("\u2014 ") &&
+                                           line.split(" ")[1] !== origin).length;
+  const where = `in checkpoint ${proof.treeSize.toLocaleString()} at leaf ` +
+    `${proof.leafIndex.toLocaleString()}; ${witnesses} witness${witnesses === 1 ? "" : "es"}`;
+  if (!globalThis.crypto || !crypto.subtle) {  // not a secure context (plain HTTP)
+    setLogged(el("span", {}, badge("in the log", "info"), ` ${where}; proof not checked ` +
+                  "here (needs HTTPS)"));
+    return;
+  }
+  const holds = proof.eventHash === eventHash &&
+    await provesInclusion(fromHex(eventHash), proof.leafIndex,
+                          proof.treeSize, proof.proof.map(fromBase64), fromBase64(lines[2]));
+  if (signal.aborted) return;
+  setLogged(holds ? el("span", { title: "The inclusion proof was checked in this browser" },
+                       badge("proof checks", "ok"), ` ${where}`)
+                  : badge("inclusion proof does not check", "bad"));
 }
 
 function integrityBadge(integrity) {
@@ -569,8 +575,7 @@ function fail(exc) {
     signInPage("Your key is no longer accepted; sign in again.");
     return;
   }
-  main.replaceChildren(el("p", { class: "error", role: "alert", text: `Could not load: ${exc.message}` }));
-  main.removeAttribute("aria-busy");
+  display(el("p", { class: "error", role: "alert", text: `Could not load: ${exc.message}` }));
 }
 
 let leaving = new AbortController();
