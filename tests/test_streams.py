@@ -21,6 +21,7 @@ from service.config import Settings
 from service.store import ApiKeyStore
 from tests.helpers import ended, wait_until
 from tests.stack import InProcessStack, module_stack, serve_api
+from tests.test_integrity import tamper
 
 stack = module_stack(worker_concurrency=8)
 
@@ -112,6 +113,33 @@ async def test_streams_opened_at_any_moment_of_a_case_all_get_every_event_once(
 
     seen = await asyncio.gather(*(late_reader(0.07 * n) for n in range(20)))
     assert all(ids == [f"1.{n}" for n in range(6)] for ids in seen), seen
+
+
+async def test_a_terminal_event_stored_after_the_stream_began_still_ends_it(
+    client: httpx.AsyncClient, pool: asyncpg.Pool,
+) -> None:
+    """The seam's hardest case: the terminal event was published before the stream's
+    watch began and reaches the record only after the stream read it, so no live event
+    follows to reveal the gap. Made here by taking the stored event out and putting it
+    back while the stream is open (the consumer's lag, stretched)."""
+    case_id = (await client.post("/cases", json=LOAN)).json()["caseId"]
+    await ended(client, case_id)
+    terminal = await pool.fetchrow(
+        "SELECT * FROM event_log WHERE case_id = $1 AND event_type = 'CASE_COMPLETED'",
+        uuid.UUID(case_id))
+    assert terminal is not None
+    await tamper(pool, "DELETE FROM event_log WHERE event_id = $1", terminal["event_id"])
+    await pool.execute("UPDATE cases SET status = 'running' WHERE case_id = $1",
+                       uuid.UUID(case_id))
+    reading = asyncio.create_task(read_stream(client, f"/cases/{case_id}/stream"))
+    await asyncio.sleep(0.5)  # the stream has sent the record and is waiting live
+    assert not reading.done()
+    columns = list(terminal.keys())
+    await pool.execute(
+        f"INSERT INTO event_log ({', '.join(columns)}) VALUES "
+        f"({', '.join(f'${n}' for n in range(1, len(columns) + 1))})", *terminal.values())
+    got = await asyncio.wait_for(reading, 10)
+    assert [e.id for e in got.events] == [f"1.{n}" for n in range(6)]
 
 
 async def test_last_event_id_resumes_after_that_event(client: httpx.AsyncClient) -> None:

@@ -10,7 +10,10 @@ events, with neither a gap nor a duplicate at the seam:
    A live event that does not directly follow the last one sent (an event published
    just before the watch began, still on its way to Postgres; one missed while the
    broker connection was down; a new attempt) makes it read the record for what lies
-   between, waiting up to ``GAP_WAIT_SECONDS`` for the consumer to store it;
+   between, waiting up to ``GAP_WAIT_SECONDS`` for the consumer to store it. Such an
+   event with nothing after it to reveal the gap (the terminal one, or the last before
+   a long model call) is found the same way: while the watch is younger than
+   ``GAP_WAIT_SECONDS``, a quiet feed sends the stream back to the record;
 4. it ends after the terminal event; a comment line keeps it alive meanwhile.
 
 Each event goes out as ``id: <attempt>.<seq>``, ``event: <EVENT_TYPE>``, ``data:``
@@ -85,19 +88,33 @@ def _message(key: Key, event_type: str, envelope: dict[str, Any],
 
 
 async def _live(watcher: Watcher, ping_seconds: float,
-                still_allowed: Callable[[], Awaitable[bool]], what: str
-                ) -> AsyncGenerator[LiveEvent | ServerSentEvent, None]:
+                still_allowed: Callable[[], Awaitable[bool]], what: str,
+                seam_seconds: float = 0.0,
+                ) -> AsyncGenerator[LiveEvent | ServerSentEvent | None, None]:
     """The watcher's live events, with a keep-alive comment after ``ping_seconds``
     without one; it ends when the credential no longer works (asked at each keep-alive)
-    or the watcher fell behind."""
+    or the watcher fell behind. Besides, for ``seam_seconds`` from its start, a quiet
+    spell (20 ms, doubling to 500 ms) yields ``None``: the caller looks at the record."""
+    now = time.monotonic()
+    seam_until, ping_at = now + seam_seconds, now + ping_seconds
+    pause = GAP_FIRST_PAUSE_SECONDS
     while True:
+        now = time.monotonic()
+        in_seam = now < seam_until
+        wait = ping_at - now if not in_seam else min(pause, ping_at - now)
         try:
-            live = await asyncio.wait_for(watcher.events.get(), ping_seconds)
+            live = await asyncio.wait_for(watcher.events.get(), max(wait, 0.0))
         except TimeoutError:
-            if not await still_allowed():
-                return
-            yield ServerSentEvent(comment="ping")
+            if time.monotonic() >= ping_at:
+                if not await still_allowed():
+                    return
+                ping_at = time.monotonic() + ping_seconds
+                yield ServerSentEvent(comment="ping")
+            elif in_seam:
+                pause = min(pause * 2, GAP_MAX_PAUSE_SECONDS)
+                yield None
             continue
+        ping_at = time.monotonic() + ping_seconds
         if watcher.cut_off:
             log.warning("stream of %s fell behind and was ended", what)
             return
@@ -127,7 +144,15 @@ async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
                 return
         if ended:  # it had ended before this request: resumed after its terminal event
             return
-        async for live in _live(watcher, ping_seconds, still_allowed, f"case {case_id}"):
+        async for live in _live(watcher, ping_seconds, still_allowed, f"case {case_id}",
+                                seam_seconds=GAP_WAIT_SECONDS):
+            if live is None:  # quiet while the watch is young: anything stored meanwhile
+                for key, event_type, envelope in await recorded(None):
+                    yield _message(key, event_type, envelope, values)
+                    last = key
+                    if event_type in TERMINAL_EVENT_TYPES:
+                        return
+                continue
             if isinstance(live, ServerSentEvent):
                 yield live
                 continue
@@ -166,8 +191,9 @@ async def tenant_stream(watch: EventWatch, tenant: str, ping_seconds: float,
     id). ``still_allowed`` is asked at each keep-alive, so a revoked key's stream ends."""
     async with watch.watch(tenant_key(tenant)) as watcher:
         async for live in _live(watcher, ping_seconds, still_allowed, f"tenant {tenant}"):
-            if isinstance(live, ServerSentEvent):
-                yield live
+            if not isinstance(live, LiveEvent):  # a keep-alive (no seam: live only)
+                if live is not None:
+                    yield live
                 continue
             yield ServerSentEvent(raw_data=orjson.dumps(live.envelope).decode(),
                                   event=live.event_type, id=live.envelope.get("eventId"))
