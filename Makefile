@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-faults lint typecheck services browser promtool go-interop install bench bench-all bench-smoke clean up
+.PHONY: demo test test-faults test-faults-soak lint typecheck services browser promtool go-interop install bench bench-all bench-smoke clean up
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,11 @@ bench-smoke: install services
 # where nothing else depends on them.
 test-faults: install services
 	$(BIN)/pytest -q -p no:cacheprovider faults
+
+# The soak: the randomized cluster runs twenty times (about 20 minutes on 2 cores).
+test-faults-soak: install services
+	CASETRAIL_FAULT_RUNS=20 $(BIN)/pytest -q -p no:cacheprovider -s faults/test_cluster.py \
+	    -k randomized
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -3,6 +3,11 @@ while cases run, then every event accounted for by the same checker as the singl
 faults: kill -9 the node leading the event-log queue, kill -9 the node the worker is
 connected to, two of three nodes stopped (no majority: publishing stalls, POST /cases
 answers 503 and keeps nothing) and brought back, and a rolling restart under load.
+Then the same faults with randomized timing, Jepsen-style: each run picks (from a seed it
+prints) which node dies — the event-log queue's leader, the node holding the stack's
+connections, or any node — whether during a burst of new cases or between bursts, and
+whether one or two nodes die in turn; ``CASETRAIL_FAULT_RUNS`` runs (3 by default; the
+soak, ``make test-faults-soak``, runs 20), each checked by the same checker.
 
 Every component gets all three nodes' URLs (``CASETRAIL_AMQP_URL``, comma-separated) and
 fails over from one to the next (service/bus/connection.py).
@@ -12,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -161,6 +168,8 @@ async def _keep_submitting(stack: Stack, accepted: set[uuid.UUID],
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=60,
                                  headers=stack.headers) as client:
         i = 0
+        refused: list[float] = []
+        REFUSED.append(refused)
         while not done.is_set():
             reply = await client.post("/cases", json={
                 "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[i % 3],
@@ -169,5 +178,61 @@ async def _keep_submitting(stack: Stack, accepted: set[uuid.UUID],
                 accepted.add(uuid.UUID(reply.json()["caseId"]))
             else:
                 assert reply.status_code == 503, reply.text
+                refused.append(asyncio.get_running_loop().time())
             i += 1
             await asyncio.sleep(0.1)
+
+
+REFUSED: list[list[float]] = []
+"""When each burst of new cases was answered 503 (a node lost: nothing promised)."""
+
+RANDOM_RUNS = int(os.environ.get("CASETRAIL_FAULT_RUNS", "3"))
+RANDOM_SEED = int(os.environ.get("CASETRAIL_FAULT_SEED")
+                  or random.SystemRandom().getrandbits(32))
+
+
+@pytest.mark.parametrize("run", range(RANDOM_RUNS))
+async def test_randomized_node_kills_while_200_cases_run(
+    stack: Stack, pool: asyncpg.Pool, nodes: list[cluster.Node], run: int,
+) -> None:
+    """One randomized run (replay it with CASETRAIL_FAULT_SEED and its index)."""
+    rng = random.Random(RANDOM_SEED * 1000 + run)
+    namespace = stack.settings.namespace
+    victims: dict[str, Callable[[], cluster.Node]] = {
+        "event-log leader": lambda: leader_of(nodes, f"{namespace}.event-log"),
+        "the worker's node": lambda: node_of(nodes, stack.settings.broker_user("worker")),
+        "any node": lambda: rng.choice(nodes),
+    }
+    kills = rng.choice((1, 2))
+    plan = [(rng.choice(sorted(victims)), rng.choice(("during a burst", "between bursts")),
+             rng.uniform(0.2, 2.5)) for _ in range(kills)]
+    fault = (f"cluster, random run {run} (seed {RANDOM_SEED}): "
+             + "; then ".join(f"kill -9 {who} {when}" for who, when, _ in plan))
+    print(fault)
+    REFUSED.clear()
+    accepted: set[uuid.UUID] = set()
+    accepted |= await submit(stack, 100, latency_ms=250)
+    for who, when, delay in plan:
+        burst = None
+        if when == "during a burst":
+            done = asyncio.Event()
+            burst = asyncio.create_task(_keep_submitting(stack, accepted, done))
+        await asyncio.sleep(delay)
+        node = victims[who]()
+        await asyncio.to_thread(node.kill)
+        await asyncio.sleep(rng.uniform(1.0, 5.0))
+        if burst is not None:
+            done.set()
+            await burst
+        await asyncio.to_thread(node.restart)
+        await wait_until(stack.ready, timeout=120)
+        done = asyncio.Event()
+        burst = asyncio.create_task(_keep_submitting(stack, accepted, done))
+        await asyncio.sleep(rng.uniform(1.0, 4.0))
+        done.set()
+        await burst
+    await all_ended(pool, accepted, timeout=300)
+    await settle_and_check(stack, pool, fault, accepted)
+    refused = sorted(t for burst in REFUSED for t in burst)
+    print(f"{len(accepted)} accepted; 503 answers: {len(refused)}"
+          + (f", from first to last {refused[-1] - refused[0]:.1f} s" if refused else ""))

@@ -100,9 +100,9 @@ def asyncapi_document(namespace: str, vhost: str = "/", host: str = "localhost:5
         + (event_class(t).__doc__ or t).strip().splitlines()[0],
         headers=_INTEGRITY_HEADERS) for t in EVENT_TYPES}
     commands = {
-        "CaseStart": _message("CASE_START", "Start a case", "CaseStartCommand",
+        "CaseStart": _message(CaseStartCommand.MESSAGE_TYPE, "Start a case", "CaseStartCommand",
                               "Run this case (the worker reads the rest from its row)."),
-        "CaseErase": _message("CASE_ERASE", "Erase a case", "EraseCommand",
+        "CaseErase": _message(EraseCommand.MESSAGE_TYPE, "Erase a case", "EraseCommand",
                               "Append CASE_ERASED after an erasure."),
     }
     return {

@@ -577,10 +577,13 @@ def signer_generate(
     if_missing: Annotated[bool, typer.Option(
         "--if-missing", help="A key already there is fine: keep it and print its public "
                              "key (for a container's first start).")] = False,
+    public_out: Annotated[Path | None, typer.Option(
+        "--public-out", help="Also write the public key there (base64), for `casetrail "
+                             "signer register` where the private key may not go.")] = None,
 ) -> None:
     """Make a new signing key; prints its base64 public key."""
     from service.integrity import Signer, public_key_text
-    from service.keyfile import read_signer, write_signer
+    from service.keyfile import read_signer, write_public_key, write_signer
 
     signer = Signer.generate()
     try:
@@ -590,6 +593,8 @@ def signer_generate(
             typer.echo(f"{output} exists: a signing key is never overwritten", err=True)
             raise typer.Exit(2) from None
         signer = read_signer(output)
+    if public_out is not None:
+        write_public_key(public_out, signer)
     typer.echo(f"key {signer.key_id} written to {output}", err=True)
     typer.echo(public_key_text(signer.public_key))
 
@@ -606,6 +611,43 @@ def signer_public(key_file: Annotated[Path, typer.Argument(help="The PEM key fil
     except PermanentError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
+
+
+@signer_app.command("register")
+def signer_register(
+    key_file: Annotated[Path, typer.Argument(
+        help="The worker's PEM key file, or its public key (base64) in a file.")],
+) -> None:
+    """Register a worker's key, as the operator (bootstrap URL): events it signs are
+    admitted from then on. A worker refuses to start with a key not registered, and no
+    component may register one (setup registers CASETRAIL_SIGNING_KEY_FILE)."""
+    from service.errors import CasetrailError
+    from service.setup import register_signing_key
+
+    try:
+        key = _run(register_signing_key(get_settings(), key_file))
+    except CasetrailError as exc:
+        typer.echo(f"casetrail signer register: {exc}", err=True)
+        raise typer.Exit(2) from None
+    state = "retired" if key.not_valid_after is not None else "registered"
+    typer.echo(f"key {key.key_id} {state}")
+
+
+@signer_app.command("list")
+def signer_list() -> None:
+    """The registered keys, one a line: key id, created, retired, not valid after."""
+    from service.store import KeyRegistry, create_pool
+
+    async def describe(settings: Settings) -> list[dict[str, Any]]:
+        pool = await create_pool(settings.database_url, max_size=1)
+        try:
+            return await KeyRegistry(pool).describe()
+        finally:
+            await pool.close()
+
+    for key in _run(describe(get_settings())):
+        typer.echo(f"{key['keyId']}\t{key['createdAt']}\t{key['retiredAt'] or '-'}\t"
+                   f"{key['notValidAfter'] or '-'}\t{key['publicKey']}")
 
 
 @signer_app.command("retire")

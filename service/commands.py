@@ -8,7 +8,7 @@ strictly when read.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 from pydantic import Field, ValidationError
@@ -44,6 +44,9 @@ class CaseStartCommand(_Command):
     the case only: the worker runs what the row says (input, model, limits, who started
     it), so a start command cannot change a case, and carries no applicant's data."""
 
+    MESSAGE_TYPE: ClassVar[str] = "CASE_START"
+    """The AMQP ``type`` of its messages."""
+
     case_id: uuid.UUID
     tenant_id: str = DEFAULT_TENANT
     agent: str
@@ -60,6 +63,9 @@ class CancelCommand(_Command):
 class EraseCommand(_Command):
     """Record that this case's sensitive values were erased: the API has shredded them
     in Postgres; the worker appends the signed CASE_ERASED to the trail."""
+
+    MESSAGE_TYPE: ClassVar[str] = "CASE_ERASE"
+    """The AMQP ``type`` of its messages."""
 
     case_id: uuid.UUID
     tenant_id: str = DEFAULT_TENANT

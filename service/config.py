@@ -133,6 +133,12 @@ class Settings(BaseSettings):
         description="The worker's Ed25519 signing key (PEM, from `casetrail signer "
         "generate`). A worker refuses to start without one.",
     )
+    signing_public_key_file: str | None = Field(
+        default=None,
+        description="The public half of the worker's key (`signer generate --public-out`), "
+        "for `casetrail setup` to register where it must not read the private key; "
+        "otherwise setup registers CASETRAIL_SIGNING_KEY_FILE's.",
+    )
 
     rabbitmq_node: str | None = Field(
         default=None, description="The node `casetrail setup` runs rabbitmqctl against "
@@ -190,6 +196,16 @@ class Settings(BaseSettings):
 
     worker_concurrency: int = Field(default=256, description="Cases one worker runs at once.")
     lease_seconds: float = Field(default=15.0, description="A worker's claim on a running case.")
+    publish_retry_seconds: float = Field(
+        default=60.0, gt=0,
+        description="How long a worker keeps publishing an event again through a broker "
+        "outage or refusal (a node lost: the connection moves, a queue elects its new "
+        "leader) before it hands the case back for its next attempt.")
+    sweep_seconds: float = Field(
+        default=10.0, gt=0,
+        description="How often a worker looks for stranded cases (a lease lapsed over a "
+        "lease ago, no terminal event) and sends their start command again; one worker "
+        "at a time sweeps (service/sweeper.py).")
 
     consumer_prefetch: int = 2000
     consumer_batch_size: int = 500

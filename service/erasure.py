@@ -39,5 +39,6 @@ async def erase(secrets: CaseSecrets, publisher: Publisher, topology: Topology,
     await publisher.publish(
         topology.commands_exchange, Topology.ERASE_KEY,
         EraseCommand(case_id=case_id, tenant_id=case["tenant_id"]).to_json(),
-        message_type="CASE_ERASE", correlation_id=str(case_id), message_id=f"erase-{case_id}")
+        message_type=EraseCommand.MESSAGE_TYPE, correlation_id=str(case_id),
+        message_id=f"erase-{case_id}")
     return Erasure(outcome, erased_at)

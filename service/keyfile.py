@@ -7,7 +7,7 @@ from pathlib import Path
 
 from service.config import LOCAL_DIR, Settings
 from service.errors import PermanentError
-from service.integrity import IntegrityError, Signer
+from service.integrity import IntegrityError, Signer, public_key_from_text, public_key_text
 
 
 def write_signer(path: Path, signer: Signer) -> None:
@@ -26,6 +26,29 @@ def read_signer(path: Path) -> Signer:
         raise PermanentError(f"cannot read the signing key {path}: {exc.strerror}") from None
     except IntegrityError as exc:
         raise PermanentError(f"{path} is not a signing key: {exc}") from None
+
+
+def read_public_key(path: Path) -> bytes:
+    """The public key in ``path``: a worker's PEM key, or its public half as
+    ``casetrail signer public`` prints it (base64); ``PermanentError`` if neither."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PermanentError(f"cannot read the key {path}: {exc}") from None
+    if "-----BEGIN" in text:
+        return read_signer(path).public_key
+    try:
+        return public_key_from_text(text)
+    except IntegrityError as exc:
+        raise PermanentError(f"{path} holds neither a signing key nor a public key: "
+                             f"{exc}") from None
+
+
+def write_public_key(path: Path, signer: Signer) -> None:
+    """The public half of ``signer`` in ``path`` (base64), for an operator's step that
+    must not read the private key (compose's setup registers it from there)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(public_key_text(signer.public_key) + "\n")
 
 
 def worker_signer(settings: Settings) -> Signer:

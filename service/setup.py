@@ -44,6 +44,8 @@ from service.bus.connection import connect
 from service.bus.topology import Topology
 from service.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings, amqp_nodes
 from service.errors import PermanentError
+from service.integrity import key_id
+from service.keyfile import read_public_key
 from service.migrate import (
     database_name,
     drop_database,
@@ -53,6 +55,8 @@ from service.migrate import (
     with_database,
 )
 from service.sensitive import Vault
+from service.store import KeyRegistry, create_pool
+from service.verification import PublicKey
 
 log = logging.getLogger("casetrail.setup")
 
@@ -151,8 +155,8 @@ def grants(settings: Settings) -> list[str]:
         # withdrawn when its start command could not be published); reads the log,
         # the signing keys and API keys. It never writes the log.
         f"GRANT SELECT, INSERT, DELETE ON cases TO {api}",
-        f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at) "
-        f"ON cases TO {api}",
+        f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at, "
+        f"start_confirmed_at, start_publishing_until) ON cases TO {api}",
         f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls "
         f"TO {api}",
         # ... seals a new case's sensitive values, opens them for pii:read callers,
@@ -161,12 +165,13 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT UPDATE (wrapped_key, ciphertext, erased_at, erased_by) ON case_secrets "
         f"TO {api}",
         f"GRANT INSERT ON access_log TO {api}",
-        # The worker claims and leases cases, reads whether one has ended, and
-        # registers its public key. It emits events on the bus only.
+        # The worker claims and leases cases, reads whether one has ended and whether
+        # its key is registered, and notes when its sweeper re-sent a stranded case's
+        # start command. It emits events on the bus only, and never writes
+        # signing_keys: keys are registered by an operator (`signer register`).
         f"GRANT SELECT ON cases, event_log, signing_keys, case_secrets TO {worker}",
-        f"GRANT UPDATE (attempts_claimed, lease_owner, lease_expires_at, terminal_published) "
-        f"ON cases TO {worker}",
-        f"GRANT INSERT ON signing_keys TO {worker}",
+        f"GRANT UPDATE (attempts_claimed, lease_owner, lease_expires_at, terminal_published, "
+        f"start_resent_at) ON cases TO {worker}",
         # The consumer appends to the log and folds each batch into the case row; no
         # UPDATE, DELETE or TRUNCATE on the log (and the triggers refuse them anyway).
         f"GRANT SELECT, INSERT ON event_log TO {consumer}",
@@ -307,9 +312,10 @@ def broker_permissions(settings: Settings) -> dict[Component, tuple[str, str, st
         "api": (rf"^{watch}$", rf"^({ns}\.(commands|cancel)|{watch})$",
                 rf"^({ns}\.events|{watch})$"),
         # Takes start commands, hears cancels, publishes events and tool requests,
-        # reads tool replies on its own queue; sets aside what it cannot process.
+        # reads tool replies on its own queue; sets aside what it cannot process;
+        # re-sends the start command of a stranded case (service/sweeper.py).
         "worker": (rf"^{private}$",
-                   rf"^({ns}\.(events|capabilities|dead-letter)|{private})$",
+                   rf"^({ns}\.(events|commands|capabilities|dead-letter)|{private})$",
                    rf"^({ns}\.(case-start|cancel)|{private})$"),
         # Reads the event log queue; sets aside what it refuses.
         "consumer": ("^$", rf"^{ns}\.dead-letter$", rf"^{ns}\.event-log$"),
@@ -435,12 +441,29 @@ async def setup(settings: Settings) -> SetupReport:
     definitions, declare the topology and write the secrets file."""
     identities = plan_identities(settings)
     applied = await setup_database(settings, identities)
+    # The worker's key, registered as the operator (from its public half where setup
+    # may not read the private key).
+    key_file = settings.signing_public_key_file or settings.signing_key_file
+    if key_file:
+        await register_signing_key(settings, Path(key_file))
     apply_broker_definitions(settings, broker_definitions(settings, identities))
     await declare_topology(settings)
     write_secrets(settings.secrets_path(), identities)
     return SetupReport(applied, [settings.database_role("owner"),
                                  *(settings.database_role(c) for c in DATABASE_COMPONENTS)],
                        [settings.broker_user(c) for c in COMPONENTS], settings.secrets_path())
+
+
+async def register_signing_key(settings: Settings, key_file: Path) -> PublicKey:
+    """``casetrail signer register``: record the public key of ``key_file`` (a worker's
+    PEM key, or its public half) in ``signing_keys``, on the bootstrap connection;
+    idempotent."""
+    public_key = read_public_key(key_file)
+    pool = await create_pool(settings.database_url, max_size=1)
+    try:
+        return await KeyRegistry(pool).register(key_id(public_key), public_key)
+    finally:
+        await pool.close()
 
 
 async def remove(settings: Settings) -> None:

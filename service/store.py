@@ -328,6 +328,31 @@ class CaseStore:
         assert existing is not None
         return dict(existing), False
 
+    async def mark_starts_confirmed(self, case_ids: Sequence[uuid.UUID]
+                                    ) -> dict[uuid.UUID, None]:
+        """The broker confirmed these cases' start commands: a re-sent request publishes
+        no other copy (one statement for many, through the API's coalescer)."""
+        async with translate_errors():
+            await self._pool.execute(
+                _LOCKED_IN_ORDER + """
+                UPDATE cases SET start_confirmed_at = now(), start_publishing_until = NULL
+                WHERE case_id IN (SELECT case_id FROM locked)""", list(case_ids))
+        return dict.fromkeys(case_ids)
+
+    async def take_start_resend(self, case_id: uuid.UUID, lease_seconds: float) -> bool:
+        """Whether a repeated request may publish this case's start command again: its
+        first publish is unconfirmed, nobody claimed it, and this call took the short
+        publishing lease (so concurrent re-sends publish one copy, not one each)."""
+        async with translate_errors():
+            taken = await self._pool.fetchval(
+                """UPDATE cases
+                   SET start_publishing_until = now() + make_interval(secs => $2)
+                   WHERE case_id = $1 AND start_confirmed_at IS NULL
+                     AND attempts_claimed = 0 AND status = 'queued'
+                     AND (start_publishing_until IS NULL OR start_publishing_until < now())
+                   RETURNING case_id""", case_id, lease_seconds)
+        return taken is not None
+
     async def idempotency_key_used(self, tenant: str, key: str) -> bool:
         async with translate_errors():
             return bool(await self._pool.fetchval(
@@ -436,6 +461,35 @@ class CaseStore:
                 WHERE case_id IN (SELECT case_id FROM locked) AND lease_owner = $2""",
                 list(case_ids), owner, lease_seconds,
             )
+
+    async def take_stranded(self, lock_name: str, lapsed_seconds: float,
+                            resend_seconds: float, limit: int = 500
+                            ) -> list[tuple[uuid.UUID, str, str]]:
+        """``(case_id, tenant_id, agent)`` of cases stranded: claimed, not ended, their
+        lease lapsed over ``lapsed_seconds`` ago, and not re-sent in the last
+        ``resend_seconds``; each is marked re-sent now. Empty unless this call holds the
+        advisory lock ``lock_name`` (one sweeper at a time; the lock ends with the
+        statement's transaction)."""
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                """
+                WITH sweeper AS MATERIALIZED (SELECT pg_try_advisory_xact_lock(hashtext($1))
+                                              AS held),
+                stranded AS MATERIALIZED (
+                    SELECT case_id FROM cases
+                    WHERE (SELECT held FROM sweeper)
+                      AND status IN ('queued', 'running') AND NOT terminal_published
+                      AND attempts_claimed > 0
+                      AND (lease_expires_at IS NULL
+                           OR lease_expires_at < now() - make_interval(secs => $2))
+                      AND (start_resent_at IS NULL
+                           OR start_resent_at < now() - make_interval(secs => $3))
+                    ORDER BY case_id LIMIT $4 FOR UPDATE SKIP LOCKED)
+                UPDATE cases SET start_resent_at = now()
+                WHERE case_id IN (SELECT case_id FROM stranded)
+                RETURNING case_id, tenant_id, agent""",
+                lock_name, lapsed_seconds, resend_seconds, limit)
+        return [(row["case_id"], row["tenant_id"], row["agent"]) for row in rows]
 
     async def mark_terminal_published(self, *case_ids: uuid.UUID) -> None:
         """The worker's note that these cases' terminal events are confirmed by the broker."""
@@ -552,15 +606,29 @@ class KeyRegistry:
         self._pool = pool
 
     async def register(self, key_id: str, public_key: bytes) -> PublicKey:
-        """Record a worker's key (idempotent); the key as registered, retired or not."""
+        """Record a worker's key (idempotent); the key as registered, retired or not.
+
+        An operator's step (``casetrail signer register``, run by ``setup``), on the
+        owner's or the bootstrap connection: no component's role may write
+        ``signing_keys``, or whoever holds its password could vouch for a key of their
+        own (docs/security.md)."""
         async with translate_errors():
             await self._pool.execute(
                 """INSERT INTO signing_keys (key_id, public_key) VALUES ($1, $2)
                    ON CONFLICT (key_id) DO NOTHING""", key_id, public_key)
+        registered = await self.registered(key_id, public_key)
+        assert registered is not None
+        return registered
+
+    async def registered(self, key_id: str, public_key: bytes) -> PublicKey | None:
+        """The key as registered (retired or not), ``None`` when it is not; a key id
+        registered with another public key is a ``PermanentError``."""
+        async with translate_errors():
             row = await self._pool.fetchrow(
                 "SELECT key_id, public_key, not_valid_after FROM signing_keys WHERE key_id = $1",
                 key_id)
-        assert row is not None
+        if row is None:
+            return None
         if bytes(row["public_key"]) != public_key:
             raise PermanentError(f"key id {key_id} is registered with another public key")
         return PublicKey(row["key_id"], bytes(row["public_key"]), row["not_valid_after"])

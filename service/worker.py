@@ -86,6 +86,7 @@ from service.store import (
     component_pool,
 )
 from service.supervisor import run_until_signal
+from service.sweeper import StrandedCaseSweeper
 from service.telemetry import metrics, tracing
 from service.verification import verify_trail
 
@@ -164,6 +165,10 @@ class CaseWorker:
     )
     concurrency: int = 256
     lease_seconds: float = 15.0
+    publish_retry_seconds: float = 60.0
+    """How long an event's publish is tried again before the case is handed back."""
+    sweep_seconds: float = 10.0
+    """How often this worker looks for stranded cases (service/sweeper.py)."""
     shutdown_grace: float = 10.0
     owner: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -212,7 +217,8 @@ class CaseWorker:
         channel = await self.connection.channel()
         await channel.set_qos(prefetch_count=prefetch_for(self.concurrency))
         await self.topology.require(channel)
-        publisher = self._publisher = await Publisher.open(self.connection)
+        publisher = self._publisher = await Publisher.open(
+            self.connection, retry_seconds=self.publish_retry_seconds)
         self._sink = EventPublisher(publisher, self.topology, self.signer)
         self._engine = ReactEngine(self._sink, self._sink.redact)
         cancel_exchange = await channel.get_exchange(self.topology.cancel_exchange, ensure=False)
@@ -227,6 +233,9 @@ class CaseWorker:
         starts = Subscription(channel, self.topology.case_start_queue, running)
         await starts.start()
         renewer = asyncio.create_task(self._renew_leases())
+        self.sweeper = StrandedCaseSweeper(self.store, publisher, self.topology,
+                                           self.lease_seconds, self.sweep_seconds)
+        sweeping = asyncio.create_task(self.sweeper.run())
         log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
         if ready is not None:
             ready.set()
@@ -236,6 +245,7 @@ class CaseWorker:
         await cancels.cancel()
         await running.drain(self.shutdown_grace)
         renewer.cancel()
+        sweeping.cancel()
         await publisher.channel.close()
         await channel.close()
 
@@ -287,24 +297,33 @@ class CaseWorker:
 
     async def _handle_start(self, message: Delivery) -> None:
         """Run the case a start command names. Returning acks the command; ``Reject``
-        dead-letters it; a ``TransientError`` (or cancellation) hands it back."""
-        if message.user_id != self.api_user:
+        dead-letters it; a ``TransientError`` (or cancellation) hands it back.
+
+        A start command is acked only once its case has ended (here or elsewhere, as
+        the claim shows): never while it runs, and never because a copy of it was
+        here when the case was handed back."""
+        # Start commands come from the API, and from a worker's sweeper re-sending a
+        # stranded case's (the command only names a case: the row says what runs).
+        if message.user_id != self.api_user and (
+                message.type == EraseCommand.MESSAGE_TYPE
+                or message.user_id != self._publisher.user_id):
             raise Reject(f"start command from broker user {message.user_id!r}, not the "
                          f"API's ({self.api_user!r})", "foreign_sender")
-        if message.type == "CASE_ERASE":
+        if message.type == EraseCommand.MESSAGE_TYPE:
             await self._record_erasure(message)
             return
         try:
             command: CaseStartCommand = CaseStartCommand.from_json(message.body)
         except InvalidCommand as exc:
             raise Reject(f"unreadable start command: {exc}", "unreadable") from exc
-        live = self._live.get(command.case_id)
-        if live is not None:
+        while (running := self._live.get(command.case_id)) is not None:
             # The broker redelivered the start command of a case this process is
-            # still running (its channel was lost, e.g. a broker restart). Never a
-            # second attempt beside the live one: settle this copy once it ends.
-            await live.finished.wait()
-            return
+            # still running (its channel was lost: a broker restart, a node's loss).
+            # Never a second attempt beside the live one: wait for it to finish here,
+            # then let the claim decide. It ended: ack. It was handed back (its
+            # publishes refused, its channel gone, so the original cannot be nacked):
+            # this copy is what gives the case its next attempt.
+            await running.finished.wait()
         # Registered before the claim, so a cancel broadcast that arrives while the
         # case is being claimed is not missed.
         live = self._live[command.case_id] = LiveCase()
@@ -348,9 +367,13 @@ class CaseWorker:
                     log.error("start command for unknown case %s dropped", command.case_id)
                     return True
                 case "busy":
-                    # Redelivered beside a live attempt (broker restart): never start a
-                    # twin; wait until it ends or its lease lapses.
+                    # Redelivered beside a live attempt elsewhere (broker restart): never
+                    # start a twin; wait until it ends or its lease lapses, holding the
+                    # command (unacked: it is the successor of an attempt that dies) but
+                    # not a slot.
+                    self._free_slot(live)
                     await asyncio.sleep(self.lease_seconds / 2)
+                    await self._take_slot(live)
                     continue
                 case "cancel_queued":
                     assert claim.case is not None
@@ -476,9 +499,16 @@ async def run_worker(settings: Settings) -> None:
     identity = settings.identity("worker")
     connection = await connect_patiently(identity.amqp_url, "casetrail-worker")
     pool = await component_pool(identity, 10)
-    registered = await KeyRegistry(pool).register(signer.key_id, signer.public_key)
+    # The key must have been registered by an operator: the worker's role cannot.
+    registered = await KeyRegistry(pool).registered(signer.key_id, signer.public_key)
+    if registered is None:
+        raise PermanentError(
+            f"signing key {signer.key_id} is not registered: an operator registers it with "
+            f"`casetrail signer register {settings.signing_key_file}` (setup does it for "
+            "CASETRAIL_SIGNING_KEY_FILE)")
     if registered.not_valid_after is not None:
-        raise PermanentError(f"signing key {signer.key_id} is retired: generate a new one")
+        raise PermanentError(f"signing key {signer.key_id} is retired: generate a new one "
+                             "and register it")
     log.info("signing events with key %s", signer.key_id)
     topology = Topology(settings.namespace)
     runtime = BusWorkerRuntime(
@@ -495,7 +525,9 @@ async def run_worker(settings: Settings) -> None:
                         KeyRegistry(pool), Caps.from_settings(settings),
                         models=models,
                         concurrency=settings.worker_concurrency,
-                        lease_seconds=settings.lease_seconds)
+                        lease_seconds=settings.lease_seconds,
+                        sweep_seconds=settings.sweep_seconds,
+                        publish_retry_seconds=settings.publish_retry_seconds)
     metrics.LIVE_CASES.set_function(lambda: len(worker.live_cases))
     metrics.SLOTS_BUSY.set_function(lambda: worker.slots_busy)
     probe = QueueProbe(connection, {"case-start": topology.case_start_queue},

@@ -87,8 +87,7 @@ async def in_process_stack(
     worker_concurrency: int = 8,
 ) -> AsyncIterator[InProcessStack]:
     """The components in this event loop, each connected as its own identity (the
-    ``amqp`` and ``pool`` of the tests are the bootstrap user's, used for nothing here
-    but registering the worker's key, as the worker itself would)."""
+    ``amqp`` and ``pool`` of the tests are the bootstrap user's, unused here)."""
     topology = Topology(settings.namespace)
     async with AsyncExitStack() as resources:
         worker_id, consumer_id = settings.identity("worker"), settings.identity("consumer")
@@ -110,8 +109,7 @@ async def in_process_stack(
         resources.push_async_callback(runtime.close)
         models = ModelFactory(settings)
         resources.push_async_callback(models.aclose)
-        signer = worker_signer(settings)
-        await KeyRegistry(worker_pool).register(signer.key_id, signer.public_key)
+        signer = worker_signer(settings)  # registered by setup, as an operator would
         worker = CaseWorker(connections["worker"], CaseStore(worker_pool), topology, runtime,
                             signer, settings.broker_user("api"),
                             CaseSecrets(worker_pool, Vault.from_text(settings.master_key_text())),

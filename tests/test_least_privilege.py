@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -24,12 +25,20 @@ from service.bus.publisher import Publisher
 from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
 from service.capability_worker import CapabilityWorker
-from service.commands import CancelCommand, CaseStartCommand, ToolReply, ToolRequest
+from service.commands import (
+    CancelCommand,
+    CaseStartCommand,
+    EraseCommand,
+    ToolReply,
+    ToolRequest,
+)
 from service.config import Settings
 from service.errors import PublishRejected
+from service.integrity import Signer
+from service.keyfile import write_signer
 from service.store import component_pool
 from tests.helpers import dead_letter_for, ended, wait_until
-from tests.stack import InProcessStack, module_stack
+from tests.stack import InProcessStack, kill_leftovers, module_stack, spawn
 from tests.test_pipeline import started
 
 stack = module_stack(worker_concurrency=4)
@@ -86,6 +95,9 @@ async def capability_publisher(settings: Settings) -> AsyncIterator[Publisher]:
     ("api", "DELETE FROM ledger_checkpoints"),
     ("consumer", "DELETE FROM ledger_queue"),
     ("worker", "INSERT INTO ledger_leaves VALUES (0, gen_random_uuid(), gen_random_uuid())"),
+    # Keys are registered by an operator: a worker's password cannot vouch for a key.
+    ("worker", "INSERT INTO signing_keys (key_id, public_key) VALUES ('0123456789abcdef', "
+               "'\\x00')"),
 ])
 async def test_a_component_role_cannot_do_what_another_does(
     settings: Settings, database: str, component: str, statement: str,
@@ -160,15 +172,33 @@ async def test_the_ledger_publishes_checkpoints_and_nothing_else(settings: Setti
                                     event.to_json())
 
 
-async def test_only_the_api_may_send_start_commands_and_cancels(
+async def test_only_the_api_may_send_cancels(
     settings: Settings, worker_amqp: aio_pika.abc.AbstractRobustConnection,
 ) -> None:
+    """(The worker may send start commands: its sweeper re-sends a stranded case's,
+    service/sweeper.py. A start command only names a case; an erase command from it is
+    refused by the worker that receives it, below.)"""
     topology = Topology(settings.namespace)
-    for exchange, key in ((topology.commands_exchange, Topology.START_KEY),
-                          (topology.cancel_exchange, "")):
-        publisher = await Publisher.open(worker_amqp)
-        with pytest.raises(PublishRejected, match=r"ACCESS_REFUSED|may not publish"):
-            await publisher.publish(exchange, key, b"{}")
+    publisher = await Publisher.open(worker_amqp)
+    with pytest.raises(PublishRejected, match=r"ACCESS_REFUSED|may not publish"):
+        await publisher.publish(topology.cancel_exchange, "", b"{}")
+
+
+async def test_an_erase_command_from_the_worker_is_dead_lettered(
+    settings: Settings, stack: InProcessStack,
+    worker_amqp: aio_pika.abc.AbstractRobustConnection,
+    amqp: aio_pika.abc.AbstractRobustConnection,
+) -> None:
+    topology = Topology(settings.namespace)
+    publisher = await Publisher.open(worker_amqp)
+    forged_id = uuid.uuid4()
+    await publisher.publish(topology.commands_exchange, Topology.ERASE_KEY,
+                            EraseCommand(case_id=forged_id).to_json(),
+                            message_type=EraseCommand.MESSAGE_TYPE,
+                            message_id=f"erase-{forged_id}")
+    reason = await dead_letter_for(amqp, topology, f"erase-{forged_id}")
+    assert "start command from broker user" in reason
+    assert settings.broker_user("worker") in reason
 
 
 @pytest.mark.parametrize(("component", "queue"), [
@@ -343,3 +373,21 @@ async def test_the_answer_cache_is_keyed_by_arguments_too(
     results: list[Any] = [first.result, second.result, again.result]
     assert results[0]["applicantId"] == "A-1001" and results[1]["applicantId"] == "A-1002"
     assert results[2] == results[0]
+
+
+async def test_a_worker_whose_key_no_operator_registered_refuses_to_start(
+    settings: Settings, database: str, tmp_path: Path,
+) -> None:
+    """The worker's role cannot register a key, and a worker does not sign with a key
+    nobody registered: it exits at start, naming the operator's step."""
+    key_file = tmp_path / "unregistered.pem"
+    write_signer(key_file, Signer.generate())
+    worker = spawn(settings, "worker", CASETRAIL_SIGNING_KEY_FILE=str(key_file),
+                   CASETRAIL_WORKER_METRICS_PORT="0")
+    try:
+        code = await asyncio.to_thread(worker.wait, 60)
+    finally:
+        kill_leftovers({"worker": worker})
+    log = Path(worker.log_path).read_text()  # type: ignore[attr-defined]  # noqa: ASYNC240
+    assert code != 0
+    assert "is not registered" in log and "casetrail signer register" in log

@@ -21,6 +21,7 @@ import asyncpg
 import pytest
 
 from service.config import DATABASE_COMPONENTS, Settings
+from service.keyfile import worker_signer
 from service.setup import remove
 from tests.stack import other_namespace
 
@@ -178,3 +179,29 @@ def test_without_setup_a_component_says_what_to_run(settings: Settings, tmp_path
     done = _casetrail(settings, "worker", CASETRAIL_SECRETS_FILE=str(tmp_path / "none.json"))
     assert done.returncode != 0
     assert "run `casetrail setup`" in done.stderr
+
+
+async def test_an_operator_registers_a_key_from_its_public_half(
+    settings: Settings, pool: asyncpg.Pool, tmp_path: Path,
+) -> None:
+    """`signer generate --public-out` then `signer register` of the public file (what
+    compose's setup does without the private key); `signer list` shows it."""
+    private, public = tmp_path / "w.pem", tmp_path / "w.pub"
+    made = await asyncio.to_thread(_casetrail, settings, "signer", "generate", "-o",
+                                   str(private), "--public-out", str(public))
+    assert made.returncode == 0, made.stderr
+    assert public.read_text().strip() == made.stdout.strip()
+    key = worker_signer(settings.model_copy(update={"signing_key_file": str(private)}))
+    assert not await pool.fetchval("SELECT count(*) FROM signing_keys WHERE key_id = $1",
+                                   key.key_id)
+    registered = await asyncio.to_thread(_casetrail, settings, "signer", "register",
+                                         str(public))
+    assert registered.returncode == 0 and f"key {key.key_id} registered" in registered.stdout
+    assert await pool.fetchval("SELECT public_key FROM signing_keys WHERE key_id = $1",
+                               key.key_id) == key.public_key
+    listed = await asyncio.to_thread(_casetrail, settings, "signer", "list")
+    assert any(line.startswith(key.key_id) for line in listed.stdout.splitlines())
+    junk = tmp_path / "junk"
+    junk.write_text("not a key")
+    refused = await asyncio.to_thread(_casetrail, settings, "signer", "register", str(junk))
+    assert refused.returncode == 2 and "neither a signing key nor a public key" in refused.stderr

@@ -7,6 +7,7 @@ cannot be done the answer is ``503`` and nothing is left behind.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -56,12 +57,14 @@ from service.api.streams import StreamStart, case_stream, parse_event_id, tenant
 from service.api.viewer import viewer_routes
 from service.asyncapi import asyncapi_document
 from service.auth import Principal
+from service.batching import Coalescer
 from service.bus import fastpath
 from service.bus.connection import connect_patiently
 from service.bus.publisher import Publisher
+from service.bus.start_commands import send_start
 from service.bus.topology import Topology
 from service.bus.watch import EventWatch
-from service.commands import CancelCommand, CaseStartCommand
+from service.commands import CancelCommand
 from service.config import Settings
 from service.erasure import erase
 from service.errors import (
@@ -94,6 +97,9 @@ from service.telemetry import metrics
 log = logging.getLogger("casetrail.api")
 
 RETRY_LATER = {"Retry-After": "5"}
+START_PUBLISHING_SECONDS = 30.0
+"""How long one request holds the right to publish a case's start command (the column
+default of ``start_publishing_until`` for a new case, migration 011)."""
 """On a 503: the broker or the database is away or full; nothing was kept."""
 
 _ERRORS: dict[int, tuple[type, str]] = {
@@ -283,17 +289,36 @@ class Services:
         self.evidence = Evidence(self.store, KeyRegistry(self.pool), self.ledger)
         self.caller.keys = ApiKeyStore(self.pool)
         self.quotas = TenantLoads(lambda *args: tenant_counts(self.pool, *args))
+        self.confirmed_starts = Coalescer(self.store.mark_starts_confirmed)
+        self.noting: set[asyncio.Task[None]] = set()
         channel = await self.connection.channel()
         await self.topology.require(channel)
         await channel.close()
-        # A short retry: a client waiting on POST /cases is better served by a
+        # A short retry, and a nack (a full start queue, a queue between leaders)
+        # answered at once: a client waiting on POST /cases is better served by a
         # prompt 503 than by a minute of silence.
-        self.publisher = await Publisher.open(self.connection, retry_seconds=3.0)
+        self.publisher = await Publisher.open(self.connection, retry_seconds=3.0,
+                                              retry_nacks=False)
         self.watch = EventWatch(self.connection, self.topology,
                                 self.settings.broker_user("worker"))
         await self.watch.open()
 
+    def note_start_confirmed(self, case_id: uuid.UUID) -> None:
+        """Record, off the request's path, that the broker confirmed a start command (a
+        note lost is harmless: a re-sent request may then publish one more copy)."""
+        async def note() -> None:
+            try:
+                await self.confirmed_starts(case_id)
+            except CasetrailError as exc:
+                log.warning("could not note the start of %s as confirmed: %s", case_id, exc)
+
+        task = asyncio.create_task(note())
+        self.noting.add(task)
+        task.add_done_callback(self.noting.discard)
+
     async def close(self) -> None:
+        if self.noting:
+            await asyncio.wait(self.noting, timeout=5)
         await self.watch.close()
         await self.connection.close()
         await self.pool.close()
@@ -439,10 +464,16 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             if row["request_digest"] != digest:
                 raise HTTPException(409, "Idempotency-Key was already used with another request")
             headers["Idempotency-Replayed"] = "true"
-            if row["attempts_claimed"] == 0 and row["status"] == "queued":
+            if row["start_confirmed_at"] is None and row["attempts_claimed"] == 0 \
+                    and row["status"] == "queued":
                 # The first request may have died before its start command was
-                # confirmed; another copy is harmless (the claim runs it once).
-                await _publish_start(services, row, forget_on_failure=False)
+                # confirmed: publish one more copy (the claim runs it once), but only
+                # one, however many re-sends arrive (the lease), and within the
+                # tenant's rate, so re-sends cannot flood the start queue.
+                await _within_rate(services, principal.tenant)
+                if await services.store.take_start_resend(row["case_id"],
+                                                          START_PUBLISHING_SECONDS):
+                    await _publish_start(services, row, forget_on_failure=False)
         else:
             await _publish_start(services, row, forget_on_failure=True)
             metrics.CASES_ACCEPTED.labels(agent.name).inc()
@@ -736,6 +767,13 @@ async def _within_quota(services: Services, tenant: str) -> None:
         raise HTTPException(429, f"tenant {tenant!r} has {max_active} cases queued or "
                                  "running, its limit; try again when some have ended",
                             headers={"Retry-After": "5"})
+    await _within_rate(services, tenant)
+
+
+async def _within_rate(services: Services, tenant: str) -> None:
+    """429 when the tenant started (or re-sent) its limit of cases in the last minute."""
+    max_active, max_per_minute = services.settings.quota(tenant)
+    load = await services.quotas.load(tenant, max_active, max_per_minute)
     if load.recent >= max_per_minute:
         wait = await rate_wait(services.pool, tenant, max_per_minute)
         raise HTTPException(429, f"tenant {tenant!r} started {max_per_minute} cases in the "
@@ -746,12 +784,10 @@ async def _within_quota(services: Services, tenant: str) -> None:
 async def _publish_start(services: Services, row: dict[str, Any], *,
                          forget_on_failure: bool) -> None:
     case_id = row["case_id"]
-    command = CaseStartCommand(case_id=case_id, tenant_id=row["tenant_id"], agent=row["agent"])
     try:
-        await services.publisher.publish(
-            services.topology.commands_exchange, Topology.START_KEY, command.to_json(),
-            message_id=str(case_id), message_type="CASE_START", correlation_id=str(case_id),
-        )
+        await send_start(services.publisher, services.topology, case_id, row["tenant_id"],
+                         row["agent"])
+        services.note_start_confirmed(case_id)
     except (BusUnavailable, PublishRejected) as exc:
         if forget_on_failure and not await services.store.delete_unstarted(case_id):
             # The broker took the command after all (a node died with its confirm): a

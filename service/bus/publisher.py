@@ -5,7 +5,10 @@ Every message is bytes (anything else fails at the call, loudly), persistent,
 ``publish`` returns only once the broker has taken responsibility for the
 message, and raises if it did not. A publish that fails because the
 connection dropped is retried with backoff (tenacity); a re-publish may
-duplicate a message, which the event ids make harmless.
+duplicate a message, which the event ids make harmless. So is a publish the broker *nacked*:
+a nack says the broker could not take the message just now (a quorum queue between
+leaders while a node is lost), not that it never will, so it is published again
+within the same time (``retry_nacks``); a returned message (unroutable) is not.
 
 A publish goes out through aiormq's public ``basic_publish``, or, when the
 component switched the fast path on (``service.bus.fastpath``), through its
@@ -23,6 +26,7 @@ from typing import Any
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+from pamqp.commands import Basic
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -57,6 +61,15 @@ _CONNECTION_ERRORS = (
 _RETRY_WAIT = wait_exponential_jitter(multiplier=0.1, max=3.0)
 
 
+class _Nacked(Exception):
+    """The broker nacked a publish (``Basic.Nack``): it did not take the message."""
+
+
+def _nacked(exc: BaseException) -> bool:
+    return isinstance(exc, aiormq.exceptions.DeliveryError) \
+        and isinstance(exc.frame, Basic.Nack)
+
+
 @dataclass
 class Publisher:
     """Publishes bytes with confirms on its own channel."""
@@ -65,6 +78,10 @@ class Publisher:
     retry_seconds: float = PUBLISH_RETRY_SECONDS
     user_id: str | None = None
     """The connection's broker user, set on every message (the broker checks it)."""
+    retry_nacks: bool = True
+    """Publish a nacked message again (within ``retry_seconds``). Off where a nack
+    should be answered at once (the API's start commands: a full start queue is a 503
+    the client retries, not a request held open)."""
     fast: bool = field(default_factory=fastpath.enabled)
     """Publish through ``fastpath.ConfirmedChannel`` (else aiormq's ``basic_publish``)."""
     _confirmed: fastpath.ConfirmedChannel | None = field(default=None, init=False, repr=False)
@@ -95,6 +112,17 @@ class Publisher:
             confirmed = self._confirmed = fastpath.ConfirmedChannel(channel)
         await confirmed.publish(exchange, routing_key, body, properties)
 
+    async def _send_once(
+        self, exchange: str, routing_key: str, body: bytes, properties: Properties
+    ) -> None:
+        """``_send``, with a nack to be retried told apart (``_Nacked``)."""
+        try:
+            await self._send(exchange, routing_key, body, properties)
+        except aiormq.exceptions.DeliveryError as exc:
+            if self.retry_nacks and _nacked(exc):
+                raise _Nacked(str(exc)) from exc
+            raise
+
     async def publish(
         self,
         exchange: str,
@@ -112,8 +140,9 @@ class Publisher:
         """Publish ``body`` and wait for the broker's confirm.
 
         Raises ``TypeError`` for anything but bytes, ``PublishRejected`` when the
-        broker nacks or returns the message (unroutable), ``BusUnavailable`` when
-        it cannot be reached for ``retry_seconds``.
+        broker returns the message (unroutable) or nacks it (at once, or still after
+        ``retry_seconds`` with ``retry_nacks``), ``BusUnavailable`` when it cannot be
+        reached for ``retry_seconds``.
         """
         if not isinstance(body, bytes):
             raise TypeError(
@@ -138,31 +167,33 @@ class Publisher:
             try:
                 # The common case, without the retry machinery's per-call cost.
                 sent = time.perf_counter()
-                await self._send(exchange, routing_key, body, properties)
+                await self._send_once(exchange, routing_key, body, properties)
                 metrics.publish_confirm(exchange).observe(time.perf_counter() - sent)
                 return
             except aiormq.exceptions.ChannelAccessRefused:
                 raise  # this identity may not publish there: no retry makes it allowed
-            except _CONNECTION_ERRORS as exc:
-                # Wait as before any retry: the connection is likely still coming back.
+            except (*_CONNECTION_ERRORS, _Nacked) as exc:
+                # Wait as before any retry: the connection (or the queue's leader) is
+                # likely still coming back.
                 delay = backoff_delay(_RETRY_WAIT, 1)
                 log.warning("publish to %r failed (%r); retrying in %.2fs", exchange, exc, delay)
                 await asyncio.sleep(delay)
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(_CONNECTION_ERRORS)
+                retry=retry_if_exception_type((*_CONNECTION_ERRORS, _Nacked))
                 & retry_if_not_exception_type(aiormq.exceptions.ChannelAccessRefused),
                 wait=_RETRY_WAIT,
                 stop=stop_after_delay(self.retry_seconds),
                 reraise=True,
             ):
                 with attempt:
-                    await self._send(exchange, routing_key, body, properties)
+                    await self._send_once(exchange, routing_key, body, properties)
         except aiormq.exceptions.ChannelAccessRefused as exc:
             raise PublishRejected(f"broker user {self.user_id!r} may not publish to "
                                   f"{exchange!r}/{routing_key!r}: {exc}") from exc
-        except aiormq.exceptions.DeliveryError as exc:
+        except (aiormq.exceptions.DeliveryError, _Nacked) as exc:
             raise PublishRejected(
-                f"broker refused message for {exchange!r}/{routing_key!r}: {exc}"
+                f"broker refused message for {exchange!r}/{routing_key!r}: "
+                f"{exc.__cause__ or exc}"
             ) from exc
         except _CONNECTION_ERRORS as exc:
             raise BusUnavailable(f"publish to {exchange!r} failed: {exc!r}") from exc

@@ -71,6 +71,9 @@ LIVE_CASES = Gauge("casetrail_live_cases", "Cases this worker holds now.")
 SLOTS_BUSY = Gauge("casetrail_worker_slots_busy", "Of this worker's slots "
                    "(CASETRAIL_WORKER_CONCURRENCY), those held by a case at work; when all "
                    "are, start commands wait in hand for one.")
+STRANDED_CASES_RESENT = Counter(
+    "casetrail_stranded_cases_resent", "Start commands a worker's sweeper sent again for "
+    "cases stranded: claimed, not ended, their lease lapsed (service/sweeper.py).")
 
 # --- every publisher ---------------------------------------------------------------
 PUBLISH_CONFIRM_SECONDS = Histogram(
