@@ -275,6 +275,20 @@ class RecordedCase:
 
 
 @dataclass(frozen=True)
+class TrailHead:
+    """A case's last stored event, where an administrative event is chained on."""
+
+    attempt: int
+    seq: int
+    hash: str
+    event_type: str
+    tenant_id: str
+    """The case's tenant as its signed trail records it."""
+    erased: bool
+    """A CASE_ERASED is among the case's events."""
+
+
+@dataclass(frozen=True)
 class Claim:
     """What a worker may do with a start command it received."""
 
@@ -502,18 +516,18 @@ class CaseStore:
                 list(case_ids),
             )
 
-    async def trail_head(self, case_id: uuid.UUID) -> tuple[int, int, str, str, bool] | None:
-        """``(attempt, seq, hash, event_type, erased)`` of the case's last stored event,
-        ``erased`` when a CASE_ERASED is among them; ``None`` without events."""
+    async def trail_head(self, case_id: uuid.UUID) -> TrailHead | None:
+        """The case's last stored event; ``None`` without events."""
         async with translate_errors():
             row = await self._pool.fetchrow(
-                """SELECT attempt, seq, hash, event_type,
+                """SELECT attempt, seq, hash, event_type, tenant_id,
                           EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = $1
                                   AND e.event_type = 'CASE_ERASED') AS erased
                    FROM event_log WHERE case_id = $1 ORDER BY attempt DESC, seq DESC
                    LIMIT 1""", case_id)
-        return None if row is None else (row["attempt"], row["seq"], row["hash"],
-                                         row["event_type"], row["erased"])
+        return None if row is None else TrailHead(row["attempt"], row["seq"], row["hash"],
+                                                  row["event_type"], row["tenant_id"],
+                                                  row["erased"])
 
     async def cancel_request(self, case_id: uuid.UUID) -> tuple[str | None, str | None] | None:
         """``(reason, by)`` when the case was asked to stop, else ``None``: a cancel

@@ -464,16 +464,16 @@ class CaseWorker:
             raise Reject(f"erase command for case {command.case_id}, whose values Postgres "
                          "does not show erased")
         head = await self.store.trail_head(command.case_id)
-        if head is None or (head[3] not in TERMINAL_EVENT_TYPES and not head[4]):
+        if head is None or (head.event_type not in TERMINAL_EVENT_TYPES and not head.erased):
             raise TransientError(f"case {command.case_id}'s terminal event is not stored yet")
-        attempt, seq, prev_hash, _, already = head
-        if already:
+        if head.erased:
             return
-        event = make_event(command.case_id, attempt, seq + 1, CaseErasedPayload(
+        # The tenant is the trail's own, never the command's word.
+        event = make_event(command.case_id, head.attempt, head.seq + 1, CaseErasedPayload(
             erased_by=state.erased_by or "unknown", erased_at=state.erased_at,
-            placeholders=state.placeholders), tenant_id=command.tenant_id)
+            placeholders=state.placeholders), tenant_id=head.tenant_id)
         body = event.to_json()
-        await self._sink.publish_sealed(event, body, self.signer.seal(prev_hash, body))
+        await self._sink.publish_sealed(event, body, self.signer.seal(head.hash, body))
         log.info("case %s: erasure recorded", command.case_id)
 
     async def _mark_ended(self, case_id: uuid.UUID) -> None:

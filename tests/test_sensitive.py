@@ -16,6 +16,9 @@ import orjson
 import pytest
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.bus.publisher import Publisher
+from service.bus.topology import Topology
+from service.commands import EraseCommand
 from service.errors import PermanentError
 from service.events import CaseCompletedPayload, TokenUsage, make_event
 from service.integrity import canonical
@@ -334,3 +337,34 @@ async def test_values_sealed_under_another_master_key_stay_placeholders(
     assert reply.json()["sensitive"]["shownInClear"] is False
     assert not await pool.fetchval("SELECT count(*) FROM access_log WHERE case_id = $1",
                                    uuid.UUID(case_id))
+
+
+async def test_case_erased_carries_the_trails_tenant_not_the_commands(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, settings: Any,
+    stack: InProcessStack,
+) -> None:
+    """An erase command that names another tenant (the API's broker identity misused)
+    does not move the case's CASE_ERASED into that tenant's events."""
+    case_id = uuid.UUID((await client.post("/cases", json={"agent": "loan-officer",
+                                                            "input": LOAN})).json()["caseId"])
+    await ended(client, case_id)
+    # Shredded as the API does it (in Postgres first), then the command sent with a
+    # tenant that is not the case's.
+    await pool.execute("UPDATE case_secrets SET wrapped_key = NULL, ciphertext = NULL, "
+                       "erased_at = now(), erased_by = 'key:test' WHERE case_id = $1", case_id)
+    connection = await aio_pika.connect(settings.identity("api").amqp_url)
+    try:
+        publisher = await Publisher.open(connection)  # type: ignore[arg-type]
+        await publisher.publish(
+            f"{settings.namespace}.commands", Topology.ERASE_KEY,
+            EraseCommand(case_id=case_id, tenant_id="intruder").to_json(),
+            message_type=EraseCommand.MESSAGE_TYPE, message_id=f"erase-{case_id}")
+    finally:
+        await connection.close()
+    await wait_for_sql(pool, "SELECT count(*) FROM event_log WHERE case_id = $1 AND "
+                             "event_type = 'CASE_ERASED'", case_id)
+    tenants = await pool.fetch("SELECT DISTINCT tenant_id FROM event_log WHERE case_id = $1",
+                               case_id)
+    assert [r["tenant_id"] for r in tenants] == ["default"]
+    report = (await client.get(f"/cases/{case_id}/verify")).json()
+    assert report["verified"] is True, report
