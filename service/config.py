@@ -184,6 +184,12 @@ class Settings(BaseSettings):
     stream_ping_seconds: float = Field(default=15.0, gt=0, description="A comment line on "
                                        "an idle event stream this often (keeps proxies from "
                                        "closing it; a revoked key's stream ends at one).")
+    stream_max_per_key: int = Field(default=20, gt=0, description="Event streams one API "
+                                    "key or token may hold open in one API process (429 "
+                                    "beyond).")
+    stream_max_per_tenant: int = Field(default=500, gt=0, description="Event streams one "
+                                       "tenant may hold open in one API process (429 "
+                                       "beyond).")
     public_url: str = Field(default="", description="Where people reach the API (the "
                             "viewer links `casetrail demo` prints); http://<host>:<port> "
                             "when empty.")

@@ -259,3 +259,61 @@ async def test_a_stream_shows_sensitive_values_only_to_pii_readers(
     logged = await pool.fetchval("SELECT count(*) FROM access_log WHERE case_id = $1 AND "
                                  "action = 'pii:read'", uuid.UUID(case_id))
     assert logged == 1
+
+
+@pytest.fixture
+async def strict_api(settings: Settings, stack: InProcessStack) -> AsyncIterator[str]:
+    """A second API process on the same stack: pings every second (so the credential is
+    checked every second), and two streams per key at most."""
+    async with serve_api(settings.model_copy(update={
+            "stream_ping_seconds": 1.0, "stream_max_per_key": 2})) as url:
+        yield url
+
+
+async def test_a_busy_stream_ends_when_its_key_is_revoked(
+    strict_api: str, client: httpx.AsyncClient, pool: asyncpg.Pool,
+) -> None:
+    """Events every few hundred milliseconds used to push the credential's check (at a
+    keep-alive) back for ever: a revoked key kept receiving them."""
+    keys = ApiKeyStore(pool)
+    key_id, key = await keys.create("default", ("cases:read",), "busy watcher")
+    busy = asyncio.Event()
+
+    async def keep_busy() -> None:
+        while not busy.is_set():
+            await client.post("/cases", json=slow(100))
+            await asyncio.sleep(0.3)
+
+    feeding = asyncio.create_task(keep_busy())
+    try:
+        async with httpx.AsyncClient(base_url=strict_api,
+                                     headers={"Authorization": f"Bearer {key}"}) as watcher:
+            reading = asyncio.create_task(read_stream(watcher, "/events/stream"))
+            await asyncio.sleep(2.0)
+            assert await keys.revoke(key_id)
+            revoked_at = asyncio.get_running_loop().time()
+            got = await asyncio.wait_for(reading, 10)
+            ended_after = asyncio.get_running_loop().time() - revoked_at
+    finally:
+        busy.set()
+        await feeding
+    assert got.events, "events flowed while the key was valid"
+    assert ended_after < 5, ended_after  # a second's check, plus the key cache's second
+
+
+async def test_streams_beyond_a_keys_limit_are_refused_with_429(
+    strict_api: str, pool: asyncpg.Pool,
+) -> None:
+    _, key = await ApiKeyStore(pool).create("default", ("cases:read",), "greedy")
+    async with httpx.AsyncClient(base_url=strict_api, timeout=10,
+                                 headers={"Authorization": f"Bearer {key}"}) as greedy:
+        async with greedy.stream("GET", "/events/stream") as first, \
+                greedy.stream("GET", "/events/stream") as second:
+            assert first.status_code == second.status_code == 200
+            third = await greedy.get("/events/stream")
+            assert third.status_code == 429, third.text
+            assert "Retry-After" in third.headers and "limit" in third.text
+        async def opens_again() -> bool:  # once the server has seen the two close
+            async with greedy.stream("GET", "/events/stream") as again:
+                return again.status_code == 200
+        assert await wait_until(opens_again, timeout=10, interval=0.2)

@@ -53,7 +53,15 @@ from service.api.schemas import (
     VerifyReport,
 )
 from service.api.security import Caller
-from service.api.streams import StreamStart, case_stream, parse_event_id, tenant_stream
+from service.api.streams import (
+    StreamSlots,
+    StreamStart,
+    StreamTicket,
+    TooManyStreams,
+    case_stream,
+    parse_event_id,
+    tenant_stream,
+)
 from service.api.viewer import viewer_routes
 from service.asyncapi import asyncapi_document
 from service.auth import Principal
@@ -591,6 +599,15 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
             return await caller.principal(token) is not None
         return check
 
+    slots = StreamSlots(settings.stream_max_per_key, settings.stream_max_per_tenant)
+
+    def stream_ticket(principal: Principal = reader) -> StreamTicket:
+        """A slot for one more stream of this credential and tenant, or 429."""
+        try:
+            return slots.take(principal.subject, principal.tenant)
+        except TooManyStreams as exc:
+            raise HTTPException(429, str(exc), headers=RETRY_LATER) from None
+
     async def stream_start(
         case_id: uuid.UUID, principal: Principal = reader,
         last_event_id: Annotated[str, Header(pattern=r"^[1-9][0-9]{0,8}\.[0-9]{1,9}$",
@@ -607,39 +624,49 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         values, _ = await sensitive_view(case_id, principal)
         return StreamStart(case_id, after, row["status"] in ENDED_STATUSES, values)
 
-    streaming = _responses(200, Health, "", 401, 403, 404, 422, 503)
+    streaming = _responses(200, Health, "", 401, 403, 404, 422, 429, 503)
     del streaming[200]  # the event stream itself is described by FastAPI
 
     @app.get("/cases/{case_id}/stream", response_class=EventSourceResponse,
              summary="The case's events as Server-Sent Events: stored, then live",
              responses=streaming)
     async def stream_case(request: Request, start: StreamStart = Depends(stream_start),
+                          ticket: StreamTicket = Depends(stream_ticket),
                           _: Principal = reader) -> AsyncIterator[ServerSentEvent]:
         """Each event as `id: <attempt>.<seq>`, `event: <EVENT_TYPE>`, `data: <envelope>`;
         the stored trail first, then live events, honouring `Last-Event-ID`; ends after
-        the terminal event."""
+        the terminal event, or when the credential stops working (checked at least every
+        15 s). A credential or tenant with its limit of streams open gets 429."""
         # Closed here, in order, when the stream ends or is cancelled (not left to the
         # garbage collector, which would close the inner generator out of order).
-        async with aclosing(case_stream(services.watch, services.store, start.case_id,
-                                        start.after, start.ended, start.values,
-                                        settings.stream_ping_seconds,
-                                        still_valid(request))) as messages:
-            async for message in messages:
-                yield message
+        try:
+            async with aclosing(case_stream(services.watch, services.store, start.case_id,
+                                            start.after, start.ended, start.values,
+                                            settings.stream_ping_seconds,
+                                            still_valid(request))) as messages:
+                async for message in messages:
+                    yield message
+        finally:
+            ticket.release()
 
     @app.get("/events/stream", response_class=EventSourceResponse,
              summary="Every event of the caller's tenant, live, as Server-Sent Events",
              responses={k: v for k, v in streaming.items() if k != 404})
-    async def stream_tenant(request: Request, principal: Principal = reader
+    async def stream_tenant(request: Request, principal: Principal = reader,
+                            ticket: StreamTicket = Depends(stream_ticket),
                             ) -> AsyncIterator[ServerSentEvent]:
         """For dashboards: each event as it is published (`id` is the event id); no
         replay (the case streams and `GET /cases` have the record); sensitive values
-        stay placeholders."""
-        async with aclosing(tenant_stream(services.watch, principal.tenant,
-                                          settings.stream_ping_seconds,
-                                          still_valid(request))) as messages:
-            async for message in messages:
-                yield message
+        stay placeholders. Ends when the credential stops working; 429 beyond the
+        limit of open streams."""
+        try:
+            async with aclosing(tenant_stream(services.watch, principal.tenant,
+                                              settings.stream_ping_seconds,
+                                              still_valid(request))) as messages:
+                async for message in messages:
+                    yield message
+        finally:
+            ticket.release()
 
     @app.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",
               response_model=None,

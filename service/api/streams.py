@@ -30,8 +30,10 @@ import asyncio
 import logging
 import time
 import uuid
+import weakref
+from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -87,27 +89,84 @@ def _message(key: Key, event_type: str, envelope: dict[str, Any],
                            id=f"{key[0]}.{key[1]}")
 
 
+CREDENTIAL_RECHECK_SECONDS = 15.0
+"""A stream asks whether its credential still works at least this often, whatever it
+sends meanwhile (a busy stream must not outlive a revoked key)."""
+
+
+class TooManyStreams(Exception):
+    """The caller's key, or its tenant, holds as many open streams as it may."""
+
+
+@dataclass
+class StreamSlots:
+    """Open streams counted per credential and per tenant, each with its limit (an
+    open stream holds a bus binding and a connection: none is free)."""
+
+    per_key: int
+    per_tenant: int
+    _open: Counter[str] = field(default_factory=Counter)
+
+    def take(self, subject: str, tenant: str) -> StreamTicket:
+        """A slot for one stream; ``TooManyStreams`` when either limit is reached."""
+        holders = (f"key:{subject}", f"tenant:{tenant}")
+        if self._open[holders[0]] >= self.per_key:
+            raise TooManyStreams(f"this credential has {self.per_key} streams open, its "
+                                 "limit; close one first")
+        if self._open[holders[1]] >= self.per_tenant:
+            raise TooManyStreams(f"tenant {tenant!r} has {self.per_tenant} streams open, its "
+                                 "limit; close one first")
+        self._open.update(holders)
+        return StreamTicket(self, holders)
+
+    def open_streams(self, subject: str, tenant: str) -> tuple[int, int]:
+        return self._open[f"key:{subject}"], self._open[f"tenant:{tenant}"]
+
+
+class StreamTicket:
+    """One stream's slot; released when the stream ends (or, for a stream whose body
+    never ran, when the ticket is collected)."""
+
+    def __init__(self, slots: StreamSlots, holders: tuple[str, str]) -> None:
+        self._release = weakref.finalize(self, _give_back, slots._open, holders)
+
+    def release(self) -> None:
+        self._release()
+
+
+def _give_back(counts: Counter[str], holders: tuple[str, str]) -> None:
+    counts.subtract(holders)
+    for holder in holders:
+        if counts[holder] <= 0:
+            del counts[holder]
+
+
 async def _live(watcher: Watcher, ping_seconds: float,
                 still_allowed: Callable[[], Awaitable[bool]], what: str,
                 seam_seconds: float = 0.0,
                 ) -> AsyncGenerator[LiveEvent | ServerSentEvent | None, None]:
     """The watcher's live events, with a keep-alive comment after ``ping_seconds``
-    without one; it ends when the credential no longer works (asked at each keep-alive)
-    or the watcher fell behind. Besides, for ``seam_seconds`` from its start, a quiet
-    spell (20 ms, doubling to 500 ms) yields ``None``: the caller looks at the record."""
+    without one; it ends when the credential no longer works (asked at least every
+    ``CREDENTIAL_RECHECK_SECONDS``, events or not) or the watcher fell behind. Besides,
+    for ``seam_seconds`` from its start, a quiet spell (20 ms, doubling to 500 ms)
+    yields ``None``: the caller looks at the record."""
+    recheck_seconds = min(ping_seconds, CREDENTIAL_RECHECK_SECONDS)
     now = time.monotonic()
-    seam_until, ping_at = now + seam_seconds, now + ping_seconds
+    seam_until, ping_at, check_at = now + seam_seconds, now + ping_seconds, now + recheck_seconds
     pause = GAP_FIRST_PAUSE_SECONDS
     while True:
         now = time.monotonic()
+        if now >= check_at:
+            if not await still_allowed():
+                return
+            check_at = time.monotonic() + recheck_seconds
         in_seam = now < seam_until
-        wait = ping_at - now if not in_seam else min(pause, ping_at - now)
+        due = min(ping_at, check_at) - now
+        wait = due if not in_seam else min(pause, due)
         try:
             live = await asyncio.wait_for(watcher.events.get(), max(wait, 0.0))
         except TimeoutError:
             if time.monotonic() >= ping_at:
-                if not await still_allowed():
-                    return
                 ping_at = time.monotonic() + ping_seconds
                 yield ServerSentEvent(comment="ping")
             elif in_seam:
