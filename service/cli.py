@@ -71,7 +71,10 @@ def _logging(level: str | None = None) -> None:
 def setup(
     remove: Annotated[bool, typer.Option(
         "--remove", help="Take the namespace down instead: its database, roles, broker "
-        "users, queues, exchanges and secrets file.")] = False,
+        "users, queues, exchanges, policy and secrets file (asks first). A database "
+        "holding another namespace's objects is refused.")] = False,
+    yes: Annotated[bool, typer.Option(
+        "--yes", help="With --remove: do not ask (for scripts).")] = False,
 ) -> None:
     """Create or update, idempotently, every component's own database role and broker
     user (least privilege), migrate as the owner role, set the broker's policies and
@@ -79,11 +82,18 @@ def setup(
     bootstrap (admin) URLs CASETRAIL_DATABASE_URL and CASETRAIL_AMQP_URL."""
     from service import setup as steps
     from service.errors import PermanentError
+    from service.migrate import database_name
 
     _logging()
     settings = get_settings()
     try:
         if remove:
+            if not yes and not typer.confirm(
+                    f"Remove namespace {settings.namespace!r}: its database "
+                    f"{database_name(settings.database_url)!r} with every case and event "
+                    "in it, its roles, broker users, queues and exchanges?"):
+                typer.echo("nothing removed", err=True)
+                raise typer.Exit(1)
             _run(steps.remove(settings))
             typer.echo(f"namespace {settings.namespace} removed")
             return

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -84,13 +84,20 @@ class ModelEndpoint(BaseModel):
                          "only (a key must not cross a network in clear)")
 
 
+DEFAULT_DATABASE_SERVER = "postgresql://postgres@127.0.0.1:5432/"
+
+
 class Settings(BaseSettings):
     """Every knob casetrail reads. Each field is ``CASETRAIL_<NAME>`` in the environment."""
 
     model_config = SettingsConfigDict(env_prefix="CASETRAIL_", extra="ignore")
 
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
-    database_url: str = "postgresql://postgres@127.0.0.1:5432/casetrail"
+    database_url: str = Field(
+        default=DEFAULT_DATABASE_SERVER + "casetrail",
+        description="The bootstrap (admin) URL of the namespace's database. Unset, each "
+        "namespace gets a database of its own, named after it, so two stacks on one "
+        "server never share tables.")
     namespace: str = Field(default="casetrail", pattern=r"^[a-z0-9][a-z0-9_.-]{0,53}$",
                            description="Prefix of every queue, exchange, database role "
                            "and broker user (54 characters at most: a Postgres role name "
@@ -370,6 +377,13 @@ class Settings(BaseSettings):
         if not isinstance(stored, dict):
             raise PermanentError(f"the secrets file {self.secrets_path()} is not an object")
         return stored
+
+    @model_validator(mode="after")
+    def _a_database_of_its_own(self) -> Settings:
+        """Without CASETRAIL_DATABASE_URL, the namespace's own database (named after it)."""
+        if "database_url" not in self.model_fields_set:
+            self.database_url = DEFAULT_DATABASE_SERVER + self.namespace
+        return self
 
     def broker_user(self, component: Component) -> str:
         """The broker user a component's messages carry (``user_id``)."""

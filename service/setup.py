@@ -246,6 +246,7 @@ async def setup_database(settings: Settings, identities: Identities) -> list[str
     await ensure_database(settings.database_url)
     conn = await asyncpg.connect(settings.database_url)
     try:
+        await _refuse_others(conn, settings, "set up")
         db = quote_ident(database)
         await conn.execute(f"ALTER DATABASE {db} OWNER TO {quote_ident(owner)}")
         await conn.execute(f"REVOKE ALL ON DATABASE {db} FROM PUBLIC")
@@ -278,8 +279,49 @@ async def _grant(settings: Settings) -> None:
         await conn.close()
 
 
+_OTHER_OWNERS = """
+SELECT DISTINCT r.rolname FROM (
+    SELECT datdba AS owner FROM pg_database WHERE datname = current_database()
+    UNION ALL
+    SELECT c.relowner FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'public'
+) o JOIN pg_roles r ON r.oid = o.owner
+WHERE r.rolname LIKE '%\\_owner' AND r.rolname <> $1
+"""
+
+
+async def _refuse_others(conn: asyncpg.Connection, settings: Settings, doing: str) -> None:
+    """``PermanentError`` when the database holds another namespace's objects (owned by
+    another namespace's owner role): one namespace's setup never takes them over, and
+    its removal never drops them."""
+    others = [r["rolname"] for r in await conn.fetch(_OTHER_OWNERS,
+                                                      settings.database_role("owner"))]
+    if others:
+        names = ", ".join(sorted(o.removesuffix("_owner") for o in others))
+        raise PermanentError(
+            f"database {database_name(settings.database_url)!r} holds objects of another "
+            f"namespace ({names}): namespace {settings.namespace!r} will not {doing} there. "
+            "Leave CASETRAIL_DATABASE_URL unset (each namespace then gets a database named "
+            "after it) or point it at a database of this namespace's own.")
+
+
+async def check_removable(settings: Settings) -> None:
+    """``PermanentError`` when the namespace's database holds another namespace's
+    objects (checked before anything of the namespace is taken down)."""
+    try:
+        conn = await asyncpg.connect(settings.database_url)
+    except asyncpg.InvalidCatalogNameError:
+        return  # no database: only roles and broker objects may be left
+    try:
+        await _refuse_others(conn, settings, "remove a database")
+    finally:
+        await conn.close()
+
+
 async def remove_database(settings: Settings) -> None:
-    """Drop the namespace's database and roles (tests and benchmarks)."""
+    """Drop the namespace's database and roles; refused (``PermanentError``) when the
+    database holds another namespace's objects."""
+    await check_removable(settings)
     await drop_database(settings.database_url)
     admin = await asyncpg.connect(with_database(settings.database_url, "postgres"))
     try:
@@ -297,6 +339,11 @@ def _password_hash(password: str) -> str:
     4-byte salt followed by SHA-256(salt ‖ password)."""
     salt = secrets.token_bytes(4)
     return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def start_limit_policy(settings: Settings) -> str:
+    """The name of the namespace's start-queue length policy."""
+    return f"{settings.namespace}-case-start-limit"
 
 
 def broker_permissions(settings: Settings) -> dict[Component, tuple[str, str, str]]:
@@ -349,7 +396,7 @@ def broker_definitions(settings: Settings, identities: Identities) -> dict[str, 
                        "write": {"worker": r"^case\.", "ledger": r"^ledger\."}.get(
                            component, "^$"),
                        "read": r"^case\." if component == "api" else "^$"})
-    policies = [{"vhost": vhost, "name": f"{settings.namespace}-case-start-limit",
+    policies = [{"vhost": vhost, "name": start_limit_policy(settings),
                  "pattern": f"^{re.escape(topology.case_start_queue)}$", "apply-to": "queues",
                  "priority": 0,
                  "definition": {"max-length": settings.start_queue_max_length,
@@ -398,17 +445,23 @@ def apply_broker_definitions(settings: Settings, definitions: dict[str, Any]) ->
 
 
 def remove_broker_users(settings: Settings) -> None:
+    """The namespace's broker users and its policy (nothing of another namespace's)."""
     users = [settings.broker_user(c) for c in COMPONENTS]
+    policy = start_limit_policy(settings)
     if settings.rabbitmq_management_url:
         root, auth = _management(settings)
+        vhost = quote(settings.amqp_vhost(), safe="")
         with httpx.Client(auth=auth, timeout=30) as client:
             client.post(f"{root}/api/users/bulk-delete", json={"users": users})
+            client.delete(f"{root}/api/policies/{vhost}/{quote(policy, safe='')}")
         return
-    for user in users:
+    for args in [*(("delete_user", user) for user in users),
+                 ("clear_policy", "-p", settings.amqp_vhost(), policy)]:
         try:
-            _rabbitmqctl(settings, "delete_user", user)
+            _rabbitmqctl(settings, *args)
         except PermanentError as exc:
-            if "no_such_user" not in str(exc) and "does not exist" not in str(exc):
+            if not any(gone in str(exc) for gone in ("no_such_user", "does not exist",
+                                                     "not_found", "not found")):
                 raise
 
 
@@ -468,7 +521,10 @@ async def register_signing_key(settings: Settings, key_file: Path) -> PublicKey:
 
 async def remove(settings: Settings) -> None:
     """Undo ``setup`` for a namespace: its database, roles, broker users, queues and
-    exchanges, and its secrets file (tests, benchmarks, ``casetrail setup --remove``)."""
+    exchanges, its broker policy and its secrets file (tests, benchmarks, ``casetrail
+    setup --remove``). Nothing of another namespace: a database holding another's
+    objects is refused before anything is removed."""
+    await check_removable(settings)
     connection = await connect(settings.amqp_url, "casetrail-setup")
     try:
         await Topology(settings.namespace).delete_all(await connection.channel(),

@@ -18,12 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import DATABASE_COMPONENTS, Settings
+from service.errors import PermanentError
 from service.keyfile import worker_signer
-from service.setup import remove
-from tests.stack import other_namespace
+from service.setup import remove, remove_broker_users, setup
+from tests.helpers import ended
+from tests.stack import InProcessStack, module_stack, other_namespace
 
 
 def _rabbitmqctl_json(*args: str) -> list[dict[str, Any]]:
@@ -100,15 +104,25 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
             await conn.close()
         assert owners == {ns.database_role("owner")}
 
-        gone = await asyncio.to_thread(_casetrail, ns, "setup", "--remove")
-        assert gone.returncode == 0, gone.stderr
-        assert not secrets.exists()
-        assert not {ns.broker_user(c) for c in made} & {
-            u["user"] for u in _rabbitmqctl_json("list_users")}
-        assert not await pool.fetchval("SELECT count(*) FROM pg_roles WHERE rolname LIKE $1",
-                                       ns.namespace + "\\_%")
+        await _removal_asks_then_leaves_nothing(ns, list(made), pool)
     finally:
         await remove(ns)
+
+
+async def _removal_asks_then_leaves_nothing(ns: Settings, components: list[str],
+                                            pool: asyncpg.Pool) -> None:
+    kept = await asyncio.to_thread(_casetrail, ns, "setup", "--remove")  # asks first
+    assert kept.returncode == 1 and "Remove namespace" in kept.stdout  # no answer: no
+    assert ns.secrets_path().exists()
+    gone = await asyncio.to_thread(_casetrail, ns, "setup", "--remove", "--yes")
+    assert gone.returncode == 0, gone.stderr
+    assert not ns.secrets_path().exists()
+    assert f"{ns.namespace}-case-start-limit" not in {
+        p["name"] for p in _rabbitmqctl_json("list_policies")}  # nothing left behind
+    assert not {ns.broker_user(c) for c in components} & {  # type: ignore[arg-type]
+        u["user"] for u in _rabbitmqctl_json("list_users")}
+    assert not await pool.fetchval("SELECT count(*) FROM pg_roles WHERE rolname LIKE $1",
+                                   ns.namespace + "\\_%")
 
 
 @pytest.fixture
@@ -205,3 +219,47 @@ async def test_an_operator_registers_a_key_from_its_public_half(
     junk.write_text("not a key")
     refused = await asyncio.to_thread(_casetrail, settings, "signer", "register", str(junk))
     assert refused.returncode == 2 and "neither a signing key nor a public key" in refused.stderr
+
+
+
+stack = module_stack(worker_concurrency=2)
+
+
+def test_each_namespace_gets_a_database_of_its_own_by_default() -> None:
+    assert Settings(namespace="ops-a").database_url.endswith("/ops-a")
+    assert Settings(namespace="ops-b").database_url.endswith("/ops-b")
+    assert Settings(namespace="ops-b", database_url="postgresql://h/shared").database_url \
+        == "postgresql://h/shared"  # set explicitly, it is used as given
+
+
+async def test_another_namespace_neither_takes_over_nor_removes_this_ones_database(
+    settings: Settings, stack: InProcessStack, client: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+) -> None:
+    """The attack: namespace B pointed at A's database. B's setup used to take A's tables
+    over (and die half-way); B's removal force-dropped A's database with its signed
+    events. Both are refused, before anything is touched, and A's trail still verifies."""
+    case_id = (await client.post("/cases", json={"agent": "loan-officer",
+                                                  "input": SAMPLE_APPLICATIONS[0]})
+               ).json()["caseId"]
+    await ended(client, case_id)
+    intruder = other_namespace(settings, "intruder").model_copy(
+        update={"database_url": settings.database_url})
+    try:
+        with pytest.raises(PermanentError, match="holds objects of another namespace"):
+            await setup(intruder)
+        with pytest.raises(PermanentError, match="holds objects of another namespace"):
+            await remove(intruder)
+        refused = await asyncio.to_thread(_casetrail, intruder, "setup", "--remove", "--yes")
+        assert refused.returncode == 2 and "another namespace" in refused.stderr
+    finally:
+        remove_broker_users(intruder)
+        intruder.secrets_path().unlink(missing_ok=True)
+    owners = {r["tableowner"] for r in await pool.fetch(
+        "SELECT tableowner FROM pg_tables WHERE schemaname = 'public'")}
+    assert owners == {settings.database_role("owner")}
+    report = (await client.get(f"/cases/{case_id}/verify")).json()
+    assert report["verified"] and report["complete"], report
+    again = (await client.post("/cases", json={"agent": "loan-officer",
+                                                "input": SAMPLE_APPLICATIONS[1]})).json()
+    assert (await ended(client, again["caseId"]))["status"] == "completed"
