@@ -25,7 +25,7 @@ from tests.stack import InProcessStack, module_stack, serve_api
 PUBLIC = {"/healthz", "/readyz", "/signing-keys", "/asyncapi.json", "/ui/", "/ui/cases/{case_id}",
           "/ui/assets/{name}", "/ledger/checkpoint", "/ledger/checkpoints", "/ledger/key",
           "/ledger/proofs/inclusion", "/ledger/proofs/consistency", "/ledger/cosignatures",
-          "/ledger/events/{event_id}/proof"}
+          "/ledger/leaves/{event_hash}/proof"}
 """DESIGN.md's public routes that exist so far (FastAPI's own /openapi.json and /docs too)."""
 LOAN = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[2]}
 

@@ -39,7 +39,7 @@ from service.ledger.note import (
 )
 from service.ledger.sequencer import log_signer, write_log_key
 from service.ledger.store import LedgerStore
-from service.store import CaseStore, KeyRegistry
+from service.store import ApiKeyStore, CaseStore, KeyRegistry
 from service.supervisor import component_command
 from tests.browser import DOCS, signed_in
 from tests.helpers import ended, wait_until
@@ -157,7 +157,7 @@ async def test_every_stored_event_is_a_leaf_of_a_signed_published_checkpoint(
     http = httpx.AsyncClient(base_url=logged.stack.base_url)
     async with http:
         for row in rows:
-            proof = (await http.get(f"/ledger/events/{row['event_id']}/proof")).json()
+            proof = (await http.get(f"/ledger/leaves/{row['hash']}/proof")).json()
             path = [base64.b64decode(h) for h in proof["proof"]]
             assert proof["leafIndex"] == row["leaf_index"] and proof["treeSize"] == size
             assert merkle.verify_inclusion(merkle.leaf_hash(bytes.fromhex(row["hash"])),
@@ -187,6 +187,36 @@ async def test_every_stored_event_is_a_leaf_of_a_signed_published_checkpoint(
     assert open_checkpoint(message.body.decode(), logged.log_key)[0].size <= size
 
 
+async def test_nobody_without_the_case_counts_its_events_through_the_log(
+    logged: Logged,
+) -> None:
+    """Event ids derive from the case id: a public proof lookup by event id told anyone
+    holding a case id how many events it has. The public lookup is by hash; by event id
+    it is the case's own route, under the case's access rules."""
+    case_id = (await run_cases(logged, 1))[0]
+    await logged_everything(logged)
+    event_id, event_hash = await logged.pool.fetchrow(
+        "SELECT event_id, hash FROM event_log WHERE case_id = $1 AND seq = 1",
+        uuid.UUID(case_id))
+    async with httpx.AsyncClient(base_url=logged.stack.base_url) as anyone:
+        assert (await anyone.get(f"/ledger/events/{event_id}/proof")).status_code == 404
+        probe = await anyone.get(f"/cases/{case_id}/events/{event_id}/proof")
+        assert probe.status_code == 401
+        by_hash = await anyone.get(f"/ledger/leaves/{event_hash}/proof")
+        assert by_hash.status_code == 200 and by_hash.json()["eventHash"] == event_hash
+        assert (await anyone.get(f"/ledger/leaves/{'0' * 64}/proof")).status_code == 404
+        assert (await anyone.get("/ledger/leaves/not-a-hash/proof")).status_code == 422
+    own = await logged.client.get(f"/cases/{case_id}/events/{event_id}/proof")
+    assert own.status_code == 200, own.text
+    assert own.json()["eventHash"] == event_hash
+    assert own.json()["leafIndex"] == by_hash.json()["leafIndex"]
+    _, other = await ApiKeyStore(logged.pool).create("other-tenant", ("cases:read",), "nosy")
+    async with httpx.AsyncClient(base_url=logged.stack.base_url,
+                                 headers={"Authorization": f"Bearer {other}"}) as nosy:
+        assert (await nosy.get(f"/cases/{case_id}/events/{event_id}/proof")).status_code \
+            == 404
+
+
 async def test_the_viewer_checks_the_decisions_inclusion_proof_in_the_browser(
     logged: Logged, browser: Browser,
 ) -> None:
@@ -207,7 +237,7 @@ async def test_the_viewer_checks_the_decisions_inclusion_proof_in_the_browser(
         proof["proof"][0] = base64.b64encode(bytes(32)).decode()
         await route.fulfill(response=served, json=proof)
 
-    proofs = re.compile(r"/ledger/events/[0-9a-f-]+/proof$")
+    proofs = re.compile(r"/ledger/leaves/[0-9a-f]{64}/proof$")
     await page.route(proofs, altered)
     await page.reload()
     await expect(logged_fact).to_contain_text("inclusion proof does not check",
@@ -215,11 +245,11 @@ async def test_the_viewer_checks_the_decisions_inclusion_proof_in_the_browser(
 
     # So is a sound proof of another event (this case's first) served in its place.
     first = await logged.pool.fetchval(
-        "SELECT event_id FROM event_log WHERE case_id = $1 AND seq = 0", uuid.UUID(case_id))
+        "SELECT hash FROM event_log WHERE case_id = $1 AND seq = 0", uuid.UUID(case_id))
 
     async def swapped(route: Route) -> None:
         await route.fulfill(response=await route.fetch(
-            url=f"{logged.stack.base_url}/ledger/events/{first}/proof"))
+            url=f"{logged.stack.base_url}/ledger/leaves/{first}/proof"))
 
     await page.unroute(proofs)
     await page.route(proofs, swapped)

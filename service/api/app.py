@@ -765,8 +765,8 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
 
     viewer_routes(app, public)
     ledger_routes(app, lambda: services.ledger,
-                  [Verifier.parse(k) for k in settings.ledger_witnesses], public, _responses,
-                  OrjsonResponse)
+                  [Verifier.parse(k) for k in settings.ledger_witnesses], public, reader,
+                  owned_case, _responses, OrjsonResponse)
     app.openapi = lambda: exact_openapi(app, settings)  # type: ignore[method-assign]
     return app
 

@@ -1,15 +1,16 @@
 """The transparency log over HTTP, open to anyone (DESIGN.md: ``/ledger/*`` is public):
-checkpoints, inclusion and consistency proofs, the log's key, and witnesses'
-cosignatures. Hashes and signed notes only: nothing here reveals an event's contents."""
+checkpoints, inclusion and consistency proofs (a leaf found by its index or its hash),
+the log's key, and witnesses' cosignatures. Hashes and signed notes only: nothing here
+reveals an event's contents, nor, to someone without its hashes, anything of a case."""
 
 from __future__ import annotations
 
 import base64
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Query, Request, Response
+from fastapi import FastAPI, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from service.auth import Principal
@@ -42,7 +43,7 @@ class InclusionProof(BaseModel):
     leafIndex: int
     treeSize: int
     eventHash: str | None = Field(description="The leaf's data: the event's chain hash "
-                                  "(64 hex), when asked by eventId.")
+                                  "(64 hex), when asked by hash or event id.")
     proof: list[str] = Field(description="RFC 9162 inclusion path, base64, the leaf's "
                              "sibling first.")
     checkpoint: str
@@ -78,10 +79,15 @@ def _unprocessable(field: str, message: str, where: str = "query") -> HTTPExcept
     return HTTPException(422, [{"loc": [where, field], "msg": message, "type": "value_error"}])
 
 
-def ledger_routes(app: FastAPI, ledger: Callable[[], LedgerStore], witnesses: list[Verifier],
-                  public: Any, responses: Callable[..., dict[int | str, dict[str, Any]]],
+def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
+                  app: FastAPI, ledger: Callable[[], LedgerStore], witnesses: list[Verifier],
+                  public: Any, reader: Any,
+                  owned_case: Callable[[uuid.UUID, Principal], Awaitable[Any]],
+                  responses: Callable[..., dict[int | str, dict[str, Any]]],
                   json_response: Callable[..., Response]) -> None:
-    """Add ``/ledger/*`` to ``app`` (``ledger``: the store, once the app has opened)."""
+    """Add ``/ledger/*`` to ``app`` (``ledger``: the store, once the app has opened), and
+    a case's own lookup of an event's proof (``reader``, ``owned_case``: the case's
+    access rules)."""
 
     async def latest() -> StoredCheckpoint:
         checkpoint = await ledger().latest()
@@ -148,18 +154,39 @@ def ledger_routes(app: FastAPI, ledger: Callable[[], LedgerStore], witnesses: li
     ) -> Response:
         return await inclusion_proof(leaf_index, tree_size, None, f"leaf {leaf_index}")
 
-    @app.get("/ledger/events/{event_id}/proof", summary="An event's inclusion proof",
-             response_model=None,
+    @app.get("/ledger/leaves/{event_hash}/proof", summary="The inclusion proof of the "
+             "leaf whose data is this event hash", response_model=None,
              responses=responses(200, InclusionProof, "The RFC 9162 inclusion path of the "
-                                 "event's leaf", 404, 422, 503))
-    async def event_inclusion(
-        event_id: uuid.UUID,
+                                 "hash's leaf", 404, 422, 503))
+    async def hash_inclusion(
+        event_hash: Annotated[str, Path(pattern="^[0-9a-f]{64}$", description=
+                                        "An event's chain hash, 64 lowercase hex.")],
         tree_size: TreeSize = None,
         _: Principal = public,
     ) -> Response:
-        found = await ledger().event_leaf(event_id)
+        """For whoever holds an event's hash (a bundle, a trail): nothing is learnt by
+        anyone without it. By event id, see `GET /cases/{caseId}/events/{eventId}/proof`."""
+        leaf_index = await ledger().leaf_of_hash(event_hash)
+        if leaf_index is None:
+            raise _not_found(f"no leaf holds {event_hash} (yet)")
+        return await inclusion_proof(leaf_index, tree_size, event_hash, f"hash {event_hash}")
+
+    @app.get("/cases/{case_id}/events/{event_id}/proof", summary="The inclusion proof of "
+             "one of the case's events", response_model=None,
+             responses=responses(200, InclusionProof, "The RFC 9162 inclusion path of the "
+                                 "event's leaf", 401, 403, 404, 422, 503))
+    async def event_inclusion(
+        case_id: uuid.UUID,
+        event_id: uuid.UUID,
+        tree_size: TreeSize = None,
+        principal: Principal = reader,
+    ) -> Response:
+        """Behind the case's own access rules: event ids derive from the case id, so a
+        public lookup by id would let anyone holding a case id count its events."""
+        await owned_case(case_id, principal)
+        found = await ledger().event_leaf(case_id, event_id)
         if found is None:
-            raise _not_found(f"event {event_id} is not in the log (yet)")
+            raise _not_found(f"event {event_id} of case {case_id} is not in the log (yet)")
         leaf_index, event_hash = found
         return await inclusion_proof(leaf_index, tree_size, event_hash, f"event {event_id}")
 

@@ -158,10 +158,10 @@ class Sequencer:
             first = edge.size
             tiles = edge.append([merkle.leaf_hash(bytes.fromhex(r["hash"])) for r in rows])
             await conn.execute(
-                "INSERT INTO ledger_leaves (leaf_index, event_id, case_id) "
-                "SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::uuid[])",
+                "INSERT INTO ledger_leaves (leaf_index, event_id, case_id, event_hash) "
+                "SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::uuid[], $4::text[])",
                 list(range(first, first + len(rows))), [r["event_id"] for r in rows],
-                [r["case_id"] for r in rows])
+                [r["case_id"] for r in rows], [r["hash"] for r in rows])
             keys = sorted(tiles)
             await conn.execute(
                 "INSERT INTO ledger_tiles (level, tile_index, hashes) "

@@ -109,13 +109,20 @@ class LedgerStore:
 
     # -- leaves ------------------------------------------------------------------------
 
-    async def event_leaf(self, event_id: uuid.UUID) -> tuple[int, str | None] | None:
-        """The event's leaf index and its hash (the leaf's data; ``None`` when the store
-        no longer holds the event), or ``None`` when it is not in the log."""
+    async def event_leaf(self, case_id: uuid.UUID, event_id: uuid.UUID
+                         ) -> tuple[int, str] | None:
+        """The leaf index and hash (the leaf's data) of an event of ``case_id``, or
+        ``None`` when it is not in the log."""
         row = await self.pool.fetchrow(
-            "SELECT l.leaf_index, e.hash FROM ledger_leaves l LEFT JOIN event_log e "
-            "USING (event_id) WHERE l.event_id = $1", event_id)
-        return None if row is None else (row["leaf_index"], row["hash"])
+            "SELECT leaf_index, event_hash FROM ledger_leaves WHERE event_id = $1 "
+            "AND case_id = $2", event_id, case_id)
+        return None if row is None else (row["leaf_index"], row["event_hash"])
+
+    async def leaf_of_hash(self, event_hash: str) -> int | None:
+        """The first leaf whose data is ``event_hash`` (64 hex), or ``None``."""
+        index: int | None = await self.pool.fetchval(
+            "SELECT min(leaf_index) FROM ledger_leaves WHERE event_hash = $1", event_hash)
+        return index
 
     async def leaves_of_case(self, case_id: uuid.UUID) -> dict[uuid.UUID, int]:
         rows = await self.pool.fetch(

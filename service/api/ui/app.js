@@ -520,16 +520,18 @@ async function showLogged(caseId, setLogged, signal) {
     const { events } = await api(`/cases/${caseId}/events?types=${[...TERMINAL].join(",")}`);
     const decided = events.at(-1);
     if (signal.aborted || !decided || !decided.integrity) return;
-    await lookUpLogged(decided.eventId, decided.integrity.hash, setLogged, signal);
+    await lookUpLogged(decided.integrity.hash, setLogged, signal);
   } catch (exc) {
     if (!signal.aborted) setLogged(badge("log unavailable", "warn"));
   }
 }
 
-async function lookUpLogged(eventId, eventHash, setLogged, signal) {
+async function lookUpLogged(eventHash, setLogged, signal) {
   let response;
   for (let tries = 0; ; tries += 1) {
-    response = await fetch(`/ledger/events/${eventId}/proof`, { signal });
+    // Looked up by the hash the trail shows (public: it tells nothing to whoever
+    // lacks the hash), then checked against that hash here.
+    response = await fetch(`/ledger/leaves/${eventHash}/proof`, { signal });
     if (signal.aborted) return;
     if (response.status !== 404) break;
     // Checkpoints are made every few seconds: look again for a while.
