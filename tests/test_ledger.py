@@ -195,9 +195,11 @@ async def test_nobody_without_the_case_counts_its_events_through_the_log(
     it is the case's own route, under the case's access rules."""
     case_id = (await run_cases(logged, 1))[0]
     await logged_everything(logged)
-    event_id, event_hash = await logged.pool.fetchrow(
+    row = await logged.pool.fetchrow(
         "SELECT event_id, hash FROM event_log WHERE case_id = $1 AND seq = 1",
         uuid.UUID(case_id))
+    assert row is not None
+    event_id, event_hash = row["event_id"], row["hash"]
     async with httpx.AsyncClient(base_url=logged.stack.base_url) as anyone:
         assert (await anyone.get(f"/ledger/events/{event_id}/proof")).status_code == 404
         probe = await anyone.get(f"/cases/{case_id}/events/{event_id}/proof")
