@@ -502,10 +502,10 @@ def dead_letters_redrive(
     sent, refused = _run(main())
     for letter in sent:
         typer.echo(f"redriven {letter.message_id} to {letter.exchange}:{letter.routing_key}")
-    for letter in refused:
-        typer.echo(f"not redriven {letter.message_id}: it was redriven once already "
-                   "(--again to send it anyway)", err=True)
-    missing = set(message_ids or ()) - {x.message_id for x in [*sent, *refused]}
+    for letter, why in refused:
+        typer.echo(f"not redriven {letter.message_id}: {why}", err=True)
+    missing = set(message_ids or ()) - {x.message_id for x in sent} \
+        - {x.message_id for x, _ in refused}
     for message_id in sorted(missing):
         typer.echo(f"no dead letter {message_id}", err=True)
     if missing or refused:

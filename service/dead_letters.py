@@ -7,11 +7,19 @@ delivery limit (``x-death``). Reading them never removes them: they are taken wi
 acknowledgement and handed back when the channel closes.
 
 A redrive republishes a message to the exchange and routing key it came from, as the
-component that publishes there (the consumer only takes events from the worker's broker
-user, the worker only start commands from the API's), with its headers (an event's
-signature included) and ``x-casetrail-redriven-at``; once the broker confirms it, the
-dead letter is acknowledged. A message that comes back after a redrive is not sent again
-unless asked (``again``): once, and the record travels with the message.
+component that first published it, with its headers (an event's signature included)
+and ``x-casetrail-redriven-at``; once the broker confirms it, the dead letter is
+acknowledged. A message that comes back after a redrive is not sent again unless asked
+(``again``): once, and the record travels with the message.
+
+Who first published it is taken only from what the broker vouched for, since any
+component may write to the dead-letter exchange: for a dead letter a component made,
+the ``x-casetrail-original-user-id`` it copied, and only when the dead letter's own
+``user_id`` is the component that consumes that exchange (the consumer for events,
+the worker for commands, the capability worker for tool requests); for one the broker
+made (a delivery limit), the original's retained ``user_id``. That publisher must be
+one that may publish there. Tool replies, cancels and anything else are never
+redriven. So nobody launders a message into another identity through a redrive.
 """
 
 from __future__ import annotations
@@ -25,16 +33,21 @@ from typing import Any
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 
 from service.bus.connection import connect
-from service.bus.dead_letter import DEAD_LETTERED_AT_HEADER, REASON_HEADER
+from service.bus.dead_letter import DEAD_LETTERED_AT_HEADER, ORIGINAL_USER_HEADER, REASON_HEADER
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
-from service.config import Component, Settings
+from service.config import COMPONENTS, Component, Settings
 
 REDRIVEN_AT_HEADER = "x-casetrail-redriven-at"
-_SET_ASIDE = {REASON_HEADER, DEAD_LETTERED_AT_HEADER, "x-original-exchange",
+_SET_ASIDE = {REASON_HEADER, DEAD_LETTERED_AT_HEADER, ORIGINAL_USER_HEADER,
+              "x-original-exchange",
               "x-original-routing-key", "x-death", "x-first-death-exchange",
               "x-first-death-queue", "x-first-death-reason", "x-last-death-exchange",
               "x-last-death-queue", "x-last-death-reason"}
+
+
+class NotRedrivable(Exception):
+    """A dead letter that is not sent back, and why."""
 
 
 def _text(value: Any) -> str | None:
@@ -57,6 +70,11 @@ class DeadLetter:
     redriven_at: str | None
     headers: dict[str, Any]
     body: bytes
+    user_id: str | None = None
+    """The dead letter's own ``user_id``: who put it on the dead-letter exchange (the
+    broker checked it), or, when the broker dead-lettered it, the original's."""
+    made_by_broker: bool = False
+    """Dead-lettered by the broker (``x-death``), not set aside by a component."""
 
     @classmethod
     def of(cls, message: AbstractIncomingMessage) -> DeadLetter:
@@ -82,21 +100,42 @@ class DeadLetter:
             dead_lettered_at=when.replace(tzinfo=when.tzinfo or UTC)
             if isinstance(when, datetime) else None,
             redriven_at=_text(headers.get(REDRIVEN_AT_HEADER)), headers=headers,
-            body=message.body)
+            body=message.body, user_id=message.user_id,
+            made_by_broker=REASON_HEADER not in headers and bool(death))
 
     def age_seconds(self, now: datetime) -> float | None:
         return None if self.dead_lettered_at is None else \
             (now - self.dead_lettered_at).total_seconds()
 
-    def publisher(self, topology: Topology) -> Component:
-        """Which component publishes where this message came from."""
-        if self.exchange == topology.events_exchange:
-            return "worker"
-        if self.exchange in (topology.commands_exchange, topology.cancel_exchange):
-            return "api"
-        if self.exchange == topology.capabilities_exchange:
-            return "worker"
-        return "capability"  # tool replies, through the default exchange
+    def sender(self, settings: Settings) -> Component:
+        """The component to redrive it as: the one that first published it, as the
+        broker vouched (see the module); ``NotRedrivable`` with the reason otherwise."""
+        topology = Topology(settings.namespace)
+        roles: dict[str, tuple[set[Component], set[Component]]] = {
+            # exchange: (who may publish there, who consumes and may set it aside)
+            topology.events_exchange: ({"worker"}, {"consumer"}),
+            topology.commands_exchange: ({"api", "worker"}, {"worker"}),
+            topology.capabilities_exchange: ({"worker"}, {"capability"}),
+        }
+        if self.exchange not in roles:
+            raise NotRedrivable(f"a message from {self.exchange or 'the default exchange'} "
+                                "(a tool reply, a cancel) is never redriven")
+        publishers, handlers = roles[self.exchange]
+        components = {settings.broker_user(c): c for c in COMPONENTS}
+        if self.made_by_broker:
+            first = self.user_id
+        else:
+            setter = components.get(self.user_id or "")
+            if setter not in handlers:
+                raise NotRedrivable(f"set aside by broker user {self.user_id!r}, which does "
+                                    f"not consume {self.exchange}: its word on the sender "
+                                    "is not taken")
+            first = _text(self.headers.get(ORIGINAL_USER_HEADER))
+        origin = components.get(first or "")
+        if origin is None or origin not in publishers:
+            raise NotRedrivable(f"first published by broker user {first!r}, which may not "
+                                f"publish to {self.exchange}")
+        return origin
 
     def headers_to_send(self, now: datetime) -> dict[str, Any]:
         kept = {k: v for k, v in self.headers.items() if k not in _SET_ASIDE}
@@ -124,13 +163,14 @@ async def held(connection: AbstractRobustConnection, topology: Topology, limit: 
 
 async def redrive(settings: Settings, admin: AbstractRobustConnection,
                   wanted: set[str] | None, reason: str | None, *, again: bool,
-                  limit: int = 10_000) -> tuple[list[DeadLetter], list[DeadLetter]]:
+                  limit: int = 10_000
+                  ) -> tuple[list[DeadLetter], list[tuple[DeadLetter, str]]]:
     """Send back the dead letters whose id is in ``wanted`` (``None``: all) and whose
-    reason contains ``reason``; returns ``(sent, refused)`` (refused: redriven once
-    already, and ``again`` not given)."""
+    reason contains ``reason``; returns ``(sent, refused)``, each refused with why (not
+    redrivable, or redriven once already and ``again`` not given)."""
     topology = Topology(settings.namespace)
     sent: list[DeadLetter] = []
-    refused: list[DeadLetter] = []
+    refused: list[tuple[DeadLetter, str]] = []
     publishers: dict[Component, tuple[AbstractRobustConnection, Publisher]] = {}
     try:
         async with held(admin, topology, limit) as letters:
@@ -139,9 +179,14 @@ async def redrive(settings: Settings, admin: AbstractRobustConnection,
                         (reason is not None and reason not in letter.reason):
                     continue
                 if letter.redriven_at is not None and not again:
-                    refused.append(letter)
+                    refused.append((letter, "it was redriven once already (--again to send "
+                                            "it anyway)"))
                     continue
-                component = letter.publisher(topology)
+                try:
+                    component = letter.sender(settings)
+                except NotRedrivable as exc:
+                    refused.append((letter, str(exc)))
+                    continue
                 if component not in publishers:
                     connection = await connect(settings.identity(component).amqp_url,
                                                f"casetrail-redrive-{component}")

@@ -25,6 +25,7 @@ from service.integrity import GENESIS, HEADER, Signer
 from service.store import KeyRegistry
 from tests.helpers import ended, wait_until
 from tests.stack import module_stack
+from tests.test_streams import read_stream
 
 stack = module_stack(worker_concurrency=4)
 
@@ -109,3 +110,56 @@ async def test_a_refused_event_is_listed_shown_and_redriven_once(
     assert "(redriven before)" in await wait_until(lambda: listed(settings, second), 20)
     cleared = await asyncio.to_thread(cli, settings, "list")
     assert cleared.returncode == 0
+
+
+async def test_a_dead_letter_forged_by_another_component_is_not_redriven(
+    settings: Settings, topology: Topology, capability_amqp: aio_pika.abc.AbstractRobustConnection,
+) -> None:
+    """Any component may write to the dead-letter exchange. A capability worker's
+    identity forges a 'refused event' whose headers say the worker published it: a
+    routine redrive would have republished it as the worker. It is refused, naming why."""
+    case_id = uuid.uuid4()
+    event = make_event(case_id, 1, 0, CaseErasedPayload(
+        erased_by="mallory", erased_at="2026-12-01T12:00:00Z", placeholders=()))
+    publisher = await Publisher.open(capability_amqp)
+    await publisher.publish(
+        topology.dead_letter_exchange, event.routing_key, event.to_json(),
+        message_id=str(event.event_id), message_type=event.event_type,
+        correlation_id=str(case_id), headers={
+            "x-casetrail-reason": "unknown_key: key 0 is not registered",
+            "x-original-exchange": topology.events_exchange,
+            "x-original-routing-key": event.routing_key,
+            "x-casetrail-original-user-id": settings.broker_user("worker")})
+    await publisher.channel.close()
+    await wait_until(lambda: listed(settings, str(event.event_id)), timeout=20)
+    refused = await asyncio.to_thread(cli, settings, "redrive", str(event.event_id))
+    assert refused.returncode == 1
+    assert f"set aside by broker user {settings.broker_user('capability')!r}" in refused.stderr
+    assert await listed(settings, str(event.event_id)) is not None  # still held, not sent
+
+
+async def test_a_live_stream_never_shows_an_event_the_record_would_refuse(
+    settings: Settings, client: httpx.AsyncClient,
+    worker_amqp: aio_pika.abc.AbstractRobustConnection,
+) -> None:
+    """A forged CASE_COMPLETED on the bus with the worker's broker identity (its password
+    leaked, or a dead letter laundered back) but not its key: the consumer refuses it,
+    and the tenant's live stream must not show it either."""
+    forged_case = uuid.uuid4()
+    forged = make_event(forged_case, 1, 0, CaseErasedPayload(
+        erased_by="mallory", erased_at="2026-12-01T12:00:00Z", placeholders=()))
+    body = forged.to_json()
+    reading = asyncio.create_task(read_stream(client, "/events/stream", until=6))
+    await asyncio.sleep(0.5)  # the stream's binding is in place
+    publisher = await Publisher.open(worker_amqp)
+    await publisher.publish(Topology(settings.namespace).events_exchange, forged.routing_key,
+                            body, message_id=str(forged.event_id),
+                            message_type=forged.event_type, correlation_id=str(forged_case),
+                            headers={HEADER: Signer.generate().seal(GENESIS, body).as_json()})
+    await publisher.channel.close()
+    case_id = (await client.post("/cases", json={"agent": "loan-officer",
+                                                 "input": SAMPLE_APPLICATIONS[0]})
+               ).json()["caseId"]
+    got = await asyncio.wait_for(reading, 30)
+    shown = {e.data["caseId"] for e in got.events}
+    assert case_id in shown and str(forged_case) not in shown

@@ -26,6 +26,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.admission import Admission, KeyRing
 from service.agents import AGENTS
 from service.api.ledger import ledger_routes
 from service.api.middleware import BodyLimit, Observed
@@ -307,8 +308,8 @@ class Services:
         # prompt 503 than by a minute of silence.
         self.publisher = await Publisher.open(self.connection, retry_seconds=3.0,
                                               retry_nacks=False)
-        self.watch = EventWatch(self.connection, self.topology,
-                                self.settings.broker_user("worker"))
+        self.watch = EventWatch(self.connection, self.topology, Admission(
+            self.settings.broker_user("worker"), KeyRing(KeyRegistry(self.pool))))
         await self.watch.open()
 
     def note_start_confirmed(self, case_id: uuid.UUID) -> None:

@@ -19,6 +19,10 @@ log = logging.getLogger("casetrail.bus")
 
 REASON_HEADER = "x-casetrail-reason"
 DEAD_LETTERED_AT_HEADER = "x-casetrail-dead-lettered-at"
+ORIGINAL_USER_HEADER = "x-casetrail-original-user-id"
+"""The broker user that published the message set aside (its ``user_id``, which the
+broker checked); a redrive trusts it only from the component that consumes where the
+message came from (service/dead_letters.py)."""
 
 
 class Undeliverable(Protocol):
@@ -39,6 +43,8 @@ class Undeliverable(Protocol):
     def exchange(self) -> str | None: ...
     @property
     def headers(self) -> Mapping[str, Any] | None: ...
+    @property
+    def user_id(self) -> str | None: ...
 
 
 async def dead_letter(
@@ -63,6 +69,7 @@ async def dead_letter(
             DEAD_LETTERED_AT_HEADER: datetime.now(UTC).isoformat(),
             "x-original-exchange": message.exchange or "",
             "x-original-routing-key": message.routing_key or "",
+            ORIGINAL_USER_HEADER: message.user_id or "",
         },
     )
     metrics.DEAD_LETTERED.labels(code).inc()

@@ -12,8 +12,11 @@ The queue's bindings belong to its robust channel, so they come back with it aft
 a broker restart; what was published meanwhile is missing from the live feed, and a
 case stream fills such a gap from the stored trail (``service.api.streams``).
 
-Only events published by the worker's broker identity are passed on (RabbitMQ sets
-``user_id`` from the publishing connection). A watcher that falls more than
+Only events the record would take are passed on: published by the worker's broker
+identity (RabbitMQ sets ``user_id`` from the publishing connection), their hash and
+signature verified under a registered, unretired key (``service.admission``, the
+consumer's own checks), so a forged event that reaches the exchange (a dead letter
+laundered back, say) is never shown. A watcher that falls more than
 ``WATCHER_BACKLOG`` events behind is cut off (its stream ends; a client resumes with
 ``Last-Event-ID``) rather than holding memory for a reader that does not read.
 """
@@ -36,6 +39,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from service.admission import Admission, Refused
 from service.bus.deliveries import Delivery, Subscription
 from service.bus.topology import Topology
 from service.integrity import HEADER, Integrity, IntegrityError
@@ -109,9 +113,10 @@ class EventWatch:
 
     connection: AbstractRobustConnection
     topology: Topology
-    worker_user: str
-    """Only events this broker user published are passed on."""
+    admission: Admission
+    """Only events it authenticates are passed on."""
     _watchers: dict[str, set[Watcher]] = field(default_factory=dict)
+    _waiting_for_keys: set[asyncio.Task[None]] = field(default_factory=set)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _channel: AbstractChannel | None = None
     _queue: AbstractQueue | None = None
@@ -120,6 +125,7 @@ class EventWatch:
     _unbinding: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def open(self) -> None:
+        await self.admission.keys.refresh(force=True)
         channel = await self.connection.channel()
         name = f"{self.topology.namespace}.watch.{uuid.uuid4().hex}"
         # Exclusive and auto-deleted: it lives as long as this process's connection.
@@ -185,19 +191,40 @@ class EventWatch:
         return True
 
     def _deliver(self, message: Delivery) -> None:
-        if message.user_id != self.worker_user:
-            log.warning("event %s from broker user %r not streamed (not the worker's)",
-                        message.message_id, message.user_id)
-            return
         # case.<tenantId>.<caseId>.<EVENT_TYPE>
         parts = (message.routing_key or "").split(".")
         if len(parts) != 4:  # the four parts above
             return
+        if not (self._watchers.get(case_key(parts[2]))
+                or self._watchers.get(tenant_key(parts[1]))):
+            return
+        try:
+            self.admission.authenticate(message.body, message.headers, message.user_id)
+        except Refused as exc:
+            key_id = self.admission.key_id_of(message.headers, message.user_id)
+            if exc.code == "unknown_key" and key_id is not None:
+                # A key registered since the last read: read them, then decide.
+                task = asyncio.create_task(self._after_reading_keys(message, key_id))
+                self._waiting_for_keys.add(task)
+                task.add_done_callback(self._waiting_for_keys.discard)
+                return
+            log.warning("event %s not streamed: %s", message.message_id, exc.reason)
+            return
+        self._offer(parts, message)
+
+    async def _after_reading_keys(self, message: Delivery, key_id: str) -> None:
+        await self.admission.keys.knows_all({key_id})
+        try:
+            self.admission.authenticate(message.body, message.headers, message.user_id)
+        except Refused as exc:
+            log.warning("event %s not streamed: %s", message.message_id, exc.reason)
+            return
+        self._offer((message.routing_key or "").split("."), message)
+
+    def _offer(self, parts: list[str], message: Delivery) -> None:
         targets = [*self._watchers.get(case_key(parts[2]), ()),
                    *self._watchers.get(tenant_key(parts[1]), ())]
-        if not targets:
-            return
-        event = _live_event(message)
+        event = _live_event(message) if targets else None
         if event is None:
             return
         for watcher in targets:
