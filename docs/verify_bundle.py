@@ -3,7 +3,14 @@
 
 Needs only the standard library and ``cryptography`` (Ed25519). Usage:
 
-    python verify_bundle.py BUNDLE.json --trust BASE64_PUBLIC_KEY [--trust ...]
+    python verify_bundle.py BUNDLE.json --trust BASE64_PUBLIC_KEY[@NOT_VALID_AFTER] [...]
+
+Trust comes from you only: what the bundle says of its keys (``notValidAfter``) is
+ignored, and so is an event's ``occurredAt`` (the signer's own word). This verifier does
+not check the transparency log, so it cannot tell when an event was signed: an event
+under a key you trust only until a time (``@2026-12-01T00:00:00Z``) is refused here;
+``casetrail verify-bundle --trust-log … --trust-witness …`` accepts it when a trusted
+witness cosigned a checkpoint holding it before that time.
 
 Exit 0 when the bundle verifies, 1 when it does not (each problem printed), 2 when
 it cannot be read.
@@ -30,12 +37,12 @@ def stamp(text):
 
 
 def check(bundle, trusted):
+    """``trusted``: ``(public key bytes, not valid after or None)`` pairs, yours."""
     problems = []
     keys = {}
-    listed = {k["keyId"]: k for k in bundle.get("keys", [])}
-    for raw in trusted:
+    for raw, not_valid_after in trusted:
         kid = hashlib.sha256(raw).hexdigest()[:16]
-        keys[kid] = (raw, stamp(listed.get(kid, {}).get("notValidAfter")))
+        keys[kid] = (raw, not_valid_after)
     attempts = {}
     for event in bundle["events"]:
         attempts.setdefault(event["attempt"], []).append(event)
@@ -64,8 +71,10 @@ def check(bundle, trusted):
             if key is None:
                 problems.append(f"{where}: unknown_key {integrity['keyId']}")
             else:
-                if key[1] and stamp(envelope.get("occurredAt")) > key[1]:
-                    problems.append(f"{where}: retired_key")
+                if key[1] is not None:
+                    problems.append(f"{where}: retired_key (you trust key {integrity['keyId']} "
+                                    "only until a time, and this verifier cannot show when "
+                                    "it signed this)")
                 text = integrity["sig"]
                 sig = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
                 try:
@@ -91,14 +100,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
     parser.add_argument("--trust", action="append", required=True,
-                        help="a trusted Ed25519 public key, base64 (repeatable)")
+                        help="a trusted Ed25519 public key, base64, optionally @ the time "
+                             "after which you no longer trust it (repeatable)")
     args = parser.parse_args()
     try:
         with open(args.bundle, "rb") as handle:
             bundle = json.load(handle)
         if bundle.get("format") != "casetrail-bundle/1":
             raise ValueError("not a casetrail-bundle/1 file")
-        trusted = [base64.b64decode(t, validate=True) for t in args.trust]
+        trusted = []
+        for entry in args.trust:
+            key, _, until = entry.partition("@")
+            trusted.append((base64.b64decode(key, validate=True), stamp(until)))
     except (OSError, ValueError) as exc:
         print(f"could not check: {exc}", file=sys.stderr)
         return 2

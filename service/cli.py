@@ -961,7 +961,9 @@ async def _erase(settings: Settings, case_id: Any) -> Any:
 def verify_bundle_command(
     bundle_file: Annotated[Path, typer.Argument(help="A bundle from `casetrail export`.")],
     trust: Annotated[list[str], typer.Option(
-        "--trust", help="A trusted public key (base64) or a file with one; repeatable.")],
+        "--trust", help="A signing key you trust: KEY[@NOT_VALID_AFTER] (base64, and the "
+        "time after which you no longer trust it, ISO 8601), or a trust file of such "
+        "lines; repeatable. Trust comes from you only, never from the bundle.")],
     trust_log: Annotated[list[str] | None, typer.Option(
         "--trust-log", help="The transparency log's verifier key (<origin>+<hash>+<key>) "
         "or a file with one; then every event must be in a checkpoint it signed.")] = None,
@@ -976,12 +978,12 @@ def verify_bundle_command(
 ) -> None:
     """Check a bundle offline, with nothing but the file and the keys you trust: exit 0
     verified, 1 not, 2 could not check."""
-    from service.evidence import BundleError, trusted_key, verify_bundle
+    from service.evidence import BundleError, trusted_keys, verify_bundle
     from service.ledger.note import NoteError
     from service.ledger.witness import LogUnreachable, check_log_today, verifier_key
 
     try:
-        keys = [trusted_key(t) for t in trust]
+        keys = [key for t in trust for key in trusted_keys(t)]
         log_keys = [verifier_key(t) for t in trust_log or []]
         witnesses = [verifier_key(t) for t in trust_witness or []]
         bundle = orjson.loads(bundle_file.read_bytes())

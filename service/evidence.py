@@ -125,11 +125,18 @@ class Evidence:
         latest = await self.ledger.latest()
         if latest is None:
             return {}, None
-        note = latest.served
         leaves = await self.ledger.leaves_of_case(case_id)
+        # The earliest witnessed checkpoint holding every leaf of the case, where there
+        # is one: its cosignature's time is when the trail was known to exist (what
+        # shows events signed before a key's retirement); `verify-bundle --log` shows
+        # today's log still extends it.
+        needed = max((i + 1 for i in leaves.values() if i < latest.size), default=0)
+        chosen = (await self.ledger.first_cosigned_covering(needed) if needed else None) \
+            or latest
+        note = chosen.served
         logged = [(e.event_id, leaves[e.event_id]) for e in stored
-                  if leaves.get(e.event_id, latest.size) < latest.size]
-        paths = await self.ledger.inclusions([i for _, i in logged], latest.size)
+                  if leaves.get(e.event_id, chosen.size) < chosen.size]
+        paths = await self.ledger.inclusions([i for _, i in logged], chosen.size)
         proofs = {event_id: TlogProof(index, tuple(path), note).render()
                   for (event_id, index), path in zip(logged, paths, strict=True)}
         return proofs, {"checkpoint": note, "verifierKeys": await self.ledger.verifier_keys()}
@@ -150,24 +157,37 @@ def _leaves(indexes: Iterable[int]) -> str:
     return ", ".join(map(str, ordered[:5])) + (" …" if len(ordered) > 5 else "")
 
 
-def verify_bundle(bundle: Any, trusted: Sequence[bytes], log_keys: Sequence[Verifier] = (),
+@dataclass(frozen=True)
+class TrustedKey:
+    """A signing key an auditor trusts, and until when (their word, never the bundle's)."""
+
+    public_key: bytes
+    not_valid_after: datetime | None = None
+
+
+def verify_bundle(bundle: Any, trusted: Sequence[bytes | TrustedKey],
+                  log_keys: Sequence[Verifier] = (),
                   witnesses: Sequence[Verifier] = ()) -> Report:
-    """Check a bundle against ``trusted`` public keys (32 raw bytes each) alone: the
-    keys the bundle lists count only where they are trusted. Its log proofs are always
-    checked against its checkpoint; with ``log_keys`` the checkpoint must be signed by one
-    and every event logged, with ``witnesses`` cosigned by each. ``BundleError`` when it
+    """Check a bundle against ``trusted`` public keys alone: nothing the bundle says of
+    its keys (a ``notValidAfter`` included) counts. Its log proofs are always checked
+    against its checkpoint; with ``log_keys`` the checkpoint must be signed by one and
+    every event logged, with ``witnesses`` cosigned by each.
+
+    An event signed with a key the auditor trusts only until a time verifies only when a
+    trusted witness cosigned a checkpoint that includes it before that time (C2SP
+    checkpoints carry no time; cosignatures do). The event's own ``occurredAt`` is the
+    signer's word, and is never evidence of when it was signed. ``BundleError`` when it
     is not a bundle at all."""
     if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"not a {BUNDLE_FORMAT} file")
     case_id, events = bundle.get("caseId"), bundle.get("events")
     if not isinstance(case_id, str) or not isinstance(events, list):
         raise BundleError("a bundle needs caseId and a list of events")
-    listed = {k.get("keyId"): k for k in bundle.get("keys") or [] if isinstance(k, dict)}
-    keys: dict[str, PublicKey] = {}
-    for raw in trusted:
-        kid = key_id(raw)
-        entry = listed.get(kid) or {}
-        keys[kid] = PublicKey(kid, raw, _stamp(entry.get("notValidAfter")))
+    trust = [t if isinstance(t, TrustedKey) else TrustedKey(t) for t in trusted]
+    keys = {key_id(t.public_key): PublicKey(key_id(t.public_key), t.public_key)
+            for t in trust}
+    limits = {key_id(t.public_key): t.not_valid_after for t in trust
+              if t.not_valid_after is not None}
     trail: list[TrailEvent] = []
     logged: list[LoggedEvent] = []
     for index, item in enumerate(events):
@@ -193,17 +213,52 @@ def verify_bundle(bundle: Any, trusted: Sequence[bytes], log_keys: Sequence[Veri
     checkpoint = checkpoint if isinstance(checkpoint, str) else None
     check = check_log(checkpoint, logged, log_keys, witnesses)
     report.problems.extend(check.problems)
+    report.problems.extend(_signed_while_valid(trail, limits, check.included,
+                                               check.cosigned_at))
     report.log = check.as_json()
     return report
 
 
-def trusted_key(text_or_path: str) -> bytes:
-    """A ``--trust`` value: a base64 public key, or a file holding one."""
+def _signed_while_valid(trail: Sequence[TrailEvent], limits: dict[str, datetime],
+                        included: set[tuple[int, int]], cosigned_at: Sequence[int]
+                        ) -> list[Problem]:
+    """A ``retired_key`` problem for each event signed with a key trusted only until a
+    time, unless a trusted witness cosigned a checkpoint holding it before then."""
+    witnessed = datetime.fromtimestamp(min(cosigned_at), UTC) if cosigned_at else None
+    problems = []
+    for event in trail:
+        kid = event.integrity.key_id if event.integrity else None
+        limit = limits.get(kid) if kid else None
+        if limit is None:
+            continue
+        if witnessed is not None and witnessed < limit \
+                and (event.attempt, event.seq) in included:
+            continue
+        problems.append(Problem(event.attempt, event.seq, "retired_key",
+                                f"signed with key {kid}, which you trust only until "
+                                f"{limit.isoformat()}, and no trusted witness cosigned a "
+                                "checkpoint holding it before then"))
+    return problems
+
+
+def trusted_keys(text_or_path: str) -> list[TrustedKey]:
+    """A ``--trust`` value: ``KEY[@NOT_VALID_AFTER]`` (a base64 public key, an ISO 8601
+    time), or a trust file holding one such entry a line (``#`` starts a comment)."""
     from pathlib import Path
 
     path = Path(text_or_path)
-    text = path.read_text() if path.is_file() else text_or_path
-    try:
-        return public_key_from_text(text)
-    except IntegrityError as exc:
-        raise BundleError(f"--trust {text_or_path!r}: {exc}") from None
+    lines = path.read_text().splitlines() if path.is_file() else [text_or_path]
+    entries = [line.split("#", 1)[0].strip() for line in lines]
+    found = []
+    for entry in filter(None, entries):
+        key_text, _, until = entry.partition("@")
+        limit = _stamp(until) if until else None
+        if until and limit is None:
+            raise BundleError(f"--trust {entry!r}: {until!r} is not an ISO 8601 time")
+        try:
+            found.append(TrustedKey(public_key_from_text(key_text), limit))
+        except IntegrityError as exc:
+            raise BundleError(f"--trust {entry!r}: {exc}") from None
+    if not found:
+        raise BundleError(f"--trust {text_or_path!r}: no key in it")
+    return found

@@ -328,6 +328,13 @@ async def test_a_bundle_verifies_offline_and_names_each_change(
         for path in (bundle_file, rewrite(bundle_file, flip_a_byte))]
     assert alone_ok.returncode == 0 and "verified: 6 events, complete" in alone_ok.stdout
     assert alone_bad.returncode == 1 and "attempt 1 seq 2: hash_mismatch" in alone_bad.stdout
+    # A key the auditor trusts only until a time: the standalone verifier, which checks
+    # no witness, cannot tell when an event was signed, so it refuses them.
+    alone_retired = await asyncio.to_thread(
+        subprocess.run, [sys.executable, str(standalone), str(bundle_file), "--trust",
+                         f"{trusted}@2020-01-01T00:00:00Z"],
+        capture_output=True, text=True, check=False)
+    assert alone_retired.returncode == 1 and "retired_key" in alone_retired.stdout
 
 
 async def test_the_same_answers_from_the_command_line(

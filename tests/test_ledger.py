@@ -13,6 +13,7 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from playwright.async_api import Browser, Route, expect
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
-from service.evidence import Evidence, verify_bundle
+from service.evidence import Evidence, TrustedKey, verify_bundle
 from service.integrity import GENESIS, Signer, canonical
 from service.keyfile import worker_signer
 from service.ledger import merkle
@@ -323,6 +324,49 @@ REBUILD = (
     "INSERT INTO ledger_queue (event_id, case_id, hash) SELECT event_id, case_id, hash "
     "FROM event_log ORDER BY recorded_at, case_id, attempt, seq",
 )
+
+
+async def test_a_keys_retirement_comes_from_the_auditor_and_time_from_a_witness(
+    logged: Logged, tmp_path: Path,
+) -> None:
+    """A thief of a retired key used to set the bundle's notValidAfter to null (or
+    backdate occurredAt) and pass `verify-bundle --trust KEY`. Trust, and until when,
+    is now the auditor's (`--trust KEY@T`); a retired key's event verifies only when a
+    trusted witness cosigned a checkpoint holding it before T."""
+    case_id = (await run_cases(logged, 1))[0]
+    await logged_everything(logged)
+    cosigned = await asyncio.to_thread(subprocess.run, component_command(
+        "witness", "--log", logged.stack.base_url, "--log-key", logged.log_key.text(),
+        "--state", str(tmp_path / "w.json"), "--cosign-key", str(logged.witness_key),
+        "--once"), capture_output=True, text=True, env=logged.settings.environment(),
+        timeout=60)
+    assert cosigned.returncode == 0, cosigned.stderr
+    bundle = (await logged.client.get(f"/cases/{case_id}/bundle")).json()
+    key = worker_signer(logged.settings).public_key
+    after, before = datetime.now(UTC) + timedelta(days=1), datetime(2020, 1, 1, tzinfo=UTC)
+    # Retired after the witness saw the trail: verified, with the witness's word on time.
+    assert verify_bundle(bundle, [TrustedKey(key, after)], [logged.log_key],
+                         [logged.witness]).verified
+    # Retired before: refused, whatever the bundle claims of the key or of the time.
+    bundle["keys"] = [{**k, "notValidAfter": None} for k in bundle["keys"]]
+    report = verify_bundle(bundle, [TrustedKey(key, before)], [logged.log_key],
+                           [logged.witness])
+    assert not report.verified and {p.code for p in report.problems} == {"retired_key"}
+    # No trusted witness: nothing shows when the events were signed.
+    assert "retired_key" in {p.code for p in verify_bundle(
+        bundle, [TrustedKey(key, after)], [logged.log_key]).problems}
+    # The same from the command line: KEY@T, and a trust file of such lines.
+    path = tmp_path / "bundle.json"
+    path.write_bytes(orjson.dumps(bundle))
+    trust_file = tmp_path / "trusted-keys"
+    trust_file.write_text(f"# the worker's key, retired in 2020\n"
+                          f"{base64.b64encode(key).decode()}@2020-01-01T00:00:00Z\n")
+    for trust in (f"{base64.b64encode(key).decode()}@2020-01-01T00:00:00Z", str(trust_file)):
+        refused = await asyncio.to_thread(subprocess.run, component_command(
+            "verify-bundle", str(path), "--trust", trust, "--trust-log", logged.log_key.text(),
+            "--trust-witness", logged.witness.text()), capture_output=True, text=True,
+            env=logged.settings.environment(), timeout=60)
+        assert refused.returncode == 1 and "retired_key" in refused.stdout + refused.stderr
 
 
 async def witness_once(logged: Logged, state: Path) -> subprocess.CompletedProcess[str]:

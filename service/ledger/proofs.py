@@ -31,6 +31,10 @@ class LogCheck:
     """The checkpoint is signed by a trusted log key."""
     witnesses: list[str] = field(default_factory=list)
     logged: int = 0
+    included: set[tuple[int, int]] = field(default_factory=set)
+    """``(attempt, seq)`` of the events whose proof leads to the checkpoint's root."""
+    cosigned_at: list[int] = field(default_factory=list)
+    """When each trusted witness cosigned the checkpoint (POSIX seconds, its own word)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -77,8 +81,10 @@ def check_log(checkpoint_note: str | None, events: Sequence[LoggedEvent],
         problem(None, "bad_checkpoint", str(exc))
         return check
     for witness in witnesses:
-        if note.signed_by(witness) is not None:
+        if (cosigned := note.signed_by(witness)) is not None:
             check.witnesses.append(witness.name)
+            if cosigned.timestamp is not None:
+                check.cosigned_at.append(cosigned.timestamp)
         else:
             problem(None, "missing_cosignature",
                     f"the checkpoint carries no valid cosignature of {witness.name}")
@@ -106,6 +112,7 @@ def check_log(checkpoint_note: str | None, events: Sequence[LoggedEvent],
                     f"of {head.size} under the checkpoint's root")
             continue
         indexes[proof.index] = event
+        check.included.add((event.attempt, event.seq))
         check.logged += 1
     return check
 

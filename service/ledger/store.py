@@ -91,6 +91,15 @@ class LedgerStore:
             raise UnknownCheckpoint(f"the log signed no checkpoint of size {size}")
         return self._checkpoint(row)
 
+    async def first_cosigned_covering(self, size: int) -> StoredCheckpoint | None:
+        """The earliest checkpoint of at least ``size`` leaves that a witness cosigned:
+        the earliest witnessed time for every leaf below ``size``."""
+        row = await self.pool.fetchrow(
+            self._SELECT + "WHERE c.tree_size >= $1 AND EXISTS (SELECT 1 FROM "
+            "ledger_cosignatures s WHERE s.tree_size = c.tree_size) ORDER BY c.tree_size "
+            "LIMIT 1", size)
+        return None if row is None else self._checkpoint(row)
+
     async def checkpoints(self, since: int, limit: int) -> list[StoredCheckpoint]:
         rows = await self.pool.fetch(
             self._SELECT + "WHERE c.tree_size > $1 ORDER BY c.tree_size LIMIT $2", since, limit)
