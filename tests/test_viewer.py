@@ -225,3 +225,28 @@ async def test_a_phone_width_page_has_no_horizontal_scroll_and_a_bad_key_is_refu
     refused = await signed_in(browser, stack, "ct_000000000000_" + "A" * 43)
     await expect(refused.get_by_role("alert")).to_contain_text("not accepted")
     await refused.close()
+
+
+async def test_the_api_docs_load_nothing_from_elsewhere_and_run_under_a_strict_csp(
+    browser: Browser, stack: InProcessStack,
+) -> None:
+    """FastAPI's default /docs and /redoc loaded their scripts from a CDN, with no
+    integrity check and no CSP. /docs now comes from the package, under a CSP."""
+    page = await browser.new_page()
+    requested: list[str] = []
+    problems: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.on("console", lambda message: problems.append(message.text)
+            if message.type == "error" else None)
+    reply = await page.goto(f"{stack.base_url}/docs")
+    assert reply is not None and reply.status == 200
+    assert "script-src 'self'" in reply.headers["content-security-policy"]
+    await expect(page.locator(".swagger-ui .information-container")).to_contain_text(
+        "casetrail", timeout=15_000)
+    await expect(page.locator(".opblock-summary-path").first).to_be_visible()
+    assert all(url.startswith(stack.base_url) for url in requested), requested
+    assert not [p for p in problems if "Content Security Policy" in p], problems
+    await page.close()
+    async with httpx.AsyncClient(base_url=stack.base_url) as anyone:
+        assert (await anyone.get("/redoc")).status_code == 404
+        assert "cdn" not in (await anyone.get("/docs")).text.lower()

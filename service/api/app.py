@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.admission import Admission, KeyRing
 from service.agents import AGENTS
+from service.api.apidocs import api_docs_routes
 from service.api.ledger import ledger_routes
 from service.api.middleware import BodyLimit, Observed
 from service.api.oidc import OidcVerifier
@@ -356,6 +357,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         version="0.1.0",
         description="Start tool-using LLM agent cases and read their reasoning trail.",
         lifespan=lifespan,
+        docs_url=None, redoc_url=None,  # /docs is served from the package (apidocs.py)
     )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(Observed)  # outermost: it sees every answer, 413s included
@@ -765,6 +767,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         return {"ready": ready, "checks": checks}
 
     viewer_routes(app, public)
+    api_docs_routes(app, public)
     ledger_routes(app, lambda: services.ledger,
                   [Verifier.parse(k) for k in settings.ledger_witnesses], public, reader,
                   owned_case, _responses, OrjsonResponse)
