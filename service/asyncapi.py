@@ -170,14 +170,14 @@ def asyncapi_document(namespace: str, vhost: str = "/", host: str = "localhost:5
                 "bindings": _exchange(topology.capabilities_exchange, "direct", vhost),
             },
             "toolReplies": {
-                "address": "{replyQueue}", "title": "the caller's reply queue",
-                "description": "Through the default exchange to the worker's exclusive "
-                               f"queue {namespace}.reply.<hex>, correlated by a random token.",
+                "address": "{replyQueue}",
+                "title": f"{topology.replies_exchange} (direct)",
+                "description": "Keyed by the caller's exclusive queue "
+                               f"{namespace}.reply.<hex> (bound by its name), correlated by "
+                               "a random token; never through the default exchange.",
                 "parameters": {"replyQueue": {"description": "reply_to of the request."}},
                 "messages": {"ToolReply": {"$ref": "#/components/messages/ToolReply"}},
-                "bindings": {"amqp": {"is": "queue", "queue": {
-                    "name": f"{namespace}.reply.<hex>", "durable": False, "exclusive": True,
-                    "autoDelete": True, "vhost": vhost}, "bindingVersion": AMQP_BINDING}},
+                "bindings": _exchange(topology.replies_exchange, "direct", vhost),
             },
             "deadLetters": {
                 "address": None, "title": f"{topology.dead_letter_exchange} (fanout)",

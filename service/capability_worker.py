@@ -64,7 +64,7 @@ class CapabilityWorker:
         publisher = await Publisher.open(self.connection, retry_seconds=10.0)
         subscriptions, serving = [], []
         for capability in self.capabilities:
-            queue = await self.topology.declare_capability_queue(channel, capability.name)
+            queue = await self.topology.capability_queue_declared(channel, capability.name)
 
             async def serve(message: Delivery, target: Capability[Any] = capability) -> None:
                 await self._serve(message, target, publisher)
@@ -139,8 +139,8 @@ class CapabilityWorker:
         if message.reply_to:
             try:
                 await publisher.publish(
-                    "", message.reply_to, orjson.dumps(reply.model_dump(mode="json",
-                                                                        by_alias=True)),
+                    self.topology.replies_exchange, message.reply_to,
+                    orjson.dumps(reply.model_dump(mode="json", by_alias=True)),
                     correlation_id=message.correlation_id, persistent=False,
                 )
             except PermanentError as exc:

@@ -363,16 +363,15 @@ def broker_permissions(settings: Settings) -> dict[Component, tuple[str, str, st
         # re-sends the start command of a stranded case (service/sweeper.py).
         "worker": (rf"^{private}$",
                    rf"^({ns}\.(events|commands|capabilities|dead-letter)|{private})$",
-                   rf"^({ns}\.(case-start|cancel)|{private})$"),
+                   rf"^({ns}\.(case-start|cancel|replies)|{private})$"),
         # Reads the event log queue; sets aside what it refuses.
         "consumer": ("^$", rf"^{ns}\.dead-letter$", rf"^{ns}\.event-log$"),
         # Publishes signed checkpoints on <ns>.events (ledger.checkpoint).
         "ledger": ("^$", rf"^{ns}\.events$", "^$"),
-        # Declares and reads its capability queues; replies through the default
-        # exchange (each reply carries its user_id, which the worker checks).
-        "capability": (rf"^{capability}$",
-                       rf"^(amq\.default|{ns}\.dead-letter|{capability})$",
-                       rf"^({ns}\.capabilities|{capability})$"),
+        # Reads the capability queues setup declared (declares, binds and deletes
+        # nothing); replies through <ns>.replies, never the default exchange, which
+        # reaches every queue (each reply carries its user_id, which the worker checks).
+        "capability": ("^$", rf"^{ns}\.(replies|dead-letter)$", rf"^{capability}$"),
     }
 
 

@@ -224,43 +224,55 @@ async def _ignore(message: aio_pika.abc.AbstractIncomingMessage) -> None:
 
 # -- the receivers' checks -------------------------------------------------------------------
 
-async def test_an_event_from_another_identity_is_dead_lettered(
-    settings: Settings, stack: InProcessStack, capability_publisher: Publisher,
-    amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
+@pytest.mark.parametrize("queue", ["event-log", "case-start", "capability.credit-score"])
+async def test_no_component_writes_to_the_default_exchange(
+    settings: Settings, stack: InProcessStack, capability_publisher: Publisher, queue: str,
 ) -> None:
-    """The capability user may write to the default exchange (its replies go there), so
-    it can put a message straight into the event-log queue: the consumer refuses it."""
+    """The default exchange reaches every queue by its name: the capability user used
+    to write there (its replies went that way) and so could put a message into the
+    event log, the start queue or another capability's queue. Replies now go through
+    <ns>.replies, and the broker refuses the default exchange."""
+    with pytest.raises(PublishRejected, match="ACCESS_REFUSED"):
+        await capability_publisher.publish("", f"{settings.namespace}.{queue}", b"{}")
+
+
+async def test_an_event_from_another_identity_is_dead_lettered(
+    settings: Settings, stack: InProcessStack, amqp: aio_pika.abc.AbstractRobustConnection,
+    pool: asyncpg.Pool,
+) -> None:
+    """No component but the worker may publish case events (the broker sees to it);
+    behind that, the consumer refuses any event another broker user put in its queue
+    (here the admin, which can write anywhere)."""
     topology = Topology(settings.namespace)
     event = started(uuid.uuid4())
-    await capability_publisher.publish("", topology.event_log_queue, event.to_json(),
-                                       message_id=str(event.event_id))
+    admin = await Publisher.open(amqp)
+    await admin.publish("", topology.event_log_queue, event.to_json(),
+                        message_id=str(event.event_id))
     reason = await dead_letter_for(amqp, topology, str(event.event_id))
-    assert settings.broker_user("capability") in reason
+    assert "'guest'" in reason and settings.broker_user("worker") in reason
     assert not await pool.fetchval("SELECT count(*) FROM event_log WHERE event_id = $1",
                                    event.event_id)
 
 
 async def test_a_start_command_from_another_identity_is_dead_lettered(
     settings: Settings, stack: InProcessStack, client: httpx.AsyncClient,
-    capability_publisher: Publisher, amqp: aio_pika.abc.AbstractRobustConnection,
-    pool: asyncpg.Pool,
+    amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
 ) -> None:
     """A case queued by the API but started by someone else's command does not run on
     that command (it runs on the API's own, from its row)."""
     topology = Topology(settings.namespace)
     forged_id = uuid.uuid4()
     command = CaseStartCommand(case_id=forged_id, agent="loan-officer")
-    await capability_publisher.publish("", topology.case_start_queue, command.to_json(),
-                                       message_id=f"forged-{forged_id}")
+    admin = await Publisher.open(amqp)
+    await admin.publish("", topology.case_start_queue, command.to_json(),
+                        message_id=f"forged-{forged_id}")
     reason = await dead_letter_for(amqp, topology, f"forged-{forged_id}")
-    assert "start command from broker user" in reason
-    assert settings.broker_user("capability") in reason
+    assert "start command from broker user 'guest'" in reason
 
 
 async def test_a_cancel_needs_the_api_and_postgres_to_agree(
     settings: Settings, stack: InProcessStack, client: httpx.AsyncClient,
-    api_publisher: Publisher, capability_publisher: Publisher,
-    amqp: aio_pika.abc.AbstractRobustConnection,
+    api_publisher: Publisher, amqp: aio_pika.abc.AbstractRobustConnection,
 ) -> None:
     topology = Topology(settings.namespace)
     case_id = (await client.post("/cases", json=SLOW)).json()["caseId"]
@@ -271,8 +283,9 @@ async def test_a_cancel_needs_the_api_and_postgres_to_agree(
     # From another user, straight into the worker's cancel queue: dead-lettered.
     channel_queues = [name for name in await _worker_queues(settings) if ".cancel." in name]
     assert channel_queues
-    await capability_publisher.publish("", channel_queues[0], command.to_json(),
-                                       message_id=f"cancel-{case_id}")
+    admin = await Publisher.open(amqp)
+    await admin.publish("", channel_queues[0], command.to_json(),
+                        message_id=f"cancel-{case_id}")
     reason = await dead_letter_for(amqp, topology, f"cancel-{case_id}")
     assert "cancel from broker user" in reason
     case = await ended(client, case_id)
@@ -331,11 +344,12 @@ async def test_a_tool_reply_is_taken_only_from_the_capability_user_with_its_toke
                             message_id=f"reply-{call_id}")
         reason = await dead_letter_for(amqp, topology, f"reply-{call_id}")
         assert "tool reply from broker user 'guest'" in reason
-        await capability_publisher.publish("", str(request_message.reply_to),
+        replies = topology.replies_exchange
+        await capability_publisher.publish(replies, str(request_message.reply_to),
                                            reply("guessed"), correlation_id=call_id)
         await asyncio.sleep(0.3)
         assert not call.done()
-        await capability_publisher.publish("", str(request_message.reply_to),
+        await capability_publisher.publish(replies, str(request_message.reply_to),
                                            reply("the answer"),
                                            correlation_id=request_message.correlation_id)
         result = await asyncio.wait_for(call, 5)

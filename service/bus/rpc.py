@@ -85,7 +85,11 @@ class BusWorkerRuntime:
         # A named exclusive queue: a robust connection re-declares it with the same
         # name after a reconnect, so replies keep finding the caller.
         name = f"{self.topology.namespace}.reply.{uuid.uuid4().hex}"
-        await channel.declare_queue(name, exclusive=True, auto_delete=True)
+        queue = await channel.declare_queue(name, exclusive=True, auto_delete=True)
+        # Replies come through <ns>.replies, keyed by this queue's name (bound with the
+        # robust channel, so the binding comes back with it after a reconnect).
+        await queue.bind(await channel.get_exchange(self.topology.replies_exchange,
+                                                    ensure=False), routing_key=name)
         self._replies = Subscription(channel, name, self._on_reply, no_ack=True)
         await self._replies.start()
         self._reply_queue, self._channel = name, channel

@@ -13,7 +13,11 @@ benchmarks run beside a live stack without touching it.
     <ns>.cancel          fanout, durable    cancel broadcast; each worker binds an
                                             exclusive auto-delete queue
     <ns>.capabilities    direct, durable    WorkerTool requests; key = capability name
-      └─ <ns>.capability.<name>  quorum     one per capability
+      └─ <ns>.capability.<name>  quorum     one per capability (declared by setup); an
+                                            expired request is dropped, never kept
+    <ns>.replies         direct, durable    tool replies; key = the caller's reply queue,
+                                            which binds itself (no one writes to the
+                                            default exchange, which reaches every queue)
     <ns>.dead-letter     fanout, durable    whatever cannot be processed
       └─ <ns>.dead-letters quorum queue     kept for an operator, with the reason
 """
@@ -80,6 +84,10 @@ class Topology:
         return f"{self.namespace}.capability.{capability}"
 
     @property
+    def replies_exchange(self) -> str:
+        return f"{self.namespace}.replies"
+
+    @property
     def dead_letter_exchange(self) -> str:
         return f"{self.namespace}.dead-letter"
 
@@ -137,6 +145,9 @@ class Topology:
         await channel.declare_exchange(
             self.capabilities_exchange, aio_pika.ExchangeType.DIRECT, durable=True
         )
+        await channel.declare_exchange(
+            self.replies_exchange, aio_pika.ExchangeType.DIRECT, durable=True
+        )
 
     async def declare_events_exchange(self, channel: AbstractChannel) -> AbstractExchange:
         return await channel.declare_exchange(
@@ -147,7 +158,8 @@ class Topology:
         """Check, passively, that the namespace's exchanges and queues exist: components
         may not declare them (``casetrail setup`` does, as the admin)."""
         exchanges = (self.events_exchange, self.commands_exchange, self.cancel_exchange,
-                     self.capabilities_exchange, self.dead_letter_exchange)
+                     self.capabilities_exchange, self.replies_exchange,
+                     self.dead_letter_exchange)
         queues = (self.event_log_queue, self.case_start_queue, self.dead_letter_queue,
                   self.checkpoints_stream)
         name = ""
@@ -160,19 +172,40 @@ class Topology:
             raise PermanentError(f"the bus has no {name}: run `casetrail setup` for the "
                                  f"namespace {self.namespace}") from None
 
+    def capability_arguments(self) -> dict[str, Any]:
+        # Quorum like the rest, but no dead-letter exchange: a request that expired
+        # unserved (its caller has given up and recorded the failure) or kept killing
+        # its worker is dropped, so no queue keeps a tool's arguments after the call.
+        return {"x-queue-type": "quorum", "x-delivery-limit": CAPABILITY_DELIVERY_LIMIT}
+
     async def declare_capability_queue(
         self, channel: AbstractChannel, capability: str
     ) -> AbstractQueue:
-        """A capability's queue, bound (a capability worker may declare its own; the
-        exchange is the admin's)."""
+        """A capability's queue, bound (``casetrail setup`` declares every one: capability
+        workers may only read theirs). A queue of an earlier version (dead-lettering what
+        expired) is replaced: it holds nothing but requests whose callers time out."""
         exchange = await channel.get_exchange(self.capabilities_exchange, ensure=False)
-        queue = await channel.declare_queue(
-            self.capability_queue(capability),
-            durable=True,
-            arguments=self._quorum(CAPABILITY_DELIVERY_LIMIT),
-        )
+        name = self.capability_queue(capability)
+        try:
+            queue = await channel.declare_queue(name, durable=True,
+                                                arguments=self.capability_arguments())
+        except aiormq.exceptions.ChannelPreconditionFailed:
+            await channel.reopen()
+            await channel.queue_delete(name, if_unused=False, if_empty=False)
+            queue = await channel.declare_queue(name, durable=True,
+                                                arguments=self.capability_arguments())
         await queue.bind(exchange, routing_key=capability)
         return queue
+
+    async def capability_queue_declared(self, channel: AbstractChannel, capability: str
+                                        ) -> AbstractQueue:
+        """A capability's queue, which must exist (``casetrail setup`` declares it)."""
+        try:
+            return await channel.get_queue(self.capability_queue(capability), ensure=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise PermanentError(f"the bus has no queue for capability {capability!r}: run "
+                                 f"`casetrail setup` for the namespace {self.namespace}"
+                                 ) from None
 
     async def delete_all(self, channel: AbstractChannel, capabilities: list[str]) -> None:
         """Remove the namespace (tests and benchmarks). Quorum queues refuse aio-pika's
@@ -184,6 +217,6 @@ class Topology:
             await channel.queue_delete(name, if_unused=False, if_empty=False)
         for name in (
             self.events_exchange, self.commands_exchange, self.cancel_exchange,
-            self.capabilities_exchange, self.dead_letter_exchange,
+            self.capabilities_exchange, self.replies_exchange, self.dead_letter_exchange,
         ):
             await channel.exchange_delete(name)
