@@ -73,6 +73,12 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
             "write": rf"^({escaped}\.(commands|cancel)|{watch})$",
             "read": rf"^({escaped}\.events|{watch})$"}
         assert permissions[ns.broker_user("consumer")]["read"] == rf"^{escaped}\.event-log$"
+        # Capability workers: no configure (no spy queue, no queue deleted), no default
+        # exchange (it reaches every queue), no exchange to bind from.
+        assert permissions[ns.broker_user("capability")] == {
+            "user": ns.broker_user("capability"), "configure": "^$",
+            "write": rf"^{escaped}\.(replies|dead-letter)$",
+            "read": rf"^{escaped}\.capability\.[a-z0-9][a-z0-9-]*$"}
         topics = {(t["user"], t["exchange"]): t for t in _rabbitmqctl_json(
             "list_topic_permissions")}
         assert topics[(ns.broker_user("worker"), f"{ns.namespace}.events")]["write"] == r"^case\."
