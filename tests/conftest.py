@@ -98,6 +98,9 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         # The suite starts many cases in a minute as one tenant (schemathesis alone
         # hundreds); two tenants keep small limits for the quota tests.
         tenant_max_starts_per_minute=100_000,
+        # One key reads many streams at once in the stream tests (the per-key limit has
+        # its own test, on an API with a limit of 2).
+        stream_max_per_key=200,
         tenant_quotas={"tiny": TenantQuota(max_active_cases=1),
                        "hasty": TenantQuota(max_starts_per_minute=2)},
     )
