@@ -26,7 +26,7 @@ PUBLIC = {"/healthz", "/readyz", "/signing-keys", "/asyncapi.json", "/ui/", "/ui
           "/ui/assets/{name}", "/ledger/checkpoint", "/ledger/checkpoints", "/ledger/key",
           "/ledger/proofs/inclusion", "/ledger/proofs/consistency", "/ledger/cosignatures",
           "/ledger/leaves/{event_hash}/proof", "/docs", "/docs/assets/{name}"}
-"""DESIGN.md's public routes that exist so far (FastAPI's own /openapi.json too)."""
+"""The public routes (docs/design.md, "Trust"); FastAPI's own /openapi.json too."""
 LOAN = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[2]}
 
 

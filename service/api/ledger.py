@@ -1,6 +1,6 @@
-"""The transparency log over HTTP, open to anyone (DESIGN.md: ``/ledger/*`` is public):
-checkpoints, inclusion and consistency proofs (a leaf found by its index or its hash),
-the log's key, and witnesses' cosignatures. Hashes and signed notes only: nothing here
+"""The transparency log over HTTP, open to anyone (``/ledger/*`` is public: docs/design.md,
+"Trust"): checkpoints, inclusion and consistency proofs (a leaf found by its index or its
+hash), the log's key, and witnesses' cosignatures. Hashes and signed notes only: nothing here
 reveals an event's contents, nor, to someone without its hashes, anything of a case."""
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class Caller:
 
     @staticmethod
     def anyone() -> CallerDependency:
-        """The dependency of a public route (DESIGN.md, "Public routes")."""
+        """The dependency of a public route (docs/design.md, "Trust": public routes)."""
 
         async def public() -> Principal:
             return ANONYMOUS
