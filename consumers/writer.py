@@ -15,7 +15,15 @@ from typing import Any
 
 import asyncpg
 
-from service.events import TERMINAL_EVENT_TYPES, SignedEvent, sql_list
+from service.events import (
+    ENDED_STATUSES,
+    TERMINAL_EVENT_TYPES,
+    CaseStatus,
+    SignedEvent,
+    sql_list,
+    sql_statuses,
+    status_for,
+)
 from service.store import locked_cases_cte, translate_errors
 
 _LOCK_RETRIES = 5
@@ -32,6 +40,10 @@ _RUNNING = sql_list(("CASE_STARTED", "REACT_CYCLE"))
 _CYCLE = sql_list(("REACT_CYCLE",))
 _STARTED = sql_list(("CASE_STARTED",))
 _COMPLETED = sql_list(("CASE_COMPLETED",))
+_ENDED = sql_statuses(ENDED_STATUSES)
+_STATUS_OF_TERMINAL = "CASE f.terminal_type " + " ".join(
+    f"WHEN {sql_list((t,))} THEN '{status_for(t)}'" for t in sorted(TERMINAL_EVENT_TYPES)
+) + " END"
 _INSERT_AND_FOLD = f"""
 WITH incoming AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::text[],
@@ -72,12 +84,12 @@ WITH incoming AS (
         input_tokens = c.input_tokens + f.input_tokens,
         output_tokens = c.output_tokens + f.output_tokens,
         status = CASE
-            WHEN c.status IN ('completed', 'failed', 'timed_out', 'cancelled') THEN c.status
-            WHEN f.terminal_type IS NOT NULL THEN lower(substr(f.terminal_type, 6))
-            WHEN f.running THEN 'running'
+            WHEN c.status IN ({_ENDED}) THEN c.status
+            WHEN f.terminal_type IS NOT NULL THEN ({_STATUS_OF_TERMINAL})
+            WHEN f.running THEN '{CaseStatus.RUNNING.value}'
             ELSE c.status END,
         answer = CASE
-            WHEN c.status NOT IN ('completed', 'failed', 'timed_out', 'cancelled')
+            WHEN c.status NOT IN ({_ENDED})
                  AND f.terminal_type = {_COMPLETED} THEN f.terminal_payload -> 'answer'
             ELSE c.answer END,
         outcome = CASE

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeAlias, get_args
 
 import orjson
@@ -518,9 +519,35 @@ assert set(_EVENT_CLASSES) == set(EVENT_TYPES), "an event type without its class
 ADMINISTRATIVE_EVENT_TYPES: frozenset[str] = frozenset({CaseErased.model_fields[
     "event_type"].default})
 """Events after the terminal one (the completeness rule ignores them)."""
-ENDED_STATUSES: frozenset[str] = frozenset(
-    t.removeprefix("CASE_").lower() for t in TERMINAL_EVENT_TYPES)
+class CaseStatus(StrEnum):
+    """A case's status (``cases.status``, the ``status`` of ``GET /cases/{id}``): one
+    word everywhere, the same spelling in Python, in the SQL the code builds, in the
+    viewer (served by ``GET /ui/assets/vocabulary.json``) and in migration 001's CHECK
+    (tests/test_events.py compares them)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
+def status_for(event_type: str) -> CaseStatus | None:
+    """The status a terminal event gives its case (``CASE_TIMED_OUT`` → ``timed_out``);
+    ``None`` for any other event type."""
+    return _ENDED_BY.get(event_type)
+
+
+_ENDED_BY: dict[str, CaseStatus] = {
+    t: CaseStatus(t.removeprefix("CASE_").lower()) for t in TERMINAL_EVENT_TYPES}
+ENDED_STATUSES: frozenset[CaseStatus] = frozenset(_ENDED_BY.values())
 """The ``cases.status`` of an ended case: one per terminal event type."""
+
+
+def sql_statuses(statuses: Iterable[CaseStatus]) -> str:
+    """``'a', 'b'``: statuses as SQL string literals (for the SQL the code builds)."""
+    return ", ".join(f"'{CaseStatus(s).value}'" for s in sorted(statuses))
 
 
 def sql_list(types: Iterable[str]) -> str:

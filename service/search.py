@@ -15,15 +15,15 @@ import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, get_args
+from typing import Any
 
 import asyncpg
 
+from service.events import CaseStatus
 from service.store import translate_errors, utc_text
 
-CaseStatus = Literal["queued", "running", "completed", "failed", "timed_out", "cancelled"]
-"""The statuses a case can have (the CHECK on ``cases.status``)."""
-STATUSES: tuple[str, ...] = get_args(CaseStatus)
+STATUSES: tuple[str, ...] = tuple(CaseStatus)
+"""The statuses a case can have (service.events.CaseStatus)."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -71,7 +71,7 @@ class CaseFilter:
     def matches_nothing(self) -> bool:
         """Only a completed case has an answer, so a decision with another status
         finds nothing (answered here rather than by scanning every such decision)."""
-        return self.decision is not None and self.status not in (None, "completed")
+        return self.decision is not None and self.status not in (None, CaseStatus.COMPLETED)
 
     def where(self, after: Cursor | None) -> tuple[str, list[Any]]:
         """The ``WHERE`` clause and its arguments."""

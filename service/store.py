@@ -20,10 +20,19 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from service.auth import ApiKeyRecord, key_hash, new_key
 from service.config import Identity
 from service.errors import PermanentError, StoreUnavailable
-from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
+from service.events import (
+    ENDED_STATUSES,
+    EVENT_TYPES,
+    TERMINAL_EVENT_TYPES,
+    CaseStatus,
+    sql_statuses,
+)
 from service.integrity import Integrity, public_key_text
 from service.sensitive import SealedValues, Vault
 from service.verification import PublicKey
+
+_ENDED = sql_statuses(ENDED_STATUSES)
+_ACTIVE = sql_statuses((CaseStatus.QUEUED, CaseStatus.RUNNING))
 
 _TRANSIENT = (
     OSError,
@@ -213,7 +222,7 @@ ClaimOutcome = Literal["run", "ended", "busy", "cancel_queued", "unknown"]
 # Claims of many cases, decided and recorded in one statement (one round trip,
 # one implicit transaction; the row locks, taken in case-id order like the
 # consumer's, are held while the decisions are made and written).
-_CLAIM = """
+_CLAIM = f"""
 WITH current AS (
     SELECT case_id, status, attempts_claimed, lease_owner, terminal_published,
            cancel_requested_at, cancel_reason, cancelled_by,
@@ -223,7 +232,7 @@ WITH current AS (
 ), decided AS (
     SELECT c.*, CASE
         WHEN c.terminal_published
-             OR c.status IN ('completed', 'failed', 'timed_out', 'cancelled')
+             OR c.status IN ({_ENDED})
              OR EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = c.case_id
                         AND e.event_type = ANY($2::text[])) THEN 'ended'
         WHEN c.lease_live AND c.lease_owner IS DISTINCT FROM $3 THEN 'busy'
@@ -486,13 +495,13 @@ class CaseStore:
         statement's transaction)."""
         async with translate_errors():
             rows = await self._pool.fetch(
-                """
+                f"""
                 WITH sweeper AS MATERIALIZED (SELECT pg_try_advisory_xact_lock(hashtext($1))
                                               AS held),
                 stranded AS MATERIALIZED (
                     SELECT case_id FROM cases
                     WHERE (SELECT held FROM sweeper)
-                      AND status IN ('queued', 'running') AND NOT terminal_published
+                      AND status IN ({_ACTIVE}) AND NOT terminal_published
                       AND attempts_claimed > 0
                       AND (lease_expires_at IS NULL
                            OR lease_expires_at < now() - make_interval(secs => $2))
@@ -543,12 +552,12 @@ class CaseStore:
     ) -> Literal["requested", "ended", "unknown"]:
         async with translate_errors():
             row = await self._pool.fetchrow(
-                """UPDATE cases SET cancel_requested_at = coalesce(cancel_requested_at, now()),
+                f"""UPDATE cases SET cancel_requested_at = coalesce(cancel_requested_at, now()),
                           cancel_reason = coalesce(cancel_reason, $2),
                           cancelled_by = coalesce(cancelled_by, $3), updated_at = now()
                    WHERE case_id = $1
                      AND NOT terminal_published
-                     AND status NOT IN ('completed', 'failed', 'timed_out', 'cancelled')
+                     AND status NOT IN ({_ENDED})
                    RETURNING case_id""",
                 case_id, reason, by,
             )
@@ -761,9 +770,9 @@ async def tenant_counts(pool: asyncpg.Pool, tenant: str, max_active: int,
     counted only up to its limit, so a check costs the same however busy a tenant is."""
     async with translate_errors():
         row = await pool.fetchrow(
-            """SELECT
+            f"""SELECT
                  (SELECT count(*) FROM (SELECT 1 FROM cases WHERE tenant_id = $1
-                    AND status IN ('queued', 'running') LIMIT $2) a) AS active,
+                    AND status IN ({_ACTIVE}) LIMIT $2) a) AS active,
                  (SELECT count(*) FROM (SELECT 1 FROM cases WHERE tenant_id = $1
                     AND created_at > now() - interval '1 minute' LIMIT $3) r) AS recent""",
             tenant, max_active, max_per_minute)

@@ -153,3 +153,21 @@ def test_an_integer_beyond_what_a_double_holds_exactly_still_canonicalises() -> 
     call = orjson.loads(body)["payload"]["toolCalls"][0]
     assert call["toolArgs"] == {"account": "1152921504606846977"}
     assert call["toolResult"] == {"big": 13460324501093648, "small": 7}
+
+
+def test_one_vocabulary_of_statuses_in_python_sql_and_the_migrations() -> None:
+    """Statuses are spelled once (CaseStatus); the migrations' fixed CHECK is held to it,
+    and each terminal event type names its status."""
+    import re
+    from pathlib import Path
+
+    from service.events import ENDED_STATUSES, TERMINAL_EVENT_TYPES, CaseStatus, status_for
+
+    initial = (Path(__file__).resolve().parents[1] / "migrations" / "001_initial.sql"
+               ).read_text()
+    check = re.search(r"CHECK \(status IN \(([^)]*)\)\)", initial)
+    assert check is not None
+    assert [s.strip().strip("'") for s in check.group(1).split(",")] == list(CaseStatus)
+    assert {status_for(t) for t in TERMINAL_EVENT_TYPES} == set(ENDED_STATUSES)
+    assert status_for("CASE_TIMED_OUT") is CaseStatus.TIMED_OUT
+    assert status_for("REACT_CYCLE") is None

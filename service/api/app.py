@@ -84,12 +84,12 @@ from service.errors import (
     PublishRejected,
     StoreUnavailable,
 )
-from service.events import ENDED_STATUSES, EVENT_TYPES, Limits
+from service.events import ENDED_STATUSES, EVENT_TYPES, CaseStatus, Limits
 from service.evidence import Evidence
 from service.ledger.note import Verifier
 from service.ledger.store import LedgerStore
 from service.providers import model_problem
-from service.search import CURSOR_PATTERN, CaseFilter, CaseIndex, CaseStatus, Cursor
+from service.search import CURSOR_PATTERN, CaseFilter, CaseIndex, Cursor
 from service.sensitive import Vault, restore, split
 from service.store import (
     ApiKeyStore,

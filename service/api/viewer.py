@@ -17,12 +17,14 @@ import uuid
 from importlib import resources
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, HTTPException, Response
 
 from service.auth import Principal
+from service.events import TERMINAL_EVENT_TYPES, CaseStatus
 
 _ASSETS = {"app.js": "text/javascript", "style.css": "text/css",
-           "favicon.svg": "image/svg+xml"}
+           "favicon.svg": "image/svg+xml", "vocabulary.json": "application/json"}
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
                                "connect-src 'self'; img-src 'self'; base-uri 'none'; "
@@ -41,7 +43,10 @@ def viewer_routes(app: FastAPI, public: Any) -> None:
     """Add ``/ui/``, ``/ui/cases/{case_id}`` and the shell's assets to ``app``
     (``public``: the dependency that marks a route open to anyone)."""
     shell = _read("index.html")
-    assets = {name: _read(name) for name in _ASSETS}
+    assets = {name: _read(name) for name in _ASSETS if name != "vocabulary.json"}
+    # The contract's words for the page, from the definitions the code uses (not copied).
+    assets["vocabulary.json"] = orjson.dumps({
+        "statuses": list(CaseStatus), "terminalEventTypes": sorted(TERMINAL_EVENT_TYPES)})
 
     def page() -> Response:
         return Response(shell, media_type="text/html; charset=utf-8", headers=_HEADERS)

@@ -70,6 +70,7 @@ from service.events import (
     ToolOffer,
     TraceRef,
     make_event,
+    status_for,
 )
 from service.telemetry import metrics, tracing
 from service.telemetry.genai import AttemptTrace
@@ -552,7 +553,7 @@ class ReactEngine:
             state.decided()
         event = await self._emit(state, payload)
         assert event.is_terminal
-        outcome = event.event_type[5:].lower()  # CASE_TIMED_OUT -> timed_out
+        outcome = status_for(event.event_type) or event.event_type
         state.metrics.ended(outcome)
         if state.trace is not None:
             state.trace.end(outcome, getattr(payload, "reason_code", None),

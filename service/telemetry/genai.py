@@ -26,6 +26,7 @@ from service.engine.chat import (
     ToolResultMessage,
     message_text,
 )
+from service.events import CaseStatus
 from service.telemetry import tracing
 
 Redact = Callable[[str], str]
@@ -78,7 +79,7 @@ class AttemptTrace:
         self.span.set_attributes({tracing.INPUT_TOKENS: input_tokens,
                                   tracing.OUTPUT_TOKENS: output_tokens,
                                   "casetrail.case.outcome": outcome})
-        if outcome not in ("completed", "cancelled"):
+        if outcome not in (CaseStatus.COMPLETED, CaseStatus.CANCELLED):
             tracing.failed(self.span, reason or outcome)
         self.finish()
 

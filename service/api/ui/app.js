@@ -4,8 +4,10 @@
 // Authorization header, streams included (fetch, not EventSource).
 
 const KEY = "casetrail.apiKey";
-const TERMINAL = new Set(["CASE_COMPLETED", "CASE_FAILED", "CASE_TIMED_OUT", "CASE_CANCELLED"]);
-const STATUSES = ["queued", "running", "completed", "failed", "timed_out", "cancelled"];
+// The contract's words, served by the API from the same definitions the code uses.
+const VOCABULARY = await (await fetch("/ui/assets/vocabulary.json")).json();
+const TERMINAL = new Set(VOCABULARY.terminalEventTypes);
+const STATUSES = VOCABULARY.statuses;
 const DECISION_TONE = {
   approve: "ok", clear: "ok", refer: "warn", escalate: "warn", decline: "bad", "file-sar": "bad",
 };
