@@ -27,10 +27,31 @@ from service.config import Settings, get_settings
 T = TypeVar("T")
 
 app = typer.Typer(
-    help="casetrail: run tool-using LLM agents and keep every reasoning cycle as evidence.",
     no_args_is_help=True,
     add_completion=False,
+    # Help as paragraphs: docstrings are wrapped for the source, not for the terminal.
+    rich_markup_mode="markdown",
 )
+
+
+def _version(wanted: bool) -> None:
+    if wanted:
+        from importlib.metadata import version
+
+        typer.echo(f"casetrail {version('casetrail')}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="Print casetrail's version and exit.")] = False,
+) -> None:
+    """casetrail: run tool-using LLM agents and keep every reasoning cycle as evidence.
+
+    Exit codes, for every command: 0 ok; 1 the answer is no (not verified, diverged,
+    refused); 2 could not check, or not found."""
 
 
 def _run(main: Coroutine[Any, Any, T], *, long_running: bool = False) -> T:
@@ -290,13 +311,19 @@ def capability_worker(
 
 
 @app.command()
-def up() -> None:
+def up(
+    port: Annotated[int | None, typer.Option(help="API port (default CASETRAIL_API_PORT).")]
+    = None,
+) -> None:
     """Run the whole stack in the foreground (migrations, api, worker, consumer,
     capability workers); Ctrl-C stops all of it."""
     from service.demo import run_stack
 
     _logging()
-    raise typer.Exit(_run(run_stack(get_settings()), long_running=True))
+    settings = get_settings()
+    if port:
+        settings = settings.model_copy(update={"api_port": port})
+    raise typer.Exit(_run(run_stack(settings), long_running=True))
 
 
 @app.command()
@@ -344,9 +371,9 @@ def trail(
         return [e.as_json() for e in stored], await evidence.verify(parsed)
 
     events, report = _run(_with_evidence(get_settings(), read))
-    if not events:
+    if not events:  # not found: 2, like verify and export
         typer.echo(f"no events for case {case_id}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(2)
     if raw:
         typer.echo(orjson.dumps(events, option=orjson.OPT_INDENT_2).decode())
     else:

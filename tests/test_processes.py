@@ -220,9 +220,9 @@ async def test_up_runs_the_stack_and_sigterm_stops_every_child(settings: Setting
                                                                 database: str) -> None:
     port = free_port()
     stack = other_namespace(settings, "up")
-    env = stack.environment(CASETRAIL_API_PORT=str(port))
+    env = stack.environment()
     up = subprocess.Popen(  # noqa: ASYNC220 - a child that outlives this call, on purpose
-        [sys.executable, "-m", "service.cli", "up"], env=env,
+        [sys.executable, "-m", "service.cli", "up", "--port", str(port)], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         async def ready() -> bool:

@@ -269,3 +269,17 @@ async def test_another_namespace_neither_takes_over_nor_removes_this_ones_databa
     again = (await client.post("/cases", json={"agent": "loan-officer",
                                                 "input": SAMPLE_APPLICATIONS[1]})).json()
     assert (await ended(client, again["caseId"]))["status"] == "completed"
+
+
+async def test_the_command_line_says_its_version_and_not_found_is_exit_2(
+    settings: Settings, pool: asyncpg.Pool,
+) -> None:
+    from importlib.metadata import version
+
+    shown = await asyncio.to_thread(_casetrail, settings, "--version")
+    assert shown.returncode == 0 and shown.stdout.strip() == f"casetrail {version('casetrail')}"
+    unknown = "00000000-0000-4000-8000-000000000000"
+    for command in ("trail", "verify", "export"):
+        extra = ("-o", "/dev/null") if command == "export" else ()
+        reply = await asyncio.to_thread(_casetrail, settings, command, unknown, *extra)
+        assert reply.returncode == 2, (command, reply.stdout, reply.stderr)
