@@ -37,6 +37,7 @@ up: install services
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 typecheck: install
 	$(BIN)/mypy
