@@ -235,3 +235,20 @@ def spawn(settings: Settings, *args: str, **extra: str) -> subprocess.Popen[byte
     child.log_path = log.name  # type: ignore[attr-defined]
     log.close()
     return child
+
+
+def stop_worker(children: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Stop the worker process an earlier test left in ``children``, if any."""
+    earlier = children.pop("worker", None)
+    if earlier is not None and earlier.poll() is None:
+        earlier.terminate()
+        earlier.wait(30)
+
+
+def replace_worker(settings: Settings, children: dict[str, subprocess.Popen[bytes]],
+                   **extra: str) -> subprocess.Popen[bytes]:
+    """A worker process of the test's own (``children["worker"]``), started once the one
+    an earlier test left has stopped."""
+    stop_worker(children)
+    worker = children["worker"] = spawn(settings, "worker", **extra)
+    return worker

@@ -27,6 +27,7 @@ from tests.stack import (
     free_port,
     kill_leftovers,
     namespace_of_its_own,
+    replace_worker,
     spawn,
     stop_cleanly,
 )
@@ -97,14 +98,7 @@ async def resuming(settings: Settings, database: str, llm: FakeLLM
 
 
 def start_worker(resuming: dict[str, Any]) -> subprocess.Popen[bytes]:
-    """A worker of its own for the test: the one an earlier test left is stopped first."""
-    earlier: subprocess.Popen[bytes] | None = resuming["children"].pop("worker", None)
-    if earlier is not None and earlier.poll() is None:
-        earlier.terminate()
-        earlier.wait(30)
-    worker = spawn(resuming["settings"], "worker")
-    resuming["children"]["worker"] = worker
-    return worker
+    return replace_worker(resuming["settings"], resuming["children"])
 
 
 def kill(worker: subprocess.Popen[bytes]) -> None:

@@ -28,8 +28,10 @@ from tests.stack import (
     free_port,
     kill_leftovers,
     namespace_of_its_own,
+    replace_worker,
     spawn,
     stop_cleanly,
+    stop_worker,
 )
 from tests.test_telemetry import scrape, total
 
@@ -102,13 +104,7 @@ async def stranding(settings: Any, database: str) -> AsyncIterator[dict[str, Any
 
 
 def start_worker(stranding: dict[str, Any], **env: str) -> subprocess.Popen[bytes]:
-    earlier: subprocess.Popen[bytes] | None = stranding["children"].pop("worker", None)
-    if earlier is not None and earlier.poll() is None:
-        earlier.terminate()
-        earlier.wait(30)
-    worker = spawn(stranding["settings"], "worker", **env)
-    stranding["children"]["worker"] = worker
-    return worker
+    return replace_worker(stranding["settings"], stranding["children"], **env)
 
 
 async def start_slow_case(client: httpx.AsyncClient, turn_ms: int) -> uuid.UUID:
@@ -175,10 +171,7 @@ async def test_re_sent_requests_publish_at_most_one_start_command(
     """The flood: the same Idempotency-Key re-sent 30 times while its case is queued
     (no worker runs here) used to publish a start command each time. Now a re-send
     publishes only while the first publish is unconfirmed, and then one copy."""
-    earlier: subprocess.Popen[bytes] | None = stranding["children"].pop("worker", None)
-    if earlier is not None and earlier.poll() is None:
-        earlier.terminate()
-        earlier.wait(30)
+    stop_worker(stranding["children"])
     pool = stranding["pool"]
     request = {"agent": "loan-officer", "input": APPLICATION}
     headers = {**stranding["headers"], "Idempotency-Key": f"flood-{uuid.uuid4()}"}

@@ -642,15 +642,13 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         15 s). A credential or tenant with its limit of streams open gets 429."""
         # Closed here, in order, when the stream ends or is cancelled (not left to the
         # garbage collector, which would close the inner generator out of order).
-        try:
+        with ticket:  # the stream's slot, given back when it ends
             async with aclosing(case_stream(services.watch, services.store, start.case_id,
                                             start.after, start.ended, start.values,
                                             settings.stream_ping_seconds,
                                             still_valid(request))) as messages:
                 async for message in messages:
                     yield message
-        finally:
-            ticket.release()
 
     @app.get("/events/stream", response_class=EventSourceResponse,
              summary="Every event of the caller's tenant, live, as Server-Sent Events",
@@ -662,14 +660,12 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
         replay (the case streams and `GET /cases` have the record); sensitive values
         stay placeholders. Ends when the credential stops working; 429 beyond the
         limit of open streams."""
-        try:
+        with ticket:
             async with aclosing(tenant_stream(services.watch, principal.tenant,
                                               settings.stream_ping_seconds,
                                               still_valid(request))) as messages:
                 async for message in messages:
                     yield message
-        finally:
-            ticket.release()
 
     @app.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",
               response_model=None,

@@ -133,6 +133,12 @@ class StreamTicket:
     def release(self) -> None:
         self._release()
 
+    def __enter__(self) -> StreamTicket:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
 
 def _give_back(counts: Counter[str], holders: tuple[str, str]) -> None:
     counts.subtract(holders)
