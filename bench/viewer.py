@@ -192,7 +192,11 @@ async def streams_beside_posts(settings: Settings, streams: int = 500, rate: flo
     else running; with ``streams`` slow 20-cycle cases running but no stream open (the
     control: their events load the broker and Postgres); then with ``streams`` event
     streams open, each following one of those cases. Worker and consumer run."""
-    run = settings.model_copy(update={"worker_concurrency": streams + 64})
+    # One key follows every case here (a dashboard's service account, say): its limit of
+    # open streams is raised to the scenario's size.
+    run = settings.model_copy(update={"worker_concurrency": streams + 64,
+                                      "stream_max_per_key": streams + 16,
+                                      "stream_max_per_tenant": streams + 16})
     async with namespace(run) as pool:
         key = await api_key(pool, "models:override")
         stack = Processes(run)
