@@ -283,3 +283,35 @@ async def test_the_command_line_says_its_version_and_not_found_is_exit_2(
         extra = ("-o", "/dev/null") if command == "export" else ()
         reply = await asyncio.to_thread(_casetrail, settings, command, unknown, *extra)
         assert reply.returncode == 2, (command, reply.stdout, reply.stderr)
+
+
+async def test_setup_replaces_a_capability_queue_of_the_old_shape(
+    settings: Settings, amqp: Any,
+) -> None:
+    """Capability queues used to dead-letter expired requests (with their arguments in
+    clear); setup now declares them without a dead-letter exchange, and replaces a queue
+    of the old shape (it holds only requests whose callers time out)."""
+    import aio_pika
+    import aiormq
+
+    from service.bus.topology import CAPABILITY_DELIVERY_LIMIT, Topology
+
+    topology = Topology(settings.namespace)
+    name = topology.capability_queue("old-shape")
+    channel = await amqp.channel()
+    await channel.declare_queue(name, durable=True, arguments={
+        "x-queue-type": "quorum", "x-delivery-limit": CAPABILITY_DELIVERY_LIMIT,
+        "x-dead-letter-exchange": topology.dead_letter_exchange})
+    await channel.close()
+    fresh = await amqp.channel()
+    await topology.declare_capability_queue(fresh, "old-shape")
+    await fresh.close()
+    check = await amqp.channel()
+    raw = await check.get_underlay_channel()
+    try:  # the new shape is declared as is: no precondition fails
+        await raw.queue_declare(name, durable=True, arguments=topology.capability_arguments())
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        raise AssertionError(f"the old queue was kept: {exc}") from None
+    await raw.queue_delete(name, if_unused=False, if_empty=False)
+    await check.close()
+    assert isinstance(amqp, aio_pika.abc.AbstractRobustConnection)

@@ -186,14 +186,18 @@ class Topology:
         expired) is replaced: it holds nothing but requests whose callers time out."""
         exchange = await channel.get_exchange(self.capabilities_exchange, ensure=False)
         name = self.capability_queue(capability)
+        # Declared on the channel underneath: a refused declaration closes the channel,
+        # and aio-pika's robust channel would repeat it when it reopens.
         try:
-            queue = await channel.declare_queue(name, durable=True,
-                                                arguments=self.capability_arguments())
+            await (await channel.get_underlay_channel()).queue_declare(
+                name, durable=True, arguments=self.capability_arguments())
         except aiormq.exceptions.ChannelPreconditionFailed:
             await channel.reopen()
-            await channel.queue_delete(name, if_unused=False, if_empty=False)
-            queue = await channel.declare_queue(name, durable=True,
-                                                arguments=self.capability_arguments())
+            raw = await channel.get_underlay_channel()
+            await raw.queue_delete(name, if_unused=False, if_empty=False)
+            await raw.queue_declare(name, durable=True,
+                                    arguments=self.capability_arguments())
+        queue = await channel.get_queue(name, ensure=False)
         await queue.bind(exchange, routing_key=capability)
         return queue
 
