@@ -368,10 +368,10 @@ class CaseStore:
         publishing lease (so concurrent re-sends publish one copy, not one each)."""
         async with translate_errors():
             taken = await self._pool.fetchval(
-                """UPDATE cases
+                f"""UPDATE cases
                    SET start_publishing_until = now() + make_interval(secs => $2)
                    WHERE case_id = $1 AND start_confirmed_at IS NULL
-                     AND attempts_claimed = 0 AND status = 'queued'
+                     AND attempts_claimed = 0 AND status = '{CaseStatus.QUEUED.value}'
                      AND (start_publishing_until IS NULL OR start_publishing_until < now())
                    RETURNING case_id""", case_id, lease_seconds)
         return taken is not None

@@ -476,7 +476,7 @@ def create_app(settings: Settings) -> FastAPI:  # noqa: PLR0915 - the routes, in
                 raise HTTPException(409, "Idempotency-Key was already used with another request")
             headers["Idempotency-Replayed"] = "true"
             if row["start_confirmed_at"] is None and row["attempts_claimed"] == 0 \
-                    and row["status"] == "queued":
+                    and row["status"] == CaseStatus.QUEUED:
                 # The first request may have died before its start command was
                 # confirmed: publish one more copy (the claim runs it once), but only
                 # one, however many re-sends arrive (the lease), and within the
@@ -794,13 +794,15 @@ async def _within_quota(services: Services, tenant: str) -> None:
         raise HTTPException(429, f"tenant {tenant!r} has {max_active} cases queued or "
                                  "running, its limit; try again when some have ended",
                             headers={"Retry-After": "5"})
-    await _within_rate(services, tenant)
+    await _within_rate(services, tenant, load)
 
 
-async def _within_rate(services: Services, tenant: str) -> None:
+async def _within_rate(services: Services, tenant: str, load: TenantLoad | None = None
+                       ) -> None:
     """429 when the tenant started (or re-sent) its limit of cases in the last minute."""
     max_active, max_per_minute = services.settings.quota(tenant)
-    load = await services.quotas.load(tenant, max_active, max_per_minute)
+    if load is None:
+        load = await services.quotas.load(tenant, max_active, max_per_minute)
     if load.recent >= max_per_minute:
         wait = await rate_wait(services.pool, tenant, max_per_minute)
         raise HTTPException(429, f"tenant {tenant!r} started {max_per_minute} cases in the "
