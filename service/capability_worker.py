@@ -167,18 +167,28 @@ class CapabilityWorker:
 async def run_capability_worker(
     settings: Settings, capabilities: Sequence[Capability[Any]], concurrency: int | None
 ) -> None:
-    """The ``casetrail capability-worker`` component, until SIGINT or SIGTERM. It
-    keeps to the public aiormq path: its rate is the tools' own, not the bus's."""
+    """The ``casetrail capability-worker`` component, until SIGINT or SIGTERM: each
+    capability served on a connection of its own, as that capability's own broker user
+    (which may read that capability's requests and no other's). It keeps to the public
+    aiormq path: its rate is the tools' own, not the bus's."""
     tracing.configure("capability")
     metrics.serve(settings, "capability")
-    connection = await connect_patiently(settings.identity("capability").amqp_url,
-                                         "casetrail-capability-worker")
-    worker = CapabilityWorker(
-        connection, Topology(settings.namespace), capabilities,
-        concurrency=concurrency or settings.capability_concurrency,
-    )
+    identities = [settings.capability_identity(c.name) for c in capabilities]  # all, first
+    topology = Topology(settings.namespace)
+    workers: list[CapabilityWorker] = []
     try:
-        await run_until_signal(worker.run)
+        for capability, identity in zip(capabilities, identities, strict=True):
+            connection = await connect_patiently(identity.amqp_url,
+                                                 f"casetrail-capability-{capability.name}")
+            workers.append(CapabilityWorker(
+                connection, topology, [capability],
+                concurrency=concurrency or settings.capability_concurrency))
+
+        async def serve_all(stop: asyncio.Event) -> None:
+            await asyncio.gather(*(worker.run(stop) for worker in workers))
+
+        await run_until_signal(serve_all)
     finally:
         tracing.shutdown()
-        await connection.close()
+        for worker in workers:
+            await worker.connection.close()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -18,9 +19,12 @@ from service import gc_tuning
 from service.errors import PermanentError
 
 Component = Literal["api", "worker", "consumer", "capability", "ledger"]
-COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "capability", "ledger")
+COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "ledger")
+"""The components with one identity each. A capability worker has none of its own: it
+connects as the user of each capability it serves (``capability_identity``)."""
 DATABASE_COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "ledger")
 """The capability workers reach no database."""
+CAPABILITY_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
 LOCAL_DIR = Path(".casetrail")
 """Where a developer stack keeps what it makes: signing keys, the secrets file."""
@@ -120,8 +124,14 @@ class Settings(BaseSettings):
     worker_amqp_url: str | None = Field(default=None, description="The worker's broker user.")
     consumer_amqp_url: str | None = Field(default=None, description="The consumer's broker "
         "user.")
-    capability_amqp_url: str | None = Field(default=None, description="The capability "
-        "workers' broker user.")
+    capability_amqp_urls: dict[str, str] = Field(
+        default_factory=dict, description="Each capability's own broker user, by capability "
+        "name (JSON): a capability worker connects as the user of each capability it serves, "
+        "and may read that capability's requests only. Default: from the secrets file.")
+    extra_capabilities: list[Annotated[str, Field(pattern=CAPABILITY_NAME)]] = Field(
+        default_factory=list, description="Capabilities served beyond those of the installed "
+        "agents: `casetrail setup` gives each its queue and broker user as it does the "
+        "agents' own.")
     ledger_database_url: str | None = Field(default=None, description="The ledger's own "
         "role (the transparency log's sequencer).")
     ledger_amqp_url: str | None = Field(default=None, description="The ledger's broker user "
@@ -330,6 +340,9 @@ class Settings(BaseSettings):
     def identity(self, component: Component) -> Identity:
         """The component's own least-privileged identity: its ``CASETRAIL_<C>_*_URL``
         settings, else what ``casetrail setup`` wrote to the secrets file."""
+        if component == "capability":
+            raise PermanentError("a capability worker connects as the user of each capability "
+                                 "it serves (capability_identity), never as one for all")
         configured = getattr(self, f"{component}_amqp_url")
         database = getattr(self, f"{component}_database_url", None)
         if configured is None or (database is None and component in DATABASE_COMPONENTS):
@@ -353,6 +366,25 @@ class Settings(BaseSettings):
                     f"the {component} must connect as {expected!r}, not {user!r} (see "
                     "`casetrail setup`)")
         return Identity(component, configured, database)
+
+    def capability_identity(self, capability: str) -> Identity:
+        """The broker identity of one capability: ``CASETRAIL_CAPABILITY_AMQP_URLS``'s
+        entry, else what ``casetrail setup`` wrote to the secrets file."""
+        url = self.capability_amqp_urls.get(capability)
+        if url is None:
+            stored = self.stored_secrets().get("capabilities", {}).get(capability, {})
+            url = stored.get("amqp_url") if isinstance(stored, dict) else None
+        if url is None:
+            raise PermanentError(
+                f"no identity for the capability {capability!r}: set its entry in "
+                f"CASETRAIL_CAPABILITY_AMQP_URLS, or run `casetrail setup` (which gives each "
+                f"capability it knows a user of its own, in {self.secrets_path()})")
+        expected = self.capability_user(capability)
+        users = {unquote(urlsplit(u).username or "") for u in amqp_nodes(url)}
+        if users != {expected}:
+            raise PermanentError(f"the capability {capability!r} must connect as "
+                                 f"{expected!r}, not {', '.join(sorted(users))!r}")
+        return Identity("capability", url, None)
 
     def master_key_text(self) -> str:
         """The master key (``CASETRAIL_MASTER_KEY``, else the secrets file's)."""
@@ -388,6 +420,22 @@ class Settings(BaseSettings):
     def broker_user(self, component: Component) -> str:
         """The broker user a component's messages carry (``user_id``)."""
         return f"{self.namespace}-{component}"
+
+    def capability_user(self, capability: str) -> str:
+        """The broker user of one capability: the only one that reads its requests and
+        whose replies to them a worker takes."""
+        return f"{self.namespace}-capability-{capability}"
+
+    def component_of(self, user: str | None) -> Component | None:
+        """Which component a broker user is (every capability's user is a
+        ``capability``), or None when it is none of this namespace's."""
+        for component in COMPONENTS:
+            if user == self.broker_user(component):
+                return component
+        prefix = f"{self.namespace}-capability-"
+        if user and user.startswith(prefix) and re.match(CAPABILITY_NAME, user[len(prefix):]):
+            return "capability"
+        return None
 
     def database_role(self, component: Component | Literal["owner"]) -> str:
         return f"{self.namespace}_{component}"

@@ -36,7 +36,7 @@ from service.bus.connection import connect
 from service.bus.dead_letter import DEAD_LETTERED_AT_HEADER, ORIGINAL_USER_HEADER, REASON_HEADER
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
-from service.config import COMPONENTS, Component, Settings
+from service.config import Component, Settings
 
 REDRIVEN_AT_HEADER = "x-casetrail-redriven-at"
 _SET_ASIDE = {REASON_HEADER, DEAD_LETTERED_AT_HEADER, ORIGINAL_USER_HEADER,
@@ -121,17 +121,16 @@ class DeadLetter:
             raise NotRedrivable(f"a message from {self.exchange or 'the default exchange'} "
                                 "(a tool reply, a cancel) is never redriven")
         publishers, handlers = roles[self.exchange]
-        components = {settings.broker_user(c): c for c in COMPONENTS}
         if self.made_by_broker:
             first = self.user_id
         else:
-            setter = components.get(self.user_id or "")
+            setter = settings.component_of(self.user_id)
             if setter not in handlers:
                 raise NotRedrivable(f"set aside by broker user {self.user_id!r}, which does "
                                     f"not consume {self.exchange}: its word on the sender "
                                     "is not taken")
             first = _text(self.headers.get(ORIGINAL_USER_HEADER))
-        origin = components.get(first or "")
+        origin = settings.component_of(first)
         if origin is None or origin not in publishers:
             raise NotRedrivable(f"first published by broker user {first!r}, which may not "
                                 f"publish to {self.exchange}")

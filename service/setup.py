@@ -86,16 +86,28 @@ def _given_password(url: str | None, expected_user: str, variable: str) -> str |
     return unquote(parts.password)
 
 
+def served_capabilities(settings: Settings) -> list[str]:
+    """Every capability setup gives a queue and a broker user: the installed agents'
+    and the operator's ``extra_capabilities``."""
+    return sorted({*CAPABILITIES, *settings.extra_capabilities})
+
+
+def _password_of(url: str) -> str:
+    return unquote(urlsplit(amqp_nodes(url)[0]).password or "")
+
+
 @dataclass(frozen=True)
 class Identities:
-    """The URLs every component connects with, as setup made them, and the master key
-    (kept here only when the environment does not set one)."""
+    """The URLs every component connects with, as setup made them (each capability's
+    broker URL by its name), and the master key (kept here only when the environment
+    does not set one)."""
 
     urls: dict[Component, dict[str, str]]
+    capabilities: dict[str, str]
     master_key: str | None = None
 
     def password(self, component: Component, kind: str) -> str:
-        return unquote(urlsplit(amqp_nodes(self.urls[component][kind])[0]).password or "")
+        return _password_of(self.urls[component][kind])
 
 
 def plan_identities(settings: Settings) -> Identities:
@@ -117,9 +129,17 @@ def plan_identities(settings: Settings) -> Identities:
                         or secrets.token_urlsafe(24))
             entry[kind] = given or _with_user(bootstrap, user, password)
         urls[component] = entry
+    capabilities = {}
+    kept_capabilities = stored.get("capabilities", {})
+    for name in served_capabilities(settings):
+        user, given = settings.capability_user(name), settings.capability_amqp_urls.get(name)
+        password = (_given_password(given, user, f"CASETRAIL_CAPABILITY_AMQP_URLS[{name!r}]")
+                    or _kept_password(kept_capabilities.get(name, {}).get("amqp_url"), user)
+                    or secrets.token_urlsafe(24))
+        capabilities[name] = given or _with_user(settings.amqp_url, user, password)
     master = None if settings.master_key is not None else (
         stored.get("master_key") or Vault.generate_text())
-    return Identities(urls, master)
+    return Identities(urls, capabilities, master)
 
 
 def _kept_password(url: str | None, user: str) -> str | None:
@@ -134,6 +154,8 @@ def write_secrets(path: Path, identities: Identities) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".identities-")
     contents: dict[str, Any] = {str(k): v for k, v in identities.urls.items()}
+    contents["capabilities"] = {name: {"amqp_url": url}
+                                for name, url in identities.capabilities.items()}
     if identities.master_key is not None:
         contents["master_key"] = identities.master_key
     with os.fdopen(descriptor, "w") as handle:  # mkstemp makes it 0600
@@ -346,33 +368,39 @@ def start_limit_policy(settings: Settings) -> str:
     return f"{settings.namespace}-case-start-limit"
 
 
-def broker_permissions(settings: Settings) -> dict[Component, tuple[str, str, str]]:
-    """``(configure, write, read)`` regexes per component. Binding a queue needs write
+def broker_permissions(settings: Settings) -> dict[str, tuple[str, str, str]]:
+    """``(configure, write, read)`` regexes per broker user. Binding a queue needs write
     on the queue and read on the exchange; publishing needs write on the exchange."""
     ns = re.escape(settings.namespace)
     private = rf"{ns}\.(cancel|reply)\.[0-9a-f]{{32}}"  # the worker's exclusive queues
-    capability = rf"{ns}\.capability\.[a-z0-9][a-z0-9-]*"
     watch = rf"{ns}\.watch\.[0-9a-f]{{32}}"  # the API's exclusive queue for its streams
-    return {
+    user = settings.broker_user
+    permissions = {
         # Start commands and cancel broadcasts; its own queue of live events for the
         # streams, bound to <ns>.events (binding needs read on the exchange).
-        "api": (rf"^{watch}$", rf"^({ns}\.(commands|cancel)|{watch})$",
-                rf"^({ns}\.events|{watch})$"),
+        user("api"): (rf"^{watch}$", rf"^({ns}\.(commands|cancel)|{watch})$",
+                      rf"^({ns}\.events|{watch})$"),
         # Takes start commands, hears cancels, publishes events and tool requests,
         # reads tool replies on its own queue; sets aside what it cannot process;
         # re-sends the start command of a stranded case (service/sweeper.py).
-        "worker": (rf"^{private}$",
-                   rf"^({ns}\.(events|commands|capabilities|dead-letter)|{private})$",
-                   rf"^({ns}\.(case-start|cancel|replies)|{private})$"),
+        user("worker"): (rf"^{private}$",
+                         rf"^({ns}\.(events|commands|capabilities|dead-letter)|{private})$",
+                         rf"^({ns}\.(case-start|cancel|replies)|{private})$"),
         # Reads the event log queue; sets aside what it refuses.
-        "consumer": ("^$", rf"^{ns}\.dead-letter$", rf"^{ns}\.event-log$"),
+        user("consumer"): ("^$", rf"^{ns}\.dead-letter$", rf"^{ns}\.event-log$"),
         # Publishes signed checkpoints on <ns>.events (ledger.checkpoint).
-        "ledger": ("^$", rf"^{ns}\.events$", "^$"),
-        # Reads the capability queues setup declared (declares, binds and deletes
-        # nothing); replies through <ns>.replies, never the default exchange, which
-        # reaches every queue (each reply carries its user_id, which the worker checks).
-        "capability": ("^$", rf"^{ns}\.(replies|dead-letter)$", rf"^{capability}$"),
+        user("ledger"): ("^$", rf"^{ns}\.events$", "^$"),
     }
+    for capability in served_capabilities(settings):
+        # Each capability's user reads its own queue, which setup declared, and no other
+        # (declares, binds and deletes nothing, so it cannot bind a spy queue to another
+        # capability's requests); replies through <ns>.replies, never the default
+        # exchange, which reaches every queue (the worker takes a reply only from the
+        # user of the capability it called).
+        permissions[settings.capability_user(capability)] = (
+            "^$", rf"^{ns}\.(replies|dead-letter)$",
+            rf"^{ns}\.capability\.{re.escape(capability)}$")
+    return permissions
 
 
 def broker_definitions(settings: Settings, identities: Identities) -> dict[str, Any]:
@@ -380,21 +408,24 @@ def broker_definitions(settings: Settings, identities: Identities) -> dict[str, 
     (the format of ``rabbitmqctl import_definitions`` and ``POST /api/definitions``)."""
     vhost = settings.amqp_vhost()
     topology = Topology(settings.namespace)
+    passwords = {settings.broker_user(c): identities.password(c, "amqp_url")
+                 for c in COMPONENTS}
+    passwords |= {settings.capability_user(name): _password_of(url)
+                  for name, url in identities.capabilities.items()}
+    # Only the worker publishes case events and the ledger checkpoints; only the API
+    # binds to case events (for its streams); other subscribers get users of their own.
+    topic_write = {settings.broker_user("worker"): r"^case\.",
+                   settings.broker_user("ledger"): r"^ledger\."}
     users, permissions, topics = [], [], []
-    for component, (configure, write, read) in broker_permissions(settings).items():
-        user = settings.broker_user(component)
+    for user, (configure, write, read) in broker_permissions(settings).items():
         users.append({"name": user, "tags": "",
-                      "password_hash": _password_hash(identities.password(component,
-                                                                          "amqp_url")),
+                      "password_hash": _password_hash(passwords[user]),
                       "hashing_algorithm": "rabbit_password_hashing_sha256"})
         permissions.append({"user": user, "vhost": vhost, "configure": configure,
                             "write": write, "read": read})
-        # Only the worker publishes case events; only the API binds to them (for its
-        # streams); other subscribers get users of their own.
         topics.append({"user": user, "vhost": vhost, "exchange": topology.events_exchange,
-                       "write": {"worker": r"^case\.", "ledger": r"^ledger\."}.get(
-                           component, "^$"),
-                       "read": r"^case\." if component == "api" else "^$"})
+                       "write": topic_write.get(user, "^$"),
+                       "read": r"^case\." if user == settings.broker_user("api") else "^$"})
     policies = [{"vhost": vhost, "name": start_limit_policy(settings),
                  "pattern": f"^{re.escape(topology.case_start_queue)}$", "apply-to": "queues",
                  "priority": 0,
@@ -443,9 +474,18 @@ def apply_broker_definitions(settings: Settings, definitions: dict[str, Any]) ->
                  stdin=json.dumps(definitions))
 
 
+def namespace_users(settings: Settings) -> list[str]:
+    """The broker users setup makes for the namespace: its components' and those of the
+    capabilities it serves now or served when the secrets file was written."""
+    kept = settings.stored_secrets().get("capabilities", {})
+    capabilities = sorted({*served_capabilities(settings), *kept})
+    return [*(settings.broker_user(c) for c in COMPONENTS),
+            *(settings.capability_user(name) for name in capabilities)]
+
+
 def remove_broker_users(settings: Settings) -> None:
     """The namespace's broker users and its policy (nothing of another namespace's)."""
-    users = [settings.broker_user(c) for c in COMPONENTS]
+    users = namespace_users(settings)
     policy = start_limit_policy(settings)
     if settings.rabbitmq_management_url:
         root, auth = _management(settings)
@@ -472,7 +512,7 @@ async def declare_topology(settings: Settings) -> None:
         channel = await connection.channel()
         topology = Topology(settings.namespace)
         await topology.declare(channel)
-        for capability in sorted(CAPABILITIES):
+        for capability in served_capabilities(settings):
             await topology.declare_capability_queue(channel, capability)
     finally:
         await connection.close()
@@ -503,7 +543,7 @@ async def setup(settings: Settings) -> SetupReport:
     write_secrets(settings.secrets_path(), identities)
     return SetupReport(applied, [settings.database_role("owner"),
                                  *(settings.database_role(c) for c in DATABASE_COMPONENTS)],
-                       [settings.broker_user(c) for c in COMPONENTS], settings.secrets_path())
+                       namespace_users(settings), settings.secrets_path())
 
 
 async def register_signing_key(settings: Settings, key_file: Path) -> PublicKey:
@@ -527,7 +567,7 @@ async def remove(settings: Settings) -> None:
     connection = await connect(settings.amqp_url, "casetrail-setup")
     try:
         await Topology(settings.namespace).delete_all(await connection.channel(),
-                                                      sorted(CAPABILITIES))
+                                                      served_capabilities(settings))
     finally:
         await connection.close()
     await remove_database(settings)

@@ -513,7 +513,7 @@ async def run_worker(settings: Settings) -> None:
     topology = Topology(settings.namespace)
     runtime = BusWorkerRuntime(
         connection, topology, await Publisher.open(connection),
-        settings.broker_user("capability"),
+        settings.capability_user,
         default_policy=RetryPolicy(attempts=settings.tool_attempts,
                                    timeout_seconds=settings.tool_timeout_seconds),
     )

@@ -31,6 +31,7 @@ from service.ledger.note import NoteSigner
 from service.ledger.sequencer import write_log_key
 from service.setup import remove, setup
 from service.store import ApiKeyStore, KeyRegistry, component_pool, create_pool
+from tests.helpers import CapabilityConnections
 from tests.stack import InProcessStack
 
 _LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0", ""}
@@ -101,6 +102,8 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         # One key reads many streams at once in the stream tests (the per-key limit has
         # its own test, on an API with a limit of 2).
         stream_max_per_key=200,
+        # The tests' own capabilities, beside the agents': a queue and a user each.
+        extra_capabilities=["nobody-home", "slow-echo"],
         tenant_quotas={"tiny": TenantQuota(max_active_cases=1),
                        "hasty": TenantQuota(max_starts_per_minute=2)},
     )
@@ -157,8 +160,6 @@ async def amqp(settings: Settings, topology: Topology, database: str) -> AsyncIt
     connection = await aio_pika.connect_robust(settings.amqp_url)
     channel = await connection.channel()
     await topology.declare(channel)
-    for capability in ("nobody-home", "slow-echo"):  # the tests' own capabilities
-        await topology.declare_capability_queue(channel, capability)
     yield connection
     channel = await connection.channel()
     await topology.delete_all(channel, [*sorted(CAPABILITIES), "nobody-home", "slow-echo"])
@@ -179,8 +180,22 @@ def _connection_as(component: Component) -> Any:
 
 
 worker_amqp = _connection_as("worker")  # what publishes events
-capability_amqp = _connection_as("capability")
 consumer_amqp = _connection_as("consumer")
+
+@pytest.fixture(scope="session")
+async def capability_as(settings: Settings, amqp: Any) -> AsyncIterator[CapabilityConnections]:
+    """A broker connection as one capability's own user (made once per capability)."""
+    made: dict[str, aio_pika.abc.AbstractRobustConnection] = {}
+
+    async def connection(capability: str) -> aio_pika.abc.AbstractRobustConnection:
+        if capability not in made:
+            made[capability] = await aio_pika.connect_robust(
+                settings.capability_identity(capability).amqp_url)
+        return made[capability]
+
+    yield connection
+    for opened in made.values():
+        await opened.close()
 
 
 @pytest.fixture(scope="session")

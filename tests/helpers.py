@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
@@ -15,6 +16,9 @@ from service.bus.topology import Topology
 from service.engine.loop import CaseSpec
 from service.engine.tools import InProcessWorkerRuntime, ToolBox, ToolSource
 from service.events import Event, Limits, ModelRef
+
+CapabilityConnections = Callable[[str], Awaitable[aio_pika.abc.AbstractRobustConnection]]
+"""The ``capability_as`` fixture: a broker connection as one capability's own user."""
 
 
 class ListSink:

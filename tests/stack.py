@@ -77,7 +77,7 @@ class InProcessStack:
     base_url: str
     worker: CaseWorker
     consumer: EventLogConsumer
-    capability_worker: CapabilityWorker
+    capability_workers: list[CapabilityWorker]
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -92,7 +92,7 @@ async def in_process_stack(
     async with AsyncExitStack() as resources:
         worker_id, consumer_id = settings.identity("worker"), settings.identity("consumer")
         connections = {}
-        for component in ("worker", "consumer", "capability"):
+        for component in ("worker", "consumer"):
             connection = await connect(settings.identity(component).amqp_url,
                                        f"casetrail-{component}")
             resources.push_async_callback(connection.close)
@@ -103,7 +103,7 @@ async def in_process_stack(
         resources.push_async_callback(consumer_pool.close)
         runtime = BusWorkerRuntime(
             connections["worker"], topology, await Publisher.open(connections["worker"]),
-            settings.broker_user("capability"),
+            settings.capability_user,
             default_policy=RetryPolicy(attempts=2, timeout_seconds=2.0))
         await runtime.start()
         resources.push_async_callback(runtime.close)
@@ -121,14 +121,19 @@ async def in_process_stack(
         consumer = EventLogConsumer(connections["consumer"], EventLogWriter(consumer_pool),
                                     topology, Admission(settings.broker_user("worker"), ring),
                                     linger=0.002)
-        capabilities = CapabilityWorker(connections["capability"], topology,
-                                        list(CAPABILITIES.values()))
+        capabilities = []
+        for capability in CAPABILITIES.values():  # each as its own broker user
+            connection = await connect(settings.capability_identity(capability.name).amqp_url,
+                                       f"casetrail-capability-{capability.name}")
+            resources.push_async_callback(connection.close)
+            capabilities.append(CapabilityWorker(connection, topology, [capability]))
         stop = asyncio.Event()
-        readies = [asyncio.Event() for _ in range(3)]
+        readies = [asyncio.Event() for _ in range(2 + len(capabilities))]
         tasks = [
             asyncio.create_task(worker.run(stop, readies[0])),
             asyncio.create_task(consumer.run(stop, readies[1])),
-            asyncio.create_task(capabilities.run(stop, readies[2])),
+            *(asyncio.create_task(serving.run(stop, ready))
+              for serving, ready in zip(capabilities, readies[2:], strict=True)),
         ]
         await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 20)
         try:

@@ -23,7 +23,7 @@ from service.config import Settings
 from service.events import CaseErasedPayload, make_event
 from service.integrity import GENESIS, HEADER, Signer
 from service.store import KeyRegistry
-from tests.helpers import ended, wait_until
+from tests.helpers import CapabilityConnections, ended, wait_until
 from tests.stack import module_stack
 from tests.test_streams import read_stream
 
@@ -113,7 +113,7 @@ async def test_a_refused_event_is_listed_shown_and_redriven_once(
 
 
 async def test_a_dead_letter_forged_by_another_component_is_not_redriven(
-    settings: Settings, topology: Topology, capability_amqp: aio_pika.abc.AbstractRobustConnection,
+    settings: Settings, topology: Topology, capability_as: CapabilityConnections,
 ) -> None:
     """Any component may write to the dead-letter exchange. A capability worker's
     identity forges a 'refused event' whose headers say the worker published it: a
@@ -121,7 +121,7 @@ async def test_a_dead_letter_forged_by_another_component_is_not_redriven(
     case_id = uuid.uuid4()
     event = make_event(case_id, 1, 0, CaseErasedPayload(
         erased_by="mallory", erased_at="2026-12-01T12:00:00Z", placeholders=()))
-    publisher = await Publisher.open(capability_amqp)
+    publisher = await Publisher.open(await capability_as("credit-score"))
     await publisher.publish(
         topology.dead_letter_exchange, event.routing_key, event.to_json(),
         message_id=str(event.event_id), message_type=event.event_type,
@@ -134,7 +134,8 @@ async def test_a_dead_letter_forged_by_another_component_is_not_redriven(
     await wait_until(lambda: listed(settings, str(event.event_id)), timeout=20)
     refused = await asyncio.to_thread(cli, settings, "redrive", str(event.event_id))
     assert refused.returncode == 1
-    assert f"set aside by broker user {settings.broker_user('capability')!r}" in refused.stderr
+    setter = settings.capability_user("credit-score")
+    assert f"set aside by broker user {setter!r}" in refused.stderr
     assert await listed(settings, str(event.event_id)) is not None  # still held, not sent
 
 

@@ -37,7 +37,7 @@ from service.errors import PublishRejected
 from service.integrity import Signer
 from service.keyfile import write_signer
 from service.store import component_pool
-from tests.helpers import dead_letter_for, ended, wait_until
+from tests.helpers import CapabilityConnections, dead_letter_for, ended, wait_until
 from tests.stack import InProcessStack, kill_leftovers, module_stack, spawn
 from tests.test_pipeline import started
 
@@ -48,7 +48,11 @@ SLOW = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0],
 
 
 async def as_user(settings: Settings, component: str) -> AsyncIterator[Publisher]:
-    connection = await aio_pika.connect(settings.identity(component).amqp_url)  # type: ignore[arg-type]
+    """A publisher as a component's user, or as a capability's (``capability:NAME``)."""
+    kind, _, capability = component.partition(":")
+    identity = settings.capability_identity(capability) if capability else \
+        settings.identity(kind)  # type: ignore[arg-type]
+    connection = await aio_pika.connect(identity.amqp_url)
     try:
         yield await Publisher.open(connection)  # type: ignore[arg-type]
     finally:
@@ -63,7 +67,7 @@ async def api_publisher(settings: Settings) -> AsyncIterator[Publisher]:
 
 @pytest.fixture
 async def capability_publisher(settings: Settings) -> AsyncIterator[Publisher]:
-    async for publisher in as_user(settings, "capability"):
+    async for publisher in as_user(settings, "capability:credit-score"):
         yield publisher
 
 
@@ -203,12 +207,20 @@ async def test_an_erase_command_from_the_worker_is_dead_lettered(
 
 @pytest.mark.parametrize(("component", "queue"), [
     ("api", "capability.credit-score"), ("consumer", "case-start"),
-    ("worker", "event-log"), ("capability", "dead-letters"), ("api", "event-log"),
+    ("worker", "event-log"), ("capability:credit-score", "dead-letters"),
+    ("api", "event-log"),
+    # One capability's user reads its own requests, never another capability's (a
+    # customer's name in a sanctions request is not the credit bureau's to see).
+    ("capability:credit-score", "capability.sanctions-screening"),
+    ("capability:sanctions-screening", "capability.credit-score"),
 ])
 async def test_a_component_cannot_read_another_ones_queue(
     settings: Settings, database: str, component: str, queue: str,
 ) -> None:
-    connection = await aio_pika.connect(settings.identity(component).amqp_url)  # type: ignore[arg-type]
+    kind, _, capability = component.partition(":")
+    identity = settings.capability_identity(capability) if capability else \
+        settings.identity(kind)  # type: ignore[arg-type]
+    connection = await aio_pika.connect(identity.amqp_url)
     try:
         channel = await connection.channel()
         declared = await channel.get_queue(f"{settings.namespace}.{queue}", ensure=True)
@@ -220,6 +232,30 @@ async def test_a_component_cannot_read_another_ones_queue(
 
 async def _ignore(message: aio_pika.abc.AbstractIncomingMessage) -> None:
     raise AssertionError("a refused consumer received a message")
+
+
+async def test_a_capability_user_cannot_bind_a_spy_queue_to_the_requests(
+    settings: Settings, database: str,
+) -> None:
+    """A compromised capability worker tries to hear another capability's requests by
+    binding a queue of its own to <ns>.capabilities: it may declare nothing, and it may
+    not bind another capability's queue to anything either."""
+    topology = Topology(settings.namespace)
+    spy = f"{settings.namespace}.capability.spy"
+    connection = await aio_pika.connect(settings.capability_identity("credit-score").amqp_url)
+    try:
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            await channel.declare_queue(spy, exclusive=True)
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            await channel.declare_queue("", exclusive=True)  # a server-named one
+        channel = await connection.channel()
+        own = await channel.get_queue(topology.capability_queue("credit-score"), ensure=False)
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            await own.bind(topology.capabilities_exchange, "sanctions-screening")
+    finally:
+        await connection.close()
 
 
 # -- the receivers' checks -------------------------------------------------------------------
@@ -317,11 +353,13 @@ async def test_a_tool_reply_is_taken_only_from_the_capability_user_with_its_toke
     amqp: aio_pika.abc.AbstractRobustConnection, capability_publisher: Publisher,
 ) -> None:
     """Nobody serves ``nobody-home``: the test reads the request itself, then answers it
-    as the admin (refused: wrong user), as the capability user with a guessed token
-    (ignored), and as the capability user with the request's token (taken)."""
+    as the admin (refused: wrong user), as another capability's user holding the
+    request's token, i.e. a reply to a request it did not receive (refused), as
+    nobody-home's user with a guessed token (ignored), and as nobody-home's user with
+    the request's token (taken)."""
     topology = Topology(settings.namespace)
     runtime = BusWorkerRuntime(worker_amqp, topology, await Publisher.open(worker_amqp),
-                               settings.broker_user("capability"),
+                               settings.capability_user,
                                default_policy=RetryPolicy(attempts=1, timeout_seconds=8))
     await runtime.start()
     try:
@@ -346,13 +384,21 @@ async def test_a_tool_reply_is_taken_only_from_the_capability_user_with_its_toke
         assert "tool reply from broker user 'guest'" in reason
         replies = topology.replies_exchange
         await capability_publisher.publish(replies, str(request_message.reply_to),
-                                           reply("guessed"), correlation_id=call_id)
-        await asyncio.sleep(0.3)
+                                           reply("forged by credit-score"),
+                                           correlation_id=request_message.correlation_id,
+                                           message_id=f"forged-{call_id}")
+        reason = await dead_letter_for(amqp, topology, f"forged-{call_id}")
+        assert settings.capability_user("credit-score") in reason
+        assert "not the user of capability 'nobody-home'" in reason
         assert not call.done()
-        await capability_publisher.publish(replies, str(request_message.reply_to),
-                                           reply("the answer"),
-                                           correlation_id=request_message.correlation_id)
-        result = await asyncio.wait_for(call, 5)
+        async for own in as_user(settings, "capability:nobody-home"):
+            await own.publish(replies, str(request_message.reply_to), reply("guessed"),
+                              correlation_id=call_id)
+            await asyncio.sleep(0.3)
+            assert not call.done()
+            await own.publish(replies, str(request_message.reply_to), reply("the answer"),
+                              correlation_id=request_message.correlation_id)
+            result = await asyncio.wait_for(call, 5)
         assert result.result == "the answer"
         await channel.close()
     finally:
@@ -360,17 +406,17 @@ async def test_a_tool_reply_is_taken_only_from_the_capability_user_with_its_toke
 
 
 async def test_the_answer_cache_is_keyed_by_arguments_too(
-    settings: Settings, capability_amqp: aio_pika.abc.AbstractRobustConnection,
+    settings: Settings, capability_as: CapabilityConnections,
     worker_amqp: aio_pika.abc.AbstractRobustConnection, stack: InProcessStack,
 ) -> None:
     """A request reusing an idempotency key with other arguments is not handed the
     first request's answer."""
     topology = Topology(settings.namespace)
     runtime = BusWorkerRuntime(worker_amqp, topology, await Publisher.open(worker_amqp),
-                               settings.broker_user("capability"))
+                               settings.capability_user)
     await runtime.start()
-    worker = CapabilityWorker(capability_amqp, topology, [CAPABILITIES["credit-score"]],
-                              name="cache-test")
+    worker = CapabilityWorker(await capability_as("credit-score"), topology,
+                              [CAPABILITIES["credit-score"]], name="cache-test")
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(worker.run(stop, ready))
     await asyncio.wait_for(ready.wait(), 10)

@@ -8,6 +8,7 @@ the same commands.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -27,6 +28,8 @@ COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text
 README = (ROOT / "README.md").read_text()
 SUBCOMMANDS = set(get_command(app).commands)  # type: ignore[attr-defined]
 OURS = {name: svc for name, svc in COMPOSE["services"].items() if "command" in svc}
+CAPABILITY_WORKERS = {name: svc for name, svc in OURS.items()
+                      if svc["command"][0] == "capability-worker"}
 GROUPS = {"signer", "ledger"}
 
 
@@ -37,7 +40,10 @@ def test_the_cli_has_the_designed_subcommands() -> None:
 
 def test_compose_has_every_component() -> None:
     assert {"rabbitmq", "postgres", "setup", "api", "worker", "consumer",
-            "capability-worker", "ledger"} <= set(COMPOSE["services"])
+            "ledger"} <= set(COMPOSE["services"])
+    # Every capability served, each by a service of its own.
+    assert sorted(name for svc in CAPABILITY_WORKERS.values() for name in svc["command"][1:]) \
+        == sorted(CAPABILITIES)
 
 
 @pytest.mark.parametrize("name", sorted(OURS))
@@ -47,8 +53,6 @@ def test_each_compose_service_runs_a_real_documented_subcommand(name: str) -> No
     # A command group (``signer``, ``ledger``) names its subcommand next, if any.
     path = command[:2] if command[0] in GROUPS else command[:1]
     assert f"casetrail {' '.join(path)}" in README
-    if command[0] == "capability-worker":
-        assert set(command[1:]) == set(CAPABILITIES)
     shown = subprocess.run([sys.executable, "-m", "service.cli", *path, "--help"],
                            capture_output=True, text=True, timeout=60, check=False)
     assert shown.returncode == 0, shown.stderr
@@ -56,14 +60,13 @@ def test_each_compose_service_runs_a_real_documented_subcommand(name: str) -> No
         assert option in shown.stdout, f"{name}: {option} is not an option of {command[0]}"
 
 
-COMPONENTS = {"api": "API", "worker": "WORKER", "consumer": "CONSUMER",
-              "capability-worker": "CAPABILITY", "ledger": "LEDGER"}
+COMPONENTS = {"api": "API", "worker": "WORKER", "consumer": "CONSUMER", "ledger": "LEDGER"}
 
 
 def test_start_order_waits_on_health_and_setup() -> None:
     for name in ("rabbitmq", "postgres", "api"):
         assert "healthcheck" in COMPOSE["services"][name]
-    for name in COMPONENTS:
+    for name in [*COMPONENTS, *CAPABILITY_WORKERS]:
         depends = OURS[name]["depends_on"]
         assert depends["rabbitmq"]["condition"] == "service_healthy"
         assert depends["postgres"]["condition"] == "service_healthy"
@@ -77,6 +80,8 @@ def test_compose_sets_up_the_identities_through_the_management_api() -> None:
     assert COMPOSE["services"]["rabbitmq"]["image"].split(":")[1].endswith("-management")
     for prefix in COMPONENTS.values():
         assert f"CASETRAIL_{prefix}_AMQP_URL" in setup["environment"]
+    given = json.loads(setup["environment"]["CASETRAIL_CAPABILITY_AMQP_URLS"])
+    assert set(given) == set(CAPABILITIES)
 
 
 def test_each_component_holds_only_its_own_identity() -> None:
@@ -93,6 +98,19 @@ def test_each_component_holds_only_its_own_identity() -> None:
             assert other not in text.replace(f"CASETRAIL_{prefix}_", ""), (name, other)
         # The master key (sensitive values) goes to the two that seal and open them.
         assert ("CASETRAIL_MASTER_KEY" in environment) == (name in ("api", "worker"))
+
+
+def test_each_capability_worker_holds_only_its_capabilitys_identity() -> None:
+    for name, service in CAPABILITY_WORKERS.items():
+        environment = service["environment"]
+        served = service["command"][1:]
+        urls = json.loads(environment["CASETRAIL_CAPABILITY_AMQP_URLS"])
+        assert sorted(urls) == sorted(served), name
+        for capability, url in urls.items():
+            variable = f"CASETRAIL_CAPABILITY_{capability.upper().replace('-', '_')}_PASSWORD"
+            assert url.startswith(f"amqp://casetrail-capability-{capability}:${{{variable}:?}}@")
+        assert not {"CASETRAIL_AMQP_URL", "CASETRAIL_MASTER_KEY"} & set(environment)
+        assert not any(k.endswith("_DATABASE_URL") for k in environment)  # no database
 
 
 def test_compose_is_hardened() -> None:

@@ -25,7 +25,7 @@ from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import DATABASE_COMPONENTS, Settings
 from service.errors import PermanentError
 from service.keyfile import worker_signer
-from service.setup import remove, remove_broker_users, setup
+from service.setup import remove, remove_broker_users, served_capabilities, setup
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack, other_namespace
 
@@ -57,14 +57,18 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
                                         CASETRAIL_START_QUEUE_MAX_LENGTH="1234")
         assert again.returncode == 0, again.stderr
         assert json.loads(secrets.read_text()) == made  # the same passwords: idempotent
-        assert set(made) == {"api", "worker", "consumer", "capability", "ledger", "master_key"}
+        assert set(made) == {"api", "worker", "consumer", "capabilities", "ledger",
+                             "master_key"}
         assert len(base64.b64decode(made.pop("master_key"))) == 32  # made once, kept
-        assert "database_url" not in made["capability"]  # it reaches no database
+        capabilities = made.pop("capabilities")
+        assert set(capabilities) == set(served_capabilities(ns))  # a user each, no database
+        assert all(set(entry) == {"amqp_url"} for entry in capabilities.values())
 
-        # Broker: one user per component, no tags, exactly these permissions.
+        # Broker: one user per component and per capability, no tags, exactly these
+        # permissions.
         users = {u["user"]: u for u in _rabbitmqctl_json("list_users")}
-        for component in made:
-            assert users[ns.broker_user(component)]["tags"] == []
+        for user in [*map(ns.broker_user, made), *map(ns.capability_user, capabilities)]:
+            assert users[user]["tags"] == []
         permissions = {p["user"]: p for p in _rabbitmqctl_json("list_permissions")}
         escaped = re.escape(ns.namespace)
         watch = rf"{escaped}\.watch\.[0-9a-f]{{32}}"
@@ -74,11 +78,12 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
             "read": rf"^({escaped}\.events|{watch})$"}
         assert permissions[ns.broker_user("consumer")]["read"] == rf"^{escaped}\.event-log$"
         # Capability workers: no configure (no spy queue, no queue deleted), no default
-        # exchange (it reaches every queue), no exchange to bind from.
-        assert permissions[ns.broker_user("capability")] == {
-            "user": ns.broker_user("capability"), "configure": "^$",
+        # exchange (it reaches every queue), no exchange to bind from, and each
+        # capability's user reads that capability's queue alone.
+        assert permissions[ns.capability_user("credit-score")] == {
+            "user": ns.capability_user("credit-score"), "configure": "^$",
             "write": rf"^{escaped}\.(replies|dead-letter)$",
-            "read": rf"^{escaped}\.capability\.[a-z0-9][a-z0-9-]*$"}
+            "read": rf"^{escaped}\.capability\.credit\-score$"}
         topics = {(t["user"], t["exchange"]): t for t in _rabbitmqctl_json(
             "list_topic_permissions")}
         assert topics[(ns.broker_user("worker"), f"{ns.namespace}.events")]["write"] == r"^case\."
@@ -125,7 +130,8 @@ async def _removal_asks_then_leaves_nothing(ns: Settings, components: list[str],
     assert not ns.secrets_path().exists()
     assert f"{ns.namespace}-case-start-limit" not in {
         p["name"] for p in _rabbitmqctl_json("list_policies")}  # nothing left behind
-    assert not {ns.broker_user(c) for c in components} & {  # type: ignore[arg-type]
+    assert not ({ns.broker_user(c) for c in components}  # type: ignore[arg-type]
+                | {ns.capability_user(c) for c in served_capabilities(ns)}) & {
         u["user"] for u in _rabbitmqctl_json("list_users")}
     assert not await pool.fetchval("SELECT count(*) FROM pg_roles WHERE rolname LIKE $1",
                                    ns.namespace + "\\_%")
@@ -170,7 +176,8 @@ async def test_setup_imports_the_definitions_through_the_management_api(
         assert path == "/api/definitions"
         assert authorization == "Basic " + base64.b64encode(b"admin:s@cret").decode()
         assert {u["name"] for u in body["users"]} == {
-            ns.broker_user(c) for c in ("api", "worker", "consumer", "capability", "ledger")}
+            *(ns.broker_user(c) for c in ("api", "worker", "consumer", "ledger")),
+            *(ns.capability_user(c) for c in served_capabilities(ns))}
         worker = next(u for u in body["users"] if u["name"] == ns.broker_user("worker"))
         salted = base64.b64decode(worker["password_hash"])
         import hashlib

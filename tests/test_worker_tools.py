@@ -20,6 +20,7 @@ from service.capability_worker import CapabilityWorker
 from service.config import Settings
 from service.engine.chat import ToolCallRequest
 from service.engine.tools import Capability, ToolBox, WorkerTool
+from tests.helpers import CapabilityConnections
 
 
 class Echo(BaseModel):
@@ -32,7 +33,7 @@ async def runtime(
 ) -> AsyncIterator[BusWorkerRuntime]:
     rpc = BusWorkerRuntime(
         worker_amqp, topology, await Publisher.open(worker_amqp),
-        settings.broker_user("capability"),
+        settings.capability_user,
         default_policy=RetryPolicy(attempts=2, timeout_seconds=2.0),
         policies={
             "nobody-home": RetryPolicy(attempts=2, timeout_seconds=0.3, backoff_initial=0.05),
@@ -64,10 +65,10 @@ async def start_worker(connection: aio_pika.abc.AbstractRobustConnection, topolo
 
 
 async def test_a_normal_call_and_its_record(
-    runtime: BusWorkerRuntime, capability_amqp: aio_pika.abc.AbstractRobustConnection,
-    topology: Topology,
+    runtime: BusWorkerRuntime, capability_as: CapabilityConnections, topology: Topology,
 ) -> None:
-    worker = await start_worker(capability_amqp, topology, [CAPABILITIES["credit-score"]], "w1")
+    worker = await start_worker(await capability_as("credit-score"), topology,
+                                [CAPABILITIES["credit-score"]], "w1")
     try:
         tool = WorkerTool("credit-score", "score", "credit-score",
                           CAPABILITIES["credit-score"].args_model)
@@ -98,7 +99,7 @@ async def test_no_live_worker_times_out_per_policy(runtime: BusWorkerRuntime) ->
 
 async def test_a_worker_dying_mid_call_is_retried_on_another(
     runtime: BusWorkerRuntime, settings: Settings, topology: Topology,
-    capability_amqp: aio_pika.abc.AbstractRobustConnection,
+    capability_as: CapabilityConnections,
 ) -> None:
     received = asyncio.Queue[int]()
 
@@ -111,7 +112,7 @@ async def test_a_worker_dying_mid_call_is_retried_on_another(
         return args.text.upper()
 
     # Not robust: it stays dead.
-    doomed_connection = await aio_pika.connect(settings.identity("capability").amqp_url)
+    doomed_connection = await aio_pika.connect(settings.capability_identity("slow-echo").amqp_url)
     doomed = await start_worker(doomed_connection, topology,  # type: ignore[arg-type]
                                 [Capability("slow-echo", Echo, hang)], "doomed")
     call = asyncio.create_task(
@@ -121,8 +122,8 @@ async def test_a_worker_dying_mid_call_is_retried_on_another(
     await asyncio.wait_for(received.get(), 5)  # attempt 2 (after a timeout) too
     await doomed_connection.close()  # the worker dies holding both, unacknowledged
     doomed.task.cancel()
-    rescuer = await start_worker(capability_amqp, topology, [Capability("slow-echo", Echo, echo)],
-                                 "rescuer")
+    rescuer = await start_worker(await capability_as("slow-echo"), topology,
+                                 [Capability("slow-echo", Echo, echo)], "rescuer")
     try:
         result = await asyncio.wait_for(call, 10)
     finally:
@@ -133,11 +134,11 @@ async def test_a_worker_dying_mid_call_is_retried_on_another(
 
 
 async def test_two_hundred_concurrent_calls_across_two_workers(
-    runtime: BusWorkerRuntime, capability_amqp: aio_pika.abc.AbstractRobustConnection,
-    topology: Topology,
+    runtime: BusWorkerRuntime, capability_as: CapabilityConnections, topology: Topology,
 ) -> None:
     capability = CAPABILITIES["risk-model-retrieval"]
-    workers = [await start_worker(capability_amqp, topology, [capability], f"w{i}")
+    workers = [await start_worker(await capability_as(capability.name), topology, [capability],
+                                  f"w{i}")
                for i in range(2)]
     try:
         calls = [

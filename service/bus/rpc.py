@@ -5,9 +5,11 @@ A request goes to ``<ns>.capabilities`` with the capability name as routing
 key, into the durable quorum queue ``<ns>.capability.<name>`` (declared by
 ``casetrail setup`` or the capability's worker, so a request waits for a worker; a
 capability nobody declared is an error of the call, not a wait). The reply comes
-back on the caller's exclusive reply queue, correlated by an unpredictable token
-of the call, and is taken only from the capability workers' broker user (the
-broker vouches for ``user_id``); anything else is dead-lettered. Each attempt has
+back on the caller's exclusive reply queue through ``<ns>.replies``, correlated by an
+unpredictable token of the call, and is taken only from the broker user of the
+capability called (the broker vouches for ``user_id``; each capability has its own,
+which alone reads that capability's requests); a reply from anyone else is
+dead-lettered. Each attempt has
 a timeout (also set as the message's expiration, so a request nobody took in time
 is dropped by the broker); each capability has a retry policy with jittered
 exponential backoff. Every attempt of one call carries the same idempotency key, so
@@ -22,7 +24,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
@@ -59,6 +61,7 @@ class RetryPolicy:
 @dataclass
 class _PendingCall:
     call_id: str
+    capability: str
     future: asyncio.Future[ToolReply]
     sent_at: dict[int, float] = field(default_factory=dict)
 
@@ -70,8 +73,8 @@ class BusWorkerRuntime:
     connection: AbstractRobustConnection
     topology: Topology
     publisher: Publisher
-    capability_user: str
-    """The broker user whose replies are taken."""
+    capability_user: Callable[[str], str]
+    """The broker user whose replies a capability's calls take (``Settings.capability_user``)."""
     default_policy: RetryPolicy = field(default_factory=RetryPolicy)
     policies: Mapping[str, RetryPolicy] = field(default_factory=dict)
     _pending: dict[str, _PendingCall] = field(default_factory=dict)
@@ -103,20 +106,20 @@ class BusWorkerRuntime:
             await self._channel.close()
 
     def _on_reply(self, message: Delivery) -> None:
-        if message.user_id != self.capability_user:
+        pending = self._pending.get(message.correlation_id or "")
+        if pending is None or pending.future.done():
+            log.info("late or unknown tool reply (from %r) ignored", message.user_id)
+            return
+        expected = self.capability_user(pending.capability)
+        if message.user_id != expected:
             self._refuse(message, f"tool reply from broker user {message.user_id!r}, not the "
-                                  f"capability workers' ({self.capability_user!r})",
+                                  f"user of capability {pending.capability!r} ({expected!r})",
                          "foreign_sender")
             return
         try:
             reply = ToolReply.model_validate(orjson.loads(message.body))
         except (ValueError, orjson.JSONDecodeError) as exc:
             log.warning("unreadable tool reply dropped: %s", exc)
-            return
-        pending = self._pending.get(message.correlation_id or "")
-        if pending is None or pending.future.done():
-            log.info("late or unknown reply for %s attempt %d ignored", reply.idempotency_key,
-                     reply.attempt)
             return
         if reply.idempotency_key != pending.call_id:
             self._refuse(message, "tool reply for another call than its correlation id's",
@@ -137,7 +140,7 @@ class BusWorkerRuntime:
             raise CasetrailError("BusWorkerRuntime.start() was not called")
         policy = self.policies.get(capability, self.default_policy)
         loop = asyncio.get_running_loop()
-        pending = _PendingCall(call_id, loop.create_future())
+        pending = _PendingCall(call_id, capability, loop.create_future())
         # The reply must quote this token: nobody can answer a call they cannot see.
         token = secrets.token_hex(16)
         self._pending[token] = pending
