@@ -17,14 +17,16 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aio_pika.abc import AbstractRobustConnection
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import ValidationError
 
+from service import sealing
 from service.bus.connection import connect_patiently
 from service.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from service.bus.publisher import Publisher
@@ -34,6 +36,8 @@ from service.config import Settings
 from service.engine.tools import Capability
 from service.errors import PermanentError, Reject
 from service.events import describe_validation_error
+from service.sealing import open_sealed
+from service.sensitive import restore
 from service.supervisor import run_until_signal
 from service.telemetry import metrics, tracing
 
@@ -54,6 +58,8 @@ class CapabilityWorker:
     topology: Topology
     capabilities: Sequence[Capability[Any]]
     concurrency: int = 64
+    sealing_keys: Mapping[str, X25519PrivateKey] = field(default_factory=dict)
+    """The private keys of the capabilities served, which open a request's sealed values."""
     name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     served: int = 0
     _answers: OrderedDict[tuple[str, str, str], ToolReply] = field(default_factory=OrderedDict)
@@ -121,13 +127,18 @@ class CapabilityWorker:
             log.info("request %s expired before it was served", message.message_id)
             metrics.TOOL_REQUESTS_SERVED.labels(capability.name, "expired").inc()
             return "expired"
+        args, refused = self._opened(request, capability)
         # Remembered by capability, arguments and key: a retry gets the answer it
         # asked for, and a request that reuses someone's key with other arguments
         # (or for another capability) is run on its own, not handed their answer.
-        remembered = (capability.name, _digest(request.args), request.idempotency_key)
+        remembered = (capability.name, _digest(args), request.idempotency_key)
         reply = self._answers.get(remembered)
-        if reply is None or not reply.ok:
-            reply = await self._run(request, capability)
+        if refused is not None:
+            reply = ToolReply(idempotency_key=request.idempotency_key, attempt=request.attempt,
+                              worker=self.name, ok=False, retryable=False, error=refused)
+            outcome = "error"
+        elif reply is None or not reply.ok:
+            reply = await self._run(request, args, capability)
             self._answers[remembered] = reply
             if len(self._answers) > REMEMBERED_REPLIES:
                 self._answers.popitem(last=False)
@@ -148,11 +159,28 @@ class CapabilityWorker:
         self.served += 1
         return outcome
 
-    async def _run(self, request: ToolRequest, capability: Capability[Any]) -> ToolReply:
+    def _opened(self, request: ToolRequest, capability: Capability[Any]
+                ) -> tuple[dict[str, Any], str | None]:
+        """The request's arguments with its sealed values back in their places, or why
+        they cannot be."""
+        if request.sealed is None:
+            return request.args, None
+        key = self.sealing_keys.get(capability.name)
+        if key is None:
+            return request.args, (f"this worker holds no sealing key for {capability.name} "
+                                  "(CASETRAIL_CAPABILITY_SEALING_KEYS, or the secrets file)")
+        try:
+            values = open_sealed(key, request.sealed, capability.name, request.idempotency_key)
+        except PermanentError as exc:
+            return request.args, str(exc)
+        return restore(request.args, values), None
+
+    async def _run(self, request: ToolRequest, args: dict[str, Any],
+                   capability: Capability[Any]) -> ToolReply:
         base = {"idempotency_key": request.idempotency_key, "attempt": request.attempt,
                 "worker": self.name}
         try:
-            result = await capability.invoke(request.args)
+            result = await capability.invoke(args)
             reply = ToolReply(**base, ok=True, result=orjson.loads(orjson.dumps(result)))
         except ValidationError as exc:
             reason = describe_validation_error(exc, "(arguments)")
@@ -180,9 +208,12 @@ async def run_capability_worker(
         for capability, identity in zip(capabilities, identities, strict=True):
             connection = await connect_patiently(identity.amqp_url,
                                                  f"casetrail-capability-{capability.name}")
+            key = settings.capability_sealing_key(capability.name)
             workers.append(CapabilityWorker(
                 connection, topology, [capability],
-                concurrency=concurrency or settings.capability_concurrency))
+                concurrency=concurrency or settings.capability_concurrency,
+                sealing_keys={} if key is None else {
+                    capability.name: sealing.private_key(key, capability.name)}))
 
         async def serve_all(stop: asyncio.Event) -> None:
             await asyncio.gather(*(worker.run(stop) for worker in workers))

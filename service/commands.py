@@ -76,7 +76,11 @@ class ToolRequest(ContractModel):
 
     idempotency_key: str = Field(description="The same for every attempt of one call.")
     capability: str
-    args: JsonObject
+    args: JsonObject = Field(description="The call's arguments, each sensitive value as its "
+                             "placeholder (`[pii:applicantName]`), as in the events.")
+    sealed: str | None = Field(default=None, description="The values those placeholders "
+                               "stand for, sealed to the capability's own key (HPKE, "
+                               "service/sealing.py); none when the arguments hold none.")
     attempt: int = Field(ge=1)
     deadline: float = Field(description="Unix time after which nobody waits for the answer.")
 

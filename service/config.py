@@ -128,6 +128,12 @@ class Settings(BaseSettings):
         default_factory=dict, description="Each capability's own broker user, by capability "
         "name (JSON): a capability worker connects as the user of each capability it serves, "
         "and may read that capability's requests only. Default: from the secrets file.")
+    capability_sealing_keys: dict[str, SecretStr] = Field(
+        default_factory=dict, description="Each capability's X25519 private key (base64 of "
+        "32 random bytes), by capability name (JSON): tool requests carry the sensitive "
+        "values their call needs sealed to it, and only that capability's workers open "
+        "them. `casetrail setup` registers the public halves. Default: from the secrets "
+        "file, where setup puts a new key for each capability that has none.")
     extra_capabilities: list[Annotated[str, Field(pattern=CAPABILITY_NAME)]] = Field(
         default_factory=list, description="Capabilities served beyond those of the installed "
         "agents: `casetrail setup` gives each its queue and broker user as it does the "
@@ -322,6 +328,9 @@ class Settings(BaseSettings):
             secret = getattr(self, name)
             if isinstance(secret, SecretStr):
                 values[name] = secret.get_secret_value()
+            elif isinstance(secret, dict):
+                values[name] = {k: v.get_secret_value() if isinstance(v, SecretStr) else v
+                                for k, v in values[name].items()}
         env.update({f"CASETRAIL_{name.upper()}":
                     json.dumps(value) if isinstance(value, dict | list) else str(value)
                     for name, value in values.items() if value is not None})
@@ -385,6 +394,17 @@ class Settings(BaseSettings):
             raise PermanentError(f"the capability {capability!r} must connect as "
                                  f"{expected!r}, not {', '.join(sorted(users))!r}")
         return Identity("capability", url, None)
+
+    def capability_sealing_key(self, capability: str) -> str | None:
+        """The capability's private sealing key (base64), from
+        ``CASETRAIL_CAPABILITY_SEALING_KEYS`` or the secrets file; None when neither has
+        one."""
+        given = self.capability_sealing_keys.get(capability)
+        if given is not None:
+            return given.get_secret_value()
+        stored = self.stored_secrets().get("capabilities", {}).get(capability, {})
+        key = stored.get("sealing_key") if isinstance(stored, dict) else None
+        return key if isinstance(key, str) else None
 
     def master_key_text(self) -> str:
         """The master key (``CASETRAIL_MASTER_KEY``, else the secrets file's)."""

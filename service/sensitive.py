@@ -170,6 +170,14 @@ class Redaction:
             return data
         return self._walk(data)
 
+    def hide(self, data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """``data`` (a tool call's arguments) with the values replaced, and
+        ``{placeholder: value}`` for each placeholder it then holds: what a tool request
+        carries in the open, and what it carries sealed."""
+        hidden = self.replace_in(dict(data))
+        text = orjson.dumps(hidden)
+        return hidden, {name: value for value, name in self.pairs if name.encode() in text}
+
     def _text(self, text: str) -> str:
         for value, name in self.pairs:
             if text == value:

@@ -39,6 +39,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 import asyncpg
 import httpx
 
+from service import sealing
 from service.agents import CAPABILITIES
 from service.bus.connection import connect
 from service.bus.topology import Topology
@@ -55,7 +56,7 @@ from service.migrate import (
     with_database,
 )
 from service.sensitive import Vault
-from service.store import KeyRegistry, create_pool
+from service.store import CapabilityKeyRegistry, KeyRegistry, create_pool
 from service.verification import PublicKey
 
 log = logging.getLogger("casetrail.setup")
@@ -104,6 +105,9 @@ class Identities:
 
     urls: dict[Component, dict[str, str]]
     capabilities: dict[str, str]
+    sealing_keys: dict[str, str]
+    """Each capability's private sealing key, kept here only where the environment
+    does not set it."""
     master_key: str | None = None
 
     def password(self, component: Component, kind: str) -> str:
@@ -129,9 +133,12 @@ def plan_identities(settings: Settings) -> Identities:
                         or secrets.token_urlsafe(24))
             entry[kind] = given or _with_user(bootstrap, user, password)
         urls[component] = entry
-    capabilities = {}
+    capabilities, sealing_keys = {}, {}
     kept_capabilities = stored.get("capabilities", {})
     for name in served_capabilities(settings):
+        if name not in settings.capability_sealing_keys:
+            sealing_keys[name] = (kept_capabilities.get(name, {}).get("sealing_key")
+                                  or sealing.generate_text())
         user, given = settings.capability_user(name), settings.capability_amqp_urls.get(name)
         password = (_given_password(given, user, f"CASETRAIL_CAPABILITY_AMQP_URLS[{name!r}]")
                     or _kept_password(kept_capabilities.get(name, {}).get("amqp_url"), user)
@@ -139,7 +146,7 @@ def plan_identities(settings: Settings) -> Identities:
         capabilities[name] = given or _with_user(settings.amqp_url, user, password)
     master = None if settings.master_key is not None else (
         stored.get("master_key") or Vault.generate_text())
-    return Identities(urls, capabilities, master)
+    return Identities(urls, capabilities, sealing_keys, master)
 
 
 def _kept_password(url: str | None, user: str) -> str | None:
@@ -154,8 +161,10 @@ def write_secrets(path: Path, identities: Identities) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".identities-")
     contents: dict[str, Any] = {str(k): v for k, v in identities.urls.items()}
-    contents["capabilities"] = {name: {"amqp_url": url}
-                                for name, url in identities.capabilities.items()}
+    contents["capabilities"] = {
+        name: {"amqp_url": url} | ({"sealing_key": identities.sealing_keys[name]}
+                                   if name in identities.sealing_keys else {})
+        for name, url in identities.capabilities.items()}
     if identities.master_key is not None:
         contents["master_key"] = identities.master_key
     with os.fdopen(descriptor, "w") as handle:  # mkstemp makes it 0600
@@ -191,7 +200,8 @@ def grants(settings: Settings) -> list[str]:
         # its key is registered, and notes when its sweeper re-sent a stranded case's
         # start command. It emits events on the bus only, and never writes
         # signing_keys: keys are registered by an operator (`signer register`).
-        f"GRANT SELECT ON cases, event_log, signing_keys, case_secrets TO {worker}",
+        f"GRANT SELECT ON cases, event_log, signing_keys, case_secrets, capability_keys "
+        f"TO {worker}",
         f"GRANT UPDATE (attempts_claimed, lease_owner, lease_expires_at, terminal_published, "
         f"start_resent_at) ON cases TO {worker}",
         # The consumer appends to the log and folds each batch into the case row; no
@@ -538,6 +548,7 @@ async def setup(settings: Settings) -> SetupReport:
     key_file = settings.signing_public_key_file or settings.signing_key_file
     if key_file:
         await register_signing_key(settings, Path(key_file))
+    await register_capability_keys(settings, identities)
     apply_broker_definitions(settings, broker_definitions(settings, identities))
     await declare_topology(settings)
     write_secrets(settings.secrets_path(), identities)
@@ -554,6 +565,21 @@ async def register_signing_key(settings: Settings, key_file: Path) -> PublicKey:
     pool = await create_pool(settings.database_url, max_size=1)
     try:
         return await KeyRegistry(pool).register(key_id(public_key), public_key)
+    finally:
+        await pool.close()
+
+
+async def register_capability_keys(settings: Settings, identities: Identities) -> None:
+    """Each served capability's public sealing key, registered as the operator."""
+    keys = {name: sealing.private_key(text, name)
+            for name, text in identities.sealing_keys.items()}
+    for name, secret in settings.capability_sealing_keys.items():
+        keys[name] = sealing.private_key(secret.get_secret_value(), name)
+    pool = await create_pool(settings.database_url, max_size=1)
+    try:
+        registry = CapabilityKeyRegistry(pool)
+        for name, key in sorted(keys.items()):
+            await registry.register(name, sealing.public_bytes(key))
     finally:
         await pool.close()
 

@@ -622,6 +622,30 @@ class CaseSecrets:
                 "VALUES ($1, $2, $3, $4)", principal, tenant, case_id, action)
 
 
+class CapabilityKeyRegistry:
+    """Each capability's X25519 public key (``capability_keys``), which tool requests seal
+    their sensitive values to (service/sealing.py). Registered by ``setup`` on the
+    bootstrap connection; the worker reads them."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def register(self, capability: str, public_key: bytes) -> None:
+        """Record (or replace: a rotation) ``capability``'s key."""
+        async with translate_errors():
+            await self._pool.execute(
+                """INSERT INTO capability_keys (capability, public_key) VALUES ($1, $2)
+                   ON CONFLICT (capability) DO UPDATE SET public_key = EXCLUDED.public_key,
+                       registered_at = now()
+                   WHERE capability_keys.public_key <> EXCLUDED.public_key""",
+                capability, public_key)
+
+    async def all(self) -> dict[str, bytes]:
+        async with translate_errors():
+            rows = await self._pool.fetch("SELECT capability, public_key FROM capability_keys")
+        return {r["capability"]: bytes(r["public_key"]) for r in rows}
+
+
 class KeyRegistry:
     """The public keys events are signed with (``signing_keys``)."""
 

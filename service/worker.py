@@ -54,7 +54,7 @@ from service.commands import CancelCommand, CaseStartCommand, EraseCommand, Inva
 from service.config import Settings, get_settings
 from service.engine.chat import ChatModel
 from service.engine.loop import CancelSignal, CaseSpec, ReactEngine, Resumption
-from service.engine.tools import ToolBox, WorkerRuntime
+from service.engine.tools import ToolBox, WorkerCallResult, WorkerRuntime
 from service.errors import (
     CasetrailError,
     PermanentError,
@@ -76,8 +76,10 @@ from service.integrity import Signer
 from service.keyfile import worker_signer
 from service.providers import ModelFactory
 from service.resume import RecordedEvent, first_start, resumption
+from service.sealing import CapabilityKeys
 from service.sensitive import Redaction, Vault, restore
 from service.store import (
+    CapabilityKeyRegistry,
     CaseSecrets,
     CaseStore,
     Claim,
@@ -92,6 +94,20 @@ from service.verification import verify_trail
 
 log = logging.getLogger("casetrail.worker")
 
+
+
+@dataclass(frozen=True)
+class _SealingRuntime:
+    """The bus runtime for one case with sensitive values: each call hands over the
+    case's redaction, so the values travel as placeholders and sealed."""
+
+    runtime: BusWorkerRuntime
+    redaction: Redaction
+
+    async def execute(self, capability: str, args: Mapping[str, Any], *, call_id: str
+                      ) -> WorkerCallResult:
+        return await self.runtime.execute(capability, args, call_id=call_id,
+                                          redaction=self.redaction)
 
 @dataclass(frozen=True)
 class Caps:
@@ -421,9 +437,15 @@ class CaseWorker:
             tenant_id=case.tenant_id, started_by=case.started_by,
             resumption=resumption, deadline_at=deadline_at,
         )
-        tools = ToolBox(agent.tools, self.runtime)
-        if values:
-            self._sink.redactions[case_id] = Redaction.of(values)
+        redaction = Redaction.of(values) if values else None
+        # A tool call of this case sends its sensitive values sealed to the capability,
+        # never in clear (service/sealing.py).
+        runtime: WorkerRuntime = self.runtime
+        if redaction is not None and isinstance(runtime, BusWorkerRuntime):
+            runtime = _SealingRuntime(runtime, redaction)
+        tools = ToolBox(agent.tools, runtime)
+        if redaction is not None:
+            self._sink.redactions[case_id] = redaction
         try:
             await self._engine.run(spec, self.models(model, agent), tools, live.signal,
                                    decided=lambda: self._free_slot(live))
@@ -513,7 +535,7 @@ async def run_worker(settings: Settings) -> None:
     topology = Topology(settings.namespace)
     runtime = BusWorkerRuntime(
         connection, topology, await Publisher.open(connection),
-        settings.capability_user,
+        settings.capability_user, CapabilityKeys(CapabilityKeyRegistry(pool).all),
         default_policy=RetryPolicy(attempts=settings.tool_attempts,
                                    timeout_seconds=settings.tool_timeout_seconds),
     )

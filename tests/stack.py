@@ -33,10 +33,12 @@ from service.capability_worker import CapabilityWorker
 from service.config import Settings
 from service.keyfile import worker_signer
 from service.providers import ModelFactory
+from service.sealing import CapabilityKeys, private_key
 from service.sensitive import Vault
 from service.setup import remove, setup
 from service.store import (
     ApiKeyStore,
+    CapabilityKeyRegistry,
     CaseSecrets,
     CaseStore,
     KeyRegistry,
@@ -103,7 +105,7 @@ async def in_process_stack(
         resources.push_async_callback(consumer_pool.close)
         runtime = BusWorkerRuntime(
             connections["worker"], topology, await Publisher.open(connections["worker"]),
-            settings.capability_user,
+            settings.capability_user, CapabilityKeys(CapabilityKeyRegistry(worker_pool).all),
             default_policy=RetryPolicy(attempts=2, timeout_seconds=2.0))
         await runtime.start()
         resources.push_async_callback(runtime.close)
@@ -126,7 +128,11 @@ async def in_process_stack(
             connection = await connect(settings.capability_identity(capability.name).amqp_url,
                                        f"casetrail-capability-{capability.name}")
             resources.push_async_callback(connection.close)
-            capabilities.append(CapabilityWorker(connection, topology, [capability]))
+            key = settings.capability_sealing_key(capability.name)
+            assert key is not None  # setup made one
+            capabilities.append(CapabilityWorker(
+                connection, topology, [capability],
+                sealing_keys={capability.name: private_key(key, capability.name)}))
         stop = asyncio.Event()
         readies = [asyncio.Event() for _ in range(2 + len(capabilities))]
         tasks = [

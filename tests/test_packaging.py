@@ -82,6 +82,9 @@ def test_compose_sets_up_the_identities_through_the_management_api() -> None:
         assert f"CASETRAIL_{prefix}_AMQP_URL" in setup["environment"]
     given = json.loads(setup["environment"]["CASETRAIL_CAPABILITY_AMQP_URLS"])
     assert set(given) == set(CAPABILITIES)
+    # Setup registers the public half of each capability's sealing key.
+    keys = json.loads(setup["environment"]["CASETRAIL_CAPABILITY_SEALING_KEYS"])
+    assert set(keys) == set(CAPABILITIES)
 
 
 def test_each_component_holds_only_its_own_identity() -> None:
@@ -109,6 +112,11 @@ def test_each_capability_worker_holds_only_its_capabilitys_identity() -> None:
         for capability, url in urls.items():
             variable = f"CASETRAIL_CAPABILITY_{capability.upper().replace('-', '_')}_PASSWORD"
             assert url.startswith(f"amqp://casetrail-capability-{capability}:${{{variable}:?}}@")
+        keys = json.loads(environment["CASETRAIL_CAPABILITY_SEALING_KEYS"])
+        assert sorted(keys) == sorted(served), name  # its own sealing key, nobody else's
+        for capability, key in keys.items():
+            variable = f"CASETRAIL_CAPABILITY_{capability.upper().replace('-', '_')}_SEALING_KEY"
+            assert key == f"${{{variable}:?}}"
         assert not {"CASETRAIL_AMQP_URL", "CASETRAIL_MASTER_KEY"} & set(environment)
         assert not any(k.endswith("_DATABASE_URL") for k in environment)  # no database
 

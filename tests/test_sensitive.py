@@ -116,13 +116,26 @@ async def test_pii_read_sees_the_values_and_each_read_is_logged(
 
 
 async def test_the_tools_see_the_value_the_trail_only_its_placeholder(
-    client: httpx.AsyncClient, pool: asyncpg.Pool,
+    client: httpx.AsyncClient, pool: asyncpg.Pool, amqp: aio_pika.abc.AbstractRobustConnection,
+    settings: Any,
 ) -> None:
     """The sanctions screening matched the real name (a watchlist hit), while its
-    recorded arguments hold the placeholders."""
+    recorded arguments hold the placeholders, and its request on the bus held the name
+    only sealed to the sanctions capability's key (a tap on the requests sees neither
+    the name nor the customer id)."""
+    channel = await amqp.channel()
+    requests = await channel.get_exchange(f"{settings.namespace}.capabilities", ensure=False)
+    tap = await channel.declare_queue(exclusive=True, auto_delete=True)
+    await tap.bind(requests, routing_key="sanctions-screening")
     case_id = (await client.post("/cases", json={"agent": "aml-screening", "input": SUSPECT})
                ).json()["caseId"]
     view = await ended(client, case_id)
+    seen = []
+    while (message := await tap.get(fail=False, no_ack=True)) is not None:
+        seen.append(message.body)
+    await channel.close()
+    assert seen and all(b"Ivan Petrov" not in body and b"C-4711" not in body for body in seen)
+    assert all(orjson.loads(body)["sealed"] for body in seen)
     assert view["answer"]["decision"] in ("escalate", "file-sar")
     args = await pool.fetchval(
         "SELECT tool_args::text FROM react_tool_calls WHERE case_id = $1 AND "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import re
 import stat
@@ -20,12 +21,14 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import DATABASE_COMPONENTS, Settings
 from service.errors import PermanentError
 from service.keyfile import worker_signer
 from service.setup import remove, remove_broker_users, served_capabilities, setup
+from service.store import CapabilityKeyRegistry, create_pool
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack, other_namespace
 
@@ -62,7 +65,12 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
         assert len(base64.b64decode(made.pop("master_key"))) == 32  # made once, kept
         capabilities = made.pop("capabilities")
         assert set(capabilities) == set(served_capabilities(ns))  # a user each, no database
-        assert all(set(entry) == {"amqp_url"} for entry in capabilities.values())
+        # ... and a sealing key each, made once and kept, its public half registered.
+        assert all(set(entry) == {"amqp_url", "sealing_key"} for entry in capabilities.values())
+        registered = await _registered_capability_keys(ns)
+        for name, entry in capabilities.items():
+            key = X25519PrivateKey.from_private_bytes(base64.b64decode(entry["sealing_key"]))
+            assert registered[name] == key.public_key().public_bytes_raw()
 
         # Broker: one user per component and per capability, no tags, exactly these
         # permissions.
@@ -167,10 +175,16 @@ async def test_setup_imports_the_definitions_through_the_management_api(
     url, received = management
     ns = other_namespace(settings, "mgmt")
     given = f"amqp://{ns.broker_user('worker')}:w0rker-pass@127.0.0.1:5672/"
+    # As compose gives them: a capability's URL and its sealing key, in JSON by name.
+    credit = f"amqp://{ns.capability_user('credit-score')}:cr3dit-pass@127.0.0.1:5672/"
+    sealing_key = X25519PrivateKey.generate()
+    sealing_text = base64.b64encode(sealing_key.private_bytes_raw()).decode()
     try:
         done = await asyncio.to_thread(
             _casetrail, ns, "setup", CASETRAIL_RABBITMQ_MANAGEMENT_URL=url,
-            CASETRAIL_WORKER_AMQP_URL=given)
+            CASETRAIL_WORKER_AMQP_URL=given,
+            CASETRAIL_CAPABILITY_AMQP_URLS=json.dumps({"credit-score": credit}),
+            CASETRAIL_CAPABILITY_SEALING_KEYS=json.dumps({"credit-score": sealing_text}))
         assert done.returncode == 0, done.stderr
         (path, authorization, body), = received
         assert path == "/api/definitions"
@@ -180,10 +194,17 @@ async def test_setup_imports_the_definitions_through_the_management_api(
             *(ns.capability_user(c) for c in served_capabilities(ns))}
         worker = next(u for u in body["users"] if u["name"] == ns.broker_user("worker"))
         salted = base64.b64decode(worker["password_hash"])
-        import hashlib
         assert salted[4:] == hashlib.sha256(salted[:4] + b"w0rker-pass").digest()
         assert body["policies"][0]["name"] == f"{ns.namespace}-case-start-limit"
         assert json.loads(ns.secrets_path().read_text())["worker"]["amqp_url"] == given
+        credit_user = next(u for u in body["users"]
+                           if u["name"] == ns.capability_user("credit-score"))
+        salted = base64.b64decode(credit_user["password_hash"])
+        assert salted[4:] == hashlib.sha256(salted[:4] + b"cr3dit-pass").digest()
+        stored = json.loads(ns.secrets_path().read_text())["capabilities"]["credit-score"]
+        assert stored == {"amqp_url": credit}  # the given key is not copied anywhere
+        registered = await _registered_capability_keys(ns)
+        assert registered["credit-score"] == sealing_key.public_key().public_bytes_raw()
 
         wrong = await asyncio.to_thread(
             _casetrail, ns, "setup", CASETRAIL_RABBITMQ_MANAGEMENT_URL=url,
@@ -192,6 +213,14 @@ async def test_setup_imports_the_definitions_through_the_management_api(
         assert f"must name the user {ns.broker_user('worker')!r}" in wrong.stderr
     finally:
         await remove(ns)
+
+
+async def _registered_capability_keys(ns: Settings) -> dict[str, bytes]:
+    pool = await create_pool(ns.database_url, max_size=1)
+    try:
+        return await CapabilityKeyRegistry(pool).all()
+    finally:
+        await pool.close()
 
 
 def test_a_component_refuses_the_bootstrap_identity(settings: Settings) -> None:

@@ -42,6 +42,8 @@ from service.commands import ToolReply, ToolRequest
 from service.engine.tools import WorkerCallResult
 from service.errors import CasetrailError, PublishRejected
 from service.events import ToolAttempt
+from service.sealing import CapabilityKeys, seal
+from service.sensitive import Redaction
 
 log = logging.getLogger("casetrail.rpc")
 
@@ -75,6 +77,8 @@ class BusWorkerRuntime:
     publisher: Publisher
     capability_user: Callable[[str], str]
     """The broker user whose replies a capability's calls take (``Settings.capability_user``)."""
+    sealing_keys: CapabilityKeys | None = None
+    """The capabilities' public keys, for calls that hold sensitive values."""
     default_policy: RetryPolicy = field(default_factory=RetryPolicy)
     policies: Mapping[str, RetryPolicy] = field(default_factory=dict)
     _pending: dict[str, _PendingCall] = field(default_factory=dict)
@@ -134,10 +138,25 @@ class BusWorkerRuntime:
         task.add_done_callback(self._refused.discard)
 
     async def execute(
-        self, capability: str, args: Mapping[str, Any], *, call_id: str
+        self, capability: str, args: Mapping[str, Any], *, call_id: str,
+        redaction: Redaction | None = None,
     ) -> WorkerCallResult:
+        """Call ``capability``. With the case's ``redaction``, every sensitive value in
+        ``args`` travels as its placeholder, and the values sealed to the capability's
+        key; a capability with no registered key is not sent them at all."""
         if self._reply_queue is None or self._channel is None:
             raise CasetrailError("BusWorkerRuntime.start() was not called")
+        sealed = None
+        if redaction is not None:
+            args, values = redaction.hide(args)
+            if values:
+                key = None if self.sealing_keys is None else \
+                    await self.sealing_keys.get(capability)
+                if key is None:
+                    return WorkerCallResult(error=(
+                        f"{capability} has no sealing key registered (`casetrail setup`): "
+                        "its call holds sensitive values, which are never sent in clear"))
+                sealed = seal(key, values, capability, call_id)
         policy = self.policies.get(capability, self.default_policy)
         loop = asyncio.get_running_loop()
         pending = _PendingCall(call_id, capability, loop.create_future())
@@ -154,7 +173,8 @@ class BusWorkerRuntime:
                 pending.sent_at[attempt] = started
                 request = ToolRequest(
                     idempotency_key=call_id, capability=capability, args=dict(args),
-                    attempt=attempt, deadline=time.time() + policy.timeout_seconds,
+                    sealed=sealed, attempt=attempt,
+                    deadline=time.time() + policy.timeout_seconds,
                 )
                 try:
                     await self.publisher.publish(
