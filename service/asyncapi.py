@@ -221,7 +221,7 @@ def asyncapi_document(namespace: str, vhost: str = "/", host: str = "localhost:5
             },
             "messages": {
                 **events, **commands,
-                "Cancel": _message("CANCEL", "Cancel a case", "CancelCommand",
+                "Cancel": _message(CancelCommand.MESSAGE_TYPE, "Cancel a case", "CancelCommand",
                                    "Stop this case if you run it."),
                 "ToolRequest": _message("TOOL_REQUEST", "Tool request", "ToolRequest",
                                         "One attempt of a worker tool call.",

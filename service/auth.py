@@ -72,6 +72,21 @@ class Principal:
     def allows(self, scope: str) -> bool:
         return scope in self.scopes or "admin" in self.scopes
 
+    def sees(self, tenant: str) -> bool:
+        """Whether a case of ``tenant`` is this principal's to see (the operator at the
+        command line sees every tenant's)."""
+        return self.tenant in (tenant, EVERY_TENANT)
+
+
+EVERY_TENANT = "*"
+"""The operator's tenant at the command line: no tenant may be named so (TENANT_PATTERN)."""
+
+
+def operator(tenant: str = EVERY_TENANT) -> Principal:
+    """The operator at the command line, with the API's identity and every scope; acts in
+    ``tenant`` (a case it starts belongs to it), or across every tenant."""
+    return Principal(tenant, frozenset({"admin"}), "operator")
+
 
 @dataclass(frozen=True)
 class ApiKeyRecord:

@@ -13,7 +13,6 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 import asyncio
 import logging
 import os
-import uuid
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -22,6 +21,8 @@ import orjson
 import typer
 
 from service import gc_tuning
+from service.cli_cases import case_id_of as _case_id
+from service.cli_cases import cases_app
 from service.config import Settings, get_settings
 
 T = TypeVar("T")
@@ -720,28 +721,6 @@ def signer_retire(
     typer.echo(f"key {key_id} retired")
 
 
-def _case_id(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        typer.echo(f"not a case id: {text!r}", err=True)
-        raise typer.Exit(2) from None
-
-
-async def _log_export(settings: Settings, case_id: Any) -> None:
-    """Every export is in the access log (here as ``operator``)."""
-    from service.store import create_pool
-
-    pool = await create_pool(settings.database_url, max_size=1)
-    try:
-        await pool.execute(
-            "INSERT INTO access_log (principal, tenant_id, case_id, action) "
-            "SELECT 'operator', tenant_id, case_id, 'export' FROM cases WHERE case_id = $1",
-            case_id)
-    finally:
-        await pool.close()
-
-
 async def _with_evidence(settings: Settings, work: Any) -> Any:
     from service.evidence import Evidence
     from service.ledger.store import LedgerStore
@@ -931,9 +910,13 @@ def export(
                 return bundle
             await asyncio.sleep(0.5)
 
-    bundle = _about_case(case_id, "could not export", logged_bundle)
+    _about_case(case_id, "could not export", logged_bundle)
+    # The bundle as the export operation gives it, which logs the export.
+    from service.cases import export as export_case
+    from service.cli_cases import operate
+
+    bundle = operate(lambda services, who: export_case(services, who, parsed))
     output.write_bytes(orjson.dumps(bundle, option=orjson.OPT_INDENT_2))
-    _run(_log_export(get_settings(), parsed))
     typer.echo(f"{len(bundle['events'])} events written to {output}", err=True)
     if _unlogged(bundle):
         typer.echo(f"{_unlogged(bundle)} events are not in a signed checkpoint yet (is the "
@@ -952,36 +935,13 @@ def erase(
     recorded as `operator` in the access log and as CASE_ERASED in its trail. Acts as
     the API does, with the API's identity. Exit 0 erased (or already), 1 refused (still
     running, or nothing sensitive), 2 could not (unknown case, database or broker down)."""
-    done = _case_or_exit(case_id, "could not erase", _erase(get_settings(), _case_id(case_id)))
-    if done.outcome in ("running", "nothing"):
-        typer.echo("the case has not ended yet" if done.outcome == "running"
-                   else "the case holds no sensitive values", err=True)
-        raise typer.Exit(1)
+    from service.cases import erase as erase_case
+    from service.cli_cases import operate
+
+    parsed = _case_id(case_id)
+    done = operate(lambda services, who: erase_case(services, who, parsed))
     typer.echo(f"{'erased' if done.outcome == 'erased' else 'already erased'} at "
                f"{done.erased_at}")
-
-
-async def _erase(settings: Settings, case_id: Any) -> Any:
-    from service.bus.connection import connect
-    from service.bus.publisher import Publisher
-    from service.bus.topology import Topology
-    from service.erasure import erase as erase_case
-    from service.sensitive import Vault
-    from service.store import CaseSecrets, CaseStore, component_pool
-
-    identity = settings.identity("api")
-    pool = await component_pool(identity, 2, patience=5)
-    connection = await connect(identity.amqp_url, "casetrail-erase")
-    try:
-        row = await CaseStore(pool).get_case(case_id)
-        if row is None:
-            return None
-        secrets = CaseSecrets(pool, Vault.from_text(settings.master_key_text()))
-        return await erase_case(secrets, await Publisher.open(connection),
-                                Topology(settings.namespace), row, "operator")
-    finally:
-        await connection.close()
-        await pool.close()
 
 
 @app.command("verify-bundle")
@@ -1024,6 +984,9 @@ def verify_bundle_command(
         typer.echo(f"could not check {bundle_file}: {exc}", err=True)
         raise typer.Exit(2) from None
     _report(report, raw)
+
+
+app.add_typer(cases_app, name="cases")
 
 
 def main() -> None:

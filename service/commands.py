@@ -55,6 +55,8 @@ class CaseStartCommand(_Command):
 class CancelCommand(_Command):
     """Stop this case wherever it runs: broadcast to every worker."""
 
+    MESSAGE_TYPE: ClassVar[str] = "CANCEL"
+
     case_id: uuid.UUID
     reason: str | None = None
     by: str | None = None

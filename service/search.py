@@ -97,20 +97,23 @@ class CaseFilter:
         return " AND ".join(clauses), args
 
 
-def _item(row: asyncpg.Record) -> dict[str, Any]:
+def case_summary(row: Any) -> dict[str, Any]:
+    """What a case's list item and its full view share, from its ``cases`` row."""
     return {
         "caseId": str(row["case_id"]),
         "agent": row["agent"],
         "status": row["status"],
-        "decision": row["decision"],
         "attempts": row["attempts_claimed"],
         "cycles": row["cycles"],
         "tokenUsage": {"inputTokens": row["input_tokens"],
                        "outputTokens": row["output_tokens"]},
-        "startedBy": row["started_by"],
         "createdAt": utc_text(row["created_at"]),
         "endedAt": utc_text(row["ended_at"]),
     }
+
+
+def _item(row: asyncpg.Record) -> dict[str, Any]:
+    return case_summary(row) | {"decision": row["decision"], "startedBy": row["started_by"]}
 
 
 class CaseIndex:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+from http import HTTPStatus
 from typing import Any
 
 import aio_pika
@@ -119,7 +120,11 @@ async def test_bad_case_requests_are_refused_and_leave_nothing(
 async def test_schema_errors_name_each_field(client: httpx.AsyncClient) -> None:
     bad = {**APPROVE, "loanAmount": -5, "termMonths": "x"}
     reply = await client.post("/cases", json={"agent": "loan-officer", "input": bad})
-    fields = {tuple(d["loc"]) for d in reply.json()["detail"]}
+    problem = reply.json()  # RFC 9457: a problem, each field in its errors
+    assert reply.headers["content-type"] == "application/problem+json"
+    assert problem["status"] == 422 and problem["title"] == HTTPStatus(422).phrase
+    fields = {tuple(d["loc"]) for d in problem["errors"]}
+    assert "input.loanAmount" in problem["detail"]
     assert ("body", "input", "loanAmount") in fields
     assert ("body", "input", "termMonths") in fields
 

@@ -127,7 +127,7 @@ async def test_bad_search_parameters_get_a_422_naming_the_field(
 ) -> None:
     reply = await tenant_client.get("/cases", params=params)
     assert reply.status_code == 422, reply.text
-    assert ["query", field] in [d["loc"][:2] for d in reply.json()["detail"]]
+    assert ["query", field] in [d["loc"][:2] for d in reply.json()["errors"]]
 
 
 def test_a_cursor_round_trips_to_the_microsecond() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -48,9 +49,11 @@ class BodyLimit:
             await self._too_large(send)
 
     async def _too_large(self, send: Send) -> None:
-        body = orjson.dumps({"detail": f"request body exceeds {self.limit} bytes"})
+        body = orjson.dumps({"type": "about:blank", "title": HTTPStatus(413).phrase,
+                             "status": 413,
+                             "detail": f"request body exceeds {self.limit} bytes"})
         await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json")]})
+                    "headers": [(b"content-type", b"application/problem+json")]})
         await send({"type": "http.response.body", "body": body})
 
 

@@ -26,6 +26,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from service.agents import AGENTS
+from service.api.problems import problem_media_types
 from service.config import Settings
 from service.events import EVENT_TYPES
 
@@ -154,6 +155,7 @@ def exact_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
         "schema": {"type": "array", "items": {"enum": list(EVENT_TYPES)}},
     })
     _json_errors_on_streams(document)
+    problem_media_types(document)
     app.openapi_schema = document
     return document
 

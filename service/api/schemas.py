@@ -6,44 +6,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.agents.profile import CamelModel
-from service.events import ModelRef
+from service.cases.requests import CancelRequest, CaseRequest, LimitsRequest
 
-
-class LimitsRequest(CamelModel):
-    """Overrides of the agent's default limits, within the server's caps."""
-
-    max_cycles: int | None = Field(default=None, ge=1)
-    deadline_seconds: float | None = Field(default=None, gt=0)
-
-
-class CaseRequest(CamelModel):
-    """Start a case."""
-
-    model_config = CamelModel.model_config | {
-        "json_schema_extra": {
-            "examples": [
-                {
-                    "agent": "loan-officer",
-                    "input": {
-                        "applicantId": "A-1001", "applicantName": "Maria Okafor",
-                        "loanAmount": 25000, "termMonths": 60, "monthlyIncome": 9000,
-                        "monthlyDebt": 2100, "purpose": "home improvement",
-                    },
-                    "limits": {"maxCycles": 8, "deadlineSeconds": 60},
-                }
-            ]
-        }
-    }
-
-    agent: str = Field(description="An agent name from GET /agents.")
-    input: dict[str, Any] = Field(description="Validated against the agent's input schema.")
-    limits: LimitsRequest | None = None
-    model: ModelRef | None = Field(default=None, description="Overrides the agent's model.")
-
-
-class CancelRequest(CamelModel):
-    reason: str | None = Field(default=None, max_length=1000)
+__all__ = ["CancelRequest", "CaseRequest", "LimitsRequest"]  # the bodies, described here too
 
 
 # Responses: the routes write their JSON directly (orjson); these models only
@@ -52,9 +17,14 @@ class CancelRequest(CamelModel):
 
 
 class Problem(BaseModel):
-    """An error the caller can read: what went wrong, in words."""
+    """An error as RFC 9457 problem details (``application/problem+json``): what went
+    wrong, in words."""
 
-    detail: str
+    type: str = Field(default="about:blank", description="No problem type beyond the "
+                      "status: `about:blank`.")
+    title: str = Field(description="The status's phrase, e.g. Not Found.")
+    status: int = Field(ge=400, le=599)
+    detail: str = Field(description="What went wrong with this request, in words.")
 
 
 class Issue(BaseModel):
@@ -67,10 +37,10 @@ class Issue(BaseModel):
     type: str
 
 
-class ValidationProblem(BaseModel):
+class ValidationProblem(Problem):
     """The request was understood but refused: each field and the reason."""
 
-    detail: list[Issue]
+    errors: list[Issue]
 
 
 class CaseLinks(BaseModel):

@@ -1,9 +1,9 @@
 """Every route states who may call it: a dependency that yields the caller.
 
-``Caller.requires(scope, ...)`` is the dependency of an authenticated route: no or an
+``requires(scope, ...)`` is the dependency of an authenticated route: no or an
 unreadable ``Authorization: Bearer`` → 401 with ``WWW-Authenticate: Bearer``; a key
 that is unknown, revoked or expired → 401; a key without the scope → 403 naming it.
-``Caller.anyone()`` marks the public routes. tests/test_api_auth.py walks the app's
+``anyone()`` marks the public routes. tests/test_api_auth.py walks the app's
 routes and fails on one with neither.
 
 Keys are checked against Postgres through a cache with a one-second life, so a
@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from fastapi import HTTPException, Security
+from fastapi import HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.api.oidc import OidcVerifier
@@ -65,31 +65,33 @@ class Caller:
         record = cached[1]
         return None if record is None else record.principal(token, datetime.now(UTC))
 
-    def requires(self, *scopes: str) -> CallerDependency:
-        """The dependency of a route that needs a valid key holding ``scopes``."""
+def requires(*scopes: str) -> CallerDependency:
+    """The dependency of a route that needs a valid key holding ``scopes`` (checked by
+    the app's ``Caller``, ``app.state.caller``)."""
 
-        async def authenticated(
-            credentials: HTTPAuthorizationCredentials | None = Security(bearer),
-        ) -> Principal:
-            if credentials is None:
-                raise _unauthorized("an Authorization: Bearer API key is required")
-            principal = await self.principal(credentials.credentials)
-            if principal is None:
-                raise _unauthorized("the API key is unknown, revoked or expired")
-            for scope in scopes:
-                if not principal.allows(scope):
-                    raise HTTPException(403, f"this API key lacks the scope {scope!r}")
-            return principal
+    async def authenticated(
+        request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer),
+    ) -> Principal:
+        caller: Caller = request.app.state.caller
+        if credentials is None:
+            raise _unauthorized("an Authorization: Bearer API key is required")
+        principal = await caller.principal(credentials.credentials)
+        if principal is None:
+            raise _unauthorized("the API key is unknown, revoked or expired")
+        for scope in scopes:
+            if not principal.allows(scope):
+                raise HTTPException(403, f"this API key lacks the scope {scope!r}")
+        return principal
 
-        authenticated.casetrail_caller = scopes or ("authenticated",)  # type: ignore[attr-defined]
-        return authenticated
+    authenticated.casetrail_caller = scopes or ("authenticated",)  # type: ignore[attr-defined]
+    return authenticated
 
-    @staticmethod
-    def anyone() -> CallerDependency:
-        """The dependency of a public route (docs/design.md, "Trust": public routes)."""
 
-        async def public() -> Principal:
-            return ANONYMOUS
+def anyone() -> CallerDependency:
+    """The dependency of a public route (docs/design.md, "Trust": public routes)."""
 
-        public.casetrail_caller = ("public",)  # type: ignore[attr-defined]
-        return public
+    async def public() -> Principal:
+        return ANONYMOUS
+
+    public.casetrail_caller = ("public",)  # type: ignore[attr-defined]
+    return public

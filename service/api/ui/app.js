@@ -68,7 +68,7 @@ async function api(path) {
   if (response.status === 401) throw new Unauthorized();
   if (!response.ok) {
     let detail = response.statusText;
-    try { detail = JSON.stringify((await response.json()).detail); } catch { /* not JSON */ }
+    try { detail = (await response.json()).detail ?? detail; } catch { /* not JSON */ }
     throw new Error(`${response.status}: ${detail}`);
   }
   return response.json();

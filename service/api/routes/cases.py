@@ -1,0 +1,163 @@
+"""``/cases``: start, read, search, verify, export, cancel and erase a case. Each route
+parses the request, calls the operation (service/cases/) and writes its answer; the
+operation's refusals become problems (service/api/problems.py)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Body, Header, Query, Request, Response
+
+from service import cases
+from service.api.deps import Administrator, Canceller, Cases, Reader, Starter
+from service.api.problems import responses
+from service.api.schemas import (
+    Bundle,
+    CancelAccepted,
+    CancelRequest,
+    CaseAccepted,
+    CaseList,
+    CaseRequest,
+    CaseView,
+    EraseAccepted,
+    Trail,
+    VerifyReport,
+)
+from service.events import CaseStatus
+from service.search import CURSOR_PATTERN
+from service.store import utc_text
+
+router = APIRouter()
+
+INSTANT = (r"^([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"
+           r"-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3])"
+           r":[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$")
+"""An RFC 3339 date-time: the offset is required (a bare local time is ambiguous)."""
+
+
+class OrjsonResponse(Response):
+    """JSON through orjson, returned directly by the routes so FastAPI's generic
+    encoder stays off the hot path."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+@router.post("/cases", status_code=202, summary="Start a case", response_model=None,
+             responses=responses(
+                 202, CaseAccepted, "Accepted: the case is recorded and its start command "
+                 "confirmed", 400, 401, 403, 409, 413, 422, 429, 503))
+async def start_case(
+    request: Annotated[CaseRequest, Body()], principal: Starter, services: Cases,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Response:
+    """Validate, record the case as ``queued``, publish its start command with a
+    confirm, then answer 202. A repeated ``Idempotency-Key`` returns the first case."""
+    started = await cases.start(services, principal, request, idempotency_key)
+    row, shown = started.case, str(started.case["case_id"])
+    headers = {"Location": f"/cases/{shown}"}
+    if not started.created:
+        headers["Idempotency-Replayed"] = "true"
+    return OrjsonResponse({
+        "caseId": shown, "status": row["status"], "agent": row["agent"],
+        "limits": row["limits"], "model": row["model"],
+        "links": {"self": f"/cases/{shown}", "events": f"/cases/{shown}/events"},
+    }, status_code=202, headers=headers)
+
+
+@router.get("/cases/{case_id}", summary="A case's status, totals and answer",
+            response_model=None,
+            responses=responses(200, CaseView, "The case", 401, 403, 404, 422, 503))
+async def get_case(case_id: uuid.UUID, principal: Reader, services: Cases) -> Response:
+    return OrjsonResponse(await cases.get(services, principal, case_id))
+
+
+@router.get("/cases/{case_id}/verify", summary="Whether the case's trail is intact",
+            response_model=None,
+            responses=responses(200, VerifyReport,
+                                "Every chain, signature and the completeness, checked",
+                                401, 403, 404, 422, 503))
+async def verify_case(case_id: uuid.UUID, principal: Reader, services: Cases) -> Response:
+    return OrjsonResponse((await cases.verify(services, principal, case_id)).as_json())
+
+
+@router.get("/cases/{case_id}/bundle", summary="The case as an offline bundle",
+            response_model=None,
+            responses=responses(200, Bundle, "The events exactly as signed and the public keys "
+                                "(check it with `casetrail verify-bundle`)",
+                                401, 403, 404, 422, 503))
+async def bundle_case(case_id: uuid.UUID, principal: Reader, services: Cases) -> Response:
+    return OrjsonResponse(await cases.export(services, principal, case_id), headers={
+        "Content-Disposition": f'attachment; filename="casetrail-{case_id}.json"'})
+
+
+@router.get("/cases/{case_id}/events", summary="The case's trail, in order",
+            response_model=None,
+            responses=responses(200, Trail, "The trail in (attempt, seq) order",
+                                401, 403, 404, 422, 503))
+async def get_events(case_id: uuid.UUID, request: Request, principal: Reader,
+                     services: Cases) -> Response:
+    # ``types`` is a comma-separated list (``?types=REACT_CYCLE,CASE_COMPLETED``), read
+    # here and described in the OpenAPI document as an array of the event types, style
+    # form, not exploded (service/api/openapi.py).
+    types = request.query_params.get("types")
+    return OrjsonResponse(await cases.events(services, principal, case_id,
+                                             types.split(",") if types else None))
+
+
+@router.get("/cases", summary="Search the tenant's cases, newest first", response_model=None,
+            responses=responses(200, CaseList, "A page of cases and the next page's cursor",
+                                401, 403, 422, 503))
+async def search_cases(
+    principal: Reader, services: Cases,
+    agent: Annotated[str | None, Query(max_length=100)] = None,
+    status: CaseStatus | None = None,
+    decision: Annotated[str | None, Query(max_length=100, description=(
+        "The answer's decision, for agents whose answer has one (e.g. approve)."))] = None,
+    since: Annotated[str | None, Query(
+        pattern=INSTANT, json_schema_extra={"format": "date-time"},
+        description="Cases created at or after this instant (RFC 3339, with its offset).")
+    ] = None,
+    until: Annotated[str | None, Query(
+        pattern=INSTANT, json_schema_extra={"format": "date-time"},
+        description="Cases created before this instant (RFC 3339, with its offset).")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(pattern=CURSOR_PATTERN, description=(
+        "The nextCursor of the previous page."))] = None,
+) -> Response:
+    return OrjsonResponse(await cases.search(
+        services, principal, agent=agent, status=status, decision=decision, since=since,
+        until=until, limit=limit, cursor=cursor))
+
+
+@router.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",
+             response_model=None,
+             responses=responses(202, CancelAccepted, "The case is stopping or stopped",
+                                 400, 401, 403, 404, 409, 413, 422, 503))
+async def cancel_case(
+    case_id: uuid.UUID, principal: Canceller, services: Cases,
+    request: Annotated[CancelRequest | None, Body()] = None,
+) -> dict[str, Any]:
+    await cases.cancel(services, principal, case_id, request.reason if request else None)
+    return {"caseId": str(case_id), "status": "cancelling"}
+
+
+@router.post("/cases/{case_id}/erase", status_code=202,
+             summary="Erase a case's sensitive values (crypto-shredding)", response_model=None,
+             responses=responses(202, EraseAccepted,
+                                 "The values are destroyed; CASE_ERASED follows in the trail",
+                                 401, 403, 404, 409, 422, 503))
+async def erase_case(case_id: uuid.UUID, principal: Administrator, services: Cases) -> Response:
+    """Destroy the case's data key and ciphertext. The trail keeps its placeholders and
+    every hash still verifies; the worker appends a signed ``CASE_ERASED`` (who, when).
+    Only an ended case can be erased."""
+    done = await cases.erase(services, principal, case_id)
+    return OrjsonResponse({
+        "caseId": str(case_id),
+        "status": "erased" if done.outcome == "erased" else "already erased",
+        "erasedAt": utc_text(done.erased_at)}, status_code=202)

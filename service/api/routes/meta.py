@@ -1,0 +1,75 @@
+"""What the API says about itself: the agents, who the caller is, the signing keys,
+the bus's AsyncAPI document, liveness and readiness."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from service.agents import AGENTS
+from service.api.deps import AnyKey, Cases, Public
+from service.api.problems import responses
+from service.api.routes.cases import OrjsonResponse
+from service.api.schemas import (
+    AgentList,
+    AsyncApiDocument,
+    Health,
+    Identity,
+    Readiness,
+    SigningKeys,
+)
+from service.cases import offered
+from service.errors import CasetrailError
+
+router = APIRouter()
+
+
+@router.get("/agents", summary="The agent profiles", response_model=None,
+            responses=responses(200, AgentList, "Every agent a case may name", 401, 503))
+async def agents(request: Request, _: AnyKey) -> dict[str, Any]:
+    return {"agents": [AGENTS[name].describe() for name in offered(request.app.state.settings)]}
+
+
+@router.get("/me", summary="Who the credentials act as", response_model=None,
+            responses=responses(200, Identity, "The tenant, subject and scopes", 401, 503))
+async def me(principal: AnyKey) -> dict[str, Any]:
+    return {"tenant": principal.tenant, "subject": principal.subject,
+            "scopes": sorted(principal.scopes)}
+
+
+@router.get("/signing-keys", summary="The public keys events are signed with",
+            response_model=None,
+            responses=responses(200, SigningKeys, "Every registered key, retired ones too", 503))
+async def signing_keys(services: Cases, _: Public) -> Response:
+    return OrjsonResponse({"keys": await services.evidence.keys.describe()})
+
+
+@router.get("/asyncapi.json", summary="The bus, as an AsyncAPI 3.0 document",
+            response_model=None,
+            responses=responses(200, AsyncApiDocument, "Channels, operations, messages"))
+async def asyncapi(request: Request, _: Public) -> Response:
+    return OrjsonResponse(request.app.state.asyncapi)
+
+
+@router.get("/healthz", summary="The process is alive", response_model=None,
+            responses=responses(200, Health, "Alive"))
+async def healthz(_: Public) -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Broker and database are reachable", response_model=None,
+            responses=responses(200, Readiness, "Ready") | {
+                503: {"model": Readiness, "description": "Broker or database unreachable"}})
+async def readyz(response: Response, services: Cases, _: Public) -> dict[str, Any]:
+    checks: dict[str, str] = {}
+    try:
+        await services.store.ping()
+        checks["database"] = "ok"
+    except CasetrailError:
+        checks["database"] = "unreachable"  # no internal error text on a public route
+    checks["broker"] = "ok" if not services.connection.is_closed and \
+        not services.publisher.channel.is_closed else "disconnected"
+    ready = all(v == "ok" for v in checks.values())
+    response.status_code = 200 if ready else 503
+    return {"ready": ready, "checks": checks}

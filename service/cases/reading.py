@@ -1,0 +1,141 @@
+"""Reading cases: one case (its view, its trail, its verdict, its bundle) within the
+caller's tenant, and the tenant's cases by search. Sensitive values are shown in clear
+only to ``pii:read`` callers, and each such read (and each export) is logged."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Any
+
+from service.auth import Principal
+from service.cases.errors import Invalid, Issue, NotFound
+from service.cases.services import CaseServices
+from service.cases.text import refuse_unstorable
+from service.errors import PermanentError
+from service.events import EVENT_TYPES, CaseStatus
+from service.search import CaseFilter, Cursor, case_summary
+from service.sensitive import restore
+from service.store import utc_text
+from service.verification import Report
+
+log = logging.getLogger("casetrail.cases")
+
+
+async def owned(services: CaseServices, principal: Principal, case_id: uuid.UUID
+                ) -> dict[str, Any]:
+    """The case's row, if it is the caller's to see: another tenant's case is not
+    found, so its existence is not confirmed."""
+    row = await services.store.get_case(case_id)
+    if row is None or not principal.sees(row["tenant_id"]):
+        raise NotFound(f"no case {case_id}")
+    return row
+
+
+def case_view(row: dict[str, Any]) -> dict[str, Any]:
+    """A case as the API shows it (``CaseView``), from its row."""
+    return case_summary(row) | {
+        "answer": row["answer"],
+        "outcome": row["outcome"],
+        "input": row["input"],
+        "model": row["model"],
+        "limits": row["limits"],
+        "cancelRequested": row["cancel_requested_at"] is not None,
+        "startedAt": utc_text(row["started_at"]),
+    }
+
+
+async def sensitive_values(services: CaseServices, principal: Principal,
+                           case: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """The values to show in clear (only with ``pii:read``; the read is logged) and the
+    summary of the case's sensitive input (``None``: it has none)."""
+    case_id = case["case_id"]
+    state = await services.secrets.state(case_id)
+    if state is None:
+        return {}, None
+    values: dict[str, str] = {}
+    if principal.allows("pii:read") and state.sealed is not None:
+        try:
+            values = services.secrets.vault.open(case_id, state.sealed)
+        except PermanentError as exc:  # sealed under another master key
+            log.error("case %s: sensitive values not opened: %s", case_id, exc)
+        else:
+            await services.secrets.log_access(principal.subject, case["tenant_id"], case_id,
+                                              "pii:read")
+    return values, {
+        "placeholders": list(state.placeholders), "shownInClear": bool(values),
+        "erasedAt": utc_text(state.erased_at), "erasedBy": state.erased_by}
+
+
+async def get(services: CaseServices, principal: Principal, case_id: uuid.UUID
+              ) -> dict[str, Any]:
+    """The case: status, totals, answer, its trail's integrity and its sensitive input."""
+    row = await owned(services, principal, case_id)
+    view = case_view(row)
+    view["integrity"] = await services.evidence.integrity_summary(case_id, row)
+    values, view["sensitive"] = await sensitive_values(services, principal, row)
+    shown: dict[str, Any] = restore(view, values)
+    return shown
+
+
+async def events(services: CaseServices, principal: Principal, case_id: uuid.UUID,
+                 types: list[str] | None = None) -> dict[str, Any]:
+    """The case's trail in (attempt, seq) order, only ``types`` when given."""
+    unknown = [t for t in types or () if t not in EVENT_TYPES]
+    if unknown:
+        raise Invalid(Issue(("query", "types"), f"unknown event types {unknown}; known: "
+                                                f"{', '.join(EVENT_TYPES)}"))
+    row = await owned(services, principal, case_id)
+    found = await services.store.find_by_case_and_types(case_id, types or None)
+    values, _ = await sensitive_values(services, principal, row)
+    return {"caseId": str(case_id), "events": [restore(e.as_json(), values) for e in found]}
+
+
+def instant(text: str | None, name: str) -> datetime | None:
+    """An RFC 3339 date-time with its offset (``name``: the query parameter)."""
+    if text is None:
+        return None
+    try:
+        # Python's parser takes six fractional digits at most; RFC 3339 allows more.
+        head, dot, rest = text.partition(".")
+        if dot:
+            digits = len(rest) - len(rest.lstrip("0123456789"))
+            text = f"{head}.{rest[:min(digits, 6)]}{rest[digits:]}"
+        return datetime.fromisoformat(text.upper())
+    except ValueError as exc:
+        raise Invalid(Issue(("query", name), f"not an RFC 3339 date-time: {exc}")) from None
+
+
+async def search(services: CaseServices, principal: Principal, *, agent: str | None = None,
+                 status: CaseStatus | None = None, decision: str | None = None,
+                 since: str | None = None, until: str | None = None, limit: int = 50,
+                 cursor: str | None = None) -> dict[str, Any]:
+    """A page of the tenant's cases, newest first, and the next page's cursor."""
+    refuse_unstorable(agent, "query", "agent")
+    refuse_unstorable(decision, "query", "decision")
+    try:
+        after = Cursor.decode(cursor) if cursor is not None else None
+    except ValueError as exc:
+        raise Invalid(Issue(("query", "cursor"), f"not a cursor of this API: {exc}")) from None
+    wanted = CaseFilter(principal.tenant, agent, status, decision, instant(since, "since"),
+                        instant(until, "until"))
+    items, following = await services.index.search(wanted, limit, after)
+    return {"items": items, "nextCursor": following.encode() if following else None}
+
+
+async def verify(services: CaseServices, principal: Principal, case_id: uuid.UUID) -> Report:
+    """The verdict on the case's trail: every chain, signature and its completeness."""
+    report = await services.evidence.verify(case_id, await owned(services, principal, case_id))
+    assert report is not None  # the case exists
+    return report
+
+
+async def export(services: CaseServices, principal: Principal, case_id: uuid.UUID
+                 ) -> dict[str, Any]:
+    """The case's offline bundle; the export is logged (who, when, which case)."""
+    row = await owned(services, principal, case_id)
+    bundle = await services.evidence.bundle(case_id, row)
+    assert bundle is not None
+    await services.secrets.log_access(principal.subject, row["tenant_id"], case_id, "export")
+    return bundle

@@ -1,0 +1,141 @@
+"""What the case operations work with: the store, the search index, the vault, the
+evidence, the publisher. Opened once by the API (for its lifetime) or by a CLI command
+(for one operation), as the API's own identity either way."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from aio_pika.abc import AbstractRobustConnection
+
+from service.batching import Coalescer
+from service.bus import fastpath
+from service.bus.connection import connect_patiently
+from service.bus.publisher import Publisher
+from service.bus.topology import Topology
+from service.config import Settings
+from service.errors import CasetrailError
+from service.evidence import Evidence
+from service.ledger.store import LedgerStore
+from service.search import CaseIndex
+from service.sensitive import Vault
+from service.store import CaseSecrets, CaseStore, KeyRegistry, component_pool, tenant_counts
+
+log = logging.getLogger("casetrail.cases")
+
+QUOTA_REFRESH_SECONDS = 0.25
+"""How long an API process counts a tenant's starts itself before asking Postgres again."""
+
+
+@dataclass
+class TenantLoad:
+    """A tenant's cases as Postgres last counted them, plus this process's admissions."""
+
+    fetched_at: float
+    active: int
+    recent: int
+
+    def admitted(self) -> None:
+        self.active += 1
+        self.recent += 1
+
+
+@dataclass
+class TenantLoads:
+    """Per-tenant counts behind the quotas, read from Postgres at most every quarter
+    second and counted up here between reads: a quota check costs a dictionary lookup,
+    not a query. Another API process's starts are seen at the next read, so tenants
+    can exceed a limit by what the other processes admit in that quarter second."""
+
+    count: Callable[[str, int, int], Awaitable[tuple[int, int]]]
+    _loads: dict[str, TenantLoad] = field(default_factory=dict)
+
+    async def load(self, tenant: str, max_active: int, max_per_minute: int) -> TenantLoad:
+        now = time.monotonic()
+        load = self._loads.get(tenant)
+        if load is None or now - load.fetched_at > QUOTA_REFRESH_SECONDS:
+            active, recent = await self.count(tenant, max_active, max_per_minute)
+            load = self._loads[tenant] = TenantLoad(now, active, recent)
+        return load
+
+
+@dataclass
+class CaseServices:
+    """The adapters the operations use (service/cases/)."""
+
+    settings: Settings
+    pool: asyncpg.Pool
+    connection: AbstractRobustConnection
+    publisher: Publisher
+    topology: Topology
+    store: CaseStore
+    index: CaseIndex
+    secrets: CaseSecrets
+    ledger: LedgerStore
+    evidence: Evidence
+    quotas: TenantLoads
+    confirmed_starts: Coalescer[uuid.UUID, Any]
+    _noting: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def note_start_confirmed(self, case_id: uuid.UUID) -> None:
+        """Record, off the request's path, that the broker confirmed a start command (a
+        note lost is harmless: a re-sent request may then publish one more copy)."""
+        async def note() -> None:
+            try:
+                await self.confirmed_starts(case_id)
+            except CasetrailError as exc:
+                log.warning("could not note the start of %s as confirmed: %s", case_id, exc)
+
+        task = asyncio.create_task(note())
+        self._noting.add(task)
+        task.add_done_callback(self._noting.discard)
+
+    async def settle(self) -> None:
+        """Wait (a little) for the notes still being written."""
+        if self._noting:
+            await asyncio.wait(self._noting, timeout=5)
+
+
+@asynccontextmanager
+async def case_services(settings: Settings, *, pool_size: int = 20, patience: float | None = None,
+                        name: str = "casetrail-api") -> AsyncIterator[CaseServices]:
+    """The services, as the API's identity, until the block ends. ``patience``: how long
+    to wait for Postgres (None: as long as it takes, as a long-running API does)."""
+    fastpath.enable(settings.amqp_fastpath)
+    identity = settings.identity("api")
+    pool = await component_pool(identity, pool_size, patience)
+    try:
+        connection = await connect_patiently(identity.amqp_url, name, **(
+            {} if patience is None else {"patience": patience}))
+        try:
+            topology = Topology(settings.namespace)
+            channel = await connection.channel()
+            await topology.require(channel)
+            await channel.close()
+            # A short retry, and a nack (a full start queue, a queue between leaders)
+            # answered at once: a client waiting on a start is better served by a
+            # prompt refusal than by a minute of silence.
+            publisher = await Publisher.open(connection, retry_seconds=3.0, retry_nacks=False)
+            store, ledger = CaseStore(pool), LedgerStore(pool)
+            services = CaseServices(
+                settings, pool, connection, publisher, topology, store, CaseIndex(pool),
+                CaseSecrets(pool, Vault.from_text(settings.master_key_text())), ledger,
+                Evidence(store, KeyRegistry(pool), ledger),
+                TenantLoads(lambda *args: tenant_counts(pool, *args)),
+                Coalescer(store.mark_starts_confirmed))
+            try:
+                yield services
+            finally:
+                await services.settle()
+        finally:
+            await connection.close()
+    finally:
+        await pool.close()

@@ -1,0 +1,181 @@
+"""Starting a case: validated, admitted by the tenant's quota, recorded as ``queued``
+with its sensitive values sealed, and its start command confirmed by the broker before
+the caller hears yes (docs/design.md, "A case, step by step")."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from service.agents import AGENTS
+from service.agents.profile import AgentProfile
+from service.auth import Principal
+from service.bus.start_commands import send_start
+from service.cases.errors import Conflict, Forbidden, Invalid, Issue, NotAccepted, OverQuota
+from service.cases.requests import CaseRequest, LimitsRequest
+from service.cases.services import CaseServices, TenantLoad
+from service.cases.text import refuse_unstorable
+from service.config import Settings
+from service.errors import BusUnavailable, PublishRejected
+from service.events import CaseStatus, Limits
+from service.providers import model_problem
+from service.sensitive import split
+from service.store import NewCase, rate_wait
+from service.telemetry import metrics
+
+log = logging.getLogger("casetrail.cases")
+
+START_PUBLISHING_SECONDS = 30.0
+"""How long one request holds the right to publish a case's start command (the column
+default of ``start_publishing_until`` for a new case, migration 011)."""
+
+
+@dataclass(frozen=True)
+class Started:
+    """A case accepted: its row as recorded, and whether this request made it
+    (``False``: the same ``Idempotency-Key`` was used before, for the same request)."""
+
+    case: dict[str, Any]
+    created: bool
+
+
+def offered(settings: Settings) -> list[str]:
+    """The agents a case may name here (bench-only ones in bench mode only)."""
+    return [name for name, agent in AGENTS.items() if settings.bench_mode or not agent.bench_only]
+
+
+def _agent(settings: Settings, name: str) -> AgentProfile:
+    agent = AGENTS.get(name)
+    if agent is not None and agent.bench_only and not settings.bench_mode:
+        raise Invalid(Issue(("body", "agent"), f"agent {agent.name!r} is for benchmarks and "
+                                               "tests only (CASETRAIL_BENCH_MODE=1)"))
+    if agent is None:
+        raise Invalid(Issue(("body", "agent"), f"unknown agent {name!r}; the agents are: "
+                            + ", ".join(sorted(offered(settings)))))
+    return agent
+
+
+def _limits(requested: LimitsRequest | None, default: Limits, settings: Settings) -> Limits:
+    max_cycles = (requested.max_cycles if requested else None) or default.max_cycles
+    deadline = (requested.deadline_seconds if requested else None) or default.deadline_seconds
+    issues = []
+    if max_cycles > settings.max_cycles_cap:
+        issues.append(Issue(("body", "limits", "maxCycles"),
+                            f"must be at most {settings.max_cycles_cap}"))
+    if deadline > settings.max_deadline_seconds:
+        issues.append(Issue(("body", "limits", "deadlineSeconds"),
+                            f"must be at most {settings.max_deadline_seconds:g}"))
+    if issues:
+        raise Invalid(*issues)
+    return Limits(max_cycles=max_cycles, deadline_seconds=deadline)
+
+
+async def start(services: CaseServices, principal: Principal, request: CaseRequest,
+                idempotency_key: str | None = None) -> Started:
+    """Validate, record the case as ``queued``, publish its start command with a
+    confirm. A repeated ``idempotency_key`` returns the first case (``Conflict`` when
+    it was used for another request)."""
+    settings = services.settings
+    if request.model is not None and not principal.allows("models:override"):
+        raise Forbidden("this API key lacks the scope 'models:override' (needed to send model)")
+    agent = _agent(settings, request.agent)
+    try:
+        validated = agent.input_model.model_validate(request.input)
+    except ValidationError as exc:
+        raise Invalid(*(Issue(("body", "input", *e["loc"]), e["msg"])
+                        for e in exc.errors(include_url=False))) from None
+    refuse_unstorable(request.model_dump(mode="python", by_alias=True), "body")
+    limits = _limits(request.limits, agent.default_limits, settings)
+    model = request.model or agent.default_model
+    if problem := model_problem(model, settings):
+        raise Invalid(Issue(("body", "model", problem[0]), problem[1]))
+    if request.model is not None and request.model.latency_ms is not None \
+            and not settings.bench_mode:
+        raise Invalid(Issue(("body", "model", "latencyMs"), "latencyMs is for benchmarks and "
+                                                             "tests only (CASETRAIL_BENCH_MODE=1)"))
+    case_input = validated.model_dump(mode="json", by_alias=True)
+    stored_input, values = split(agent.input_model, case_input)
+    case_id = uuid.uuid4()
+    # Keyed: the digest of a request that held a sensitive value must not let anyone
+    # who reads `cases` test guesses of that value (after an erasure too).
+    digest = services.secrets.vault.request_digest(orjson.dumps(
+        {"agent": agent.name, "input": case_input, "limits": limits.model_dump(),
+         "model": model.model_dump()}, option=orjson.OPT_SORT_KEYS))
+    new = NewCase(
+        case_id=case_id, agent=agent.name, input=stored_input,
+        sealed=services.secrets.vault.seal(case_id, values) if values else None,
+        placeholders=tuple(values),
+        model=model.model_dump(mode="json", by_alias=True, exclude_none=True),
+        limits=limits.model_dump(mode="json", by_alias=True),
+        request_digest=digest, idempotency_key=idempotency_key,
+        tenant_id=principal.tenant, started_by=principal.subject,
+    )
+    if idempotency_key is None or not await services.store.idempotency_key_used(
+            principal.tenant, idempotency_key):
+        await _within_quota(services, principal.tenant)
+    row, created = await services.store.insert_case(new)
+    if created:
+        await _publish_start(services, row, forget_on_failure=True)
+        metrics.CASES_ACCEPTED.labels(agent.name).inc()
+        return Started(row, True)
+    if row["request_digest"] != digest:
+        raise Conflict("Idempotency-Key was already used with another request")
+    if row["start_confirmed_at"] is None and row["attempts_claimed"] == 0 \
+            and row["status"] == CaseStatus.QUEUED:
+        # The first request may have died before its start command was confirmed:
+        # publish one more copy (the claim runs it once), but only one, however many
+        # re-sends arrive (the lease), and within the tenant's rate, so re-sends cannot
+        # flood the start queue.
+        await _within_rate(services, principal.tenant)
+        if await services.store.take_start_resend(row["case_id"], START_PUBLISHING_SECONDS):
+            await _publish_start(services, row, forget_on_failure=False)
+    return Started(row, False)
+
+
+async def _within_quota(services: CaseServices, tenant: str) -> None:
+    """``OverQuota`` when the tenant has too many cases queued or running, or started
+    too many in the last minute (checked before the case is kept)."""
+    max_active, max_per_minute = services.settings.quota(tenant)
+    load = await services.quotas.load(tenant, max_active, max_per_minute)
+    if load.active >= max_active:
+        raise OverQuota(f"tenant {tenant!r} has {max_active} cases queued or running, its "
+                        "limit; try again when some have ended", retry_after=5)
+    await _within_rate(services, tenant, load)
+
+
+async def _within_rate(services: CaseServices, tenant: str, load: TenantLoad | None = None
+                       ) -> None:
+    """``OverQuota`` when the tenant started (or re-sent) its limit of cases in the last
+    minute."""
+    max_active, max_per_minute = services.settings.quota(tenant)
+    if load is None:
+        load = await services.quotas.load(tenant, max_active, max_per_minute)
+    if load.recent >= max_per_minute:
+        wait = await rate_wait(services.pool, tenant, max_per_minute)
+        raise OverQuota(f"tenant {tenant!r} started {max_per_minute} cases in the last "
+                        "minute, its limit", retry_after=wait)
+    load.admitted()
+
+
+async def _publish_start(services: CaseServices, row: dict[str, Any], *,
+                         forget_on_failure: bool) -> None:
+    case_id = row["case_id"]
+    try:
+        await send_start(services.publisher, services.topology, case_id, row["tenant_id"],
+                         row["agent"])
+        services.note_start_confirmed(case_id)
+    except (BusUnavailable, PublishRejected) as exc:
+        if forget_on_failure and not await services.store.delete_unstarted(case_id):
+            # The broker took the command after all (a node died with its confirm): a
+            # worker claimed the case, so it is accepted, not refused.
+            log.warning("start command for %s unconfirmed (%s) but the case was claimed",
+                        case_id, exc)
+            return
+        log.error("start command for %s not accepted: %s", case_id, exc)
+        # A full start queue (its length limit, reject-publish) lands here too.
+        raise NotAccepted("message broker did not accept the case; nothing was kept") from exc

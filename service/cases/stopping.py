@@ -1,0 +1,47 @@
+"""Stopping a case (cancel) and erasing its sensitive values. Only the worker emits
+case events: a cancel and an erasure reach it as commands, and it records them."""
+
+from __future__ import annotations
+
+import uuid
+
+from service.auth import Principal
+from service.cases.errors import Conflict, NotFound
+from service.cases.reading import owned
+from service.cases.services import CaseServices
+from service.cases.text import refuse_unstorable
+from service.commands import CancelCommand
+from service.erasure import Erasure
+from service.erasure import erase as erase_values
+
+
+async def cancel(services: CaseServices, principal: Principal, case_id: uuid.UUID,
+                 reason: str | None = None) -> None:
+    """Ask the case to stop: a queued case gets its ``CASE_CANCELLED`` from the worker
+    that receives its start command, at once and without running it; a running one
+    stops at its next step. ``Conflict`` when it has already ended."""
+    refuse_unstorable(reason, "body", "reason")
+    await owned(services, principal, case_id)
+    outcome = await services.store.request_cancel(case_id, reason, principal.subject)
+    if outcome == "unknown":
+        raise NotFound(f"no case {case_id}")
+    if outcome == "ended":
+        raise Conflict(f"case {case_id} has already ended")
+    await services.publisher.publish(
+        services.topology.cancel_exchange, "",
+        CancelCommand(case_id=case_id, reason=reason, by=principal.subject).to_json(),
+        message_type=CancelCommand.MESSAGE_TYPE, correlation_id=str(case_id))
+
+
+async def erase(services: CaseServices, principal: Principal, case_id: uuid.UUID) -> Erasure:
+    """Destroy the case's data key and ciphertext (crypto-shredding). The trail keeps
+    its placeholders and every hash still verifies; the worker appends a signed
+    ``CASE_ERASED``. ``Conflict`` when the case has not ended or holds no values."""
+    row = await owned(services, principal, case_id)
+    done = await erase_values(services.secrets, services.publisher, services.topology, row,
+                              principal.subject)
+    if done.outcome == "running":
+        raise Conflict(f"case {case_id} is {row['status']}: erase it once it has ended")
+    if done.outcome == "nothing":
+        raise Conflict(f"case {case_id} holds no sensitive values")
+    return done
