@@ -9,6 +9,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY service ./service
 COPY consumers ./consumers
+COPY casetrail ./casetrail
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11.11-slim-bookworm

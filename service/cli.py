@@ -71,11 +71,14 @@ def _run(main: Coroutine[Any, Any, T], *, long_running: bool = False) -> T:
 def _component(name: str, main: Coroutine[Any, Any, None]) -> None:
     """Run a long-running component; a configuration it cannot run with (no signing
     key, a retired key, ...) is a clear message and exit status 2, not a traceback."""
+    from service.agents import registry
     from service.errors import PermanentError
 
     try:
+        registry()  # every plugin loaded, or one clear error before anything starts
         _run(main, long_running=True)
     except PermanentError as exc:
+        main.close()
         typer.echo(f"casetrail {name}: {exc}", err=True)
         raise typer.Exit(2) from None
 
@@ -149,6 +152,7 @@ def api(
     """Serve the REST API with uvicorn."""
     import uvicorn
 
+    from service.agents import registry
     from service.api import create_app
     from service.errors import PermanentError
     from service.telemetry import metrics, tracing
@@ -156,6 +160,7 @@ def api(
     _logging()
     settings = get_settings()
     try:
+        registry()  # every plugin loaded, or one clear error before anything starts
         tracing.configure("api")
         metrics.serve(settings, "api")
     except PermanentError as exc:
@@ -290,18 +295,53 @@ def witness(
         raise typer.Exit(2) from None
 
 
+@app.command()
+def agents(
+    raw: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
+) -> None:
+    """The agents and capabilities this installation runs (built in, from installed
+    packages' entry points, or named in CASETRAIL_AGENTS) and where each came from.
+    Exit 2 when one does not load, naming it."""
+    from service.agents import PluginError, registry
+
+    try:
+        found = registry()
+    except PluginError as exc:
+        typer.echo(f"casetrail agents: {exc}", err=True)
+        raise typer.Exit(2) from None
+    listed: dict[str, list[dict[str, Any]]] = {
+        "agents": [{"name": a.name, "version": a.version, "from": found.origins[f"agent:{name}"],
+                    "tools": [t.name for t in a.tools],
+                    "scripted": a.script is not None} for name, a in found.agents.items()],
+        "capabilities": [{"name": name, "from": found.origins[f"capability:{name}"]}
+                         for name in found.capabilities]}
+    if raw:
+        typer.echo(orjson.dumps(listed, option=orjson.OPT_INDENT_2).decode())
+        return
+    for agent in listed["agents"]:
+        typer.echo(f"agent {agent['name']} {agent['version']}  tools: "
+                   f"{', '.join(agent['tools']) or '-'}  from {agent['from']}")
+    for capability in listed["capabilities"]:
+        typer.echo(f"capability {capability['name']}  from {capability['from']}")
+
+
 @app.command("capability-worker")
 def capability_worker(
     names: Annotated[list[str] | None, typer.Argument(help="Capabilities to serve (all if none).")]
     = None,
     concurrency: Annotated[int | None, typer.Option(help="Requests served at once.")] = None,
 ) -> None:
-    """Serve WorkerTool capabilities (credit-score, risk-model-retrieval, ...)."""
-    from service.agents import CAPABILITIES
+    """Serve WorkerTool capabilities (credit-score, risk-model-retrieval, ...): the
+    built-in ones and those of plugins (`casetrail agents` lists them)."""
+    from service.agents import CAPABILITIES, PluginError
     from service.capability_worker import run_capability_worker
 
     _logging()
-    wanted = names or sorted(CAPABILITIES)
+    try:
+        wanted = names or sorted(CAPABILITIES)
+    except PluginError as exc:
+        typer.echo(f"casetrail capability-worker: {exc}", err=True)
+        raise typer.Exit(2) from None
     unknown = [n for n in wanted if n not in CAPABILITIES]
     if unknown:
         typer.echo(f"unknown capabilities {unknown}; known: {', '.join(sorted(CAPABILITIES))}",

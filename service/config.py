@@ -134,6 +134,10 @@ class Settings(BaseSettings):
         "values their call needs sealed to it, and only that capability's workers open "
         "them. `casetrail setup` registers the public halves. Default: from the secrets "
         "file, where setup puts a new key for each capability that has none.")
+    agents: list[Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")]] = Field(
+        default_factory=list, description="Agents (or capabilities) to load beside the "
+        "built-in ones and those installed packages offer through the entry points "
+        "casetrail.agents and casetrail.capabilities: `module:attr` each (JSON list).")
     extra_capabilities: list[Annotated[str, Field(pattern=CAPABILITY_NAME)]] = Field(
         default_factory=list, description="Capabilities served beyond those of the installed "
         "agents: `casetrail setup` gives each its queue and broker user as it does the "

@@ -210,7 +210,8 @@ async def replay_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     recorded_decision = _decision(terminal.payload.get("answer"))
     cycles = final_chain(events)
     model_ref = ModelRef.model_validate(started["model"])
-    model = ScriptedModel(agent.script, name=model_ref.name) if model_ref.provider == "scripted" \
+    model = ScriptedModel(agent.script, name=model_ref.name) \
+        if model_ref.provider == "scripted" and agent.script is not None \
         else RecordedModel(cycles, model_ref.name)
     answers = {f"{case_id}:{cycle['cycleIndex']}:{i}": call for cycle in cycles
                for i, call in enumerate(cycle.get("toolCalls") or [])}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from service.agents import AGENTS
+from service.agents import loan_officer
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.engine.chat import (
     AssistantTurn,
@@ -45,13 +45,16 @@ async def run(model: Any, tools: ToolBox | None = None, **spec: Any) -> ListSink
     return sink
 
 
+LOAN_SCRIPT = loan_officer.think  # the loan officer's scripted brain
+
+
 @pytest.mark.parametrize(
     ("application", "decision"),
     list(zip(SAMPLE_APPLICATIONS, ["approve", "refer", "decline"], strict=True)),
 )
 async def test_loan_officer_reaches_known_decisions(application: dict[str, Any],
                                                     decision: str) -> None:
-    sink = await run(ScriptedModel(AGENTS["loan-officer"].script), case_input=application)
+    sink = await run(ScriptedModel(LOAN_SCRIPT), case_input=application)
     assert_well_formed(sink)
     assert sink.types == ["CASE_STARTED"] + ["REACT_CYCLE"] * 4 + ["CASE_COMPLETED"]
     cycles = [e for e in sink.events if isinstance(e, ReactCycle)]
@@ -325,7 +328,7 @@ async def test_decided_is_told_once_after_the_last_turn_and_before_the_terminal_
     sink, told = ListSink(), []
     cancel = CancelSignal()
     model: Any = {
-        "completed": ScriptedModel(AGENTS["loan-officer"].script),
+        "completed": ScriptedModel(LOAN_SCRIPT),
         "failed": Flaky([ModelRejected("400 bad request")]),
         "timed_out": SlowAfter(fast=1, delay=30),
         "cancelled": SlowAfter(fast=1, delay=30),

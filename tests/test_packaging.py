@@ -180,3 +180,6 @@ def test_the_wheel_the_image_installs_carries_the_viewer(tmp_path: Path) -> None
     names = set(zipfile.ZipFile(wheel).namelist())
     ui = {p.name for p in (ROOT / "service" / "api" / "ui").iterdir()}
     assert {f"service/api/ui/{name}" for name in ui} <= names
+    # ... and the public authoring API that plugins import.
+    assert {"casetrail/__init__.py", "casetrail/py.typed"} <= names
+    assert "COPY casetrail ./casetrail" in (ROOT / "Dockerfile").read_text()

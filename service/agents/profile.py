@@ -38,7 +38,8 @@ class AgentProfile:
     input_model: type[BaseModel]
     default_model: ModelRef
     default_limits: Limits
-    script: ScriptFn
+    script: ScriptFn | None
+    """The scripted brain, for cases run on the scripted provider (none: a real model only)."""
     capabilities: tuple[Capability[Any], ...] = ()
     context_budget_tokens: int = 32_000
     bench_only: bool = False

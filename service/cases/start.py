@@ -94,6 +94,9 @@ async def start(services: CaseServices, principal: Principal, request: CaseReque
     model = request.model or agent.default_model
     if problem := model_problem(model, settings):
         raise Invalid(Issue(("body", "model", problem[0]), problem[1]))
+    if model.provider == "scripted" and agent.script is None:
+        raise Invalid(Issue(("body", "model", "provider"), f"agent {agent.name!r} has no "
+                                                           "scripted brain: name a real model"))
     if request.model is not None and request.model.latency_ms is not None \
             and not settings.bench_mode:
         raise Invalid(Issue(("body", "model", "latencyMs"), "latencyMs is for benchmarks and "

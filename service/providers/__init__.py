@@ -93,6 +93,8 @@ class ModelFactory:
         if problem:
             return UnavailableProvider(ref, problem[1])
         if ref.provider == "scripted":
+            if agent.script is None:
+                return UnavailableProvider(ref, f"agent {agent.name!r} has no scripted brain")
             return ScriptedModel(agent.script, name=ref.name,
                                  latency=(ref.latency_ms or 0) / 1000)
         entry = self._settings.endpoint(ref.endpoint) if ref.endpoint is not None else \

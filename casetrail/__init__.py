@@ -1,0 +1,21 @@
+"""casetrail's public authoring API: declare your own agents and capabilities in your
+own package; casetrail discovers and runs them (docs/plugins.md). What is exported here
+is the stable surface; everything under ``service`` may move between releases.
+
+- ``Agent``, ``LocalTool``, ``WorkerTool``, ``capability``, ``Sensitive``, ``Limits``,
+  ``ModelRef``: the declaration.
+- ``AssistantTurn``, ``ChatMessage``, ``call``, ``case_input``, ``observed``: for a
+  scripted brain (a function from the conversation so far to the next turn), which an
+  agent needs only when its model is the scripted provider.
+"""
+
+from service.agents.profile import case_input, observed
+from service.authoring import Agent, DeclarationError, LocalTool, WorkerTool, capability
+from service.engine.chat import AssistantTurn, ChatMessage, ToolCallRequest
+from service.engine.scripted import call
+from service.events import Limits, ModelRef
+from service.sensitive import Sensitive
+
+__all__ = ["Agent", "AssistantTurn", "ChatMessage", "DeclarationError", "Limits", "LocalTool",
+           "ModelRef", "Sensitive", "ToolCallRequest", "WorkerTool", "call", "capability",
+           "case_input", "observed"]

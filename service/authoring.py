@@ -1,0 +1,136 @@
+"""The authoring API: how a team declares its own agent and its capabilities, in its own
+package, and casetrail runs them (re-exported, stable, by the ``casetrail`` package;
+docs/plugins.md).
+
+    from casetrail import Agent, LocalTool, WorkerTool, capability
+
+    @capability("overdraft-history")
+    async def overdraft_history(args: HistoryArgs) -> dict: ...
+
+    OVERDRAFT = Agent(
+        name="overdraft-review", version="1.0.0", description="...",
+        instructions="You review overdraft requests...", input=OverdraftRequest,
+        tools=[WorkerTool("overdraft-history", args=HistoryArgs, description="..."),
+               LocalTool(fee_for)],
+        model=ModelRef(provider="openai", name="gpt-4o-mini"))
+
+A package offers them through the entry-point groups ``casetrail.agents`` and
+``casetrail.capabilities`` (``service/agents/__init__.py`` finds them), or a
+deployment names them in ``CASETRAIL_AGENTS=module:attr,...``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, get_type_hints
+
+from pydantic import BaseModel
+
+from service.agents.profile import AgentProfile
+from service.engine import tools as engine_tools
+from service.engine.scripted import ScriptFn
+from service.engine.tools import Capability, ToolSource
+from service.errors import PermanentError
+from service.events import Limits, ModelRef
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
+
+
+class DeclarationError(PermanentError):
+    """An agent or a capability declared in a way casetrail cannot run."""
+
+
+def _args_model(fn: Callable[..., Any], what: str) -> type[BaseModel]:
+    """The pydantic model of ``fn``'s one parameter."""
+    parameters = list(inspect.signature(fn).parameters.values())
+    hints = get_type_hints(fn)
+    if len(parameters) != 1 or not (isinstance(model := hints.get(parameters[0].name), type)
+                                    and issubclass(model, BaseModel)):
+        raise DeclarationError(f"{what} {fn.__qualname__} must take one argument annotated "
+                               "with a pydantic model (its arguments)")
+    return model
+
+
+def LocalTool(fn: Callable[[Any], Any], *, name: str | None = None,
+              description: str | None = None) -> engine_tools.LocalTool[Any]:
+    """A plain function (sync or async) as a tool called in process: its arguments are
+    the pydantic model it takes, its name the function's (``-`` for ``_``), its
+    description the first paragraph of its docstring."""
+    tool_name = name or fn.__name__.replace("_", "-")
+    if not TOOL_NAME.match(tool_name):
+        raise DeclarationError(f"tool name {tool_name!r} must match {TOOL_NAME.pattern}")
+    text = description or (inspect.getdoc(fn) or "").split("\n\n", 1)[0].replace("\n", " ")
+    if not text:
+        raise DeclarationError(f"tool {tool_name!r} needs a description (or a docstring)")
+    return engine_tools.LocalTool(tool_name, text, _args_model(fn, "tool"), fn)
+
+
+def WorkerTool(capability: str, *, args: type[BaseModel], description: str,
+               name: str | None = None) -> engine_tools.WorkerTool:
+    """A tool run by a capability worker through the bus (retries, timeout, audit):
+    ``capability`` names what serves it, ``args`` its arguments."""
+    if not NAME.match(capability):
+        raise DeclarationError(f"capability name {capability!r} must match {NAME.pattern}")
+    return engine_tools.WorkerTool(name or capability, description, capability, args)
+
+
+def capability(name: str) -> Callable[[Callable[[ArgsT], Awaitable[Any]]], Capability[ArgsT]]:
+    """Declare an async function as the handler of a capability: its one argument is the
+    pydantic model of the requests it serves; it returns their JSON result."""
+    if not NAME.match(name):
+        raise DeclarationError(f"capability name {name!r} must match {NAME.pattern}")
+
+    def declare(handler: Callable[[ArgsT], Awaitable[Any]]) -> Capability[ArgsT]:
+        if not inspect.iscoroutinefunction(handler):
+            raise DeclarationError(f"capability {name!r}: {handler.__qualname__} must be "
+                                   "async")
+        args_model: type[ArgsT] = _args_model(handler, "capability")  # type: ignore[assignment]
+        return Capability(name, args_model, handler)
+
+    return declare
+
+
+@dataclass(frozen=True)
+class Agent:
+    """An agent: what it is for, how it is instructed, what its cases' input is, which
+    tools it may use, and the model and limits a case gets unless it asks for others.
+    ``script`` (a scripted brain) is needed only when ``model`` is the scripted provider;
+    ``capabilities`` are handlers this package serves for its WorkerTools."""
+
+    name: str
+    version: str
+    description: str
+    instructions: str
+    input: type[BaseModel]
+    tools: Sequence[ToolSource] = ()
+    model: ModelRef | None = None
+    limits: Limits = field(default_factory=lambda: Limits(max_cycles=10, deadline_seconds=120))
+    script: ScriptFn | None = None
+    capabilities: Sequence[Capability[Any]] = ()
+    context_budget_tokens: int = 32_000
+
+    def profile(self) -> AgentProfile:
+        """The agent as the engine runs it; ``DeclarationError`` when it cannot run."""
+        if not NAME.match(self.name):
+            raise DeclarationError(f"agent name {self.name!r} must match {NAME.pattern}")
+        if not (isinstance(self.input, type) and issubclass(self.input, BaseModel)):
+            raise DeclarationError(f"agent {self.name!r}: input must be a pydantic model")
+        names = [tool.name for tool in self.tools]
+        if len(set(names)) != len(names):
+            raise DeclarationError(f"agent {self.name!r} names a tool twice: {names}")
+        model = self.model or ModelRef(provider="scripted", name=f"{self.name}-scripted")
+        if model.provider == "scripted" and self.script is None:
+            raise DeclarationError(f"agent {self.name!r}: its model is the scripted provider "
+                                   "but it has no script (give one, or name a real model)")
+        return AgentProfile(
+            name=self.name, description=self.description, system_prompt=self.instructions,
+            tools=tuple(self.tools), input_model=self.input, default_model=model,
+            default_limits=self.limits, script=self.script,
+            capabilities=tuple(self.capabilities), version=self.version,
+            context_budget_tokens=self.context_budget_tokens)

@@ -1,0 +1,92 @@
+"""An "overdraft review" agent, declared as its team would in its own package: the
+public ``casetrail`` API and nothing under ``service``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from casetrail import (
+    Agent,
+    AssistantTurn,
+    ChatMessage,
+    Limits,
+    LocalTool,
+    Sensitive,
+    WorkerTool,
+    call,
+    capability,
+    case_input,
+    observed,
+)
+
+
+class Camel(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True,
+                              alias_generator=lambda name: "".join(
+                                  w.capitalize() if i else w
+                                  for i, w in enumerate(name.split("_"))))
+
+
+class OverdraftRequest(Camel):
+    account_id: str = Field(pattern=r"^ACC-\d{4}$")
+    holder_name: Annotated[str, Sensitive()] = Field(min_length=1, max_length=200)
+    requested_limit: int = Field(gt=0, le=10_000)
+
+
+class HistoryArgs(Camel):
+    account_id: str
+    holder_name: str
+
+
+class FeeArgs(Camel):
+    requested_limit: int
+
+
+@capability("overdraft-history")
+async def overdraft_history(args: HistoryArgs) -> dict[str, Any]:
+    """The bank's record of the account's past overdrafts (here: from its number)."""
+    bounced = int(args.account_id[-1]) % 3
+    return {"accountId": args.account_id, "holderOnRecord": args.holder_name,
+            "bouncedPayments12m": bounced}
+
+
+def monthly_fee(args: FeeArgs) -> dict[str, Any]:
+    """The monthly fee of an overdraft limit (2% of it, at least 5)."""
+    return {"monthlyFee": max(5, round(args.requested_limit * 0.02))}
+
+
+def review(messages: Sequence[ChatMessage]) -> AssistantTurn:
+    """The scripted brain: history and fee first, then the decision."""
+    request, seen = case_input(messages), observed(messages)
+    if "overdraft-history" not in seen:
+        return AssistantTurn(
+            text=f"I will look up the overdraft history of {request['holderName']} and the fee.",
+            tool_calls=(call("overdraft-history", "call-1", accountId=request["accountId"],
+                             holderName=request["holderName"]),
+                        call("monthly-fee", "call-2", requestedLimit=request["requestedLimit"])))
+    bounced = seen["overdraft-history"]["bouncedPayments12m"]
+    decision = "approve" if bounced == 0 else "refer"
+    answer = {"decision": decision, "bouncedPayments12m": bounced,
+              "monthlyFee": seen["monthly-fee"]["monthlyFee"]}
+    return AssistantTurn(text=f"{bounced} bounced payments: {decision}.\n\n```json\n"
+                              f"{orjson.dumps(answer).decode()}\n```")
+
+
+OVERDRAFT = Agent(
+    name="overdraft-review",
+    version="0.3.0",
+    description="Decides whether an account may have the overdraft limit it asks for.",
+    instructions="You review overdraft requests: check the account's history and the fee, "
+                 "then approve or refer.",
+    input=OverdraftRequest,
+    tools=[WorkerTool("overdraft-history", args=HistoryArgs,
+                      description="Past overdrafts of the account."),
+           LocalTool(monthly_fee)],
+    limits=Limits(max_cycles=4, deadline_seconds=30),
+    script=review,
+    capabilities=[overdraft_history],
+)

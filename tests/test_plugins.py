@@ -1,0 +1,170 @@
+"""Your agent, not ours: an agent and its capability written with the public
+``casetrail`` API in a package of their own, found through entry points or
+``CASETRAIL_AGENTS``, run end to end by separate processes on the real broker and
+database; a broken or colliding plugin stops a component at start, naming it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from pydantic import BaseModel
+
+from casetrail import Agent, DeclarationError, LocalTool, ModelRef, capability
+from service.agents import PluginError, discover
+from service.config import Settings
+from tests.helpers import ended, wait_until
+from tests.stack import (
+    api_ready,
+    free_port,
+    kill_leftovers,
+    namespace_of_its_own,
+    spawn,
+    stop_cleanly,
+)
+
+OVERDRAFT = "tests.plugins.overdraft:OVERDRAFT"
+REQUEST = {"accountId": "ACC-1230", "holderName": "Jo Bloggs", "requestedLimit": 500}
+
+
+def installed(root: Path, name: str, entries: dict[str, list[str]]) -> Path:
+    """``root`` holding an installed distribution ``name`` 1.2 with these entry points
+    (group → ``name = module:attr`` lines), as pip would leave it."""
+    info = root / f"{name.replace('-', '_')}-1.2.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.2\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{line}\n" for line in lines) + "\n"
+        for group, lines in entries.items()))
+    return root
+
+
+def casetrail(settings: Settings, *args: str, path: Path | None = None,
+              **env: str) -> subprocess.CompletedProcess[str]:
+    extra = {"PYTHONPATH": str(path)} if path is not None else {}
+    return subprocess.run([sys.executable, "-m", "service.cli", *args],
+                          env=settings.environment(**extra, **env), capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def test_an_installed_plugin_is_listed_with_the_package_it_came_from(
+    settings: Settings, tmp_path: Path,
+) -> None:
+    path = installed(tmp_path, "overdraft-plugin",
+                     {"casetrail.agents": [f"overdraft = {OVERDRAFT}"]})
+    listed = casetrail(settings, "agents", "--json", path=path)
+    assert listed.returncode == 0, listed.stderr
+    found = orjson.loads(listed.stdout)
+    agent = next(a for a in found["agents"] if a["name"] == "overdraft-review")
+    assert agent["version"] == "0.3.0"
+    assert agent["tools"] == ["overdraft-history", "monthly-fee"]
+    assert agent["from"].startswith("package overdraft-plugin 1.2 (entry point "
+                                    "casetrail.agents:overdraft")
+    capabilities = {c["name"]: c["from"] for c in found["capabilities"]}
+    assert capabilities["overdraft-history"] == agent["from"]
+    assert capabilities["credit-score"] == "casetrail (built-in)"
+
+
+def test_a_broken_plugin_stops_every_component_at_start_naming_its_package(
+    settings: Settings, tmp_path: Path,
+) -> None:
+    path = installed(tmp_path, "broken-plugin", {"casetrail.agents": [
+        "broken = tests.plugins.broken:AGENT"]})
+    for command in (["agents"], ["worker"], ["capability-worker"], ["api", "--port", "0"]):
+        refused = casetrail(settings, *command, path=path)
+        assert refused.returncode == 2, (command, refused.stderr)
+        assert "package broken-plugin 1.2" in refused.stderr, command
+        assert "this release of the plugin is broken" in refused.stderr, command
+        assert "Traceback" not in refused.stderr, command
+
+
+def test_two_plugins_declaring_one_name_are_refused_naming_both(
+    settings: Settings, tmp_path: Path,
+) -> None:
+    installed(tmp_path, "first-plugin", {"casetrail.agents": [f"a = {OVERDRAFT}"]})
+    installed(tmp_path, "second-plugin", {"casetrail.agents": [f"b = {OVERDRAFT}"]})
+    refused = casetrail(settings, "agents", path=tmp_path)
+    assert refused.returncode == 2
+    assert "'overdraft-review' is declared twice" in refused.stderr
+    assert "first-plugin" in refused.stderr and "second-plugin" in refused.stderr
+
+
+class Args(BaseModel):
+    text: str
+
+
+def test_a_declaration_that_cannot_run_is_refused_with_the_reason() -> None:
+    with pytest.raises(DeclarationError, match="has no script"):
+        Agent(name="no-brain", version="1", description="d", instructions="i",
+              input=Args).profile()
+    assert Agent(name="real-model", version="1", description="d", instructions="i",
+                 input=Args, model=ModelRef(provider="openai", name="gpt-4o-mini")
+                 ).profile().script is None
+    with pytest.raises(DeclarationError, match="one argument annotated with a pydantic model"):
+        LocalTool(lambda text: text, name="echo", description="echo")
+    with pytest.raises(DeclarationError, match="needs a description"):
+        def undocumented(args: Args) -> str:
+            return args.text
+        LocalTool(undocumented)
+    with pytest.raises(DeclarationError, match="must be async"):
+        def synchronous(args: Args) -> str:
+            return args.text
+        capability("echo")(synchronous)  # type: ignore[arg-type]
+    with pytest.raises(PluginError, match=r"CASETRAIL_AGENTS entry 'tests\.plugins\.nothing:X'"):
+        discover(["tests.plugins.nothing:X"])
+
+
+@pytest.fixture(scope="module")
+async def plugin_stack(settings: Settings, database: str) -> Any:
+    """API, worker, consumer and capability worker as processes of a namespace whose
+    deployment names the plugin in CASETRAIL_AGENTS (setup gives its capability a queue
+    and a user of its own)."""
+    async with namespace_of_its_own(settings, "plugin", agents=[OVERDRAFT],
+                                    extra_capabilities=["overdraft-history"]) as (own, pool, key):
+        port = free_port()
+        children = {name: spawn(own, *command) for name, command in {
+            "api": ("api", "--port", str(port)), "worker": ("worker",),
+            "consumer": ("consumer",), "capability": ("capability-worker",)}.items()}
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            await wait_until(lambda: api_ready(base_url), timeout=30, interval=0.2)
+            async with httpx.AsyncClient(base_url=base_url, timeout=10, headers={
+                    "Authorization": f"Bearer {key}"}) as client:
+                yield client, pool
+            await stop_cleanly(children)
+        finally:
+            kill_leftovers(children)
+
+
+async def test_a_plugin_agent_runs_end_to_end_with_its_worker_tool_on_the_bus(
+    plugin_stack: Any,
+) -> None:
+    client, pool = plugin_stack
+    offered = {a["name"]: a for a in (await client.get("/agents")).json()["agents"]}
+    assert offered["overdraft-review"]["version"] == "0.3.0"
+    assert offered["overdraft-review"]["inputSchema"]["properties"]["holderName"][
+        "x-casetrail-sensitive"] is True
+    bad = await client.post("/cases", json={"agent": "overdraft-review",
+                                            "input": {**REQUEST, "requestedLimit": -1}})
+    assert bad.status_code == 422 and ["body", "input", "requestedLimit"] in [
+        e["loc"] for e in bad.json()["errors"]]
+    case_id = (await client.post("/cases", json={"agent": "overdraft-review",
+                                                 "input": REQUEST})).json()["caseId"]
+    view = await ended(client, case_id, timeout=30)
+    assert view["status"] == "completed", view
+    assert view["answer"] == {"decision": "approve", "bouncedPayments12m": 0, "monthlyFee": 10}
+    calls = await pool.fetch(
+        "SELECT tool_name, tool_source, tool_args::text AS args FROM react_tool_calls "
+        "WHERE case_id = $1 ORDER BY cycle_index, call_index", uuid.UUID(case_id))
+    assert [(c["tool_name"], c["tool_source"]) for c in calls] == [
+        ("overdraft-history", "worker"), ("monthly-fee", "local")]
+    assert "Jo Bloggs" not in calls[0]["args"] and "[pii:holderName]" in calls[0]["args"]
+    assert (await client.get(f"/cases/{case_id}/verify")).json()["verified"] is True
+    await asyncio.sleep(0)  # (the stack stops cleanly in the fixture)
