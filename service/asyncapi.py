@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from service.agents import AGENTS
 from service.bus.topology import Topology
 from service.commands import (
     CancelCommand,
@@ -43,6 +44,21 @@ def _schemas(models: list[type[BaseModel]]) -> dict[str, Any]:
                                          mode="serialization")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
+    return schemas
+
+
+def _answers() -> dict[str, Any]:
+    """Each agent's answer schema (``<Agent>Answer``): what a ``REACT_CYCLE``'s
+    ``answer`` and a ``CASE_COMPLETED``'s ``answer`` hold for a case of that agent."""
+    schemas: dict[str, Any] = {}
+    for agent in AGENTS.values():
+        if agent.answer_model is None:
+            continue
+        schema = agent.answer_model.model_json_schema(by_alias=True, ref_template=_REF)
+        schemas.update(schema.pop("$defs", {}))
+        title = "".join(part.capitalize() for part in agent.name.split("-"))
+        schemas[f"{title}Answer"] = {**schema, "description": (
+            f"The answer of a case of agent {agent.name} (v{agent.version}).")}
     return schemas
 
 
@@ -209,7 +225,7 @@ def asyncapi_document(namespace: str, vhost: str = "/", host: str = "localhost:5
                                  "capability worker to run a tool (one message per attempt).",
                                  user=f"{namespace}-worker", reply="toolReplies"),
             "replyTool": _send("toolReplies", ["ToolReply"], "A capability worker answers.",
-                               user=f"{namespace}-capability"),
+                               user=f"{namespace}-capability-<capability>"),
             "deadLetter": _send("deadLetters", ["DeadLetter"], "A component sets a message "
                                 "aside with the reason.", user=f"{namespace}-<component>"),
         },
@@ -218,6 +234,7 @@ def asyncapi_document(namespace: str, vhost: str = "/", host: str = "localhost:5
                 **_schemas([*(event_class(t) for t in EVENT_TYPES), CaseStartCommand,
                             EraseCommand, CancelCommand, ToolRequest, ToolReply]),
                 "AnyMessage": {"description": "The original message's body, unchanged."},
+                **_answers(),
             },
             "messages": {
                 **events, **commands,

@@ -139,6 +139,8 @@ def cases_list(
     until: Annotated[str | None, typer.Option(help="Created before (RFC 3339).")] = None,
     limit: Annotated[int, typer.Option(min=1, max=200, help="At most this many.")] = 50,
     cursor: Annotated[str | None, typer.Option(help="The next page's cursor.")] = None,
+    checks: Annotated[str | None, typer.Option(
+        help="`failed`: only cases where one of the agent's checks failed.")] = None,
     tenant: Annotated[str, typer.Option(help="The operator's tenant to list.")] = "default",
     raw: Annotated[bool, typer.Option("--json", help="The page as JSON.")] = False,
     api_key: ApiKey = None,
@@ -149,7 +151,8 @@ def cases_list(
     page = _perform(api_key, "cases:read", None if api_key else tenant,
                     lambda services, who: search(services, who, agent=agent, status=status,
                                                  decision=decision, since=since, until=until,
-                                                 limit=limit, cursor=cursor))
+                                                 limit=limit, cursor=cursor,
+                                                 checks=checks))
     if raw:
         _print(page)
         return

@@ -232,6 +232,36 @@ class ModelRetry(ContractModel):
     waited: Milliseconds = Field(alias="waitedMs")
 
 
+class AnswerRejection(ContractModel):
+    """An answer that did not stand: what the model gave (the final-answer call's
+    arguments, or its text when it answered in prose) and why it was refused; the model
+    was told and asked again."""
+
+    answer: Any
+    errors: tuple[str, ...] = Field(min_length=1)
+    tool_call_id: str | None = Field(default=None, description="The final-answer call's id "
+                                     "(absent: the model answered in prose, no call).")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        if data.get("toolCallId") is None:
+            data.pop("toolCallId", None)
+        return data
+
+
+class CheckResult(ContractModel):
+    """One of the agent's checks over the case's input, tool calls and answer, run
+    before its outcome."""
+
+    name: str
+    version: str
+    passed: bool
+    blocking: bool = Field(description="A failed blocking check never lets the answer "
+                                       "stand as an automated decision.")
+    detail: str
+
+
 class ReactCyclePayload(ContractModel):
     """One ReAct cycle: the model's reasoning, the tools it called, the tokens it used."""
 
@@ -247,11 +277,15 @@ class ReactCyclePayload(ContractModel):
     trimmed_observations: tuple[str, ...] = Field(
         default=(), description="Tool call ids whose observations were shortened for this turn."
     )
+    answer: JsonObject | None = Field(default=None, description="The final answer given in "
+                                      "this turn, as validated against the agent's schema.")
+    answer_rejected: AnswerRejection | None = Field(
+        default=None, description="A final answer given in this turn and refused.")
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
-        for key in ("model", "finishReason"):
+        for key in ("model", "finishReason", "answer", "answerRejected"):
             if data.get(key) is None:
                 data.pop(key, None)
         for key in ("modelRetries", "trimmedObservations"):
@@ -289,6 +323,16 @@ class Limits(ContractModel):
 
     max_cycles: int = Field(ge=1, description="Model turns allowed in one attempt.")
     deadline_seconds: float = Field(gt=0, description="Hard wall-clock limit of one attempt.")
+    max_answer_retries: int | None = Field(
+        default=None, ge=0, le=10, description="Answers refused (not valid for the agent's "
+        "answer schema) before the case fails with invalid_answer; absent: 2.")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        if data.get("maxAnswerRetries") is None:
+            data.pop("maxAnswerRetries", None)
+        return data
 
 
 class ToolOffer(ContractModel):
@@ -329,6 +373,9 @@ class CaseStartedPayload(ContractModel):
     model: ModelRef
     system_prompt_digest: str = Field(description="sha256 of the system prompt, hex.")
     tools_offered: tuple[ToolOffer, ...]
+    answer_schema_digest: str | None = Field(
+        default=None, description="SHA-256 (hex) of the RFC 8785 canonical JSON of the "
+        "agent's answer schema, which the final answer was validated against.")
     limits: Limits
     input: JsonObject
     restart_reason: str | None = Field(
@@ -346,7 +393,7 @@ class CaseStartedPayload(ContractModel):
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
-        for key in ("trace", "resumedFrom", "resumed_from"):
+        for key in ("trace", "resumedFrom", "resumed_from", "answerSchemaDigest"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
@@ -363,6 +410,15 @@ class CaseCompletedPayload(CaseTotals):
     """The case ended with an answer."""
 
     answer: JsonObject
+    checks: tuple[CheckResult, ...] = Field(default=(), description="The agent's checks, "
+                                            "run on the answer before this event.")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        if not data.get("checks"):
+            data.pop("checks", None)
+        return data
 
 
 class _WithRetries(CaseTotals):
@@ -373,16 +429,20 @@ class _WithRetries(CaseTotals):
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
-        if not data.get("modelRetries"):
-            data.pop("modelRetries", None)
+        for key in ("modelRetries", "checks"):
+            if not data.get(key):
+                data.pop(key, None)
         return data
 
 
 class CaseFailedPayload(_WithRetries):
     """The case ended without an answer; ``reason_code`` says which way."""
 
-    reason_code: Literal["max_cycles", "model_error", "internal_error", "publish_error"]
+    reason_code: Literal["max_cycles", "model_error", "internal_error", "publish_error",
+                         "invalid_answer", "policy_check_failed"]
     message: str
+    checks: tuple[CheckResult, ...] = Field(default=(), description="The agent's checks, when "
+                                            "a blocking one refused the answer.")
 
 
 class CaseTimedOutPayload(_WithRetries):

@@ -221,8 +221,9 @@ async def replay_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
         input=_as_validated(agent, started["input"]), model=model_ref,
         agent_version=agent.version,
         limits=Limits(max_cycles=recorded_limits.max_cycles,
-                      deadline_seconds=REPLAY_DEADLINE_SECONDS),
-        context_budget=agent.context_budget_tokens)
+                      deadline_seconds=REPLAY_DEADLINE_SECONDS,
+                      max_answer_retries=recorded_limits.max_answer_retries),
+        context_budget=agent.context_budget_tokens, answering=agent.answering)
     kept = _Kept()
     await ReactEngine(kept).run(spec, model, ToolBox(agent.tools, RecordedTools(answers)))
     replayed = [e.payload.model_dump(mode="json", by_alias=True) for e in kept.events

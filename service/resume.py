@@ -23,7 +23,14 @@ from typing import Any
 
 import orjson
 
-from service.engine.chat import AssistantMessage, ChatMessage, ToolCallRequest, ToolResultMessage
+from service.engine.answers import FINAL_ANSWER, feedback
+from service.engine.chat import (
+    AssistantMessage,
+    ChatMessage,
+    ToolCallRequest,
+    ToolResultMessage,
+    UserMessage,
+)
 from service.engine.loop import Resumption
 from service.events import ZERO_USAGE, ResumedFrom, TokenUsage
 from service.sensitive import restore
@@ -40,27 +47,55 @@ class RecordedEvent:
     occurred_at: datetime
 
 
+def _final_call(cycle: Mapping[str, Any]) -> ToolCallRequest | None:
+    """The final-answer call of a recorded cycle, as the model made it (an accepted
+    answer's arguments give the same answer again)."""
+    if isinstance(answer := cycle.get("answer"), dict):
+        return ToolCallRequest(id=f"answer-{cycle['cycleIndex']}", name=FINAL_ANSWER,
+                               arguments=answer)
+    rejected = cycle.get("answerRejected")
+    if isinstance(rejected, Mapping) and rejected.get("toolCallId"):
+        given = rejected.get("answer")
+        return ToolCallRequest(
+            id=rejected["toolCallId"], name=FINAL_ANSWER,
+            arguments=given if isinstance(given, dict) else None,
+            raw_arguments=None if isinstance(given, dict) else str(given))
+    return None
+
+
 def recorded_calls(cycle: Mapping[str, Any]) -> tuple[ToolCallRequest, ...]:
-    """The tool calls a recorded ``REACT_CYCLE``'s model turn asked for, as it asked."""
-    return tuple(
+    """The tool calls a recorded ``REACT_CYCLE``'s model turn asked for, as it asked (the
+    final-answer call, which is not a tool call of the record, last)."""
+    calls = tuple(
         ToolCallRequest(id=call.get("toolCallId") or f"call-{cycle['cycleIndex']}-{index}",
                         name=call["toolName"],
                         arguments=None if call.get("rawArgs") is not None else call["toolArgs"],
                         raw_arguments=call.get("rawArgs"))
         for index, call in enumerate(cycle.get("toolCalls") or []))
+    final = _final_call(cycle)
+    return calls if final is None else (*calls, final)
 
 
 def cycle_messages(cycle: Mapping[str, Any]) -> list[ChatMessage]:
     """A recorded ``REACT_CYCLE`` as the conversation had it: the model's turn, then each
-    call's observation (the same text the tool box gave the model)."""
+    call's observation (the same text the tool box gave the model), then what a refused
+    answer told the model (the same words the engine used)."""
     calls = cycle.get("toolCalls") or []
     requests = recorded_calls(cycle)
     messages: list[ChatMessage] = [AssistantMessage(cycle["reasoningText"], requests)]
-    for request, call in zip(requests, calls, strict=True):
+    for request, call in zip(requests, calls, strict=False):
         error = call.get("error")
         content = f"ERROR: {error}" if error else orjson.dumps(call.get("toolResult")).decode()
         messages.append(ToolResultMessage(request.id, request.name, content,
                                           is_error=error is not None))
+    rejected = cycle.get("answerRejected")
+    if isinstance(rejected, Mapping):
+        told = feedback(rejected["errors"])
+        if rejected.get("toolCallId"):
+            messages.append(ToolResultMessage(rejected["toolCallId"], FINAL_ANSWER,
+                                              f"ERROR: {told}", is_error=True))
+        else:
+            messages.append(UserMessage(told))
     return messages
 
 
@@ -120,7 +155,11 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
     for cycle in cycles:
         usage = usage + TokenUsage.model_validate(cycle["tokenUsage"])
         messages.extend(cycle_messages(cycle))
+    answer = cycles[-1].get("answer")
     return Resumption(
         resumed_from=ResumedFrom(attempt=attempt, seq=by_attempt[attempt][-1].seq,
                                  cycles=len(cycles)),
-        messages=tuple(messages), cycles=len(cycles), usage=usage)
+        messages=tuple(messages), cycles=len(cycles), usage=usage,
+        tool_calls=tuple(call for cycle in cycles for call in cycle.get("toolCalls") or ()),
+        rejections=sum(1 for cycle in cycles if cycle.get("answerRejected")),
+        answer=answer if isinstance(answer, dict) else None)

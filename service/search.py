@@ -66,6 +66,8 @@ class CaseFilter:
     """Cases created at or after this instant."""
     until: datetime | None = None
     """Cases created before this instant."""
+    checks_failed: bool | None = None
+    """True: only cases where one of the agent's checks failed."""
 
     @property
     def matches_nothing(self) -> bool:
@@ -87,6 +89,8 @@ class CaseFilter:
             clauses.append(f"status = {arg(self.status)}")
         if self.decision is not None:
             clauses.append(f"decision = {arg(self.decision)}")
+        if self.checks_failed:
+            clauses.append("checks_failed")
         if self.since is not None:
             clauses.append(f"created_at >= {arg(self.since)}")
         if self.until is not None:

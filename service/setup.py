@@ -188,7 +188,8 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT SELECT, INSERT, DELETE ON cases TO {api}",
         f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at, "
         f"start_confirmed_at, start_publishing_until) ON cases TO {api}",
-        f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls "
+        f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls, "
+        f"case_decisions "
         f"TO {api}",
         # ... seals a new case's sensitive values, opens them for pii:read callers,
         # shreds them on erase; logs each such access (append-only).

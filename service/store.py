@@ -771,7 +771,8 @@ class TenantReaders:
             grants = await conn.fetchval(
                 "SELECT format('GRANT CONNECT ON DATABASE %I TO %I; "
                 "GRANT USAGE ON SCHEMA public TO %I; "
-                "GRANT SELECT ON event_log, cases, react_cycles, react_tool_calls TO %I', "
+                "GRANT SELECT ON event_log, cases, react_cycles, react_tool_calls, "
+                "case_decisions TO %I', "
                 "current_database(), $1::text, $1::text, $1::text)", role)
             await conn.execute(grants)
             await conn.execute(

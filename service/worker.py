@@ -130,8 +130,9 @@ class Caps:
         except ValidationError as exc:
             raise Reject(f"case {case_id} has an unreadable row: "
                          f"{describe_validation_error(exc)}") from None
-        held = Limits(max_cycles=min(limits.max_cycles, self.max_cycles),
-                      deadline_seconds=min(limits.deadline_seconds, self.max_deadline_seconds))
+        held = limits.model_copy(update={
+            "max_cycles": min(limits.max_cycles, self.max_cycles),
+            "deadline_seconds": min(limits.deadline_seconds, self.max_deadline_seconds)})
         if model.latency_ms is not None and not self.bench_mode:
             model = model.model_copy(update={"latency_ms": None})
         if held != limits or model.latency_ms != case.model.get("latencyMs"):
@@ -435,7 +436,7 @@ class CaseWorker:
             model=model, restart_reason=restart_reason,
             context_budget=agent.context_budget_tokens, agent_version=agent.version,
             tenant_id=case.tenant_id, started_by=case.started_by,
-            resumption=resumption, deadline_at=deadline_at,
+            resumption=resumption, deadline_at=deadline_at, answering=agent.answering,
         )
         redaction = Redaction.of(values) if values else None
         # A tool call of this case sends its sensitive values sealed to the capability,

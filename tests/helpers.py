@@ -43,7 +43,9 @@ def spec_for(
     max_cycles: int = 8,
     deadline: float = 30.0,
     attempt: int = 1,
+    typed: bool = True,
 ) -> CaseSpec:
+    """A case of ``agent`` (its typed answer and checks unless ``typed`` is false)."""
     profile = AGENTS[agent]
     return CaseSpec(
         case_id=uuid.uuid4(),
@@ -53,6 +55,7 @@ def spec_for(
         input=case_input,
         limits=Limits(max_cycles=max_cycles, deadline_seconds=deadline),
         model=ModelRef(provider="scripted", name="test"),
+        answering=profile.answering if typed else None,
     )
 
 

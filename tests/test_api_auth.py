@@ -225,7 +225,8 @@ async def test_a_tenants_sql_role_sees_only_its_rows_in_tables_and_views(
     settings: Settings, stack: InProcessStack, pool: asyncpg.Pool,
 ) -> None:
     """Two tenants' cases run; each tenant's reader role (``casetrail sql-role create``)
-    queries event_log, cases and both views and sees its own rows only."""
+    queries event_log, cases and the views (case_decisions too) and sees its own rows
+    only."""
     scopes = ("cases:start", "cases:read")
     tenants = {"umbrella": await key(pool, "umbrella", *scopes),
                "hooli": await key(pool, "hooli", *scopes)}
@@ -248,7 +249,11 @@ async def test_a_tenants_sql_role_sees_only_its_rows_in_tables_and_views(
                 seen = {
                     table: {str(r[0]) for r in await conn.fetch(
                         f"SELECT DISTINCT case_id FROM {table}")}
-                    for table in ("event_log", "cases", "react_cycles", "react_tool_calls")}
+                    for table in ("event_log", "cases", "react_cycles", "react_tool_calls",
+                                  "case_decisions")}
+                decided = await conn.fetchrow(
+                    "SELECT agent, decision, decided_by, checks_passed, checks_failed "
+                    "FROM case_decisions")
                 tenants_seen = {r[0] for r in await conn.fetch(
                     "SELECT DISTINCT tenant_id FROM event_log")}
                 with pytest.raises(asyncpg.InsufficientPrivilegeError):
@@ -256,6 +261,9 @@ async def test_a_tenants_sql_role_sees_only_its_rows_in_tables_and_views(
             finally:
                 await conn.close()
             assert tenants_seen == {tenant}
+            assert decided is not None and dict(decided) == {
+                "agent": "loan-officer", "decision": "decline", "decided_by": "agent",
+                "checks_passed": 3, "checks_failed": 0}
             for table, ids in seen.items():
                 assert ids == {cases[tenant]}, (tenant, table, ids)
     finally:

@@ -66,7 +66,7 @@ async def test_loan_officer_reaches_known_decisions(application: dict[str, Any],
     sources = {t.tool_name: t.tool_source for c in cycles for t in c.payload.tool_calls}
     assert sources["credit-score"] == "worker" and sources["debt-to-income"] == "local"
     terminal = sink.events[-1]
-    assert terminal.payload.answer["decision"] == decision  # type: ignore[union-attr]
+    assert terminal.payload.answer["decision"] == decision  # type: ignore[union-attr,index]
     total = sum((c.payload.token_usage for c in cycles), ZERO_USAGE)
     assert terminal.payload.token_totals == total  # type: ignore[union-attr]
     assert terminal.payload.cycles_completed == 4  # type: ignore[union-attr]
@@ -93,7 +93,7 @@ async def test_parallel_tool_calls_run_concurrently_and_keep_order() -> None:
                                call("meet", "b", label="second"))),
         AssistantTurn("done"),
     ])
-    sink = await run(model, tools, deadline=5)
+    sink = await run(model, tools, deadline=5, typed=False)
     assert_well_formed(sink)
     assert sink.types[-1] == "CASE_COMPLETED"
     calls = sink.events[1].payload.tool_calls  # type: ignore[union-attr]
@@ -126,7 +126,7 @@ async def test_every_tool_failure_is_an_observation_not_a_crash() -> None:
         seen.append([m.content for m in messages[-5:]])  # type: ignore[union-attr]
         return AssistantTurn("recovered")
 
-    sink = await run(ScriptedModel(script), tools)
+    sink = await run(ScriptedModel(script), tools, typed=False)
     assert_well_formed(sink)
     assert sink.types[-1] == "CASE_COMPLETED"
     records = sink.events[1].payload.tool_calls  # type: ignore[union-attr]
@@ -223,7 +223,7 @@ class Flaky:
 
 async def test_transient_model_errors_are_retried_and_recorded() -> None:
     sink = await run(Flaky([ModelUnavailable("429 slow down", retry_after=0.01),
-                            ModelUnavailable("503", retry_after=0.02)]))
+                            ModelUnavailable("503", retry_after=0.02)]), typed=False)
     assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "CASE_COMPLETED"]
     retries = sink.events[1].payload.model_retries  # type: ignore[union-attr]
     assert [r.reason for r in retries] == ["429 slow down", "503"]
@@ -282,7 +282,7 @@ async def test_events_are_confirmed_in_order_and_nothing_acts_before_the_trail_i
                                AssistantTurn("two", (call("act", "2", label="b"),)),
                                AssistantTurn('{"done": true}')])
     sink = SlowConfirmSink(log, delay=0.02)
-    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), model, tools)
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0], typed=False), model, tools)
     assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "REACT_CYCLE", "REACT_CYCLE",
                           "CASE_COMPLETED"]
     for seq in range(len(sink.events) - 1):

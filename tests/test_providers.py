@@ -95,7 +95,8 @@ async def test_openai_malformed_arguments_become_a_tool_error_the_model_sees(
         openai_turn('{"decision": "refer"}'),
     ]
     sink = ListSink()
-    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), openai_model(fake, clients),
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0], typed=False),
+                                openai_model(fake, clients),
                                 toolbox())
     assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "REACT_CYCLE", "CASE_COMPLETED"]
     record = sink.events[1].payload.tool_calls[0]  # type: ignore[union-attr]
@@ -114,7 +115,8 @@ async def test_429_then_success_is_retried_and_recorded(
     fake.script = [error(429, "slow down", {"retry-after": "0"}),
                    error(503, "overloaded"), openai_turn('{"decision": "approve"}')]
     sink = ListSink()
-    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), openai_model(fake, clients),
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0], typed=False),
+                                openai_model(fake, clients),
                                 toolbox())
     assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "CASE_COMPLETED"]
     retries = sink.events[1].payload.model_retries  # type: ignore[union-attr]
@@ -142,7 +144,8 @@ async def test_401_fails_the_case_with_a_fixed_text_never_the_key(
     # Providers echo part of the key they refused; none of it may reach the trail.
     fake.script = [error(401, f"Incorrect API key provided: {SECRET[:9]}***{SECRET[-4:]}")]
     sink = ListSink()
-    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), anthropic_model(fake, clients),
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0], typed=False),
+                                anthropic_model(fake, clients),
                                 toolbox())
     assert sink.types == ["CASE_STARTED", "CASE_FAILED"]
     payload = sink.events[-1].payload
@@ -181,7 +184,8 @@ async def test_anthropic_thinking_and_tool_use_round_trip(
         anthropic_turn([{"type": "text", "text": '{"decision": "approve"}'}]),
     ]
     sink = ListSink()
-    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0]), anthropic_model(fake, clients),
+    await ReactEngine(sink).run(spec_for(SAMPLE_APPLICATIONS[0], typed=False),
+                                anthropic_model(fake, clients),
                                 toolbox())
     assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "REACT_CYCLE", "CASE_COMPLETED"]
     cycle = sink.events[1].payload
@@ -254,6 +258,10 @@ async def openai_server() -> AsyncIterator[FakeLLM]:
         yield server
 
 
+ANSWER = {"decision": "refer", "applicantId": "A-1001",
+          "rationale": "Credit score 742; referred for the policy check."}
+
+
 async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
     settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
     openai_server: FakeLLM, auth_headers: dict[str, str], monkeypatch: pytest.MonkeyPatch,
@@ -269,7 +277,8 @@ async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
         openai_turn("I need the credit score.",
                     calls=[("call_1", "credit-score", '{"applicantId": "A-1001"}')],
                     prompt=500, completion=20),
-        openai_turn('The score is 742.\n```json\n{"decision": "approve"}\n```',
+        openai_turn("The score is 742; without the policy an underwriter decides.",
+                    calls=[("call_2", "final_answer", orjson.dumps(ANSWER).decode())],
                     prompt=600, completion=25),
     ]
     model = {"provider": "openai", "name": "gpt-test", "baseUrl": base_url}
@@ -292,7 +301,8 @@ async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
 
         case = await ended(client, case_id, timeout=30)
         trail = (await client.get(f"/cases/{case_id}/events")).json()["events"]
-    assert case["status"] == "completed" and case["answer"] == {"decision": "approve"}
+    assert case["status"] == "completed"
+    assert case["answer"] == {**ANSWER, "reasonCodes": [], "figures": None}  # as validated
     assert case["tokenUsage"] == {"inputTokens": 1100, "outputTokens": 45}
     cycles = [e["payload"] for e in trail if e["eventType"] == "REACT_CYCLE"]
     assert [c["model"] for c in cycles] == ["gpt-test", "gpt-test"]

@@ -57,7 +57,8 @@ def loan_model(request: dict[str, Any]) -> Reply:
         lambda: calling("debt-to-income", monthlyDebt=1600, monthlyIncome=8000),
         lambda: calling("lending-policy", creditScore=742, dti=0.2, riskScore=0.05,
                         loanAmount=20000),
-        lambda: openai_turn('{"decision": "approve", "applicantId": "A-7007"}'),
+        lambda: calling("final_answer", decision="approve", applicantId="A-7007",
+                        rationale="score 742, dti 0.2: policy approves", reasonCodes=[]),
     ]
     reply = steps[turn_of(request)]()
     reply.delay = TURN_SECONDS

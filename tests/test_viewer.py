@@ -75,6 +75,11 @@ async def test_a_running_case_fills_in_live_and_ends_with_its_decision(
     await expect(first_tool).to_contain_text("worker")
     await expect(first_tool).to_contain_text("Arguments")
     await expect(first_tool).to_contain_text("Result")
+    # The final answer (not a tool call) and each check's verdict.
+    await expect(cycles.last.locator("details.answer")).to_contain_text('"decision": "approve"')
+    applicant = outcome.locator("table.checks tr[data-check='names-the-applicant']")
+    await expect(applicant).to_contain_text("passed")
+    await expect(applicant).to_contain_text("every call and the answer name A-1001")
     assert await page.locator(".chart .bar-pair").count() == 4
     assert await page.evaluate("window.shifts") < 0.05  # nothing already shown moved
     # The applicant's name is a placeholder for a key without pii:read.

@@ -9,12 +9,12 @@ specific to lending.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import Field
 
 from service.agents.profile import AgentProfile, CamelModel, case_input, errors_in, observed
+from service.engine.answers import FINAL_ANSWER, Check, CheckContext
 from service.engine.chat import AssistantTurn, ChatMessage
 from service.engine.scripted import call
 from service.engine.tools import Capability, LocalTool, WorkerTool
@@ -117,9 +117,40 @@ def think(messages: Sequence[ChatMessage]) -> AssistantTurn:
                 f"no sanctions match; {pattern['transfers']} transfers totalling "
                 f"{pattern['total']} show no red flags"
             )
-    answer = {"decision": decision, "customerId": request["customerId"], "rationale": why}
-    body = orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode()
-    return AssistantTurn(text=f"Decision: {decision}, because {why}.\n\n```json\n{body}\n```")
+    return AssistantTurn(text=f"Decision: {decision}, because {why}.", tool_calls=(
+        call(FINAL_ANSWER, "final", decision=decision, customerId=request["customerId"],
+             rationale=why),))
+
+
+class ScreeningDecision(CamelModel):
+    """The AML analyst's answer."""
+
+    decision: Literal["clear", "escalate", "file-sar"]
+    customer_id: str = Field(description="The customer screened (the case's own).")
+    rationale: str = Field(min_length=1, max_length=4000)
+
+
+def _screened(case: CheckContext) -> tuple[bool, str]:
+    """A customer is cleared only after the sanctions lists were checked for their name."""
+    screened = [c for c in case.calls_to("sanctions-screening") if c.get("error") is None
+                and c["toolArgs"].get("name") == case.input["customerName"]]
+    if screened:
+        return True, f"screened against {', '.join(screened[-1]['toolResult']['listsChecked'])}"
+    if case.answer["decision"] == "clear":
+        return False, "cleared without a sanctions screening of the customer's own name"
+    return True, f"{case.answer['decision']}: a person looks at it"
+
+
+def _the_customer(case: CheckContext) -> tuple[bool, str]:
+    if case.answer["customerId"] != case.input["customerId"]:
+        return False, "the answer names another customer than the case's"
+    return True, "the answer names the case's customer"
+
+
+CHECKS = (
+    Check("sanctions-screened", "1", _screened),
+    Check("names-the-customer", "1", _the_customer),
+)
 
 
 CAPABILITIES: tuple[Capability[Any], ...] = (
@@ -134,8 +165,8 @@ AML_SCREENING = AgentProfile(
     ),
     system_prompt=(
         "You are an AML analyst. Screen the customer against sanctions lists and analyse "
-        "their transfers. Answer with a JSON object: decision (clear, escalate or file-sar), "
-        "customerId, rationale."
+        "their transfers. Give your decision by calling final_answer: decision (clear, escalate "
+        "or file-sar), customerId, rationale."
     ),
     tools=(
         WorkerTool("sanctions-screening", "Screens a name against OFAC, EU and UN lists.",
@@ -148,4 +179,7 @@ AML_SCREENING = AgentProfile(
     default_limits=Limits(max_cycles=6, deadline_seconds=60),
     script=think,
     capabilities=CAPABILITIES,
+    version="1.1.0",
+    answer_model=ScreeningDecision,
+    checks=CHECKS,
 )

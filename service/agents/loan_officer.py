@@ -13,10 +13,10 @@ import hashlib
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import Field
 
 from service.agents.profile import AgentProfile, CamelModel, case_input, errors_in, observed
+from service.engine.answers import FINAL_ANSWER, Check, CheckContext
 from service.engine.chat import AssistantTurn, ChatMessage
 from service.engine.scripted import call
 from service.engine.tools import Capability, LocalTool, WorkerTool
@@ -127,14 +127,19 @@ AUTO_APPROVE_SCORE = 700
 
 def lending_policy(args: LendingPolicyArgs) -> dict[str, Any]:
     reasons: list[str] = []
+    codes: list[str] = []
     if args.credit_score < SCORE_FLOOR:
         reasons.append(f"credit score {args.credit_score} is below the floor of {SCORE_FLOOR}")
+        codes.append("SCORE_BELOW_FLOOR")
     if args.dti > 0.5:
         reasons.append(f"debt-to-income {args.dti:.3f} exceeds the ceiling of 0.50")
+        codes.append("DTI_ABOVE_CEILING")
     if args.risk_score >= 0.25:
         reasons.append(f"default probability {args.risk_score:.3f} is at or above 0.25")
+        codes.append("DEFAULT_RISK_TOO_HIGH")
     if reasons:
-        return {"decision": "decline", "policyVersion": POLICY_VERSION, "reasons": reasons}
+        return {"decision": "decline", "policyVersion": POLICY_VERSION, "reasons": reasons,
+                "reasonCodes": codes}
     if (
         args.credit_score >= AUTO_APPROVE_SCORE
         and args.dti <= 0.36
@@ -142,7 +147,8 @@ def lending_policy(args: LendingPolicyArgs) -> dict[str, Any]:
         and args.loan_amount <= 50_000
     ):
         reasons.append("score, debt-to-income and default probability within auto-approve bands")
-        return {"decision": "approve", "policyVersion": POLICY_VERSION, "reasons": reasons}
+        return {"decision": "approve", "policyVersion": POLICY_VERSION, "reasons": reasons,
+                "reasonCodes": []}
     if args.credit_score < AUTO_APPROVE_SCORE:
         reasons.append(f"credit score {args.credit_score} is below the auto-approve band of "
                        f"{AUTO_APPROVE_SCORE}")
@@ -152,12 +158,77 @@ def lending_policy(args: LendingPolicyArgs) -> dict[str, Any]:
         reasons.append(f"default probability {args.risk_score:.3f} needs underwriter review")
     if args.loan_amount > 50_000:
         reasons.append("amount above the auto-approve limit of 50,000")
-    return {"decision": "refer", "policyVersion": POLICY_VERSION, "reasons": reasons}
+    codes = [code for code, applies in (
+        ("SCORE_BELOW_AUTO_APPROVE", args.credit_score < AUTO_APPROVE_SCORE),
+        ("DTI_ABOVE_AUTO_APPROVE", args.dti > 0.36),
+        ("DEFAULT_RISK_NEEDS_REVIEW", args.risk_score >= 0.1),
+        ("AMOUNT_ABOVE_AUTO_APPROVE", args.loan_amount > 50_000)) if applies]
+    return {"decision": "refer", "policyVersion": POLICY_VERSION, "reasons": reasons,
+            "reasonCodes": codes}
+
+
+class LoanFigures(CamelModel):
+    credit_score: int
+    debt_to_income: float
+    default_probability: float
+    risk_band: Literal["low", "medium", "high"]
+
+
+class LoanDecision(CamelModel):
+    """The loan officer's answer."""
+
+    decision: Literal["approve", "refer", "decline"]
+    applicant_id: str = Field(description="The applicant decided on (the case's own).")
+    reason_codes: list[str] = Field(default_factory=list, description=(
+        "The lending policy's reason codes for the decision (a decline has at least one)."))
+    rationale: str = Field(min_length=1, max_length=4000, description="Citing the figures.")
+    figures: LoanFigures | None = None
+
+
+def _policy_consulted(case: CheckContext) -> tuple[bool, str]:
+    """An approve or a decline stands only on the lending policy's answer."""
+    decision = case.answer["decision"]
+    answered = [c for c in case.calls_to("lending-policy") if c.get("error") is None]
+    if not answered:
+        return decision == "refer", (
+            "refer without the lending policy: a person decides" if decision == "refer"
+            else f"{decision} without consulting lending-policy")
+    policy = answered[-1]["toolResult"]
+    if decision != "refer" and policy["decision"] != decision:
+        return False, f"{decision}, where lending-policy {policy['policyVersion']} returned " \
+                      f"{policy['decision']}"
+    return True, f"lending-policy {policy['policyVersion']} returned {policy['decision']}"
+
+
+def _names_the_applicant(case: CheckContext) -> tuple[bool, str]:
+    """Every tool call and the answer are about this case's applicant."""
+    applicant = case.input["applicantId"]
+    others = sorted({str(c["toolArgs"]["applicantId"]) for c in case.tool_calls
+                     if isinstance(c.get("toolArgs"), dict)
+                     and c["toolArgs"].get("applicantId", applicant) != applicant})
+    if case.answer["applicantId"] != applicant:
+        others.append(f"the answer names {case.answer['applicantId']}")
+    if others:
+        return False, f"this case is {applicant}'s, but: {', '.join(others)}"
+    return True, f"every call and the answer name {applicant}"
+
+
+def _decline_has_reasons(case: CheckContext) -> tuple[bool, str]:
+    if case.answer["decision"] != "decline":
+        return True, f"{case.answer['decision']}: no reason code needed"
+    codes = case.answer.get("reasonCodes") or []
+    return bool(codes), ", ".join(codes) if codes else "a decline without a reason code"
+
+
+CHECKS = (
+    Check("lending-policy-consulted", "1", _policy_consulted),
+    Check("names-the-applicant", "1", _names_the_applicant),
+    Check("decline-has-reason-code", "1", _decline_has_reasons),
+)
 
 
 def _final(text: str, answer: dict[str, Any]) -> AssistantTurn:
-    body = orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode()
-    return AssistantTurn(text=f"{text}\n\n```json\n{body}\n```")
+    return AssistantTurn(text=text, tool_calls=(call(FINAL_ANSWER, "final", **answer),))
 
 
 def think(messages: Sequence[ChatMessage]) -> AssistantTurn:
@@ -233,6 +304,7 @@ def think(messages: Sequence[ChatMessage]) -> AssistantTurn:
         {
             "decision": decision,
             "applicantId": applicant,
+            "reasonCodes": policy["reasonCodes"],
             "rationale": rationale,
             "figures": {
                 "creditScore": score,
@@ -258,8 +330,9 @@ LOAN_OFFICER = AgentProfile(
     system_prompt=(
         "You are a loan officer. Evaluate the application with your tools: fetch the "
         "credit score, retrieve the risk model, compute the debt-to-income ratio, check the "
-        "lending policy. Answer with a JSON object: decision (approve, refer or decline), "
-        "applicantId, rationale citing the figures, figures."
+        "lending policy. Give your decision by calling final_answer: decision (approve, refer "
+        "or decline), applicantId, the policy's reasonCodes, a rationale citing the figures, "
+        "figures."
     ),
     tools=(
         WorkerTool("credit-score", "The applicant's credit bureau score.", "credit-score",
@@ -276,4 +349,7 @@ LOAN_OFFICER = AgentProfile(
     default_limits=Limits(max_cycles=8, deadline_seconds=60),
     script=think,
     capabilities=CAPABILITIES,
+    version="1.1.0",
+    answer_model=LoanDecision,
+    checks=CHECKS,
 )

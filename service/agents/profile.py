@@ -10,6 +10,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
+from service.engine.answers import Answering, Check
 from service.engine.chat import ChatMessage, ToolResultMessage, UserMessage
 from service.engine.scripted import ScriptFn
 from service.engine.tools import Capability, ToolSource, source_label
@@ -46,6 +47,15 @@ class AgentProfile:
     """Offered only with CASETRAIL_BENCH_MODE=1 (a load generator, not an agent)."""
     version: str = "1.0.0"
     """Bumped when the prompt, the tools or the policy change; recorded in CASE_STARTED."""
+    answer_model: type[BaseModel] | None = None
+    """The answer's schema: the model gives it through the final-answer tool, and a case
+    completes only with an answer that validates (docs/design.md)."""
+    checks: tuple[Check, ...] = ()
+    """Named, versioned checks over the input, the tool calls and the answer."""
+
+    @property
+    def answering(self) -> Answering | None:
+        return None if self.answer_model is None else Answering(self.answer_model, self.checks)
 
     def input_schema(self) -> dict[str, Any]:
         return self.input_model.model_json_schema(by_alias=True)
@@ -61,6 +71,10 @@ class AgentProfile:
                 for t in self.tools
             ],
             "inputSchema": self.input_schema(),
+            **({} if self.answer_model is None else {
+                "answerSchema": self.answer_model.model_json_schema(by_alias=True)}),
+            "checks": [{"name": c.name, "version": c.version, "blocking": c.blocking}
+                       for c in self.checks],
             "defaultModel": self.default_model.model_dump(by_alias=True, exclude_none=True),
             "defaultLimits": self.default_limits.model_dump(by_alias=True),
         }

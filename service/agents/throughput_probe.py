@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import Field
 
 from service.agents.profile import AgentProfile, CamelModel, case_input
+from service.engine.answers import FINAL_ANSWER
 from service.engine.chat import AssistantTurn, ChatMessage, ToolResultMessage
 from service.engine.scripted import call
 from service.engine.tools import LocalTool
@@ -37,11 +38,16 @@ async def tick_async(args: TickArgs) -> dict[str, Any]:
     return tick(args)
 
 
+class ProbeAnswer(CamelModel):
+    ticks: int = Field(ge=0, description="The ticks counted.")
+
+
 def think(messages: Sequence[ChatMessage]) -> AssistantTurn:
     wanted = case_input(messages)["cycles"]
     done = sum(isinstance(m, ToolResultMessage) for m in messages)
     if done + 1 >= wanted:
-        return AssistantTurn(text=f'{{"ticks": {done}}}')
+        return AssistantTurn(text=f"{done} ticks.",
+                             tool_calls=(call(FINAL_ANSWER, "final", ticks=done),))
     return AssistantTurn(text=f"Tick {done}.", tool_calls=(call("tick", f"t{done}", n=done),))
 
 
@@ -55,4 +61,5 @@ THROUGHPUT_PROBE = AgentProfile(
     default_model=ModelRef(provider="scripted", name="probe-scripted"),
     default_limits=Limits(max_cycles=50, deadline_seconds=120),
     script=think,
+    answer_model=ProbeAnswer,
 )

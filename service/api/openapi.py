@@ -47,6 +47,8 @@ def _limits(settings: Settings) -> dict[str, Any]:
             "deadlineSeconds": {"anyOf": [{"type": "number", "exclusiveMinimum": 0,
                                            "maximum": settings.max_deadline_seconds},
                                           {"type": "null"}]},
+            "maxAnswerRetries": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 10},
+                                           {"type": "null"}]},
         },
     }
 

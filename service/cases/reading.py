@@ -110,7 +110,7 @@ def instant(text: str | None, name: str) -> datetime | None:
 async def search(services: CaseServices, principal: Principal, *, agent: str | None = None,
                  status: CaseStatus | None = None, decision: str | None = None,
                  since: str | None = None, until: str | None = None, limit: int = 50,
-                 cursor: str | None = None) -> dict[str, Any]:
+                 cursor: str | None = None, checks: str | None = None) -> dict[str, Any]:
     """A page of the tenant's cases, newest first, and the next page's cursor."""
     refuse_unstorable(agent, "query", "agent")
     refuse_unstorable(decision, "query", "decision")
@@ -118,8 +118,10 @@ async def search(services: CaseServices, principal: Principal, *, agent: str | N
         after = Cursor.decode(cursor) if cursor is not None else None
     except ValueError as exc:
         raise Invalid(Issue(("query", "cursor"), f"not a cursor of this API: {exc}")) from None
+    if checks not in (None, "failed"):
+        raise Invalid(Issue(("query", "checks"), "only 'failed' (cases where a check failed)"))
     wanted = CaseFilter(principal.tenant, agent, status, decision, instant(since, "since"),
-                        instant(until, "until"))
+                        instant(until, "until"), checks_failed=checks == "failed" or None)
     items, following = await services.index.search(wanted, limit, after)
     return {"items": items, "nextCursor": following.encode() if following else None}
 

@@ -16,6 +16,9 @@ class LimitsRequest(CamelModel):
 
     max_cycles: int | None = Field(default=None, ge=1)
     deadline_seconds: float | None = Field(default=None, gt=0)
+    max_answer_retries: int | None = Field(default=None, ge=0, le=10, description=(
+        "Answers refused (not valid for the agent's answer schema) before the case fails "
+        "with invalid_answer; default 2."))
 
 
 class CaseRequest(CamelModel):

@@ -21,6 +21,7 @@ from service.cases.requests import CaseRequest, LimitsRequest
 from service.cases.services import CaseServices, TenantLoad
 from service.cases.text import refuse_unstorable
 from service.config import Settings
+from service.engine.answers import DEFAULT_ANSWER_RETRIES
 from service.errors import BusUnavailable, PublishRejected
 from service.events import CaseStatus, Limits
 from service.providers import model_problem
@@ -60,7 +61,8 @@ def _agent(settings: Settings, name: str) -> AgentProfile:
     return agent
 
 
-def _limits(requested: LimitsRequest | None, default: Limits, settings: Settings) -> Limits:
+def _limits(requested: LimitsRequest | None, default: Limits, settings: Settings,
+            answers: bool) -> Limits:
     max_cycles = (requested.max_cycles if requested else None) or default.max_cycles
     deadline = (requested.deadline_seconds if requested else None) or default.deadline_seconds
     issues = []
@@ -72,7 +74,12 @@ def _limits(requested: LimitsRequest | None, default: Limits, settings: Settings
                             f"must be at most {settings.max_deadline_seconds:g}"))
     if issues:
         raise Invalid(*issues)
-    return Limits(max_cycles=max_cycles, deadline_seconds=deadline)
+    retries = (requested.max_answer_retries if requested else None)
+    if retries is None:
+        retries = default.max_answer_retries
+    return Limits(max_cycles=max_cycles, deadline_seconds=deadline,
+                  max_answer_retries=DEFAULT_ANSWER_RETRIES if retries is None and answers
+                  else retries)
 
 
 async def start(services: CaseServices, principal: Principal, request: CaseRequest,
@@ -90,7 +97,8 @@ async def start(services: CaseServices, principal: Principal, request: CaseReque
         raise Invalid(*(Issue(("body", "input", *e["loc"]), e["msg"])
                         for e in exc.errors(include_url=False))) from None
     refuse_unstorable(request.model_dump(mode="python", by_alias=True), "body")
-    limits = _limits(request.limits, agent.default_limits, settings)
+    limits = _limits(request.limits, agent.default_limits, settings,
+                     agent.answer_model is not None)
     model = request.model or agent.default_model
     if problem := model_problem(model, settings):
         raise Invalid(Issue(("body", "model", problem[0]), problem[1]))

@@ -27,7 +27,7 @@ import inspect
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
@@ -37,12 +37,21 @@ from tenacity import wait_exponential_jitter
 
 from service import CASETRAIL_VERSION
 from service.backoff import backoff_delay
+from service.engine.answers import (
+    DEFAULT_ANSWER_RETRIES,
+    FINAL_ANSWER,
+    Answering,
+    feedback,
+    refused,
+)
 from service.engine.chat import (
     AssistantTurn,
     ChatMessage,
     ChatModel,
     SystemMessage,
+    ToolCallRequest,
     ToolResultMessage,
+    ToolSpec,
     UserMessage,
     count_tokens,
     message_text,
@@ -52,11 +61,13 @@ from service.errors import ModelRejected, ModelUnavailable
 from service.events import (
     DEFAULT_TENANT,
     ZERO_USAGE,
+    AnswerRejection,
     CaseCancelledPayload,
     CaseCompletedPayload,
     CaseFailedPayload,
     CaseStartedPayload,
     CaseTimedOutPayload,
+    CheckResult,
     Event,
     JsonObject,
     Limits,
@@ -142,6 +153,13 @@ class Resumption:
     """The recorded cycles' model turns and observations, after the case input."""
     cycles: int
     usage: TokenUsage
+    tool_calls: tuple[Mapping[str, Any], ...] = ()
+    """Every recorded tool call, as recorded (what the checks see)."""
+    rejections: int = 0
+    """Answers refused so far."""
+    answer: JsonObject | None = None
+    """The answer the last recorded cycle gave (then only its checks and terminal event
+    are left to do)."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +183,9 @@ class CaseSpec:
     deadline_at: datetime | None = None
     """When the case's deadline passes (from its first attempt's start); ``None``: the
     deadline counts from this attempt's start."""
+    answering: Answering | None = None
+    """The agent's answer schema and checks (``None``: the answer is taken from the
+    model's last text, for agents that declare none)."""
 
 
 KEEP_OF_TRIMMED_OBSERVATION = 200
@@ -228,6 +249,11 @@ class RunState:
     """The attempt's spans, when tracing is on."""
     decided: Callable[[], None] | None = None
     """Told once the attempt's outcome is decided, before its terminal event is sent."""
+    specs: Sequence[ToolSpec] = ()
+    """What the model is offered: the tools, and the final-answer tool."""
+    tool_calls: list[Mapping[str, Any]] = field(default_factory=list)
+    """Every tool call of the case so far, as recorded (for the checks)."""
+    rejections: int = 0
 
     def remaining(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()
@@ -307,9 +333,13 @@ class ReactEngine:
                 attempt=spec.attempt, provider=spec.model.provider, model=spec.model.name,
                 redact=self._redactor(spec.case_id))
         state.add(SystemMessage(spec.system_prompt), UserMessage(first_user_message(spec.input)))
+        state.specs = tools.specs if spec.answering is None else \
+            [*tools.specs, spec.answering.spec]
         if spec.resumption is not None:  # the recorded cycles are not asked again
             state.add(*spec.resumption.messages)
             state.cycles, state.usage = spec.resumption.cycles, spec.resumption.usage
+            state.tool_calls = list(spec.resumption.tool_calls)
+            state.rejections = spec.resumption.rejections
 
         def deadline_passed() -> None:
             state.deadline_passed = True
@@ -332,6 +362,9 @@ class ReactEngine:
         spec = state.spec
         await self._send(state, self._started_payload(spec, tools))
         (state.metrics.started_first if spec.attempt == 1 else state.metrics.started_retry).inc()
+        if spec.resumption is not None and spec.resumption.answer is not None \
+                and spec.answering is not None:  # answered before the last attempt ended
+            return await self._decide(state, spec.answering, spec.resumption.answer)
         while True:
             if cancel.is_set:
                 return await self._cancelled(state, cancel)
@@ -364,14 +397,26 @@ class ReactEngine:
         state.model_seconds = asyncio.get_running_loop().time() - asked
         state.usage = state.usage + turn.usage
         state.add(turn.as_message())
+        answering = state.spec.answering
+        calls: tuple[ToolCallRequest, ...] = turn.tool_calls
+        finals: tuple[ToolCallRequest, ...] = ()
+        if answering is not None and turn.tool_calls:
+            finals = tuple(c for c in turn.tool_calls if c.name == FINAL_ANSWER)
+            calls = tuple(c for c in turn.tool_calls if c.name != FINAL_ANSWER)
         outcomes: list[ToolOutcome] = []
-        if turn.tool_calls:
+        if calls:
             await self._settle(state)  # the trail so far is durable before anything acts
             # The same key on every attempt: a capability worker that already answered
             # this cycle's call (before its worker died) answers again from memory.
             key = f"{state.spec.case_id}:{state.cycles}"
-            outcomes = await self._guard(state, cancel, tools.run_all(turn.tool_calls, key))
+            outcomes = await self._guard(state, cancel, tools.run_all(calls, key))
             state.add(*(o.observation for o in outcomes))
+            if answering is not None and answering.checks:
+                state.tool_calls.extend(o.record.model_dump(mode="json", by_alias=True)
+                                        for o in outcomes)
+        answer, rejected = None, None
+        if answering is not None:
+            answer, rejected = self._answer_of(state, answering, turn, calls, finals)
         reasoning = turn.text if not turn.thinking else f"{turn.thinking}\n\n{turn.text}".strip()
         await self._send(
             state,
@@ -384,6 +429,8 @@ class ReactEngine:
                 finish_reason=turn.finish_reason,
                 model_retries=tuple(state.retries),
                 trimmed_observations=tuple(trimmed),
+                answer=answer,
+                answer_rejected=rejected,
             ),
         )
         state.retries = []
@@ -392,6 +439,18 @@ class ReactEngine:
         observed.cycles.inc()
         observed.input_tokens.inc(turn.usage.input_tokens)
         observed.output_tokens.inc(turn.usage.output_tokens)
+        if answering is not None:
+            if answer is not None:
+                return await self._decide(state, answering, answer)
+            if rejected is not None:
+                state.rejections += 1
+                allowed = state.spec.limits.max_answer_retries
+                allowed = DEFAULT_ANSWER_RETRIES if allowed is None else allowed
+                if state.rejections > allowed:
+                    return await self._failed(state, "invalid_answer", (
+                        f"{state.rejections} answers refused (at most {allowed} may be): "
+                        + "; ".join(rejected.errors)))
+            return None
         if turn.tool_calls:
             return None
         answer = extract_answer(turn.text)
@@ -418,7 +477,7 @@ class ReactEngine:
             span = None if state.trace is None else state.trace.chat(model.name, prompt)
             asked = time.perf_counter()
             try:
-                turn = await self._guard(state, cancel, model.request(prompt, tools.specs))
+                turn = await self._guard(state, cancel, model.request(prompt, state.specs))
             except ModelUnavailable as exc:
                 observed.model_retryable.observe(time.perf_counter() - asked)
                 if span is not None:
@@ -498,6 +557,8 @@ class ReactEngine:
             started_by=spec.started_by,
             trace=self._trace_ref(),
             resumed_from=None if spec.resumption is None else spec.resumption.resumed_from,
+            answer_schema_digest=None if spec.answering is None
+            else spec.answering.schema_digest,
         )
 
     @staticmethod
@@ -511,7 +572,46 @@ class ReactEngine:
             return lambda text: text
         return lambda text: redact(case_id, text)
 
-    async def _failed(self, state: RunState, code: Any, message: str) -> TerminalEvent:
+    def _answer_of(self, state: RunState, answering: Answering, turn: AssistantTurn,
+                   calls: Sequence[ToolCallRequest], finals: Sequence[ToolCallRequest]
+                   ) -> tuple[JsonObject | None, AnswerRejection | None]:
+        """The turn's answer, or why it is refused (the model is told: an error result
+        for each final-answer call, or a message after a turn in prose)."""
+        if not finals:
+            if calls:
+                return None, None  # still working
+            errors = [f"the answer was given as text; it must be given by calling "
+                      f"{FINAL_ANSWER}"]
+            state.add(UserMessage(feedback(errors)))
+            return None, AnswerRejection(answer=turn.text, errors=tuple(errors))
+        final = finals[-1]
+        given = final.arguments if final.arguments is not None else final.raw_arguments
+        answer, errors = answering.validate(final.arguments)
+        if calls or len(finals) > 1:
+            answer, errors = None, [f"{FINAL_ANSWER} must be the only call of its turn "
+                                    "(its other calls were run; answer once they are seen)"]
+        if answer is not None:
+            return answer, None
+        for call in finals:
+            state.add(ToolResultMessage(call.id, FINAL_ANSWER, f"ERROR: {feedback(errors)}",
+                                        is_error=True))
+        return None, AnswerRejection(answer=given, errors=tuple(errors), tool_call_id=final.id)
+
+    async def _decide(self, state: RunState, answering: Answering, answer: JsonObject
+                      ) -> TerminalEvent:
+        """The checks, then the outcome: the answer stands, or a blocking check refused
+        it and the case fails ``policy_check_failed`` (never an automated decision)."""
+        checks = answering.judge(state.spec.input, state.tool_calls, answer)
+        blocked = refused(checks)
+        if blocked:
+            return await self._failed(state, "policy_check_failed", "; ".join(
+                f"{r.name} {r.version}: {r.detail}" for r in blocked), checks)
+        return await self._terminal(state, CaseCompletedPayload(
+            cycles_completed=state.cycles, token_totals=state.usage, answer=answer,
+            checks=checks))
+
+    async def _failed(self, state: RunState, code: Any, message: str,
+                      checks: Sequence[CheckResult] = ()) -> TerminalEvent:
         return await self._terminal(
             state,
             CaseFailedPayload(
@@ -520,6 +620,7 @@ class ReactEngine:
                 reason_code=code,
                 message=message,
                 model_retries=tuple(state.retries),
+                checks=tuple(checks),
             ),
         )
 

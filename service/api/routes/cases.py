@@ -5,7 +5,7 @@ operation's refusals become problems (service/api/problems.py)."""
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Body, Header, Query, Request, Response
@@ -129,10 +129,12 @@ async def search_cases(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(pattern=CURSOR_PATTERN, description=(
         "The nextCursor of the previous page."))] = None,
+    checks: Annotated[Literal["failed"] | None, Query(description=(
+        "`failed`: only cases where one of the agent's checks failed."))] = None,
 ) -> Response:
     return OrjsonResponse(await cases.search(
         services, principal, agent=agent, status=status, decision=decision, since=since,
-        until=until, limit=limit, cursor=cursor))
+        until=until, limit=limit, cursor=cursor, checks=checks))
 
 
 @router.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",

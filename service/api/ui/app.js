@@ -266,7 +266,26 @@ function cycleCard(event) {
     el("p", { class: "reasoning", text: p.reasoningText || "(no text)" }),
     (p.modelRetries || []).map((r) => el("p", { class: "muted",
       text: `model retried after ${ms(r.waitedMs)}: ${r.reason}` })),
-    el("div", { class: "tools" }, p.toolCalls.map(toolCard)));
+    el("div", { class: "tools" }, p.toolCalls.map(toolCard)),
+    p.answer ? el("details", { open: true, class: "answer" }, el("summary", { text: "Final answer" }),
+      el("pre", { text: json(p.answer) })) : null,
+    p.answerRejected ? el("div", { class: "tool failed answer-refused" },
+      el("div", { class: "tool-head" }, el("span", { class: "name", text: "Answer refused" }),
+        badge("sent back to the model", "bad")),
+      el("pre", { text: typeof p.answerRejected.answer === "string"
+        ? p.answerRejected.answer : json(p.answerRejected.answer) }),
+      el("ul", { class: "error" }, p.answerRejected.errors.map((e) => el("li", { text: e }))))
+      : null);
+}
+
+function checksTable(checks) {
+  return el("table", { class: "checks", "aria-label": "Checks" },
+    el("thead", {}, el("tr", {}, ["Check", "Version", "Result", "Blocking", "Detail"].map(
+      (h) => el("th", { scope: "col", text: h })))),
+    el("tbody", {}, checks.map((c) => el("tr", { "data-check": c.name },
+      el("td", { text: c.name }), el("td", { text: c.version }),
+      el("td", {}, c.passed ? badge("passed", "ok") : badge("failed", "bad")),
+      el("td", { text: c.blocking ? "yes" : "no" }), el("td", { text: c.detail })))));
 }
 
 function startedCard(event) {
@@ -292,6 +311,7 @@ function terminalCard(event) {
       el("span", { text: `${p.cyclesCompleted} cycles` }),
       el("span", { text: when(event.occurredAt) })));
   if (kind === "completed") card.append(el("pre", { text: json(p.answer) }));
+  if (p.checks && p.checks.length) card.append(checksTable(p.checks));
   if (p.message) card.append(el("p", { text: p.message }));
   if (p.reasonCode) card.append(el("p", { class: "muted", text: `reason: ${p.reasonCode}` }));
   if (kind === "cancelled") {

@@ -1,0 +1,117 @@
+"""Typed answers and checks (docs/design.md, "A case, step by step").
+
+An agent's answer is a pydantic model. The model gives it by calling the final-answer
+tool, whose parameters are that model's JSON schema (any provider with tool calling
+supports it); the answer is not a tool of the ``ToolSource`` union and never appears in
+``toolCalls``: its cycle records ``answer``, or ``answerRejected`` with the errors, which
+the model is sent back (at most ``maxAnswerRetries`` times, then ``invalid_answer``).
+
+Checks are an agent's named, versioned functions over the case's input, every recorded
+tool call and the answer, each passing or failing with a detail, blocking or not. They
+run before the terminal event, which carries their results; a failed blocking check
+never lets an answer stand as an automated decision.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from service.engine.chat import ToolSpec
+from service.events import CheckResult, JsonObject, describe_validation_error
+from service.integrity import canonical
+
+FINAL_ANSWER = "final_answer"
+"""The tool the model calls to give its answer."""
+DEFAULT_ANSWER_RETRIES = 2
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """What a check sees: the case input, every tool call of the case so far as
+    recorded (``toolName``, ``toolArgs``, ``toolResult`` or ``error``), and the answer."""
+
+    input: JsonObject
+    tool_calls: tuple[Mapping[str, Any], ...]
+    answer: JsonObject
+
+    def calls_to(self, tool: str) -> list[Mapping[str, Any]]:
+        return [call for call in self.tool_calls if call.get("toolName") == tool]
+
+
+CheckFn = Callable[[CheckContext], tuple[bool, str]]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A named, versioned check: ``fn`` says whether it passed and why."""
+
+    name: str
+    version: str
+    fn: CheckFn
+    blocking: bool = True
+
+    def run(self, context: CheckContext) -> CheckResult:
+        try:
+            passed, detail = self.fn(context)
+        except Exception as exc:  # a check that cannot decide does not pass
+            passed, detail = False, f"the check could not run: {type(exc).__name__}: {exc}"
+        return CheckResult(name=self.name, version=self.version, passed=passed,
+                           blocking=self.blocking, detail=detail)
+
+
+@functools.cache
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema(by_alias=True)
+    schema.pop("title", None)
+    return schema
+
+
+@dataclass(frozen=True)
+class Answering:
+    """How a case's answer is given and judged: its model and the agent's checks."""
+
+    model: type[BaseModel]
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(FINAL_ANSWER, "Give your final answer: call this once, alone, when "
+                        "you have decided. Its arguments are the answer.", _schema(self.model))
+
+    @property
+    def schema_digest(self) -> str:
+        return hashlib.sha256(canonical(_schema(self.model))).hexdigest()
+
+    def validate(self, given: Any) -> tuple[JsonObject | None, list[str]]:
+        """The answer as the schema has it, or the reasons it is not one."""
+        if not isinstance(given, dict):
+            return None, ["the final answer's arguments must be a JSON object"]
+        try:
+            answer = self.model.model_validate(given)
+        except ValidationError as exc:
+            return None, [describe_validation_error(exc, "(answer)")]
+        dumped: JsonObject = answer.model_dump(mode="json", by_alias=True)
+        return dumped, []
+
+    def judge(self, case_input: JsonObject, tool_calls: Sequence[Mapping[str, Any]],
+              answer: JsonObject) -> tuple[CheckResult, ...]:
+        context = CheckContext(case_input, tuple(tool_calls), answer)
+        return tuple(check.run(context) for check in self.checks)
+
+
+def feedback(errors: Sequence[str]) -> str:
+    """What a refused answer tells the model (the same words on every attempt, so a
+    resumed attempt rebuilds the conversation exactly)."""
+    return ("Your answer was not accepted: " + "; ".join(errors) + f". Give your final "
+            f"answer by calling {FINAL_ANSWER} alone, with arguments that match its schema.")
+
+
+def refused(results: Sequence[CheckResult]) -> list[CheckResult]:
+    """The blocking checks that failed."""
+    return [r for r in results if r.blocking and not r.passed]

@@ -1,0 +1,202 @@
+"""Decisions that hold: the answer given through the final-answer tool and validated
+against the agent's schema, refused answers sent back with their errors (each on the
+record), and the agent's checks run before the outcome, carried by the signed terminal
+event. The whole-stack cases use a local server speaking OpenAI's wire format."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aio_pika
+import asyncpg
+import httpx
+import orjson
+import pytest
+
+from service.agents import AGENTS
+from service.agents.loan_officer import SAMPLE_APPLICATIONS, think
+from service.config import ModelEndpoint, Settings
+from service.engine.answers import FINAL_ANSWER, feedback
+from service.engine.chat import AssistantTurn, ToolResultMessage, UserMessage
+from service.engine.loop import ReactEngine
+from service.engine.scripted import ScriptedModel, call
+from service.resume import RecordedEvent, resumption
+from tests.fake_llm import FakeLLM, fake_llm, openai_turn
+from tests.helpers import ListSink, ended, spec_for, toolbox
+from tests.stack import in_process_stack
+
+APPLICATION = SAMPLE_APPLICATIONS[0]  # A-1001, approved by the lending policy
+VALID = {"decision": "refer", "applicantId": "A-1001", "rationale": "an underwriter decides"}
+
+
+async def run(turns: list[AssistantTurn], **spec: Any) -> ListSink:
+    sink = ListSink()
+    await ReactEngine(sink).run(spec_for(APPLICATION, **spec), ScriptedModel(turns), toolbox())
+    return sink
+
+
+def events_of(sink: ListSink) -> list[Any]:
+    """The events, their payloads read as the test knows them to be."""
+    return list(sink.events)
+
+
+def final(answer: dict[str, Any], text: str = "Decided.") -> AssistantTurn:
+    return AssistantTurn(text, (call(FINAL_ANSWER, "f", **answer),))
+
+
+async def test_a_prose_answer_is_sent_back_and_the_typed_one_stands() -> None:
+    sink = await run([AssistantTurn('Sure! I think this loan is fine, go ahead.'), final(VALID)])
+    assert sink.types == ["CASE_STARTED", "REACT_CYCLE", "REACT_CYCLE", "CASE_COMPLETED"]
+    refused = events_of(sink)[1].payload.answer_rejected
+    assert refused.answer == "Sure! I think this loan is fine, go ahead."
+    assert refused.tool_call_id is None and "final_answer" in refused.errors[0]
+    assert events_of(sink)[1].payload.tool_calls == ()
+    accepted = events_of(sink)[2].payload
+    assert accepted.answer == {**VALID, "reasonCodes": [], "figures": None}
+    assert accepted.tool_calls == ()  # the answer is never a tool call
+    terminal = events_of(sink)[-1].payload
+    assert terminal.answer["decision"] == "refer"
+    assert [(c.name, c.passed) for c in terminal.checks] == [
+        ("lending-policy-consulted", True), ("names-the-applicant", True),
+        ("decline-has-reason-code", True)]
+    started = events_of(sink)[0].payload
+    assert started.answer_schema_digest is not None
+
+
+async def test_invalid_answers_beyond_the_limit_fail_the_case_invalid_answer() -> None:
+    wrong = {"decision": "maybe", "applicantId": "A-1001", "rationale": "?"}
+    sink = await run([final(wrong)] * 3)
+    assert sink.types == ["CASE_STARTED", *["REACT_CYCLE"] * 3, "CASE_FAILED"]
+    for cycle in events_of(sink)[1:4]:
+        rejected = cycle.payload.answer_rejected
+        assert rejected.answer == wrong and rejected.tool_call_id == "f"
+        assert "decision" in rejected.errors[0]
+    failed = events_of(sink)[-1].payload
+    assert failed.reason_code == "invalid_answer"
+    assert "3 answers refused (at most 2 may be)" in failed.message
+    one = await run([final(wrong)] * 2 + [final(VALID)], max_cycles=8)
+    assert one.types[-1] == "CASE_COMPLETED"  # two refusals are within the limit
+
+
+async def test_a_final_answer_beside_other_calls_is_refused_and_the_calls_run() -> None:
+    both = AssistantTurn("Both at once.", (call("credit-score", "c1", applicantId="A-1001"),
+                                           call(FINAL_ANSWER, "f", **VALID)))
+    sink = await run([both, final(VALID)])
+    cycle = events_of(sink)[1].payload
+    assert [c.tool_name for c in cycle.tool_calls] == ["credit-score"]
+    assert "only call of its turn" in cycle.answer_rejected.errors[0]
+    assert sink.types[-1] == "CASE_COMPLETED"
+
+
+async def test_a_blocking_check_refuses_an_approve_for_another_applicant() -> None:
+    """The model scores applicant A-3001 on case A-1001 and approves without the policy:
+    no approve is recorded; the case fails with each check's verdict on the record."""
+    sink = await run([
+        AssistantTurn("Scoring.", (call("credit-score", "c1", applicantId="A-3001"),)),
+        final({"decision": "approve", "applicantId": "A-1001", "rationale": "score ok"})])
+    failed = events_of(sink)[-1]
+    assert failed.event_type == "CASE_FAILED"
+    assert failed.payload.reason_code == "policy_check_failed"
+    verdicts = {c.name: c for c in failed.payload.checks}
+    assert not verdicts["names-the-applicant"].passed
+    assert "A-3001" in verdicts["names-the-applicant"].detail
+    assert not verdicts["lending-policy-consulted"].passed
+    assert "approve without consulting lending-policy" in failed.payload.message
+    assert all(c.blocking for c in verdicts.values())
+
+
+@pytest.mark.parametrize("application", SAMPLE_APPLICATIONS)
+async def test_the_scripted_agents_pass_every_check(application: dict[str, Any]) -> None:
+    sink = ListSink()
+    await ReactEngine(sink).run(spec_for(application), ScriptedModel(think), toolbox())
+    terminal = events_of(sink)[-1].payload
+    assert events_of(sink)[-1].event_type == "CASE_COMPLETED"
+    assert len(terminal.checks) == 3 and all(c.passed for c in terminal.checks)
+    if terminal.answer["decision"] == "decline":
+        assert terminal.answer["reasonCodes"]
+
+
+def test_a_refused_answer_is_rebuilt_exactly_when_a_case_resumes() -> None:
+    """The next attempt sends the model what the first one did: the refused call and
+    its error, or the message after a prose answer."""
+    when: Any = None  # (when they happened does not matter here)
+    started = RecordedEvent(1, 0, "CASE_STARTED", {}, when)
+    usage = {"inputTokens": 1, "outputTokens": 1}
+    cycles = [
+        {"cycleIndex": 0, "reasoningText": "in prose", "toolCalls": [], "tokenUsage": usage,
+         "answerRejected": {"answer": "in prose", "errors": ["give it by calling final_answer"]}},
+        {"cycleIndex": 1, "reasoningText": "typed", "toolCalls": [], "tokenUsage": usage,
+         "answerRejected": {"answer": {"decision": "maybe"}, "errors": ["decision: bad"],
+                            "toolCallId": "f1"}},
+    ]
+    found = resumption([started, *(RecordedEvent(1, i + 1, "REACT_CYCLE", c, when)
+                                   for i, c in enumerate(cycles))], {})
+    assert found is not None and found.rejections == 2 and found.answer is None
+    messages: list[Any] = list(found.messages)
+    assert messages[1] == UserMessage(feedback(["give it by calling final_answer"]))
+    assert messages[2].tool_calls[0].name == FINAL_ANSWER
+    assert messages[3] == ToolResultMessage("f1", FINAL_ANSWER,
+                                            f"ERROR: {feedback(['decision: bad'])}",
+                                            is_error=True)
+
+
+@pytest.fixture(scope="module")
+async def openai_server() -> AsyncIterator[FakeLLM]:
+    async with fake_llm() as server:
+        yield server
+
+
+async def test_a_real_models_prose_answer_and_wrong_applicant_end_on_the_record(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
+    openai_server: FakeLLM, auth_headers: dict[str, str],
+) -> None:
+    """Over HTTP, as a provider answers: "Sure! ... go ahead." is refused and sent back
+    with the reason; then the model scores another applicant and approves without the
+    policy: the case fails policy_check_failed, its checks in the signed terminal event,
+    no decision recorded, the trail verified."""
+    allowed = settings.model_copy(update={"model_endpoints": [ModelEndpoint(
+        name="fake", provider="openai", base_url=f"{openai_server.base_url}/v1")]})
+    approve = {"decision": "approve", "applicantId": "A-1001", "rationale": "fine",
+               "reasonCodes": []}
+    openai_server.script = [
+        openai_turn("Sure! I think this loan is fine, go ahead."),
+        openai_turn("Scoring.", [("c1", "credit-score", '{"applicantId": "A-3002"}')]),
+        openai_turn("Approved.", [("c2", FINAL_ANSWER, orjson.dumps(approve).decode())]),
+    ]
+    async with in_process_stack(allowed, amqp, pool) as stack, \
+            httpx.AsyncClient(base_url=stack.base_url, headers=auth_headers) as client:
+        reply = await client.post("/cases", json={
+            "agent": "loan-officer", "input": APPLICATION,
+            "model": {"provider": "openai", "name": "gpt-test", "endpoint": "fake"}})
+        case_id = reply.json()["caseId"]
+        case = await ended(client, case_id, timeout=30)
+        trail = (await client.get(f"/cases/{case_id}/events")).json()["events"]
+        verified = (await client.get(f"/cases/{case_id}/verify")).json()
+        approved = (await client.get("/cases", params={"decision": "approve",
+                                                        "limit": 200})).json()["items"]
+        refused = (await client.get("/cases", params={"checks": "failed",
+                                                       "limit": 200})).json()["items"]
+        decided: Any = await pool.fetchrow(
+            "SELECT decision, failed_checks, reason_code FROM case_decisions "
+            "WHERE case_id = $1::uuid", case_id)
+    assert case["status"] == "failed" and case["answer"] is None
+    sent = openai_server.requests[1]["messages"]
+    assert sent[-1]["role"] == "user" and "not accepted" in sent[-1]["content"]
+    assert FINAL_ANSWER in {t["function"]["name"] for t in openai_server.requests[0]["tools"]}
+    cycles = [e["payload"] for e in trail if e["eventType"] == "REACT_CYCLE"]
+    assert cycles[0]["answerRejected"]["answer"] == "Sure! I think this loan is fine, go ahead."
+    assert cycles[2]["answer"]["decision"] == "approve" and "toolCalls" in cycles[2]
+    terminal = trail[-1]
+    assert terminal["eventType"] == "CASE_FAILED"
+    assert terminal["payload"]["reasonCode"] == "policy_check_failed"
+    failed = {c["name"] for c in terminal["payload"]["checks"] if not c["passed"]}
+    assert failed == {"names-the-applicant", "lending-policy-consulted"}
+    assert verified["verified"] is True
+    assert case_id not in {item["caseId"] for item in approved}  # no approve on record
+    assert case_id in {item["caseId"] for item in refused}
+    assert decided["decision"] is None and decided["reason_code"] == "policy_check_failed"
+    assert sorted(decided["failed_checks"]) == ["lending-policy-consulted",
+                                                "names-the-applicant"]
+    assert AGENTS["loan-officer"].describe()["answerSchema"]["properties"]["decision"][
+        "enum"] == ["approve", "refer", "decline"]
