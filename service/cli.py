@@ -865,6 +865,8 @@ def _print_replays(replays: list[Any], *, summary: bool) -> None:
             line += f" ({one.reason})"
         else:
             line += f", decision {one.recorded_decision} -> {one.replayed_decision or 'unknown'}"
+            if one.refused_by:
+                line += f" (refused by the checks {', '.join(one.refused_by)})"
         typer.echo(line)
         if one.divergence is not None:
             typer.echo(f"  first divergence at cycle {one.divergence.cycle}:")

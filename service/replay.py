@@ -36,6 +36,7 @@ from service.errors import ModelRejected
 from service.events import (
     ADMINISTRATIVE_EVENT_TYPES,
     CaseCompletedPayload,
+    CaseFailedPayload,
     Event,
     Limits,
     ModelRef,
@@ -72,6 +73,9 @@ class Replay:
     reason: str | None = None
     recorded_version: str | None = None
     replayed_version: str | None = None
+    refused_by: tuple[str, ...] = ()
+    """The blocking checks that refused the replayed answer (a changed check shows the
+    past cases it would now refuse)."""
 
     def as_json(self) -> dict[str, Any]:
         shown: dict[str, Any] = {
@@ -86,6 +90,8 @@ class Replay:
                                    "replayed": self.divergence.replayed}
         if self.reason is not None:
             shown["reason"] = self.reason
+        if self.refused_by:
+            shown["refusedBy"] = list(self.refused_by)
         return shown
 
 
@@ -231,13 +237,16 @@ async def replay_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     end = kept.events[-1].payload
     replayed_decision = _decision(end.answer) if isinstance(end, CaseCompletedPayload) \
         else None
+    refused_by = tuple(f"{c.name} {c.version}" for c in end.checks if c.blocking and
+                       not c.passed) if isinstance(end, CaseFailedPayload) else ()
     divergence = first_divergence(cycles, replayed)
     if divergence is not None and not isinstance(model, ScriptedModel):
         replayed_decision = None  # the recorded model never saw what the code gives now
     same = divergence is None and replayed_decision == recorded_decision
     return Replay(case_id, name, "same" if same else "diverged", recorded_decision,
                   replayed_decision, divergence,
-                  recorded_version=started.get("agentVersion"), replayed_version=agent.version)
+                  recorded_version=started.get("agentVersion"), replayed_version=agent.version,
+                  refused_by=refused_by)
 
 
 def recorded(stored: Sequence[StoredEvent]) -> list[RecordedEvent]:

@@ -5,6 +5,9 @@ event. The whole-stack cases use a local server speaking OpenAI's wire format.""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,10 +24,13 @@ from service.engine.answers import FINAL_ANSWER, feedback
 from service.engine.chat import AssistantTurn, ToolResultMessage, UserMessage
 from service.engine.loop import ReactEngine
 from service.engine.scripted import ScriptedModel, call
+from service.integrity import public_key_text
+from service.keyfile import worker_signer
 from service.resume import RecordedEvent, resumption
 from tests.fake_llm import FakeLLM, fake_llm, openai_turn
 from tests.helpers import ListSink, ended, spec_for, toolbox
 from tests.stack import in_process_stack
+from tests.test_integrity import STANDALONE_VERIFIER
 
 APPLICATION = SAMPLE_APPLICATIONS[0]  # A-1001, approved by the lending policy
 VALID = {"decision": "refer", "applicantId": "A-1001", "rationale": "an underwriter decides"}
@@ -142,59 +148,111 @@ def test_a_refused_answer_is_rebuilt_exactly_when_a_case_resumes() -> None:
 
 
 @pytest.fixture(scope="module")
-async def openai_server() -> AsyncIterator[FakeLLM]:
+async def provider(settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection,
+                   pool: asyncpg.Pool, auth_headers: dict[str, str],
+                   ) -> AsyncIterator[tuple[httpx.AsyncClient, FakeLLM]]:
+    """A stack whose loan officer cases run on a local server speaking OpenAI's wire
+    format (each test gives it the turns its case gets)."""
     async with fake_llm() as server:
-        yield server
+        allowed = settings.model_copy(update={"model_endpoints": [ModelEndpoint(
+            name="fake", provider="openai", base_url=f"{server.base_url}/v1")]})
+        async with in_process_stack(allowed, amqp, pool) as stack, \
+                httpx.AsyncClient(base_url=stack.base_url, headers=auth_headers) as client:
+            yield client, server
 
 
-async def test_a_real_models_prose_answer_and_wrong_applicant_end_on_the_record(
-    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
-    openai_server: FakeLLM, auth_headers: dict[str, str],
+async def on_the_provider(provider: tuple[httpx.AsyncClient, FakeLLM], turns: list[Any]
+                          ) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+    """A loan case answered by ``turns``: its id, its view and its trail."""
+    client, server = provider
+    server.script, server.repeat_last = list(turns), False
+    server.requests.clear()
+    reply = await client.post("/cases", json={
+        "agent": "loan-officer", "input": APPLICATION,
+        "model": {"provider": "openai", "name": "gpt-test", "endpoint": "fake"}})
+    case_id = reply.json()["caseId"]
+    case = await ended(client, case_id, timeout=30)
+    trail = (await client.get(f"/cases/{case_id}/events")).json()["events"]
+    return case_id, case, trail
+
+
+def answering(answer: dict[str, Any], call_id: str = "f1") -> Any:
+    return openai_turn("My answer.", [(call_id, FINAL_ANSWER, orjson.dumps(answer).decode())])
+
+
+async def test_a_prose_answer_over_the_wire_is_sent_back_then_the_typed_one_verifies_offline(
+    provider: tuple[httpx.AsyncClient, FakeLLM], settings: Settings, tmp_path: Any,
 ) -> None:
-    """Over HTTP, as a provider answers: "Sure! ... go ahead." is refused and sent back
-    with the reason; then the model scores another applicant and approves without the
-    policy: the case fails policy_check_failed, its checks in the signed terminal event,
-    no decision recorded, the trail verified."""
-    allowed = settings.model_copy(update={"model_endpoints": [ModelEndpoint(
-        name="fake", provider="openai", base_url=f"{openai_server.base_url}/v1")]})
-    approve = {"decision": "approve", "applicantId": "A-1001", "rationale": "fine",
-               "reasonCodes": []}
-    openai_server.script = [
-        openai_turn("Sure! I think this loan is fine, go ahead."),
-        openai_turn("Scoring.", [("c1", "credit-score", '{"applicantId": "A-3002"}')]),
-        openai_turn("Approved.", [("c2", FINAL_ANSWER, orjson.dumps(approve).decode())]),
-    ]
-    async with in_process_stack(allowed, amqp, pool) as stack, \
-            httpx.AsyncClient(base_url=stack.base_url, headers=auth_headers) as client:
-        reply = await client.post("/cases", json={
-            "agent": "loan-officer", "input": APPLICATION,
-            "model": {"provider": "openai", "name": "gpt-test", "endpoint": "fake"}})
-        case_id = reply.json()["caseId"]
-        case = await ended(client, case_id, timeout=30)
-        trail = (await client.get(f"/cases/{case_id}/events")).json()["events"]
-        verified = (await client.get(f"/cases/{case_id}/verify")).json()
-        approved = (await client.get("/cases", params={"decision": "approve",
-                                                        "limit": 200})).json()["items"]
-        refused = (await client.get("/cases", params={"checks": "failed",
-                                                       "limit": 200})).json()["items"]
-        decided: Any = await pool.fetchrow(
-            "SELECT decision, failed_checks, reason_code FROM case_decisions "
-            "WHERE case_id = $1::uuid", case_id)
-    assert case["status"] == "failed" and case["answer"] is None
-    sent = openai_server.requests[1]["messages"]
-    assert sent[-1]["role"] == "user" and "not accepted" in sent[-1]["content"]
-    assert FINAL_ANSWER in {t["function"]["name"] for t in openai_server.requests[0]["tools"]}
+    """"Sure! ... go ahead." is refused with the reason the model is sent; the typed
+    answer that follows stands, with its checks in the signed terminal event; the case's
+    bundle carries them and verifies offline with the standalone verifier."""
+    case_id, case, trail = await on_the_provider(provider, [
+        openai_turn("Sure! I think this loan is fine, go ahead."), answering(VALID)])
+    client, server = provider
+    assert case["status"] == "completed" and case["answer"]["decision"] == "refer"
+    told = server.requests[1]["messages"][-1]
+    assert told["role"] == "user" and "not accepted" in told["content"]
+    assert FINAL_ANSWER in {t["function"]["name"] for t in server.requests[0]["tools"]}
     cycles = [e["payload"] for e in trail if e["eventType"] == "REACT_CYCLE"]
     assert cycles[0]["answerRejected"]["answer"] == "Sure! I think this loan is fine, go ahead."
-    assert cycles[2]["answer"]["decision"] == "approve" and "toolCalls" in cycles[2]
+    assert cycles[1]["answer"]["decision"] == "refer" and cycles[1]["toolCalls"] == []
+    assert all(c["passed"] for c in trail[-1]["payload"]["checks"])
+    bundle = (await client.get(f"/cases/{case_id}/bundle")).json()
+    signed = orjson.loads(bundle["events"][-1]["body"])  # the terminal event as signed
+    assert signed["payload"]["checks"] == trail[-1]["payload"]["checks"]
+    path = tmp_path / "bundle.json"
+    path.write_bytes(orjson.dumps(bundle))
+    trusted = public_key_text(worker_signer(settings).public_key)
+    alone = await asyncio.to_thread(
+        subprocess.run, [sys.executable, str(STANDALONE_VERIFIER), str(path), "--trust",
+                         trusted], capture_output=True, text=True, check=False)
+    assert alone.returncode == 0 and "verified" in alone.stdout, alone.stderr
+
+
+async def test_three_invalid_answers_over_the_wire_end_the_case_invalid_answer(
+    provider: tuple[httpx.AsyncClient, FakeLLM],
+) -> None:
+    wrong = {"decision": "yes please", "applicantId": "A-1001", "rationale": "fine"}
+    _, case, trail = await on_the_provider(provider, [answering(wrong, f"f{i}")
+                                                      for i in range(3)])
+    assert case["status"] == "failed" and case["answer"] is None
+    assert [e["eventType"] for e in trail] == ["CASE_STARTED", *["REACT_CYCLE"] * 3,
+                                               "CASE_FAILED"]
+    assert trail[-1]["payload"]["reasonCode"] == "invalid_answer"
+    assert [e["payload"]["answerRejected"]["toolCallId"] for e in trail[1:4]] == \
+        ["f0", "f1", "f2"]
+
+
+async def test_a_wrong_applicant_over_the_wire_fails_its_checks_and_no_approve_stands(
+    provider: tuple[httpx.AsyncClient, FakeLLM], pool: asyncpg.Pool,
+) -> None:
+    """The model scores another applicant (A-3002) and approves without the policy: the
+    case fails policy_check_failed, each verdict in the signed terminal event, no
+    decision on record, the trail verified."""
+    approve = {"decision": "approve", "applicantId": "A-1001", "rationale": "fine",
+               "reasonCodes": []}
+    case_id, case, trail = await on_the_provider(provider, [
+        openai_turn("Scoring.", [("c1", "credit-score", '{"applicantId": "A-3002"}')]),
+        answering(approve)])
+    client, _ = provider
+    assert case["status"] == "failed" and case["answer"] is None
+    cycles = [e["payload"] for e in trail if e["eventType"] == "REACT_CYCLE"]
+    assert cycles[1]["answer"]["decision"] == "approve"  # what the model said, on record
     terminal = trail[-1]
     assert terminal["eventType"] == "CASE_FAILED"
     assert terminal["payload"]["reasonCode"] == "policy_check_failed"
     failed = {c["name"] for c in terminal["payload"]["checks"] if not c["passed"]}
     assert failed == {"names-the-applicant", "lending-policy-consulted"}
-    assert verified["verified"] is True
-    assert case_id not in {item["caseId"] for item in approved}  # no approve on record
+    assert (await client.get(f"/cases/{case_id}/verify")).json()["verified"] is True
+    approved = (await client.get("/cases", params={"decision": "approve",
+                                                    "limit": 200})).json()["items"]
+    assert case_id not in {item["caseId"] for item in approved}
+    refused = (await client.get("/cases", params={"checks": "failed",
+                                                   "limit": 200})).json()["items"]
     assert case_id in {item["caseId"] for item in refused}
+    decided: Any = await pool.fetchrow(
+        "SELECT decision, failed_checks, reason_code FROM case_decisions "
+        "WHERE case_id = $1::uuid", case_id)
     assert decided["decision"] is None and decided["reason_code"] == "policy_check_failed"
     assert sorted(decided["failed_checks"]) == ["lending-policy-consulted",
                                                 "names-the-applicant"]

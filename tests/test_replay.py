@@ -7,6 +7,7 @@ import asyncio
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,9 +15,10 @@ import asyncpg
 import httpx
 import pytest
 
-from service.agents import loan_officer
+from service.agents import AGENTS, loan_officer
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
+from service.engine.answers import Check, CheckContext
 from service.replay import recorded, replay_case, replay_many
 from service.store import CaseStore
 from tests.helpers import ended
@@ -79,6 +81,29 @@ async def test_a_changed_policy_threshold_shows_which_decisions_change_and_where
     # their decisions stand.
     for other, decision in ((daniel, "refer"), (priya, "decline")):
         assert other.replayed_decision == other.recorded_decision == decision
+
+
+async def test_a_new_check_shows_which_past_decisions_it_would_refuse(
+    decided: dict[uuid.UUID, Any],
+) -> None:
+    """A stricter lending rule added as a check (no approve above 20,000): the replay
+    names the past approve it would now refuse; the refer and the decline stand."""
+    def within_limit(case: CheckContext) -> tuple[bool, str]:
+        amount = case.input["loanAmount"]
+        if case.answer["decision"] == "approve" and amount > 20_000:
+            return False, f"approve of {amount:,} above the new limit of 20,000"
+        return True, "within the limit"
+
+    officer = AGENTS["loan-officer"]
+    stricter = replace(officer, checks=(*officer.checks,
+                                        Check("approve-limit", "1", within_limit)))
+    replays = {r.case_id: r for r in await replay_many(decided, {"loan-officer": stricter})}
+    maria, daniel, priya = (replays[c] for c in decided)
+    assert (maria.outcome, maria.recorded_decision, maria.replayed_decision) == (
+        "diverged", "approve", None)
+    assert maria.refused_by == ("approve-limit 1",)
+    assert maria.as_json()["refusedBy"] == ["approve-limit 1"]
+    assert [(r.outcome, r.refused_by) for r in (daniel, priya)] == [("same", ())] * 2
 
 
 async def test_a_case_with_recorded_model_turns_replays_without_asking_a_model(

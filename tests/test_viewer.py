@@ -68,6 +68,7 @@ async def test_a_running_case_fills_in_live_and_ends_with_its_decision(
     await expect(page.locator("#f-decision")).to_have_text("approve")
     await expect(page.locator("#f-status")).to_have_text("completed")
     await expect(page.locator("#f-integrity")).to_contain_text("verified")
+    await expect(page.locator("#f-checks")).to_have_text("3 of 3 passed")
     await expect(page.locator("#f-tenant")).to_have_text("lender")
     # Tool-call cards: name, source, arguments, result, duration.
     first_tool = cycles.first.locator(".tool").first

@@ -322,6 +322,13 @@ function terminalCard(event) {
   return card;
 }
 
+function checksSummary(checks) {
+  const failed = checks.filter((c) => !c.passed);
+  const text = failed.length ? `failed: ${failed.map((c) => c.name).join(", ")}`
+                             : `${checks.length} of ${checks.length} passed`;
+  return el("a", { href: "#outcome" }, badge(text, failed.length ? "bad" : "ok"));
+}
+
 function fact(label, id, value) {
   return el("div", {}, el("dt", { text: label }), el("dd", { id }, value));
 }
@@ -343,6 +350,7 @@ async function casePage(caseId, signal) {
           fact("Agent", "f-agent", view.agent), fact("Tenant", "f-tenant", "—"),
           fact("Started by", "f-by", "—"), fact("Status", "f-status", statusBadge(view.status)),
           fact("Decision", "f-decision", decisionBadge(view.answer && view.answer.decision)),
+          fact("Checks", "f-checks", el("span", { class: "muted", text: "—" })),
           fact("Cycles", "f-cycles", String(view.cycles)),
           fact("Tokens in / out", "f-tokens",
                `${view.tokenUsage.inputTokens} / ${view.tokenUsage.outputTokens}`),
@@ -400,6 +408,7 @@ async function casePage(caseId, signal) {
       ended = true;
       setFact("f-status", statusBadge(event.eventType.replace("CASE_", "").toLowerCase()));
       setFact("f-decision", decisionBadge(p.answer && p.answer.decision));
+      if (p.checks && p.checks.length) setFact("f-checks", checksSummary(p.checks));
       section(event.attempt).append(terminalCard(event));
     } else if (event.eventType === "CASE_ERASED") {
       timeline.append(el("p", { class: "muted", text: `Sensitive values erased by ${p.erasedBy}` }));
