@@ -10,6 +10,7 @@ docs/plugins.md).
     OVERDRAFT = Agent(
         name="overdraft-review", version="1.0.0", description="...",
         instructions="You review overdraft requests...", input=OverdraftRequest,
+        answer=OverdraftDecision,
         tools=[WorkerTool("overdraft-history", args=HistoryArgs, description="..."),
                LocalTool(fee_for)],
         model=ModelRef(provider="openai", name="gpt-4o-mini"))
@@ -31,6 +32,7 @@ from pydantic import BaseModel
 
 from service.agents.profile import AgentProfile
 from service.engine import tools as engine_tools
+from service.engine.answers import Check
 from service.engine.scripted import ScriptFn
 from service.engine.tools import Capability, ToolSource
 from service.errors import PermanentError
@@ -108,7 +110,13 @@ class Agent:
     description: str
     instructions: str
     input: type[BaseModel]
+    answer: type[BaseModel]
+    """The answer's schema: the model gives it through the final-answer tool, and a case
+    completes only with an answer that validates against it."""
     tools: Sequence[ToolSource] = ()
+    checks: Sequence[Check] = ()
+    """Named, versioned checks over the input, the tool calls and the answer, run before
+    the outcome (``Check(name, version, fn, blocking=True)``)."""
     model: ModelRef | None = None
     limits: Limits = field(default_factory=lambda: Limits(max_cycles=10, deadline_seconds=120))
     script: ScriptFn | None = None
@@ -119,8 +127,9 @@ class Agent:
         """The agent as the engine runs it; ``DeclarationError`` when it cannot run."""
         if not NAME.match(self.name):
             raise DeclarationError(f"agent name {self.name!r} must match {NAME.pattern}")
-        if not (isinstance(self.input, type) and issubclass(self.input, BaseModel)):
-            raise DeclarationError(f"agent {self.name!r}: input must be a pydantic model")
+        for part, declared in (("input", self.input), ("answer", self.answer)):
+            if not (isinstance(declared, type) and issubclass(declared, BaseModel)):
+                raise DeclarationError(f"agent {self.name!r}: {part} must be a pydantic model")
         names = [tool.name for tool in self.tools]
         if len(set(names)) != len(names):
             raise DeclarationError(f"agent {self.name!r} names a tool twice: {names}")
@@ -133,4 +142,5 @@ class Agent:
             tools=tuple(self.tools), input_model=self.input, default_model=model,
             default_limits=self.limits, script=self.script,
             capabilities=tuple(self.capabilities), version=self.version,
-            context_budget_tokens=self.context_budget_tokens)
+            context_budget_tokens=self.context_budget_tokens, answer_model=self.answer,
+            checks=tuple(self.checks))

@@ -103,10 +103,13 @@ class Args(BaseModel):
 def test_a_declaration_that_cannot_run_is_refused_with_the_reason() -> None:
     with pytest.raises(DeclarationError, match="has no script"):
         Agent(name="no-brain", version="1", description="d", instructions="i",
-              input=Args).profile()
+              input=Args, answer=Args).profile()
     assert Agent(name="real-model", version="1", description="d", instructions="i",
-                 input=Args, model=ModelRef(provider="openai", name="gpt-4o-mini")
+                 input=Args, answer=Args, model=ModelRef(provider="openai", name="gpt-4o-mini")
                  ).profile().script is None
+    with pytest.raises(DeclarationError, match="answer must be a pydantic model"):
+        Agent(name="no-answer", version="1", description="d", instructions="i", input=Args,
+              answer=dict, model=ModelRef(provider="openai", name="m")).profile()  # type: ignore[arg-type]
     with pytest.raises(DeclarationError, match="one argument annotated with a pydantic model"):
         LocalTool(lambda text: text, name="echo", description="echo")
     with pytest.raises(DeclarationError, match="needs a description"):
@@ -160,6 +163,10 @@ async def test_a_plugin_agent_runs_end_to_end_with_its_worker_tool_on_the_bus(
     view = await ended(client, case_id, timeout=30)
     assert view["status"] == "completed", view
     assert view["answer"] == {"decision": "approve", "bouncedPayments12m": 0, "monthlyFee": 10}
+    trail = (await client.get(f"/cases/{case_id}/events")).json()["events"]
+    assert trail[-1]["payload"]["checks"] == [{
+        "name": "history-consulted", "version": "1", "passed": True, "blocking": True,
+        "detail": "the history was consulted"}]
     calls = await pool.fetch(
         "SELECT tool_name, tool_source, tool_args::text AS args FROM react_tool_calls "
         "WHERE case_id = $1 ORDER BY cycle_index, call_index", uuid.UUID(case_id))

@@ -55,6 +55,8 @@ class Registry:
         if not isinstance(profile, AgentProfile):
             raise PluginError(f"{origin}: {type(found).__name__} is neither an agent nor a "
                               "capability")
+        if profile.answer_model is None:  # no case may complete without a typed answer
+            raise PluginError(f"{origin}: agent {profile.name!r} declares no answer schema")
         self._put(self.agents, "agent", profile.name, profile, origin)
         for served in profile.capabilities:
             self._put(self.capabilities, "capability", served.name, served, origin)

@@ -4,15 +4,17 @@ public ``casetrail`` API and nothing under ``service``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from casetrail import (
+    FINAL_ANSWER,
     Agent,
     AssistantTurn,
     ChatMessage,
+    Check,
+    CheckContext,
     Limits,
     LocalTool,
     Sensitive,
@@ -46,6 +48,20 @@ class FeeArgs(Camel):
     requested_limit: int
 
 
+class OverdraftDecision(Camel):
+    decision: Literal["approve", "refer"]
+    bounced_payments12m: int = Field(alias="bouncedPayments12m", ge=0)
+    monthly_fee: int
+
+
+def history_consulted(case: CheckContext) -> tuple[bool, str]:
+    """No approve without the account's history."""
+    if case.answer["decision"] == "approve" and not case.calls_to("overdraft-history"):
+        return False, "approve without the overdraft history"
+    return True, "the history was consulted" if case.calls_to("overdraft-history") \
+        else "refer: a person decides"
+
+
 @capability("overdraft-history")
 async def overdraft_history(args: HistoryArgs) -> dict[str, Any]:
     """The bank's record of the account's past overdrafts (here: from its number)."""
@@ -70,10 +86,9 @@ def review(messages: Sequence[ChatMessage]) -> AssistantTurn:
                         call("monthly-fee", "call-2", requestedLimit=request["requestedLimit"])))
     bounced = seen["overdraft-history"]["bouncedPayments12m"]
     decision = "approve" if bounced == 0 else "refer"
-    answer = {"decision": decision, "bouncedPayments12m": bounced,
-              "monthlyFee": seen["monthly-fee"]["monthlyFee"]}
-    return AssistantTurn(text=f"{bounced} bounced payments: {decision}.\n\n```json\n"
-                              f"{orjson.dumps(answer).decode()}\n```")
+    return AssistantTurn(text=f"{bounced} bounced payments: {decision}.", tool_calls=(
+        call(FINAL_ANSWER, "final", decision=decision, bouncedPayments12m=bounced,
+             monthlyFee=seen["monthly-fee"]["monthlyFee"]),))
 
 
 OVERDRAFT = Agent(
@@ -83,6 +98,8 @@ OVERDRAFT = Agent(
     instructions="You review overdraft requests: check the account's history and the fee, "
                  "then approve or refer.",
     input=OverdraftRequest,
+    answer=OverdraftDecision,
+    checks=[Check("history-consulted", "1", history_consulted)],
     tools=[WorkerTool("overdraft-history", args=HistoryArgs,
                       description="Past overdrafts of the account."),
            LocalTool(monthly_fee)],
