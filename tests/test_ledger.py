@@ -517,6 +517,25 @@ async def test_the_ledger_refuses_to_sign_over_a_tree_altered_underneath_it(
         await logged.start_ledger()
 
 
+async def test_a_tree_size_beyond_any_log_is_a_422_naming_the_field(logged: Logged) -> None:
+    """A schema fuzzer found GET /ledger/checkpoints?since=<29 digits> answering 500
+    (the number reached Postgres as a bigint); every size and index is bounded."""
+    huge = "9" * 29
+    async with httpx.AsyncClient(base_url=logged.stack.base_url) as anyone:
+        for path, field, params in (
+                ("/ledger/checkpoints", "since", {"since": huge}),
+                ("/ledger/proofs/inclusion", "treeSize", {"leafIndex": 0, "treeSize": huge}),
+                ("/ledger/proofs/inclusion", "leafIndex", {"leafIndex": huge}),
+                ("/ledger/proofs/consistency", "from", {"from": huge})):
+            reply = await anyone.get(path, params=params)
+            assert reply.status_code == 422, (path, reply.status_code, reply.text)
+            assert reply.headers["content-type"] == "application/problem+json"
+            assert ["query", field] in [e["loc"][:2] for e in reply.json()["errors"]], path
+        note = f"{logged.settings.origin()}\n{huge}\n{'A' * 43}=\n\n\u2014 w AAAA\n"
+        cosigned = await anyone.post("/ledger/cosignatures", content=note.encode())
+        assert cosigned.status_code == 422 and "beyond any this log can hold" in cosigned.text
+
+
 async def test_an_event_queued_twice_is_one_leaf(logged: Logged) -> None:
     """An operator who queues a logged event again (or the backfill meeting the trigger)
     does not make it a second leaf, and the log goes on."""

@@ -19,7 +19,11 @@ from service.ledger.store import LedgerStore, StoredCheckpoint, UnknownCheckpoin
 
 TEXT = "text/plain; charset=utf-8"
 
-TreeSize = Annotated[int | None, Query(alias="treeSize", ge=1,
+MAX_TREE = 2**63 - 1
+"""A tree size or leaf index the log can hold (Postgres bigint): a larger one in a query
+is a 422, not a database error."""
+
+TreeSize = Annotated[int | None, Query(alias="treeSize", ge=1, le=MAX_TREE,
                                        description="A checkpoint's size; default the latest.")]
 
 NOTE_PATTERN = (r"^[^\n]+\n(0|[1-9][0-9]*)\n[A-Za-z0-9+/]{43}=\n\n"
@@ -116,7 +120,7 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
              response_model=None, responses=responses(200, Checkpoints,
                                                       "Checkpoints larger than since", 422, 503))
     async def checkpoints(
-        since: Annotated[int, Query(ge=0, description="Only checkpoints of a larger "
+        since: Annotated[int, Query(ge=0, le=MAX_TREE, description="Only checkpoints of a larger "
                                     "tree.")] = 0,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         _: Principal = public,
@@ -148,7 +152,7 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
              responses=responses(200, InclusionProof, "The RFC 9162 inclusion path",
                                  404, 422, 503))
     async def inclusion(
-        leaf_index: Annotated[int, Query(alias="leafIndex", ge=0)],
+        leaf_index: Annotated[int, Query(alias="leafIndex", ge=0, le=MAX_TREE)],
         tree_size: TreeSize = None,
         _: Principal = public,
     ) -> Response:
@@ -195,8 +199,8 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
              responses=responses(200, ConsistencyProof, "The RFC 9162 consistency proof",
                                  404, 422, 503))
     async def consistency(
-        old: Annotated[int, Query(alias="from", ge=0)],
-        new: Annotated[int | None, Query(alias="to", ge=0, description=
+        old: Annotated[int, Query(alias="from", ge=0, le=MAX_TREE)],
+        new: Annotated[int | None, Query(alias="to", ge=0, le=MAX_TREE, description=
                                          "Default: the latest checkpoint's size.")] = None,
         _: Principal = public,
     ) -> Response:
@@ -220,6 +224,8 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
         text = (await request.body()).decode("utf-8", errors="replace")
         try:
             size = int(text.split("\n", 2)[1])
+            if size > MAX_TREE:
+                raise ValueError(f"tree size {size} is beyond any this log can hold")
             head = await ledger().checkpoint(size)
             found = cosignature_for(text, head, witnesses)
         except (IndexError, ValueError, NoteError) as exc:
