@@ -36,11 +36,13 @@ from service.config import Settings
 SEED_SQL = """
 INSERT INTO cases (case_id, tenant_id, agent, status, input, model, limits, request_digest,
                    created_at, ended_at, cycles, input_tokens, output_tokens, answer,
-                   attempts_claimed, started_by)
+                   attempts_claimed, started_by, outcome)
 SELECT gen_random_uuid(), t.tenant, t.agent, t.status, '{}', '{}', '{}', 'seeded',
        t.created, t.created + interval '3 seconds', 4, 2400, 300,
        CASE WHEN t.status = 'completed' THEN jsonb_build_object('decision', t.decision) END,
-       1, 'key:seeded'
+       1, 'key:seeded',
+       CASE WHEN t.status = 'failed' AND t.n % 2 = 0
+            THEN '{"checks": [{"name": "names-the-applicant", "passed": false}]}'::jsonb END
 FROM (
   SELECT CASE WHEN r1 < 0.9 THEN 'default' ELSE 'other-' || (n % 20) END AS tenant,
          CASE WHEN r2 < 0.6 THEN 'loan-officer' WHEN r2 < 0.9 THEN 'aml-screening'
@@ -51,13 +53,26 @@ FROM (
          CASE WHEN r2 < 0.6 THEN (ARRAY['approve','approve','refer','decline'])[1 + (n % 4)]
               WHEN r2 < 0.9 THEN (ARRAY['clear','clear','escalate','file-sar'])[1 + (n % 4)]
               ELSE 'done' END AS decision,
-         now() - (r4 * interval '90 days') AS created
+         now() - (r4 * interval '90 days') AS created, n
   FROM (SELECT n, random() AS r1, random() AS r2, random() AS r3, random() AS r4
         FROM generate_series($1::int, $2::int) AS n) AS g
 ) AS t
 """
 """Cases over 90 days: 90 % of them the searching tenant's, three agents, realistic
-status and decision mixes (rows only: search reads no events)."""
+status and decision mixes, a failed check on half the failed ones (rows only: search
+reads no events)."""
+
+SEED_KEYS_SQL = """
+INSERT INTO case_keys (case_id, tenant_id, field, value, digest, created_at)
+SELECT case_id, tenant_id,
+       CASE agent WHEN 'aml-screening' THEN 'customerId' ELSE 'applicantId' END,
+       CASE agent WHEN 'aml-screening' THEN 'hmac:' || md5(case_id::text)
+            ELSE 'A-' || (abs(hashtext(case_id::text)) % 200000) END,
+       agent = 'aml-screening', created_at
+FROM cases WHERE agent <> 'throughput-probe'
+"""
+"""Each loan case's applicant id (some 200,000 applicants, a few cases each) and each AML
+case's customer id as a digest, as the API keeps them."""
 
 
 def _shapes(now: datetime) -> dict[str, Any]:
@@ -76,6 +91,10 @@ def _shapes(now: datetime) -> dict[str, Any]:
         "agent + decision": lambda: {"agent": "loan-officer", "decision": "decline"},
         "agent + decision, no match": lambda: {"agent": "aml-screening",
                                                "decision": "decline"},
+        "business key": lambda: {"key": f"A-{random.randrange(200_000)}"},
+        "business key, by field": lambda: {"key.applicantId":
+                                           f"A-{random.randrange(200_000)}"},
+        "checks failed": lambda: {"checks": "failed"},
         "one day": window,
         "agent + one day": lambda: {"agent": "aml-screening", **window()},
     }
@@ -86,7 +105,9 @@ async def _seed(pool: asyncpg.Pool, cases: int) -> float:
     step = 100_000
     for first in range(1, cases + 1, step):
         await pool.execute(SEED_SQL, first, min(first + step - 1, cases))
+    await pool.execute(SEED_KEYS_SQL)
     await pool.execute("ANALYZE cases")
+    await pool.execute("ANALYZE case_keys")
     return time.perf_counter() - started
 
 

@@ -117,6 +117,8 @@ class Agent:
     checks: Sequence[Check] = ()
     """Named, versioned checks over the input, the tool calls and the answer, run before
     the outcome (``Check(name, version, fn, blocking=True)``)."""
+    keys: Sequence[str] = ()
+    """Input fields (JSON names) that identify a case to people (``GET /cases?key=``)."""
     model: ModelRef | None = None
     limits: Limits = field(default_factory=lambda: Limits(max_cycles=10, deadline_seconds=120))
     script: ScriptFn | None = None
@@ -130,6 +132,10 @@ class Agent:
         for part, declared in (("input", self.input), ("answer", self.answer)):
             if not (isinstance(declared, type) and issubclass(declared, BaseModel)):
                 raise DeclarationError(f"agent {self.name!r}: {part} must be a pydantic model")
+        fields = {f.alias or name for name, f in self.input.model_fields.items()}
+        if unknown := [k for k in self.keys if k not in fields]:
+            raise DeclarationError(f"agent {self.name!r}: keys {unknown} are not fields of "
+                                   "its input")
         names = [tool.name for tool in self.tools]
         if len(set(names)) != len(names):
             raise DeclarationError(f"agent {self.name!r} names a tool twice: {names}")
@@ -143,4 +149,4 @@ class Agent:
             default_limits=self.limits, script=self.script,
             capabilities=tuple(self.capabilities), version=self.version,
             context_budget_tokens=self.context_budget_tokens, answer_model=self.answer,
-            checks=tuple(self.checks))
+            checks=tuple(self.checks), keys=tuple(self.keys))

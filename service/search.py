@@ -68,6 +68,9 @@ class CaseFilter:
     """Cases created before this instant."""
     checks_failed: bool | None = None
     """True: only cases where one of the agent's checks failed."""
+    keys: tuple[tuple[str | None, tuple[str, ...]], ...] = ()
+    """Business keys the case must have: ``(field or any, the values or digests that
+    match)`` each."""
 
     @property
     def matches_nothing(self) -> bool:
@@ -91,6 +94,10 @@ class CaseFilter:
             clauses.append(f"decision = {arg(self.decision)}")
         if self.checks_failed:
             clauses.append("checks_failed")
+        for field, values in self.keys:
+            by_field = "" if field is None else f" AND field = {arg(field)}"
+            clauses.append(f"case_id IN (SELECT case_id FROM case_keys WHERE tenant_id = $1 "
+                           f"AND value = ANY({arg(list(values))}::text[]){by_field})")
         if self.since is not None:
             clauses.append(f"created_at >= {arg(self.since)}")
         if self.until is not None:

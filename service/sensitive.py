@@ -216,6 +216,14 @@ class Vault:
         self.key_id = hashlib.sha256(master_key).hexdigest()[:16]
         self._digest_key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
                                 info=b"casetrail request digest").derive(master_key)
+        self._key_digest_key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                                    info=b"casetrail business key").derive(master_key)
+
+    def key_digest(self, field: str, value: str) -> str:
+        """A sensitive business key as kept and searched (``GET /cases?key=``): HMAC-SHA256
+        under a key derived from the master key, so the table never holds the value."""
+        return "hmac:" + hmac.new(self._key_digest_key, f"{field}\x00{value}".encode(),
+                                  hashlib.sha256).hexdigest()
 
     def request_digest(self, request: bytes) -> str:
         """HMAC-SHA256 of a start request (its idempotency check), under a key derived

@@ -186,6 +186,9 @@ def grants(settings: Settings) -> list[str]:
         # withdrawn when its start command could not be published); reads the log,
         # the signing keys and API keys. It never writes the log.
         f"GRANT SELECT, INSERT, DELETE ON cases TO {api}",
+        # ... its business keys (values, or digests of sensitive ones, which erasing
+        # deletes).
+        f"GRANT SELECT, INSERT, DELETE ON case_keys TO {api}",
         f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at, "
         f"start_confirmed_at, start_publishing_until) ON cases TO {api}",
         f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls, "

@@ -215,6 +215,8 @@ class NewCase:
     sealed: SealedValues | None = None
     """The input's sensitive values, sealed (``input`` holds their placeholders)."""
     placeholders: tuple[str, ...] = ()
+    keys: tuple[tuple[str, str, bool], ...] = ()
+    """Its business keys: ``(field, value or digest, is a digest)``."""
 
 
 ClaimOutcome = Literal["run", "ended", "busy", "cancel_queued", "unknown"]
@@ -325,16 +327,25 @@ class CaseStore:
         Returns ``(row, created)``.
         """
         async with translate_errors(), self._pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                """INSERT INTO cases (case_id, agent, input, model, limits, request_digest,
-                                      idempotency_key, tenant_id, started_by)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-                   ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL
-                   DO NOTHING
-                   RETURNING *""",
-                case.case_id, case.agent, case.input, case.model, case.limits,
-                case.request_digest, case.idempotency_key, case.tenant_id, case.started_by,
-            )
+            insert = """INSERT INTO cases (case_id, agent, input, model, limits, request_digest,
+                                           idempotency_key, tenant_id, started_by)
+                        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                        ON CONFLICT (tenant_id, idempotency_key)
+                            WHERE idempotency_key IS NOT NULL DO NOTHING
+                        RETURNING *"""
+            args: list[Any] = [case.case_id, case.agent, case.input, case.model, case.limits,
+                               case.request_digest, case.idempotency_key, case.tenant_id,
+                               case.started_by]
+            if case.keys:  # the keys in the same statement: no round trip more
+                insert = f"""WITH inserted AS ({insert}), keyed AS (
+                    INSERT INTO case_keys (case_id, tenant_id, field, value, digest, created_at)
+                    SELECT i.case_id, i.tenant_id, k.field, k.value, k.digest, i.created_at
+                    FROM inserted i, unnest($10::text[], $11::text[], $12::boolean[])
+                                     AS k(field, value, digest))
+                    SELECT * FROM inserted"""
+                args += [[k[0] for k in case.keys], [k[1] for k in case.keys],
+                         [k[2] for k in case.keys]]
+            row = await conn.fetchrow(insert, *args)
             if row is not None:
                 if case.sealed is not None:
                     await conn.execute(
@@ -609,6 +620,10 @@ class CaseSecrets:
                    WHERE case_id = $1 AND erased_at IS NULL RETURNING erased_at""",
                 case_id, by)
             if erased_at is not None:
+                # The digests of its sensitive business keys go too: nobody can test a
+                # guess of an erased value against them any more.
+                await self._pool.execute(
+                    "DELETE FROM case_keys WHERE case_id = $1 AND digest", case_id)
                 return "erased", erased_at
             row = await self._pool.fetchrow(
                 "SELECT erased_at FROM case_secrets WHERE case_id = $1", case_id)

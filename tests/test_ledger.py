@@ -524,7 +524,7 @@ async def test_a_tree_size_beyond_any_log_is_a_422_naming_the_field(logged: Logg
     async with httpx.AsyncClient(base_url=logged.stack.base_url) as anyone:
         for path, field, params in (
                 ("/ledger/checkpoints", "since", {"since": huge}),
-                ("/ledger/proofs/inclusion", "treeSize", {"leafIndex": 0, "treeSize": huge}),
+                ("/ledger/proofs/inclusion", "treeSize", {"leafIndex": "0", "treeSize": huge}),
                 ("/ledger/proofs/inclusion", "leafIndex", {"leafIndex": huge}),
                 ("/ledger/proofs/consistency", "from", {"from": huge})):
             reply = await anyone.get(path, params=params)

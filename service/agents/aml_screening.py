@@ -182,4 +182,5 @@ AML_SCREENING = AgentProfile(
     version="1.1.0",
     answer_model=ScreeningDecision,
     checks=CHECKS,
+    keys=("customerId",),
 )

@@ -352,4 +352,5 @@ LOAN_OFFICER = AgentProfile(
     version="1.1.0",
     answer_model=LoanDecision,
     checks=CHECKS,
+    keys=("applicantId",),
 )

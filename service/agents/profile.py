@@ -52,6 +52,9 @@ class AgentProfile:
     completes only with an answer that validates (docs/design.md)."""
     checks: tuple[Check, ...] = ()
     """Named, versioned checks over the input, the tool calls and the answer."""
+    keys: tuple[str, ...] = ()
+    """Input fields (their JSON names) that identify a case to people: found by
+    ``GET /cases?key=VALUE`` (a sensitive one through a keyed digest)."""
 
     @property
     def answering(self) -> Answering | None:
@@ -75,6 +78,7 @@ class AgentProfile:
                 "answerSchema": self.answer_model.model_json_schema(by_alias=True)}),
             "checks": [{"name": c.name, "version": c.version, "blocking": c.blocking}
                        for c in self.checks],
+            "keys": list(self.keys),
             "defaultModel": self.default_model.model_dump(by_alias=True, exclude_none=True),
             "defaultLimits": self.default_limits.model_dump(by_alias=True),
         }

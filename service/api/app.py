@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 
 from service.admission import Admission, KeyRing
 from service.api import problems
 from service.api.apidocs import api_docs_routes
+from service.api.deps import known_query_only
 from service.api.ledger import ledger_routes
 from service.api.middleware import BodyLimit, Observed
 from service.api.oidc import OidcVerifier
@@ -64,10 +65,12 @@ def create_app(settings: Settings) -> FastAPI:
     public = Depends(anyone())
     viewer_routes(app, public)
     api_docs_routes(app, public)
-    ledger_routes(app, lambda: app.state.cases.ledger,
+    log = APIRouter(dependencies=[Depends(known_query_only)])
+    ledger_routes(log, lambda: app.state.cases.ledger,
                   [Verifier.parse(k) for k in settings.ledger_witnesses], public,
                   Depends(requires("cases:read")),
                   lambda case_id, principal: owned(app.state.cases, principal, case_id),
                   problems.responses, OrjsonResponse)
+    app.include_router(log)
     app.openapi = lambda: exact_openapi(app, settings)  # type: ignore[method-assign]
     return app

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from service.auth import Principal
@@ -84,7 +84,8 @@ def _unprocessable(field: str, message: str, where: str = "query") -> HTTPExcept
 
 
 def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
-                  app: FastAPI, ledger: Callable[[], LedgerStore], witnesses: list[Verifier],
+                  app: FastAPI | APIRouter, ledger: Callable[[], LedgerStore],
+                  witnesses: list[Verifier],
                   public: Any, reader: Any,
                   owned_case: Callable[[uuid.UUID, Principal], Awaitable[Any]],
                   responses: Callable[..., dict[int | str, dict[str, Any]]],

@@ -156,6 +156,12 @@ def exact_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
                        "REACT_CYCLE,CASE_COMPLETED; all when absent.",
         "schema": {"type": "array", "items": {"enum": list(EVENT_TYPES)}},
     })
+    search = document["paths"]["/cases"]["get"]
+    for field in sorted({key for agent in AGENTS.values() for key in agent.keys}):
+        search.setdefault("parameters", []).append({
+            "name": f"key.{field}", "in": "query", "required": False,
+            "description": f"Cases whose business key {field} has this value.",
+            "schema": {"type": "string", "maxLength": 300, "not": _NO_NUL}})
     _json_errors_on_streams(document)
     problem_media_types(document)
     app.openapi_schema = document

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from service.agents import AGENTS
 from service.auth import Principal
 from service.cases.errors import Invalid, Issue, NotFound
 from service.cases.services import CaseServices
@@ -110,7 +112,9 @@ def instant(text: str | None, name: str) -> datetime | None:
 async def search(services: CaseServices, principal: Principal, *, agent: str | None = None,
                  status: CaseStatus | None = None, decision: str | None = None,
                  since: str | None = None, until: str | None = None, limit: int = 50,
-                 cursor: str | None = None, checks: str | None = None) -> dict[str, Any]:
+                 cursor: str | None = None, checks: str | None = None,
+                 key: str | None = None, keyed: Mapping[str, str] | None = None,
+                 ) -> dict[str, Any]:
     """A page of the tenant's cases, newest first, and the next page's cursor."""
     refuse_unstorable(agent, "query", "agent")
     refuse_unstorable(decision, "query", "decision")
@@ -121,9 +125,36 @@ async def search(services: CaseServices, principal: Principal, *, agent: str | N
     if checks not in (None, "failed"):
         raise Invalid(Issue(("query", "checks"), "only 'failed' (cases where a check failed)"))
     wanted = CaseFilter(principal.tenant, agent, status, decision, instant(since, "since"),
-                        instant(until, "until"), checks_failed=checks == "failed" or None)
+                        instant(until, "until"), checks_failed=checks == "failed" or None,
+                        keys=_key_filters(services, key, keyed or {}))
     items, following = await services.index.search(wanted, limit, after)
     return {"items": items, "nextCursor": following.encode() if following else None}
+
+
+MAX_KEY_LENGTH = 300
+"""The longest business key kept or searched (``case_keys.value``)."""
+
+
+def _key_filters(services: CaseServices, key: str | None, keyed: Mapping[str, str]
+                 ) -> tuple[tuple[str | None, tuple[str, ...]], ...]:
+    """What a case's kept keys must hold: the value itself, or the keyed digest a
+    sensitive field's value is kept as."""
+    fields = sorted({field for agent in AGENTS.values() for field in agent.keys})
+    vault = services.secrets.vault
+    found: list[tuple[str | None, tuple[str, ...]]] = []
+    for name, value in keyed.items():
+        if len(value) > MAX_KEY_LENGTH:
+            raise Invalid(Issue(("query", f"key.{name}"), f"at most {MAX_KEY_LENGTH} "
+                                "characters"))
+        if name not in fields:
+            raise Invalid(Issue(("query", f"key.{name}"), f"no agent has a key {name!r}; the "
+                                f"keys are: {', '.join(fields) or 'none'}"))
+        found.append((name, (value, vault.key_digest(name, value))))
+    if key is not None:
+        found.append((None, (key, *(vault.key_digest(f, key) for f in fields))))
+    for name, value in [*keyed.items(), *([("key", key)] if key is not None else [])]:
+        refuse_unstorable(value, "query", name if name == "key" else f"key.{name}")
+    return tuple(found)
 
 
 async def verify(services: CaseServices, principal: Principal, case_id: uuid.UUID) -> Report:

@@ -25,7 +25,7 @@ from service.engine.answers import DEFAULT_ANSWER_RETRIES
 from service.errors import BusUnavailable, PublishRejected
 from service.events import CaseStatus, Limits
 from service.providers import model_problem
-from service.sensitive import split
+from service.sensitive import placeholder, split
 from service.store import NewCase, rate_wait
 from service.telemetry import metrics
 
@@ -125,6 +125,7 @@ async def start(services: CaseServices, principal: Principal, request: CaseReque
         limits=limits.model_dump(mode="json", by_alias=True),
         request_digest=digest, idempotency_key=idempotency_key,
         tenant_id=principal.tenant, started_by=principal.subject,
+        keys=_keys(services, agent, case_input, values),
     )
     if idempotency_key is None or not await services.store.idempotency_key_used(
             principal.tenant, idempotency_key):
@@ -146,6 +147,23 @@ async def start(services: CaseServices, principal: Principal, request: CaseReque
         if await services.store.take_start_resend(row["case_id"], START_PUBLISHING_SECONDS):
             await _publish_start(services, row, forget_on_failure=False)
     return Started(row, False)
+
+
+def _keys(services: CaseServices, agent: AgentProfile, case_input: dict[str, Any],
+          values: dict[str, str]) -> tuple[tuple[str, str, bool], ...]:
+    """The case's business keys as kept: ``(field, value, False)``, or for a sensitive
+    field ``(field, its keyed digest, True)``."""
+    kept = []
+    for field in agent.keys:
+        value = case_input.get(field)
+        if value is None or isinstance(value, dict | list) or not str(value).strip():
+            continue
+        text = str(value)[:300]
+        if placeholder(field) in values:
+            kept.append((field, services.secrets.vault.key_digest(field, text), True))
+        else:
+            kept.append((field, text, False))
+    return tuple(kept)
 
 
 async def _within_quota(services: CaseServices, tenant: str) -> None:

@@ -100,6 +100,7 @@ OVERDRAFT = Agent(
     input=OverdraftRequest,
     answer=OverdraftDecision,
     checks=[Check("history-consulted", "1", history_consulted)],
+    keys=["accountId"],
     tools=[WorkerTool("overdraft-history", args=HistoryArgs,
                       description="Past overdrafts of the account."),
            LocalTool(monthly_fee)],

@@ -8,10 +8,17 @@ import uuid
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Body, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 
 from service import cases
-from service.api.deps import Administrator, Canceller, Cases, Reader, Starter
+from service.api.deps import (
+    Administrator,
+    Canceller,
+    Cases,
+    Reader,
+    Starter,
+    known_query_only,
+)
 from service.api.problems import responses
 from service.api.schemas import (
     Bundle,
@@ -29,7 +36,7 @@ from service.events import CaseStatus
 from service.search import CURSOR_PATTERN
 from service.store import utc_text
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(known_query_only)])
 
 INSTANT = (r"^([0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"
            r"-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3])"
@@ -109,11 +116,14 @@ async def get_events(case_id: uuid.UUID, request: Request, principal: Reader,
                                              types.split(",") if types else None))
 
 
+get_events.casetrail_query = ("types",)  # type: ignore[attr-defined]
+
+
 @router.get("/cases", summary="Search the tenant's cases, newest first", response_model=None,
             responses=responses(200, CaseList, "A page of cases and the next page's cursor",
                                 401, 403, 422, 503))
 async def search_cases(
-    principal: Reader, services: Cases,
+    principal: Reader, services: Cases, request: Request,
     agent: Annotated[str | None, Query(max_length=100)] = None,
     status: CaseStatus | None = None,
     decision: Annotated[str | None, Query(max_length=100, description=(
@@ -131,10 +141,18 @@ async def search_cases(
         "The nextCursor of the previous page."))] = None,
     checks: Annotated[Literal["failed"] | None, Query(description=(
         "`failed`: only cases where one of the agent's checks failed."))] = None,
+    key: Annotated[str | None, Query(max_length=300, description=(
+        "A business key's value, in any of the agents' key fields (e.g. an applicant "
+        "id); `key.<field>=VALUE` searches one field."))] = None,
 ) -> Response:
+    keyed = {name[4:]: value for name, value in request.query_params.items()
+             if name.startswith("key.")}
     return OrjsonResponse(await cases.search(
         services, principal, agent=agent, status=status, decision=decision, since=since,
-        until=until, limit=limit, cursor=cursor, checks=checks))
+        until=until, limit=limit, cursor=cursor, checks=checks, key=key, keyed=keyed))
+
+
+search_cases.casetrail_query_prefixes = ("key.",)  # type: ignore[attr-defined]
 
 
 @router.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 
 from service.agents import AGENTS
-from service.api.deps import AnyKey, Cases, Public
+from service.api.deps import AnyKey, Cases, Public, known_query_only
 from service.api.problems import responses
 from service.api.routes.cases import OrjsonResponse
 from service.api.schemas import (
@@ -22,7 +22,7 @@ from service.api.schemas import (
 from service.cases import offered
 from service.errors import CasetrailError
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(known_query_only)])
 
 
 @router.get("/agents", summary="The agent profiles", response_model=None,

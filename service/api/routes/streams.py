@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from service.api.deps import Cases, Reader
+from service.api.deps import Cases, Reader, known_query_only
 from service.api.problems import RETRY_LATER, responses
 from service.api.schemas import Health
 from service.api.security import Caller
@@ -29,7 +29,7 @@ from service.cases.reading import owned, sensitive_values
 from service.config import Settings
 from service.events import ENDED_STATUSES
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(known_query_only)])
 
 
 def _still_valid(request: Request) -> Callable[[], Awaitable[bool]]:

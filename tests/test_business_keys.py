@@ -1,0 +1,94 @@
+"""Finding a case by the identifier people have (an applicant id, a customer id), and
+no query parameter ever silently ignored: real stack, real Postgres."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+import httpx
+
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.store import ApiKeyStore
+from tests.helpers import ended
+from tests.stack import InProcessStack, module_stack
+from tests.test_sensitive import SUSPECT, key_with
+
+stack = module_stack(worker_concurrency=4)
+
+
+async def started(client: httpx.AsyncClient, agent: str, case_input: dict[str, Any]) -> str:
+    case_id: str = (await client.post("/cases", json={"agent": agent, "input": case_input})
+                    ).json()["caseId"]
+    await ended(client, case_id)
+    return case_id
+
+
+async def found(client: httpx.AsyncClient, **params: str) -> list[str]:
+    reply = await client.get("/cases", params=params)
+    assert reply.status_code == 200, reply.text
+    return [item["caseId"] for item in reply.json()["items"]]
+
+
+async def test_a_case_is_found_by_its_applicant_id_and_only_its_own(
+    client: httpx.AsyncClient, pool: asyncpg.Pool,
+) -> None:
+    maria = await started(client, "loan-officer", SAMPLE_APPLICATIONS[0])  # A-1001
+    daniel = await started(client, "loan-officer", SAMPLE_APPLICATIONS[1])
+    again = await started(client, "loan-officer", SAMPLE_APPLICATIONS[0])
+    applicant = SAMPLE_APPLICATIONS[0]["applicantId"]
+    assert await found(client, key=applicant) == [again, maria]  # newest first
+    assert await found(client, **{"key.applicantId": applicant}) == [again, maria]
+    assert daniel not in await found(client, key=applicant)
+    assert await found(client, key="A-0000") == []
+    assert await found(client, key=applicant, status="completed", limit="1") == [again]
+    kept: Any = await pool.fetchrow("SELECT field, value, digest FROM case_keys WHERE case_id = $1",
+                               uuid.UUID(maria))
+    assert dict(kept) == {"field": "applicantId", "value": applicant, "digest": False}
+    # Another tenant holding the same applicant id sees none of these.
+    other = await key_with(pool, "cases:read")
+    async with httpx.AsyncClient(base_url=str(client.base_url), headers=other) as default:
+        assert maria in await found(default, key=applicant)  # (same tenant: default)
+    _, outsider = await ApiKeyStore(pool).create("elsewhere", ("cases:read",), "keys test")
+    async with httpx.AsyncClient(base_url=str(client.base_url),
+                                 headers={"Authorization": f"Bearer {outsider}"}) as stranger:
+        assert await found(stranger, key=applicant) == []
+
+
+async def test_a_sensitive_key_is_kept_as_a_digest_found_by_value_and_erased_with_the_case(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, stack: InProcessStack,
+) -> None:
+    case_id = await started(client, "aml-screening", SUSPECT)
+    customer = str(SUSPECT["customerId"])
+    kept: Any = await pool.fetchrow("SELECT value, digest FROM case_keys WHERE case_id = $1",
+                               uuid.UUID(case_id))
+    assert kept["digest"] is True and customer not in kept["value"]
+    assert kept["value"].startswith("hmac:")
+    assert case_id in await found(client, key=customer)
+    assert case_id in await found(client, **{"key.customerId": customer})
+    admin = await key_with(pool, "admin")
+    async with httpx.AsyncClient(base_url=stack.base_url, headers=admin) as operator:
+        assert (await operator.post(f"/cases/{case_id}/erase")).status_code == 202
+    assert await pool.fetchval("SELECT count(*) FROM case_keys WHERE case_id = $1",
+                               uuid.UUID(case_id)) == 0
+    assert case_id not in await found(client, key=customer)
+
+
+async def test_an_unknown_query_parameter_is_a_422_naming_it_on_every_route(
+    client: httpx.AsyncClient,
+) -> None:
+    """`GET /cases?applicantId=A-2002` used to answer every case."""
+    case_id = await started(client, "loan-officer", SAMPLE_APPLICATIONS[2])
+    for path, params, named in (
+            ("/cases", {"applicantId": "A-2002"}, "applicantId"),
+            ("/cases", {"key.nothing": "x"}, "key.nothing"),
+            (f"/cases/{case_id}", {"verbose": "1"}, "verbose"),
+            (f"/cases/{case_id}/events", {"type": "REACT_CYCLE"}, "type"),
+            ("/agents", {"all": "1"}, "all"),
+            ("/ledger/checkpoints", {"after": "3"}, "after")):
+        reply = await client.get(path, params=params)
+        assert reply.status_code == 422, (path, reply.text)
+        assert ["query", named] in [e["loc"] for e in reply.json()["errors"]], path
+    events = await client.get(f"/cases/{case_id}/events", params={"types": "CASE_STARTED"})
+    assert events.status_code == 200  # a parameter the route reads itself is known
