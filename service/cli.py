@@ -584,6 +584,52 @@ sql_role_app = typer.Typer(help="SQL login roles that see one tenant's rows.",
                            no_args_is_help=True)
 app.add_typer(sql_role_app, name="sql-role")
 
+subscribers_app = typer.Typer(no_args_is_help=True, help=(
+    "Per-tenant subscribers on the bus: an identity that reads one queue of that "
+    "tenant's events and may do nothing else."))
+app.add_typer(subscribers_app, name="subscribers")
+
+
+@subscribers_app.command("create")
+def subscribers_create(
+    name: Annotated[str, typer.Argument(help="The subscriber's name.")],
+    tenant: Annotated[str, typer.Option(help="The tenant whose events it reads.")],
+) -> None:
+    """Make a subscriber (or renew its password); prints its AMQP URL, once: it reads the
+    queue `<namespace>.subscriber.<NAME>`, bounded (the oldest events go first when it
+    falls behind)."""
+    from service import subscribers
+
+    try:
+        url = _run(subscribers.create(get_settings(), name, tenant))
+    except Exception as exc:  # a refused name, the broker or database away
+        typer.echo(f"could not create subscriber {name!r}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(url)
+    typer.echo(f"reads {subscribers.queue_of(get_settings(), name)}: the events of tenant "
+               f"{tenant}", err=True)
+
+
+@subscribers_app.command("list")
+def subscribers_list() -> None:
+    """The subscribers: name, tenant, queue, created, revoked."""
+    from service import subscribers
+
+    for one in _run(subscribers.listed(get_settings())):
+        typer.echo(f"{one.name}\t{one.tenant}\t{one.queue}\t{one.created_at:%Y-%m-%dT%H:%M:%SZ}"
+                   f"\t{'revoked ' + one.revoked_at.isoformat() if one.revoked_at else 'active'}")
+
+
+@subscribers_app.command("revoke")
+def subscribers_revoke(name: Annotated[str, typer.Argument(help="The subscriber.")]) -> None:
+    """Delete the subscriber's identity and its queue. Exit 1 when there was none."""
+    from service import subscribers
+
+    if not _run(subscribers.revoke(get_settings(), name)):
+        typer.echo(f"no active subscriber {name!r}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"subscriber {name} revoked")
+
 
 def reader_role(namespace: str, tenant: str) -> str:
     """``<namespace>_reader_<tenant>``: a test stack's roles never meet a live one's."""

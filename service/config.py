@@ -138,6 +138,12 @@ class Settings(BaseSettings):
         default_factory=list, description="Agents (or capabilities) to load beside the "
         "built-in ones and those installed packages offer through the entry points "
         "casetrail.agents and casetrail.capabilities: `module:attr` each (JSON list).")
+    subscriber_max_events: int = Field(
+        default=100_000, ge=1, description="Events a subscriber's queue holds at most; beyond "
+        "it the oldest are dropped (a stalled subscriber never fills the broker).")
+    subscriber_max_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="Bytes a subscriber's queue holds at "
+        "most (then the oldest events are dropped).")
     extra_capabilities: list[Annotated[str, Field(pattern=CAPABILITY_NAME)]] = Field(
         default_factory=list, description="Capabilities served beyond those of the installed "
         "agents: `casetrail setup` gives each its queue and broker user as it does the "

@@ -31,6 +31,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -370,7 +371,7 @@ async def remove_database(settings: Settings) -> None:
 
 # -- RabbitMQ ----------------------------------------------------------------------------
 
-def _password_hash(password: str) -> str:
+def password_hash(password: str) -> str:
     """RabbitMQ's stored form of a password (rabbit_password_hashing_sha256): base64 of a
     4-byte salt followed by SHA-256(salt ‖ password)."""
     salt = secrets.token_bytes(4)
@@ -433,7 +434,7 @@ def broker_definitions(settings: Settings, identities: Identities) -> dict[str, 
     users, permissions, topics = [], [], []
     for user, (configure, write, read) in broker_permissions(settings).items():
         users.append({"name": user, "tags": "",
-                      "password_hash": _password_hash(passwords[user]),
+                      "password_hash": password_hash(passwords[user]),
                       "hashing_algorithm": "rabbit_password_hashing_sha256"})
         permissions.append({"user": user, "vhost": vhost, "configure": configure,
                             "write": write, "read": read})
@@ -497,19 +498,28 @@ def namespace_users(settings: Settings) -> list[str]:
             *(settings.capability_user(name) for name in capabilities)]
 
 
-def remove_broker_users(settings: Settings) -> None:
-    """The namespace's broker users and its policy (nothing of another namespace's)."""
-    users = namespace_users(settings)
-    policy = start_limit_policy(settings)
+def remove_broker_users(settings: Settings, subscribers: Sequence[str] = ()) -> None:
+    """The namespace's broker users (``subscribers``' too) and its policy (nothing of
+    another namespace's)."""
+    delete_broker_users(settings, [*namespace_users(settings), *subscribers],
+                        policy=start_limit_policy(settings))
+
+
+def delete_broker_users(settings: Settings, users: Sequence[str],
+                        policy: str | None = None) -> None:
+    """Delete ``users`` (and ``policy``); those already gone are no error."""
     if settings.rabbitmq_management_url:
         root, auth = _management(settings)
         vhost = quote(settings.amqp_vhost(), safe="")
         with httpx.Client(auth=auth, timeout=30) as client:
-            client.post(f"{root}/api/users/bulk-delete", json={"users": users})
-            client.delete(f"{root}/api/policies/{vhost}/{quote(policy, safe='')}")
+            client.post(f"{root}/api/users/bulk-delete", json={"users": list(users)})
+            if policy is not None:
+                client.delete(f"{root}/api/policies/{vhost}/{quote(policy, safe='')}")
         return
-    for args in [*(("delete_user", user) for user in users),
-                 ("clear_policy", "-p", settings.amqp_vhost(), policy)]:
+    steps: list[tuple[str, ...]] = [("delete_user", user) for user in users]
+    if policy is not None:
+        steps.append(("clear_policy", "-p", settings.amqp_vhost(), policy))
+    for args in steps:
         try:
             _rabbitmqctl(settings, *args)
         except PermanentError as exc:
@@ -594,15 +604,33 @@ async def remove(settings: Settings) -> None:
     setup --remove``). Nothing of another namespace: a database holding another's
     objects is refused before anything is removed."""
     await check_removable(settings)
+    subscribers = await _subscribers(settings)
     connection = await connect(settings.amqp_url, "casetrail-setup")
     try:
-        await Topology(settings.namespace).delete_all(await connection.channel(),
-                                                      served_capabilities(settings))
+        channel = await connection.channel()
+        await Topology(settings.namespace).delete_all(channel, served_capabilities(settings))
+        for name in subscribers:
+            await channel.queue_delete(f"{settings.namespace}.subscriber.{name}",
+                                       if_unused=False, if_empty=False)
     finally:
         await connection.close()
     await remove_database(settings)
-    remove_broker_users(settings)
+    remove_broker_users(settings, [f"{settings.namespace}-subscriber-{n}" for n in subscribers])
     settings.secrets_path().unlink(missing_ok=True)
+
+
+async def _subscribers(settings: Settings) -> list[str]:
+    """The namespace's subscribers (none when its database is gone or never had them)."""
+    try:
+        conn = await asyncpg.connect(settings.database_url)
+    except (OSError, asyncpg.PostgresError):
+        return []
+    try:
+        return [r["name"] for r in await conn.fetch("SELECT name FROM subscribers")]
+    except asyncpg.PostgresError:
+        return []
+    finally:
+        await conn.close()
 
 
 async def migrate_as_owner(settings: Settings) -> list[str]:
