@@ -373,6 +373,10 @@ class CaseStartedPayload(ContractModel):
     model: ModelRef
     system_prompt_digest: str = Field(description="sha256 of the system prompt, hex.")
     tools_offered: tuple[ToolOffer, ...]
+    agent_digest: str | None = Field(
+        default=None, description="SHA-256 (hex) of the RFC 8785 canonical JSON of what "
+        "defines the agent: its instructions, its tools' schemas, its answer schema and its "
+        "checks' names and versions (two cases ran the same agent only if these agree).")
     answer_schema_digest: str | None = Field(
         default=None, description="SHA-256 (hex) of the RFC 8785 canonical JSON of the "
         "agent's answer schema, which the final answer was validated against.")
@@ -393,7 +397,8 @@ class CaseStartedPayload(ContractModel):
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
-        for key in ("trace", "resumedFrom", "resumed_from", "answerSchemaDigest"):
+        for key in ("trace", "resumedFrom", "resumed_from", "answerSchemaDigest",
+                    "agentDigest"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data

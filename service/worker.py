@@ -437,6 +437,7 @@ class CaseWorker:
             context_budget=agent.context_budget_tokens, agent_version=agent.version,
             tenant_id=case.tenant_id, started_by=case.started_by,
             resumption=resumption, deadline_at=deadline_at, answering=agent.answering,
+            agent_digest=agent.digest,
         )
         redaction = Redaction.of(values) if values else None
         # A tool call of this case sends its sensitive values sealed to the capability,

@@ -9,6 +9,7 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aio_pika
@@ -197,6 +198,9 @@ async def test_a_prose_answer_over_the_wire_is_sent_back_then_the_typed_one_veri
     assert cycles[0]["answerRejected"]["answer"] == "Sure! I think this loan is fine, go ahead."
     assert cycles[1]["answer"]["decision"] == "refer" and cycles[1]["toolCalls"] == []
     assert all(c["passed"] for c in trail[-1]["payload"]["checks"])
+    officer = AGENTS["loan-officer"]
+    assert trail[0]["payload"]["agentDigest"] == officer.digest  # what ran, hashed
+    assert replace(officer, checks=officer.checks[:2]).digest != officer.digest
     bundle = (await client.get(f"/cases/{case_id}/bundle")).json()
     signed = orjson.loads(bundle["events"][-1]["body"])  # the terminal event as signed
     assert signed["payload"]["checks"] == trail[-1]["payload"]["checks"]

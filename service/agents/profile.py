@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +17,7 @@ from service.engine.chat import ChatMessage, ToolResultMessage, UserMessage
 from service.engine.scripted import ScriptFn
 from service.engine.tools import Capability, ToolSource, source_label
 from service.events import Limits, ModelRef, refuse_boolean_numbers
+from service.integrity import canonical
 
 
 class CamelModel(BaseModel):
@@ -55,6 +58,19 @@ class AgentProfile:
     keys: tuple[str, ...] = ()
     """Input fields (their JSON names) that identify a case to people: found by
     ``GET /cases?key=VALUE`` (a sensitive one through a keyed digest)."""
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """``agentDigest`` (docs/design.md): what defines the agent, hashed; recorded in
+        every ``CASE_STARTED``."""
+        return hashlib.sha256(canonical({
+            "name": self.name, "version": self.version, "instructions": self.system_prompt,
+            "tools": [{"name": t.name, "description": t.description,
+                       "parameters": t.spec.parameters} for t in self.tools],
+            "answer": None if self.answer_model is None
+            else self.answer_model.model_json_schema(by_alias=True),
+            "checks": [{"name": c.name, "version": c.version, "blocking": c.blocking}
+                       for c in self.checks]})).hexdigest()
 
     @property
     def answering(self) -> Answering | None:

@@ -183,6 +183,8 @@ class CaseSpec:
     deadline_at: datetime | None = None
     """When the case's deadline passes (from its first attempt's start); ``None``: the
     deadline counts from this attempt's start."""
+    agent_digest: str | None = None
+    """What defines the agent, hashed (``AgentProfile.digest``)."""
     answering: Answering | None = None
     """The agent's answer schema and checks (``None``: the answer is taken from the
     model's last text, for agents that declare none)."""
@@ -557,6 +559,7 @@ class ReactEngine:
             started_by=spec.started_by,
             trace=self._trace_ref(),
             resumed_from=None if spec.resumption is None else spec.resumption.resumed_from,
+            agent_digest=spec.agent_digest,
             answer_schema_digest=None if spec.answering is None
             else spec.answering.schema_digest,
         )
