@@ -1,5 +1,5 @@
 """casetrail's public authoring API: declare your own agents and capabilities in your
-own package; casetrail discovers and runs them (docs/plugins.md). What is exported here
+own package; casetrail discovers and runs them (docs/agents.md). What is exported here
 is the stable surface; everything under ``service`` may move between releases.
 
 - ``Agent``, ``LocalTool``, ``WorkerTool``, ``capability``, ``Sensitive``, ``Limits``,

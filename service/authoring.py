@@ -1,6 +1,6 @@
 """The authoring API: how a team declares its own agent and its capabilities, in its own
 package, and casetrail runs them (re-exported, stable, by the ``casetrail`` package;
-docs/plugins.md).
+docs/agents.md).
 
     from casetrail import Agent, LocalTool, WorkerTool, capability
 

@@ -96,6 +96,22 @@ def test_two_plugins_declaring_one_name_are_refused_naming_both(
     assert "first-plugin" in refused.stderr and "second-plugin" in refused.stderr
 
 
+async def test_a_plugin_author_tests_the_agent_in_process_with_the_packages_helper() -> None:
+    """``casetrail.testing.run_case``: the same engine, answer schema and checks, no
+    stack."""
+    from casetrail.testing import run_case
+    from tests.plugins.overdraft import OVERDRAFT as AGENT
+
+    run = await run_case(AGENT, REQUEST)
+    assert run.status == "completed"
+    assert run.answer == {"decision": "approve", "bouncedPayments12m": 0, "monthlyFee": 10}
+    assert [c["name"] for c in run.checks] == ["history-consulted"]
+    assert [call["toolName"] for cycle in run.cycles for call in cycle["toolCalls"]] == [
+        "overdraft-history", "monthly-fee"]
+    referred = await run_case(AGENT, {**REQUEST, "accountId": "ACC-1231"})  # one bounce
+    assert referred.answer is not None and referred.answer["decision"] == "refer"
+
+
 class Args(BaseModel):
     text: str
 

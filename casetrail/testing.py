@@ -1,0 +1,79 @@
+"""Testing your agent without a stack: ``run_case`` runs one case of it in this process,
+as the worker would (the same engine, the agent's answer schema and checks), with its
+scripted brain or a model you give, its local tools, and its own capabilities called
+in process instead of over the bus. Nothing is published or stored."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.agents.profile import AgentProfile
+from service.authoring import Agent, DeclarationError
+from service.engine.chat import ChatModel
+from service.engine.loop import CaseSpec, ReactEngine
+from service.engine.scripted import ScriptedModel
+from service.engine.tools import InProcessWorkerRuntime, ToolBox
+from service.events import Event, status_for
+
+
+@dataclass
+class CaseRun:
+    """One case's events, as the trail would hold them (before sensitive values are
+    replaced by their placeholders)."""
+
+    events: list[Event] = field(default_factory=list)
+
+    async def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+    @property
+    def status(self) -> str:
+        """``completed``, ``failed``, ``timed_out`` or ``cancelled``."""
+        return str(status_for(self.events[-1].event_type))
+
+    @property
+    def terminal(self) -> dict[str, Any]:
+        """The terminal event's payload, as JSON."""
+        return self.events[-1].payload.model_dump(mode="json", by_alias=True)
+
+    @property
+    def answer(self) -> dict[str, Any] | None:
+        answer: dict[str, Any] | None = self.terminal.get("answer")
+        return answer
+
+    @property
+    def checks(self) -> list[dict[str, Any]]:
+        checks: list[dict[str, Any]] = self.terminal.get("checks", [])
+        return checks
+
+    @property
+    def cycles(self) -> list[dict[str, Any]]:
+        return [e.payload.model_dump(mode="json", by_alias=True) for e in self.events
+                if e.event_type == "REACT_CYCLE"]
+
+
+async def run_case(agent: Agent | AgentProfile, case_input: dict[str, Any], *,
+                   model: ChatModel | None = None) -> CaseRun:
+    """Run one case of ``agent`` on ``case_input`` (validated against its input model)
+    to its terminal event."""
+    profile = agent.profile() if isinstance(agent, Agent) else agent
+    if model is None:
+        if profile.script is None:
+            raise DeclarationError(f"agent {profile.name!r} has no script: give run_case a "
+                                   "model")
+        model = ScriptedModel(profile.script)
+    validated = profile.input_model.model_validate(case_input)
+    spec = CaseSpec(
+        case_id=uuid.uuid4(), attempt=1, agent=profile.name,
+        system_prompt=profile.system_prompt,
+        input=validated.model_dump(mode="json", by_alias=True),
+        limits=profile.default_limits, model=profile.default_model,
+        agent_version=profile.version, context_budget=profile.context_budget_tokens,
+        answering=profile.answering, agent_digest=profile.digest)
+    run = CaseRun()
+    tools = ToolBox(profile.tools, InProcessWorkerRuntime(
+        {capability.name: capability for capability in profile.capabilities}))
+    await ReactEngine(run).run(spec, model, tools)
+    return run
