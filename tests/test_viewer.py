@@ -122,6 +122,18 @@ async def test_the_list_filters_and_hides_other_tenants_cases(
     badges = await page.locator("table.cases tbody td:nth-child(4)").all_inner_texts()
     assert badges and set(badges) == {decision}
 
+    # By the identifier a reviewer has: the applicant id (a business key).
+    await page.get_by_role("button", name="Clear").click()
+    await shown_in_full(page)
+    applicant = SAMPLE_APPLICATIONS[1]["applicantId"]
+    await page.get_by_label("Applicant / customer id").fill(applicant)
+    await page.get_by_role("button", name="Search").click()
+    await expect(page).to_have_url(re.compile(rf"key={applicant}"))
+    await shown_in_full(page)
+    found = await rows.evaluate_all("rows => rows.map(r => r.dataset.caseId)")
+    assert mine[1]["caseId"] in found
+    assert not {mine[0]["caseId"], mine[2]["caseId"]} & set(found)  # other applicants
+
     # Keyboard: the first case's link is reachable with Tab and opens its page.
     await page.get_by_role("button", name="Clear").click()
     await expect(page).to_have_url(stack.base_url + "/ui/")

@@ -162,10 +162,15 @@ async function listPage(signal) {
   const local = (iso) => (iso ? new Date(new Date(iso).getTime() -
     new Date(iso).getTimezoneOffset() * 60000).toISOString().slice(0, 16) : "");
   const form = el("form", { class: "filters", role: "search", "aria-label": "Filter cases" },
+    field("Applicant / customer id", el("input", { name: "key", id: "f-key",
+      value: params.get("key") || "", placeholder: "e.g. A-1001", autocomplete: "off" })),
     field("Agent", select("agent", agents)),
     field("Status", select("status", STATUSES)),
     field("Decision", el("input", { name: "decision", id: "f-decision", value: params.get("decision") || "",
                                     placeholder: "e.g. approve", autocomplete: "off" })),
+    field("Checks", el("select", { name: "checks", id: "f-checks-filter" },
+      el("option", { value: "", text: "any" }),
+      el("option", { value: "failed", text: "a check failed", selected: params.get("checks") === "failed" }))),
     field("Created from", el("input", { name: "since", id: "f-since", type: "datetime-local",
                                         value: local(params.get("since")) })),
     field("Created before", el("input", { name: "until", id: "f-until", type: "datetime-local",
