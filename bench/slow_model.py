@@ -5,7 +5,8 @@ It is a plain asyncio protocol (HTTP/1.1, keep-alive, one timer per request, no 
 on uvloop like casetrail's components, so that it is not the bottleneck of what it
 measures: ``bench.models`` prints its ceiling, a plain aiohttp client's requests/s at
 the same concurrency, beside every figure. A case's first turn gets a tool call
-(``debt-to-income``), a turn that carries a tool result gets the decision.
+(``debt-to-income``), a turn that carries a tool result gets the decision (a call of
+the final-answer tool, as the loan officer's answer schema asks).
 
 ``python -m bench.slow_model openai|anthropic PORT``; ``GET /stats`` answers
 ``{"connections", "requests"}``: connections that sent a model request, and the
@@ -27,29 +28,29 @@ Provider = Literal["openai", "anthropic"]
 
 _TOOL_RESULT = re.compile(rb'"role":\s*"tool"|"tool_result"')
 _LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
-_ANSWER = ('The debt-to-income ratio is acceptable.\n```json\n{"decision": "approve", '
-           '"rationale": "within policy"}\n```')
+_ANSWER = {"decision": "refer", "applicantId": "A-1001",
+           "rationale": "debt-to-income within policy; an underwriter decides"}
+"""The decision, given as the loan officer's answer schema asks (the final-answer tool)."""
 
 
 def reply_body(provider: Provider, second_turn: bool) -> bytes:
+    text = "The debt-to-income ratio is acceptable." if second_turn \
+        else "I will check the debt-to-income ratio."
+    name, arguments = ("final_answer", _ANSWER) if second_turn else \
+        ("debt-to-income", {"monthlyDebt": 2100, "monthlyIncome": 9000})
     if provider == "openai":
-        message: dict[str, Any] = {"role": "assistant", "content": _ANSWER} if second_turn \
-            else {"role": "assistant", "content": "I will check the debt-to-income ratio.",
-                  "tool_calls": [{"id": "call_1", "type": "function", "function": {
-                      "name": "debt-to-income",
-                      "arguments": '{"monthlyDebt": 2100, "monthlyIncome": 9000}'}}]}
+        message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {
+                "name": name, "arguments": orjson.dumps(arguments).decode()}}]}
         return orjson.dumps({
             "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "fake",
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "stop" if second_turn else "tool_calls"}],
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
             "usage": {"prompt_tokens": 500, "completion_tokens": 30, "total_tokens": 530}})
-    blocks = [{"type": "text", "text": _ANSWER}] if second_turn else [
-        {"type": "text", "text": "I will check the debt-to-income ratio."},
-        {"type": "tool_use", "id": "toolu_1", "name": "debt-to-income",
-         "input": {"monthlyDebt": 2100, "monthlyIncome": 9000}}]
+    blocks = [{"type": "text", "text": text},
+              {"type": "tool_use", "id": "toolu_1", "name": name, "input": arguments}]
     return orjson.dumps({
         "id": "msg_1", "type": "message", "role": "assistant", "model": "fake",
-        "content": blocks, "stop_reason": "end_turn" if second_turn else "tool_use",
+        "content": blocks, "stop_reason": "tool_use",
         "stop_sequence": None, "usage": {"input_tokens": 500, "output_tokens": 30}})
 
 
