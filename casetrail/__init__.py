@@ -4,7 +4,8 @@ is the stable surface; everything under ``service`` may move between releases.
 
 - ``Agent``, ``LocalTool``, ``WorkerTool``, ``capability``, ``Sensitive``, ``Limits``,
   ``ModelRef``, ``Check`` (with ``CheckContext``): the declaration; an agent's answer is a
-  pydantic model the model gives by calling ``FINAL_ANSWER``.
+  pydantic model the model gives by calling ``FINAL_ANSWER``; ``Review`` says which
+  answers a person decides before the case ends.
 - ``AssistantTurn``, ``ChatMessage``, ``call``, ``case_input``, ``observed``: for a
   scripted brain (a function from the conversation so far to the next turn), which an
   agent needs only when its model is the scripted provider.
@@ -12,12 +13,12 @@ is the stable surface; everything under ``service`` may move between releases.
 
 from service.agents.profile import case_input, observed
 from service.authoring import Agent, DeclarationError, LocalTool, WorkerTool, capability
-from service.engine.answers import FINAL_ANSWER, Check, CheckContext
+from service.engine.answers import FINAL_ANSWER, Check, CheckContext, Review
 from service.engine.chat import AssistantTurn, ChatMessage, ToolCallRequest
 from service.engine.scripted import call
 from service.events import Limits, ModelRef
 from service.sensitive import Sensitive
 
 __all__ = ["FINAL_ANSWER", "Agent", "AssistantTurn", "ChatMessage", "Check", "CheckContext",
-           "DeclarationError", "Limits", "LocalTool", "ModelRef", "Sensitive", "ToolCallRequest",
-           "WorkerTool", "call", "capability", "case_input", "observed"]
+           "DeclarationError", "Limits", "LocalTool", "ModelRef", "Review", "Sensitive",
+           "ToolCallRequest", "WorkerTool", "call", "capability", "case_input", "observed"]

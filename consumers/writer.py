@@ -17,6 +17,7 @@ import asyncpg
 
 from service.events import (
     ENDED_STATUSES,
+    PARKING_EVENT_TYPE,
     TERMINAL_EVENT_TYPES,
     CaseStatus,
     SignedEvent,
@@ -36,7 +37,8 @@ _LOCK_RETRIES = 5
 # an uncorrelated ARRAY(...) sub-select, which Postgres runs once, before the
 # update's first row, and two batches never wait on each other in a cycle.
 _TERMINAL = sql_list(sorted(TERMINAL_EVENT_TYPES))
-_RUNNING = sql_list(("CASE_STARTED", "REACT_CYCLE"))
+_RUNNING = sql_list(("CASE_STARTED", "REACT_CYCLE", "CASE_REVIEWED"))
+_PARKED = sql_list((PARKING_EVENT_TYPE,))
 _CYCLE = sql_list(("REACT_CYCLE",))
 _STARTED = sql_list(("CASE_STARTED",))
 _COMPLETED = sql_list(("CASE_COMPLETED",))
@@ -75,6 +77,8 @@ WITH incoming AS (
            (array_agg(payload ORDER BY attempt DESC, seq DESC)
                 FILTER (WHERE event_type IN ({_TERMINAL})))[1]
                AS terminal_payload,
+           (array_agg(event_type ORDER BY attempt DESC, seq DESC))[1] AS last_type,
+           (array_agg(payload ORDER BY attempt DESC, seq DESC))[1] AS last_payload,
            max(occurred_at) AS last_at
     FROM inserted
     GROUP BY case_id
@@ -86,15 +90,22 @@ WITH incoming AS (
         status = CASE
             WHEN c.status IN ({_ENDED}) THEN c.status
             WHEN f.terminal_type IS NOT NULL THEN ({_STATUS_OF_TERMINAL})
+            WHEN f.last_type = {_PARKED} THEN '{CaseStatus.AWAITING_REVIEW.value}'
             WHEN f.running THEN '{CaseStatus.RUNNING.value}'
             ELSE c.status END,
+        -- A case waiting for a person shows the agent's answer and checks; its
+        -- terminal event's replace them (the reviewed decision).
         answer = CASE
-            WHEN c.status NOT IN ({_ENDED})
-                 AND f.terminal_type = {_COMPLETED} THEN f.terminal_payload -> 'answer'
+            WHEN c.status IN ({_ENDED}) THEN c.answer
+            WHEN f.terminal_type = {_COMPLETED} THEN f.terminal_payload -> 'answer'
+            WHEN f.terminal_type IS NOT NULL THEN NULL
+            WHEN f.last_type = {_PARKED}
+                THEN f.last_payload -> 'answer'
             ELSE c.answer END,
         outcome = CASE
-            WHEN c.outcome IS NULL AND f.terminal_type IS NOT NULL
-                THEN f.terminal_payload - 'answer'
+            WHEN c.status IN ({_ENDED}) THEN c.outcome
+            WHEN f.terminal_type IS NOT NULL THEN f.terminal_payload - 'answer'
+            WHEN f.last_type = {_PARKED} THEN f.last_payload - 'answer'
             ELSE c.outcome END,
         started_at = coalesce(c.started_at, f.started_at),
         ended_at = CASE WHEN c.ended_at IS NULL AND f.terminal_type IS NOT NULL

@@ -33,7 +33,7 @@ import asyncpg
 import orjson
 
 from service.bus.topology import Topology
-from service.events import TERMINAL_EVENT_TYPES
+from service.events import PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES
 
 
 def witness_name(topology: Topology) -> str:
@@ -87,12 +87,15 @@ class Report:
     repeated_tool_calls: int | None = None
     """``None``: not measured (the capability worker itself was killed)."""
     not_logged: int = 0
+    parked: int = 0
+    """Accepted cases waiting for a person: their trail ends, for now, in one
+    CASE_AWAITING_REVIEW (accounted for, like a terminal event)."""
     notes: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
         return (self.lost == 0 and self.duplicated == 0 and self.unexpected == 0
-                and self.seq_gaps == 0 and self.terminal_once == self.accepted
+                and self.seq_gaps == 0 and self.terminal_once + self.parked == self.accepted
                 and self.repeated_turns == 0 and not self.repeated_tool_calls
                 and self.not_logged == 0)
 
@@ -115,6 +118,12 @@ async def check(fault: str, pool: asyncpg.Pool, witness: list[dict[str, Any]],
     stored = Counter(r["event_id"] for r in rows)
     positions = Counter((r["case_id"], r["attempt"], r["seq"]) for r in rows)
     terminals = Counter(r["case_id"] for r in rows if r["event_type"] in TERMINAL_EVENT_TYPES)
+    last: dict[uuid.UUID, tuple[int, int, str]] = {}
+    for r in rows:
+        if (r["attempt"], r["seq"]) > last.get(r["case_id"], (0, -1, ""))[:2]:
+            last[r["case_id"]] = (r["attempt"], r["seq"], r["event_type"])
+    parked = sum(1 for c in accepted if c not in terminals
+                 and last.get(c, (0, 0, ""))[2] == PARKING_EVENT_TYPE)
     seqs: dict[tuple[uuid.UUID, int], list[int]] = {}
     for r in rows:
         seqs.setdefault((r["case_id"], r["attempt"]), []).append(r["seq"])
@@ -141,6 +150,7 @@ async def check(fault: str, pool: asyncpg.Pool, witness: list[dict[str, Any]],
         repeated_turns=sum(n - 1 for n in cycles.values() if n > 1),
         repeated_tool_calls=None if tool_runs is None else max(0, tool_runs - worker_calls),
         not_logged=not_logged,
+        parked=parked,
     )
 
 
@@ -158,14 +168,15 @@ async def _not_logged(pool: asyncpg.Pool, scope: set[uuid.UUID], timeout: float 
         await asyncio.sleep(0.25)
 
 
-HEADER = ("fault", "accepted cases", "terminal once", "events published", "persisted once",
+HEADER = ("fault", "accepted cases", "terminal once", "awaiting review", "events published",
+          "persisted once",
           "lost", "duplicated", "unexpected", "seq gaps", "repeated model turns",
           "repeated worker tool calls", "not in the log")
 
 
 def table(reports: list[Report]) -> str:
     rows = [HEADER] + [(r.fault, *(str(v) for v in (
-        r.accepted, r.terminal_once, r.published, r.persisted_once, r.lost, r.duplicated,
+        r.accepted, r.terminal_once, r.parked, r.published, r.persisted_once, r.lost, r.duplicated,
         r.unexpected, r.seq_gaps, r.repeated_turns,
         "n/a" if r.repeated_tool_calls is None else r.repeated_tool_calls,
         r.not_logged))) for r in reports]

@@ -30,7 +30,8 @@ from service.keyfile import worker_signer
 from tests.helpers import wait_until
 from tests.test_pipeline import cycle, started
 
-TERMINAL = ("completed", "failed", "timed_out", "cancelled")
+# Settled: ended, or waiting for a person (a refer parks, accounted for by the checker).
+TERMINAL = ("completed", "failed", "timed_out", "cancelled", "awaiting_review")
 
 
 async def submit(stack: Stack, count: int, latency_ms: int = 300) -> set[uuid.UUID]:

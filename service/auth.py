@@ -14,8 +14,12 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
-SCOPES = ("cases:start", "cases:read", "cases:cancel", "models:override", "pii:read", "admin")
-"""Every scope a key can hold; ``admin`` holds them all."""
+SCOPES = ("cases:start", "cases:read", "cases:cancel", "cases:review", "models:override",
+          "pii:read", "admin")
+"""Every scope a key can hold; ``admin`` holds them all but ``cases:review``, which only a
+person holds (a key made for one, or an OIDC subject), never beside ``cases:start``."""
+REVIEW_SCOPE = "cases:review"
+PERSON_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,199}$")
 
 TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 _KEY = re.compile(r"^ct_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
@@ -54,6 +58,21 @@ def parse_scopes(text: str) -> tuple[str, ...]:
     return scopes
 
 
+def check_key_scopes(scopes: tuple[str, ...], person: str | None) -> None:
+    """The four-eyes rules for a new key: ``cases:review`` only for a person, and never
+    with ``cases:start`` (nor ``admin``, which holds it)."""
+    if person is not None and not PERSON_PATTERN.match(person):
+        raise AuthError(f"person {person!r} must match {PERSON_PATTERN.pattern} (an id, "
+                        "not an email: it is recorded in trails that cannot be erased)")
+    if REVIEW_SCOPE not in scopes:
+        return
+    if person is None:
+        raise AuthError(f"{REVIEW_SCOPE} is for a person: make the key with --person ID")
+    if "cases:start" in scopes or "admin" in scopes:
+        raise AuthError(f"a key with {REVIEW_SCOPE} cannot also start cases (cases:start or "
+                        "admin): whoever reviews is never whoever started")
+
+
 def check_tenant(tenant: str) -> str:
     if not TENANT_PATTERN.match(tenant):
         raise AuthError(f"tenant {tenant!r} must match {TENANT_PATTERN.pattern}")
@@ -68,9 +87,23 @@ class Principal:
     scopes: frozenset[str]
     subject: str
     """``key:<keyId>`` for an API key; recorded as who started or cancelled a case."""
+    person: str | None = None
+    """The person behind the credential: an OIDC ``sub``, or the person a key was made
+    for (``keys create --person``); ``None`` for a key made for a service."""
+    key_name: str | None = None
 
     def allows(self, scope: str) -> bool:
+        if scope == REVIEW_SCOPE:  # never implied: a person, given it by name
+            return scope in self.scopes and self.person is not None
         return scope in self.scopes or "admin" in self.scopes
+
+    def reviewer(self) -> dict[str, str]:
+        """The person as ``CASE_REVIEWED`` records them (``reviewer``)."""
+        assert self.person is not None
+        if self.subject.startswith("key:"):
+            return {"subject": self.person, "via": "key", "keyId": self.subject[4:],
+                    **({} if self.key_name is None else {"name": self.key_name})}
+        return {"subject": self.person, "via": "oidc"}
 
     def sees(self, tenant: str) -> bool:
         """Whether a case of ``tenant`` is this principal's to see (the operator at the
@@ -98,6 +131,7 @@ class ApiKeyRecord:
     created_at: datetime
     expires_at: datetime | None
     revoked_at: datetime | None
+    person: str | None = None
 
     def principal(self, key: str, now: datetime) -> Principal | None:
         """The principal ``key`` acts as, or ``None`` if it is not this record's, or is
@@ -106,4 +140,5 @@ class ApiKeyRecord:
             return None
         if self.expires_at is not None and self.expires_at <= now:
             return None
-        return Principal(self.tenant, frozenset(self.scopes), f"key:{self.key_id}")
+        return Principal(self.tenant, frozenset(self.scopes), f"key:{self.key_id}",
+                         self.person, self.name)

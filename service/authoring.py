@@ -32,7 +32,7 @@ from pydantic import BaseModel
 
 from service.agents.profile import AgentProfile
 from service.engine import tools as engine_tools
-from service.engine.answers import Check
+from service.engine.answers import Check, Review
 from service.engine.scripted import ScriptFn
 from service.engine.tools import Capability, ToolSource
 from service.errors import PermanentError
@@ -119,6 +119,9 @@ class Agent:
     the outcome (``Check(name, version, fn, blocking=True)``)."""
     keys: Sequence[str] = ()
     """Input fields (JSON names) that identify a case to people (``GET /cases?key=``)."""
+    review: Review | None = None
+    """Which answers a person decides before the case ends
+    (``Review(decisions={"refer"}, failed_checks=True)``)."""
     model: ModelRef | None = None
     limits: Limits = field(default_factory=lambda: Limits(max_cycles=10, deadline_seconds=120))
     script: ScriptFn | None = None
@@ -136,6 +139,10 @@ class Agent:
         if unknown := [k for k in self.keys if k not in fields]:
             raise DeclarationError(f"agent {self.name!r}: keys {unknown} are not fields of "
                                    "its input")
+        answered = {f.alias or name for name, f in self.answer.model_fields.items()}
+        if self.review is not None and self.review.field not in answered:
+            raise DeclarationError(f"agent {self.name!r}: review.field {self.review.field!r} "
+                                   "is not a field of its answer")
         names = [tool.name for tool in self.tools]
         if len(set(names)) != len(names):
             raise DeclarationError(f"agent {self.name!r} names a tool twice: {names}")
@@ -149,4 +156,4 @@ class Agent:
             default_limits=self.limits, script=self.script,
             capabilities=tuple(self.capabilities), version=self.version,
             context_budget_tokens=self.context_budget_tokens, answer_model=self.answer,
-            checks=tuple(self.checks), keys=tuple(self.keys))
+            checks=tuple(self.checks), keys=tuple(self.keys), review=self.review)

@@ -22,7 +22,7 @@ import typer
 
 from service import gc_tuning
 from service.cli_cases import case_id_of as _case_id
-from service.cli_cases import cases_app
+from service.cli_cases import cases_app, reviews_app
 from service.config import Settings, get_settings
 
 T = TypeVar("T")
@@ -442,27 +442,34 @@ async def _with_keys(settings: Settings, work: Any) -> Any:
 def keys_create(
     tenant: Annotated[str, typer.Option(help="The tenant the key acts for.")],
     scopes: Annotated[str, typer.Option(help="Comma-separated: cases:start, cases:read, "
-                                             "cases:cancel, models:override, pii:read, admin.")],
+                                             "cases:cancel, cases:review, models:override, "
+                                             "pii:read, admin.")],
     name: Annotated[str | None, typer.Option(help="A label for people.")] = None,
     expires_days: Annotated[int | None, typer.Option(min=1, help="Days until it stops "
                                                               "working.")] = None,
+    person: Annotated[str | None, typer.Option(
+        help="The person who holds the key (an id, never an email): needed for "
+             "cases:review; the four-eyes rules compare persons, not keys.")] = None,
 ) -> None:
     """Create an API key; the key alone goes to stdout, once (only its hash is kept)."""
     from datetime import UTC, datetime, timedelta
 
-    from service.auth import AuthError, check_tenant, parse_scopes
+    from service.auth import AuthError, check_key_scopes, check_tenant, parse_scopes
 
     try:
         wanted = parse_scopes(scopes)
+        check_key_scopes(wanted, person)
         check_tenant(tenant)
     except AuthError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
     expires = datetime.now(UTC) + timedelta(days=expires_days) if expires_days else None
     key_id, key = _run(_with_keys(get_settings(),
-                                  lambda store: store.create(tenant, wanted, name, expires)))
-    typer.echo(f"key {key_id} for tenant {tenant} ({', '.join(wanted)}) created; it is shown "
-               "only now", err=True)
+                                  lambda store: store.create(tenant, wanted, name, expires,
+                                                             person)))
+    holder = "" if person is None else f", held by {person}"
+    typer.echo(f"key {key_id} for tenant {tenant} ({', '.join(wanted)}{holder}) created; it is "
+               "shown only now", err=True)
     typer.echo(key)
 
 
@@ -472,8 +479,9 @@ def keys_list() -> None:
     for record in _run(_with_keys(get_settings(), lambda store: store.all())):
         state = ("revoked" if record.revoked_at else
                  f"expires {record.expires_at:%Y-%m-%d}" if record.expires_at else "active")
+        holder = "" if record.person is None else f" (person {record.person})"
         typer.echo(f"{record.key_id}  {record.tenant:<16} {','.join(record.scopes):<40} "
-                   f"{state:<18} {record.name or ''}".rstrip())
+                   f"{state:<18} {record.name or ''}{holder}".rstrip())
 
 
 @keys_app.command("revoke")
@@ -955,8 +963,18 @@ def _report(report: Any, raw: bool) -> None:
         typer.echo(orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode())
     if report.verified:
         if not raw:
+            state = "complete" if report.complete else "awaiting review" if report.parked \
+                else "still running"
             typer.echo(f"verified: {report.events} events, {len(report.attempts)} attempt(s), "
-                       f"{'complete' if report.complete else 'still running'}")
+                       f"{state}")
+            for review in report.reviews:
+                reviewer = review.get("reviewer") or {}
+                decided = review.get("decision", {}).get("decision") if isinstance(
+                    review.get("decision"), dict) else None
+                via = f"key {reviewer.get('keyId')}" if reviewer.get("via") == "key" else "oidc"
+                typer.echo(f"reviewed: {review['verdict']}"
+                           f"{'' if decided is None else ' → ' + str(decided)} by "
+                           f"{reviewer.get('subject')} (via {via}) at {review['reviewedAt']}")
             if report.log is not None:
                 typer.echo(_log_summary(report.log))
         return
@@ -1075,6 +1093,7 @@ def verify_bundle_command(
 
 
 app.add_typer(cases_app, name="cases")
+app.add_typer(reviews_app, name="reviews")
 
 
 def main() -> None:

@@ -190,3 +190,88 @@ def cases_cancel(
     _perform(api_key, "cases:cancel", None,
              lambda services, who: cancel(services, who, parsed, reason))
     typer.echo(f"case {parsed} is stopping")
+
+
+reviews_app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown",
+                          help="Cases awaiting a person: list, show, decide (as REST does).")
+
+
+@reviews_app.command("list")
+def reviews_list(
+    agent: Annotated[str | None, typer.Option(help="Only this agent's cases.")] = None,
+    decision: Annotated[str | None, typer.Option(help="Only this waiting decision.")] = None,
+    checks: Annotated[str | None, typer.Option(
+        help="`failed`: only cases where one of the agent's checks failed.")] = None,
+    tenant: Annotated[str | None, typer.Option(
+        help="The operator's tenant to list (default: every tenant).")] = None,
+    raw: Annotated[bool, typer.Option("--json", help="The queue as JSON.")] = False,
+    api_key: ApiKey = None,
+) -> None:
+    """Cases awaiting review, oldest wait first (as `GET /reviews`)."""
+    from service.cases.reviewing import open_reviews
+
+    found = _perform(api_key, "cases:read", None if api_key else tenant,
+                     lambda services, who: open_reviews(
+                         services, who, agent=agent, decision=decision,
+                         checks_failed=True if checks == "failed" else None))
+    if raw:
+        _print({"reviews": found})
+        return
+    for item in found:
+        typer.echo(f"{item['caseId']}  waiting since {item['waitingSince']}  "
+                   f"{item['agent']:<16} {item['decision'] or '-':<10} "
+                   f"{','.join(item['reviewReasons'])}")
+
+
+@reviews_app.command("show")
+def reviews_show(
+    case_id: Annotated[str, typer.Argument(help="The case id.")],
+    api_key: ApiKey = None,
+) -> None:
+    """One case awaiting review: the agent's answer, its checks, why a person decides."""
+    from service.cases.reviewing import one_review
+
+    parsed = case_id_of(case_id)
+    _print(_perform(api_key, "cases:read", None,
+                    lambda services, who: one_review(services, who, parsed)))
+
+
+@reviews_app.command("decide")
+def reviews_decide(
+    case_id: Annotated[str, typer.Argument(help="The case id.")],
+    verdict: Annotated[str, typer.Option(help="confirm, override or return.")],
+    reason: Annotated[str, typer.Option(help="Why (recorded in the trail).")],
+    decision_file: Annotated[Path | None, typer.Option(
+        "--decision", help="For override: the decision as JSON (a file, or -).")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="CASETRAIL_API_KEY", show_envvar=True,
+        help="Your API key, made for you (`keys create --person`): a review is a "
+             "person's, never the operator's.")] = None,
+) -> None:
+    """Review a case awaiting it, as the person whose key this is (four eyes: never
+    the one who started it)."""
+    from service.cases.reviewing import Verdict, review
+
+    if not api_key:
+        typer.echo("a review is a person's: give your API key (--api-key or "
+                   "CASETRAIL_API_KEY), made with `keys create --person`", err=True)
+        raise typer.Exit(1)
+    if verdict not in ("confirm", "override", "return"):
+        typer.echo(f"verdict {verdict!r}: confirm, override or return", err=True)
+        raise typer.Exit(1)
+    decision = None
+    if decision_file is not None:
+        raw = sys.stdin.buffer.read() if str(decision_file) == "-" else \
+            decision_file.read_bytes()
+        try:
+            decision = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            typer.echo(f"the decision is not JSON: {exc}", err=True)
+            raise typer.Exit(1) from None
+    parsed = case_id_of(case_id)
+    given: Verdict = verdict  # type: ignore[assignment]  # checked above
+    done = _perform(api_key, "cases:review", None,
+                    lambda services, who: review(services, who, parsed, given, reason,
+                                                 decision))
+    typer.echo(f"case {parsed}: {done.verdict} by {done.reviewer['subject']}; it goes on "
+               "from your review")

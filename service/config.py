@@ -46,12 +46,15 @@ class Identity:
 
 
 class TenantQuota(BaseModel):
-    """One tenant's limits, where they differ from the defaults."""
+    """One tenant's limits and policies, where they differ from the defaults."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
     max_active_cases: int | None = Field(default=None, ge=1)
     max_starts_per_minute: int | None = Field(default=None, ge=1)
+    review_every_case: bool = Field(
+        default=False, description="A person decides every case of this tenant, whatever "
+        "its agent would let stand.")
 
 
 _LOOPBACK = {"localhost", "::1"}
@@ -192,7 +195,7 @@ class Settings(BaseSettings):
     tenant_quotas: dict[str, TenantQuota] = Field(
         default_factory=dict,
         description='Per-tenant overrides, JSON: {"acme": {"maxActiveCases": 50, '
-        '"maxStartsPerMinute": 120}}.')
+        '"maxStartsPerMinute": 120, "reviewEveryCase": true}}.')
 
     oidc_issuer: str | None = Field(
         default=None, description="OIDC issuer (iss) whose JWTs the API accepts beside API "
@@ -479,6 +482,11 @@ class Settings(BaseSettings):
         override = self.tenant_quotas.get(tenant, TenantQuota())
         return (override.max_active_cases or self.tenant_max_active_cases,
                 override.max_starts_per_minute or self.tenant_max_starts_per_minute)
+
+    def reviews_every_case(self, tenant: str) -> bool:
+        """Whether a person decides every case of ``tenant``."""
+        policy = self.tenant_quotas.get(tenant)
+        return policy is not None and policy.review_every_case
 
     def endpoint(self, name: str | None = None, *, provider: str | None = None,
                  base_url: str | None = None) -> ModelEndpoint | None:

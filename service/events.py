@@ -49,6 +49,8 @@ EventType: TypeAlias = Literal[
     "CASE_TIMED_OUT",
     "CASE_CANCELLED",
     "CASE_ERASED",
+    "CASE_AWAITING_REVIEW",
+    "CASE_REVIEWED",
 ]
 """Every event type, once; the tuples, maps and SQL literals below are derived from it."""
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
@@ -417,12 +419,84 @@ class CaseCompletedPayload(CaseTotals):
     answer: JsonObject
     checks: tuple[CheckResult, ...] = Field(default=(), description="The agent's checks, "
                                             "run on the answer before this event.")
+    decided_by: Literal["agent", "reviewer"] | None = Field(
+        default=None, description="Whose decision ``answer`` is: the agent's, standing on its "
+        "own, or a reviewer's (who confirmed or overrode the agent's; CASE_REVIEWED says "
+        "who). Absent on trails recorded before review existed.")
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
         if not data.get("checks"):
             data.pop("checks", None)
+        if data.get("decidedBy") is None:
+            data.pop("decidedBy", None)
+        return data
+
+
+ReviewReason = Literal["decision", "failed_check", "tenant_policy", "question"]
+"""Why a case waits for a person: its agent sends this decision to review, a blocking
+check failed, its tenant reviews every case, or the model asked a person a question."""
+
+
+class CaseAwaitingReviewPayload(CaseTotals):
+    """Not terminal: the agent answered and a person decides next. The attempt ends
+    here; the case holds no worker until a reviewer acts (then the next attempt takes it
+    up from the record)."""
+
+    answer: JsonObject = Field(description="The agent's answer, as validated.")
+    checks: tuple[CheckResult, ...] = Field(default=(), description="The agent's checks.")
+    review_reasons: tuple[ReviewReason, ...] = Field(
+        min_length=1, description="Why a person decides: decision, failed_check, "
+        "tenant_policy, question.")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        if not data.get("checks"):
+            data.pop("checks", None)
+        return data
+
+
+class Reviewer(ContractModel):
+    """A person as authenticated: the OIDC subject, or the person an API key was made
+    for. Never an email: events cannot be erased."""
+
+    subject: str = Field(min_length=1, max_length=200, description="The person.")
+    via: Literal["oidc", "key"]
+    key_id: str | None = Field(default=None, description="The API key used, when via key.")
+    name: str | None = Field(default=None, description="The key's name, when it has one.")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        for key in ("keyId", "name"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+Verdict = Literal["confirm", "override", "return"]
+
+
+class CaseReviewedPayload(ContractModel):
+    """A person's review of a case awaiting one, recorded by the worker from the review
+    the API kept: confirm the agent's decision, override it, or return the case to the
+    model with a note."""
+
+    reviewer: Reviewer
+    verdict: Verdict
+    decision: JsonObject | None = Field(
+        default=None, description="The reviewer's decision (override), valid for the "
+        "agent's answer schema.")
+    reason: str = Field(min_length=1, description="Why, in the reviewer's words.")
+    reviewed_at: UtcTimestamp
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        if data.get("decision") is None:
+            data.pop("decision", None)
         return data
 
 
@@ -549,9 +623,19 @@ class CaseErased(EventBase):
     payload: CaseErasedPayload
 
 
+class CaseAwaitingReview(EventBase):
+    event_type: Literal["CASE_AWAITING_REVIEW"] = "CASE_AWAITING_REVIEW"
+    payload: CaseAwaitingReviewPayload
+
+
+class CaseReviewed(EventBase):
+    event_type: Literal["CASE_REVIEWED"] = "CASE_REVIEWED"
+    payload: CaseReviewedPayload
+
+
 Event: TypeAlias = Annotated[
     CaseStarted | ReactCycle | CaseCompleted | CaseFailed | CaseTimedOut | CaseCancelled
-    | CaseErased,
+    | CaseErased | CaseAwaitingReview | CaseReviewed,
     Field(discriminator="event_type"),
 ]
 TerminalEvent: TypeAlias = CaseCompleted | CaseFailed | CaseTimedOut | CaseCancelled
@@ -559,7 +643,7 @@ TerminalPayload: TypeAlias = (
     CaseCompletedPayload | CaseFailedPayload | CaseTimedOutPayload | CaseCancelledPayload
 )
 Payload: TypeAlias = (CaseStartedPayload | ReactCyclePayload | TerminalPayload
-                      | CaseErasedPayload)
+                      | CaseErasedPayload | CaseAwaitingReviewPayload | CaseReviewedPayload)
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 _EVENT_CLASSES: dict[str, type[EventBase]] = {
@@ -584,6 +668,10 @@ assert set(_EVENT_CLASSES) == set(EVENT_TYPES), "an event type without its class
 ADMINISTRATIVE_EVENT_TYPES: frozenset[str] = frozenset({CaseErased.model_fields[
     "event_type"].default})
 """Events after the terminal one (the completeness rule ignores them)."""
+PARKING_EVENT_TYPE = CaseAwaitingReview.model_fields["event_type"].default
+"""The event that ends an attempt without ending the case: it waits for a person."""
+
+
 class CaseStatus(StrEnum):
     """A case's status (``cases.status``, the ``status`` of ``GET /cases/{id}``): one
     word everywhere, the same spelling in Python, in the SQL the code builds, in the
@@ -592,6 +680,7 @@ class CaseStatus(StrEnum):
 
     QUEUED = "queued"
     RUNNING = "running"
+    AWAITING_REVIEW = "awaiting_review"
     COMPLETED = "completed"
     FAILED = "failed"
     TIMED_OUT = "timed_out"

@@ -13,6 +13,10 @@ Each replayed cycle is compared with the recorded one: the first cycle whose too
 calls (name, arguments, result or error) or reasoning differ is where the replay
 diverged. With recorded model turns the decision after a divergence is not known
 (the model would have seen other observations); a scripted model decides again.
+
+What is replayed is the agent's part: when a person decided the case, the agent's
+answer that waited for them (its first ``CASE_AWAITING_REVIEW``) and the cycles before
+it, which the replay reaches and waits on too.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from service.engine.tools import ToolBox, WorkerCallResult
 from service.errors import ModelRejected
 from service.events import (
     ADMINISTRATIVE_EVENT_TYPES,
+    PARKING_EVENT_TYPE,
+    CaseAwaitingReviewPayload,
     CaseCompletedPayload,
     CaseFailedPayload,
     Event,
@@ -207,14 +213,19 @@ async def replay_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     name = str(started.get("agent"))
     # The decision is the last non-administrative event (an erasure may follow it).
     terminal = [e for e in events if e.event_type not in ADMINISTRATIVE_EVENT_TYPES][-1]
-    if terminal.event_type != "CASE_COMPLETED":
+    if terminal.event_type not in ("CASE_COMPLETED", PARKING_EVENT_TYPE):
         return Replay(case_id, name, "unreplayable",
                       reason=f"the case ended {terminal.event_type}, not with a decision")
     agent = agents.get(name)
     if agent is None:
         return Replay(case_id, name, "unreplayable", reason=f"no agent {name!r} here")
-    recorded_decision = _decision(terminal.payload.get("answer"))
+    # The agent's own decision: the one a person was asked about, if one was.
+    waited = next((e for e in events if e.event_type == PARKING_EVENT_TYPE), None)
+    decided = terminal if waited is None else waited
+    recorded_decision = _decision(decided.payload.get("answer"))
     cycles = final_chain(events)
+    if waited is not None:
+        cycles = cycles[: int(waited.payload["cyclesCompleted"])]
     model_ref = ModelRef.model_validate(started["model"])
     model = ScriptedModel(agent.script, name=model_ref.name) \
         if model_ref.provider == "scripted" and agent.script is not None \
@@ -235,10 +246,16 @@ async def replay_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     replayed = [e.payload.model_dump(mode="json", by_alias=True) for e in kept.events
                 if isinstance(e.payload, ReactCyclePayload)]
     end = kept.events[-1].payload
-    replayed_decision = _decision(end.answer) if isinstance(end, CaseCompletedPayload) \
-        else None
+    replayed_decision = _decision(end.answer) if isinstance(
+        end, CaseCompletedPayload | CaseAwaitingReviewPayload) else None
     refused_by = tuple(f"{c.name} {c.version}" for c in end.checks if c.blocking and
-                       not c.passed) if isinstance(end, CaseFailedPayload) else ()
+                       not c.passed) if isinstance(
+        end, CaseFailedPayload | CaseAwaitingReviewPayload) else ()
+    recorded_refusal = tuple(
+        f"{c['name']} {c['version']}" for c in decided.payload.get("checks") or ()
+        if c.get("blocking") and not c.get("passed"))
+    if refused_by != recorded_refusal:
+        replayed_decision = None  # refused now: it would not stand as the agent's
     divergence = first_divergence(cycles, replayed)
     if divergence is not None and not isinstance(model, ScriptedModel):
         replayed_decision = None  # the recorded model never saw what the code gives now

@@ -12,18 +12,22 @@ index), so a capability worker that had answered answers from memory.
 
 An attempt that resumed another carries that one's cycles too: the chain is followed
 back through each ``resumedFrom``.
+
+A case that waited for a person is taken up the same way: the attempt that ended with
+``CASE_AWAITING_REVIEW`` is resumed, the review recorded in ``CASE_REVIEWED`` (a
+returned case's note becomes part of the conversation, as the model was told it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
 
-from service.engine.answers import FINAL_ANSWER, feedback
+from service.engine.answers import FINAL_ANSWER, feedback, returned_note
 from service.engine.chat import (
     AssistantMessage,
     ChatMessage,
@@ -31,8 +35,15 @@ from service.engine.chat import (
     ToolResultMessage,
     UserMessage,
 )
-from service.engine.loop import Resumption
-from service.events import ZERO_USAGE, ResumedFrom, TokenUsage
+from service.engine.loop import Parked, Resumption
+from service.events import (
+    PARKING_EVENT_TYPE,
+    ZERO_USAGE,
+    CaseReviewedPayload,
+    CheckResult,
+    ResumedFrom,
+    TokenUsage,
+)
 from service.sensitive import restore
 
 
@@ -99,18 +110,48 @@ def cycle_messages(cycle: Mapping[str, Any]) -> list[ChatMessage]:
     return messages
 
 
-def _chain(by_attempt: Mapping[int, list[RecordedEvent]], attempt: int
-           ) -> list[Mapping[str, Any]]:
-    """The cycles attempt ``attempt`` stands on: those it resumed, then its own."""
+_CARRIED = frozenset({"REACT_CYCLE", PARKING_EVENT_TYPE, "CASE_REVIEWED"})
+"""What an attempt carries over of the ones it resumed: the cycles, and the waits for a
+person and their reviews between them."""
+
+
+def _steps(by_attempt: Mapping[int, list[RecordedEvent]], attempt: int) -> list[RecordedEvent]:
+    """The recorded steps attempt ``attempt`` stands on (those it resumed, then its own):
+    cycles, waits for review and reviews, in order."""
     events = by_attempt.get(attempt, [])
     if not events or events[0].event_type != "CASE_STARTED":
         return []
-    carried: list[Mapping[str, Any]] = []
+    carried: list[RecordedEvent] = []
     resumed = events[0].payload.get("resumedFrom")
     if isinstance(resumed, Mapping):
-        carried = _chain(by_attempt, int(resumed["attempt"]))[: int(resumed["cycles"])]
-    own = [e.payload for e in events if e.event_type == "REACT_CYCLE"]
-    return carried + own
+        cycles = int(resumed["cycles"])
+        for step in _steps(by_attempt, int(resumed["attempt"])):
+            if step.event_type == "REACT_CYCLE":
+                if cycles == 0:
+                    break
+                cycles -= 1
+            carried.append(step)
+    return carried + [e for e in events if e.event_type in _CARRIED]
+
+
+def _chain(by_attempt: Mapping[int, list[RecordedEvent]], attempt: int
+           ) -> list[Mapping[str, Any]]:
+    """The cycles attempt ``attempt`` stands on: those it resumed, then its own."""
+    return [s.payload for s in _steps(by_attempt, attempt) if s.event_type == "REACT_CYCLE"]
+
+
+def waited_for_people(events: Iterable[RecordedEvent], now: datetime) -> timedelta:
+    """How long the case has waited for people: from each ``CASE_AWAITING_REVIEW`` to the
+    start of the next attempt (or ``now``). A case's deadline does not count it."""
+    ordered = sorted(events, key=lambda e: (e.attempt, e.seq))
+    waited = timedelta(0)
+    for index, event in enumerate(ordered):
+        if event.event_type != PARKING_EVENT_TYPE:
+            continue
+        resumed = next((e.occurred_at for e in ordered[index + 1:]
+                        if e.event_type == "CASE_STARTED"), now)
+        waited += max(resumed - event.occurred_at, timedelta(0))
+    return waited
 
 
 def first_start(events: Iterable[RecordedEvent]) -> datetime | None:
@@ -147,19 +188,39 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
     if latest is None:
         return None
     attempt, by_attempt = latest
-    cycles = [restore(dict(c), values) if values else c for c in _chain(by_attempt, attempt)]
+    steps = _steps(by_attempt, attempt)
+    cycles = [restore(dict(s.payload), values) if values else s.payload for s in steps
+              if s.event_type == "REACT_CYCLE"]
     if not cycles:
         return None
     usage = ZERO_USAGE
     messages: list[ChatMessage] = []
-    for cycle in cycles:
-        usage = usage + TokenUsage.model_validate(cycle["tokenUsage"])
-        messages.extend(cycle_messages(cycle))
-    answer = cycles[-1].get("answer")
+    parked: Parked | None = None
+    returns = 0
+    answer: Any = None
+    for step in steps:
+        if step.event_type == "REACT_CYCLE":
+            cycle = restore(dict(step.payload), values) if values else step.payload
+            usage = usage + TokenUsage.model_validate(cycle["tokenUsage"])
+            messages.extend(cycle_messages(cycle))
+            parked, answer = None, cycle.get("answer")
+        elif step.event_type == PARKING_EVENT_TYPE:
+            waiting = restore(dict(step.payload), values) if values else step.payload
+            parked = Parked(step.attempt, dict(waiting["answer"]), tuple(
+                CheckResult.model_validate(c) for c in waiting.get("checks") or ()))
+        elif parked is not None:  # its review
+            review = CaseReviewedPayload.model_validate(
+                restore(dict(step.payload), values) if values else step.payload)
+            parked = Parked(parked.attempt, parked.answer, parked.checks, review)
+            if review.verdict == "return":  # the model answers again
+                returns += 1
+                messages.append(returned_note(messages, review.reason))
+                parked, answer = None, None
     return Resumption(
         resumed_from=ResumedFrom(attempt=attempt, seq=by_attempt[attempt][-1].seq,
                                  cycles=len(cycles)),
         messages=tuple(messages), cycles=len(cycles), usage=usage,
         tool_calls=tuple(call for cycle in cycles for call in cycle.get("toolCalls") or ()),
         rejections=sum(1 for cycle in cycles if cycle.get("answerRejected")),
-        answer=answer if isinstance(answer, dict) else None)
+        answer=answer if isinstance(answer, dict) else None,
+        parked=parked, returns=returns)

@@ -193,8 +193,11 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at, "
         f"start_confirmed_at, start_publishing_until) ON cases TO {api}",
         f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls, "
-        f"case_decisions "
+        f"case_decisions, case_reviews "
         f"TO {api}",
+        # ... keeps what a person did about a case waiting for one (a review, a cancel),
+        # once per wait: the worker records it in the trail.
+        f"GRANT SELECT, INSERT ON case_actions TO {api}",
         # ... seals a new case's sensitive values, opens them for pii:read callers,
         # shreds them on erase; logs each such access (append-only).
         f"GRANT SELECT, INSERT ON case_secrets TO {api}",
@@ -205,10 +208,10 @@ def grants(settings: Settings) -> list[str]:
         # its key is registered, and notes when its sweeper re-sent a stranded case's
         # start command. It emits events on the bus only, and never writes
         # signing_keys: keys are registered by an operator (`signer register`).
-        f"GRANT SELECT ON cases, event_log, signing_keys, case_secrets, capability_keys "
-        f"TO {worker}",
+        f"GRANT SELECT ON cases, event_log, signing_keys, case_secrets, capability_keys, "
+        f"case_actions TO {worker}",
         f"GRANT UPDATE (attempts_claimed, lease_owner, lease_expires_at, terminal_published, "
-        f"start_resent_at) ON cases TO {worker}",
+        f"start_resent_at, parked_attempt, parked_at) ON cases TO {worker}",
         # The consumer appends to the log and folds each batch into the case row; no
         # UPDATE, DELETE or TRUNCATE on the log (and the triggers refuse them anyway).
         f"GRANT SELECT, INSERT ON event_log TO {consumer}",

@@ -23,6 +23,7 @@ from service.errors import PermanentError, StoreUnavailable
 from service.events import (
     ENDED_STATUSES,
     EVENT_TYPES,
+    PARKING_EVENT_TYPE,
     TERMINAL_EVENT_TYPES,
     CaseStatus,
     sql_statuses,
@@ -117,7 +118,7 @@ async def pool_patiently(url: str, size: int, patience: float = STARTUP_PATIENCE
 
 def _claim_from_row(row: asyncpg.Record) -> Claim:
     outcome = row["outcome"]
-    if outcome in ("ended", "busy"):
+    if outcome in ("ended", "busy", "parked"):
         return Claim(outcome)
     sealed = None if row["wrapped_key"] is None else SealedValues(
         row["master_key_id"], bytes(row["wrapped_key"]), bytes(row["ciphertext"]))
@@ -133,9 +134,12 @@ def _claim_from_row(row: asyncpg.Record) -> Claim:
             f"attempt {attempt - 1} (worker {row['previous_owner']}) stopped without a "
             "terminal event; its start command was redelivered"
         )
+    action = None if row["action_kind"] is None else ParkedAction(
+        row["parked_attempt"], row["action_kind"], row["verdict"], row["action_reason"],
+        row["decision"], row["reviewer"], row["acted_at"])
     return Claim(
         "run", attempt=attempt, cancel_reason=row["cancel_reason"], restart_reason=restart,
-        cancelled_by=row["cancelled_by"], case=recorded,
+        cancelled_by=row["cancelled_by"], case=recorded, action=action,
     )
 
 
@@ -219,28 +223,34 @@ class NewCase:
     """Its business keys: ``(field, value or digest, is a digest)``."""
 
 
-ClaimOutcome = Literal["run", "ended", "busy", "cancel_queued", "unknown"]
+ClaimOutcome = Literal["run", "ended", "busy", "cancel_queued", "parked", "unknown"]
 
 # Claims of many cases, decided and recorded in one statement (one round trip,
 # one implicit transaction; the row locks, taken in case-id order like the
 # consumer's, are held while the decisions are made and written).
 _CLAIM = f"""
-WITH current AS (
+WITH current AS MATERIALIZED (
     SELECT case_id, status, attempts_claimed, lease_owner, terminal_published,
            cancel_requested_at, cancel_reason, cancelled_by,
-           agent, tenant_id, input, model, limits, started_by,
+           agent, tenant_id, input, model, limits, started_by, parked_attempt,
            lease_expires_at > now() AS lease_live
     FROM cases WHERE case_id = ANY($1::uuid[]) ORDER BY case_id FOR UPDATE
 ), decided AS (
-    SELECT c.*, CASE
+    SELECT c.*, a.kind AS action_kind, a.verdict, a.reason AS action_reason, a.decision,
+           a.reviewer, a.acted_at, CASE
         WHEN c.terminal_published
              OR c.status IN ({_ENDED})
              OR EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = c.case_id
                         AND e.event_type = ANY($2::text[])) THEN 'ended'
         WHEN c.lease_live AND c.lease_owner IS DISTINCT FROM $3 THEN 'busy'
         WHEN c.cancel_requested_at IS NOT NULL AND c.attempts_claimed = 0 THEN 'cancel_queued'
+        -- waiting for a person, and nobody has acted yet: nothing to run
+        WHEN c.parked_attempt IS NOT NULL AND a.kind IS NULL
+             AND c.cancel_requested_at IS NULL THEN 'parked'
         ELSE 'run' END AS outcome
     FROM current c
+         LEFT JOIN case_actions a ON a.case_id = c.case_id
+                                 AND a.parked_attempt = c.parked_attempt
 ), claimed AS (
     UPDATE cases SET attempts_claimed = d.attempts_claimed + 1, lease_owner = $3,
                      lease_expires_at = now() + make_interval(secs => $4)
@@ -250,7 +260,8 @@ WITH current AS (
 )
 SELECT d.case_id, d.outcome, d.cancel_reason, d.cancelled_by,
        d.agent, d.tenant_id, d.input, d.model, d.limits, d.started_by,
-       d.lease_owner AS previous_owner,
+       d.lease_owner AS previous_owner, d.parked_attempt, d.action_kind, d.verdict,
+       d.action_reason, d.decision, d.reviewer, d.acted_at,
        c.attempts_claimed AS attempt,
        s.master_key_id, s.wrapped_key, s.ciphertext
 FROM decided d LEFT JOIN claimed c USING (case_id)
@@ -300,6 +311,20 @@ class TrailHead:
 
 
 @dataclass(frozen=True)
+class ParkedAction:
+    """What a person did about a case waiting for one (``case_actions``): the worker
+    records it and goes on."""
+
+    parked_attempt: int
+    kind: Literal["review", "answer", "cancel"]
+    verdict: str | None
+    reason: str | None
+    decision: dict[str, Any] | None
+    reviewer: dict[str, Any] | None
+    acted_at: datetime
+
+
+@dataclass(frozen=True)
 class Claim:
     """What a worker may do with a start command it received."""
 
@@ -309,6 +334,8 @@ class Claim:
     restart_reason: str | None = None
     cancelled_by: str | None = None
     case: RecordedCase | None = None
+    action: ParkedAction | None = None
+    """What a person did about the wait this case was parked in, when it was."""
 
 
 class CaseStore:
@@ -451,11 +478,14 @@ class CaseStore:
 
     async def decided_cases(self, agent: str | None, since: datetime | None,
                             limit: int) -> list[uuid.UUID]:
-        """Completed cases, oldest first: of ``agent`` (any when ``None``), created at or
-        after ``since``; at most ``limit``."""
+        """Cases the agent decided (completed, or waiting for a person to review its
+        decision), oldest first: of ``agent`` (any when ``None``), created at or after
+        ``since``; at most ``limit``."""
         async with translate_errors():
             rows = await self._pool.fetch(
-                """SELECT case_id FROM cases WHERE status = 'completed'
+                f"""SELECT case_id FROM cases
+                   WHERE status IN ('{CaseStatus.COMPLETED.value}',
+                                    '{CaseStatus.AWAITING_REVIEW.value}')
                      AND ($1::text IS NULL OR agent = $1)
                      AND ($2::timestamptz IS NULL OR created_at >= $2)
                    ORDER BY created_at, case_id LIMIT $3""", agent, since, limit)
@@ -467,6 +497,7 @@ class CaseStore:
         ``run``: go, as ``attempt``. ``ended``: a terminal event already exists; ack.
         ``busy``: a live lease is held elsewhere (a redelivery beside a live attempt); wait.
         ``cancel_queued``: cancelled before any attempt; publish ``CASE_CANCELLED``.
+        ``parked``: waiting for a person who has not acted yet; ack, run nothing.
         ``unknown``: no such case.
         """
         return (await self.claim_many([case_id], owner, lease_seconds))[case_id]
@@ -510,10 +541,18 @@ class CaseStore:
                 WITH sweeper AS MATERIALIZED (SELECT pg_try_advisory_xact_lock(hashtext($1))
                                               AS held),
                 stranded AS MATERIALIZED (
-                    SELECT case_id FROM cases
+                    SELECT case_id FROM cases c
                     WHERE (SELECT held FROM sweeper)
-                      AND status IN ({_ACTIVE}) AND NOT terminal_published
-                      AND attempts_claimed > 0
+                      AND NOT terminal_published AND attempts_claimed > 0
+                      -- running (after a person acted, when it waited for one), or
+                      -- waiting for a person who has acted (a review, or a cancel)
+                      AND (status IN ({_ACTIVE}) OR status = '{CaseStatus.AWAITING_REVIEW.value}')
+                      AND (parked_attempt IS NULL
+                           OR cancel_requested_at < now() - make_interval(secs => $2)
+                           OR EXISTS (SELECT 1 FROM case_actions a
+                                      WHERE a.case_id = c.case_id
+                                        AND a.parked_attempt = c.parked_attempt
+                                        AND a.acted_at < now() - make_interval(secs => $2)))
                       AND (lease_expires_at IS NULL
                            OR lease_expires_at < now() - make_interval(secs => $2))
                       AND (start_resent_at IS NULL
@@ -524,6 +563,15 @@ class CaseStore:
                 RETURNING case_id, tenant_id, agent""",
                 lock_name, lapsed_seconds, resend_seconds, limit)
         return [(row["case_id"], row["tenant_id"], row["agent"]) for row in rows]
+
+    async def mark_parked(self, case_id: uuid.UUID, attempt: int) -> None:
+        """The worker's note that ``attempt`` ended waiting for a person (its
+        ``CASE_AWAITING_REVIEW`` confirmed): the case holds no lease while it waits."""
+        async with translate_errors():
+            await self._pool.execute(
+                """UPDATE cases SET parked_attempt = $2, parked_at = now(),
+                                    lease_owner = NULL, lease_expires_at = NULL
+                   WHERE case_id = $1""", case_id, attempt)
 
     async def mark_terminal_published(self, *case_ids: uuid.UUID) -> None:
         """The worker's note that these cases' terminal events are confirmed by the broker."""
@@ -548,6 +596,69 @@ class CaseStore:
         return None if row is None else TrailHead(row["attempt"], row["seq"], row["hash"],
                                                   row["event_type"], row["tenant_id"],
                                                   row["erased"])
+
+    async def record_action(self, case_id: uuid.UUID, kind: str, *, verdict: str | None = None,
+                            reason: str | None = None, decision: dict[str, Any] | None = None,
+                            reviewer: dict[str, Any] | None = None
+                            ) -> Literal["recorded", "taken", "not_parked"]:
+        """Keep what a person did about the case's wait (once per wait, atomically):
+        ``taken`` when somebody already acted on this wait, ``not_parked`` when the case
+        is not waiting (or has ended)."""
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                f"""WITH waiting AS (
+                        SELECT case_id, parked_attempt FROM cases
+                        WHERE case_id = $1 AND parked_attempt IS NOT NULL
+                          AND NOT terminal_published AND status NOT IN ({_ENDED})),
+                    kept AS (
+                        INSERT INTO case_actions (case_id, parked_attempt, kind, verdict,
+                                                  reason, decision, reviewer)
+                        SELECT case_id, parked_attempt, $2, $3, $4, $5, $6 FROM waiting
+                        ON CONFLICT DO NOTHING RETURNING parked_attempt)
+                    SELECT (SELECT count(*) FROM waiting) AS waiting,
+                           (SELECT count(*) FROM kept) AS kept""",
+                case_id, kind, verdict, reason, decision, reviewer)
+        assert row is not None  # an aggregate: always one row
+        return "not_parked" if not row["waiting"] else "recorded" if row["kept"] else "taken"
+
+    async def person_of(self, subject: str | None) -> str | None:
+        """The person behind a recorded ``started_by`` (``key:<id>`` of a key made for
+        one, or ``oidc:<sub>``); ``None`` for a service's key or the operator."""
+        if subject is None:
+            return None
+        if subject.startswith("oidc:"):
+            return subject[5:]
+        if subject.startswith("key:"):
+            async with translate_errors():
+                person: str | None = await self._pool.fetchval(
+                    "SELECT person FROM api_keys WHERE key_id = $1", subject[4:])
+            return person
+        return None
+
+    async def open_reviews(self, tenant: str | None, agent: str | None, decision: str | None,
+                           checks_failed: bool | None, limit: int,
+                           case_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
+        """Cases waiting for a person, oldest wait first, with what waits (the agent's
+        answer and checks) and why."""
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                f"""SELECT c.*, e.payload AS waiting
+                    FROM cases c
+                    LEFT JOIN LATERAL (
+                        SELECT payload FROM event_log e
+                        WHERE e.case_id = c.case_id AND e.attempt = c.parked_attempt
+                          AND e.event_type = '{PARKING_EVENT_TYPE}' LIMIT 1) e ON true
+                    WHERE c.status = '{CaseStatus.AWAITING_REVIEW.value}'
+                      AND ($1::text IS NULL OR c.tenant_id = $1)
+                      AND ($2::text IS NULL OR c.agent = $2)
+                      AND ($3::text IS NULL OR c.decision = $3)
+                      AND ($4::boolean IS NULL OR c.checks_failed = $4)
+                      AND ($6::uuid IS NULL OR c.case_id = $6)
+                      AND NOT EXISTS (SELECT 1 FROM case_actions a WHERE a.case_id = c.case_id
+                                      AND a.parked_attempt = c.parked_attempt)
+                    ORDER BY c.parked_at NULLS LAST, c.case_id LIMIT $5""",
+                tenant, agent, decision, checks_failed, limit, case_id)
+        return [dict(r) for r in rows]
 
     async def cancel_request(self, case_id: uuid.UUID) -> tuple[str | None, str | None] | None:
         """``(reason, by)`` when the case was asked to stop, else ``None``: a cancel
@@ -735,14 +846,17 @@ class ApiKeyStore:
         self._pool = pool
 
     async def create(self, tenant: str, scopes: Sequence[str], name: str | None = None,
-                     expires_at: datetime | None = None) -> tuple[str, str]:
-        """A new key for ``tenant``; returns ``(key_id, key)``. The key is not kept."""
+                     expires_at: datetime | None = None, person: str | None = None
+                     ) -> tuple[str, str]:
+        """A new key for ``tenant`` (for ``person``, when one holds it); returns
+        ``(key_id, key)``. The key is not kept."""
         key_id, key = new_key()
         async with translate_errors():
             await self._pool.execute(
-                """INSERT INTO api_keys (key_id, key_hash, tenant_id, scopes, name, expires_at)
-                   VALUES ($1, $2, $3, $4, $5, $6)""",
-                key_id, key_hash(key), tenant, list(scopes), name, expires_at)
+                """INSERT INTO api_keys (key_id, key_hash, tenant_id, scopes, name, expires_at,
+                                         person)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7)""",
+                key_id, key_hash(key), tenant, list(scopes), name, expires_at, person)
         return key_id, key
 
     async def find(self, key_id: str) -> ApiKeyRecord | None:
@@ -766,7 +880,8 @@ class ApiKeyStore:
 
 def _key_record(row: asyncpg.Record) -> ApiKeyRecord:
     return ApiKeyRecord(row["key_id"], row["key_hash"], row["tenant_id"], tuple(row["scopes"]),
-                        row["name"], row["created_at"], row["expires_at"], row["revoked_at"])
+                        row["name"], row["created_at"], row["expires_at"], row["revoked_at"],
+                        row["person"])
 
 
 class TenantReaders:
@@ -787,7 +902,7 @@ class TenantReaders:
                 "SELECT format('GRANT CONNECT ON DATABASE %I TO %I; "
                 "GRANT USAGE ON SCHEMA public TO %I; "
                 "GRANT SELECT ON event_log, cases, react_cycles, react_tool_calls, "
-                "case_decisions TO %I', "
+                "case_decisions, case_reviews TO %I', "
                 "current_database(), $1::text, $1::text, $1::text)", role)
             await conn.execute(grants)
             await conn.execute(

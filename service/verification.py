@@ -17,6 +17,11 @@ Each problem names the attempt and seq it was found at and a machine-readable co
     extra_terminal    more than one terminal event
     terminal_not_last the terminal event is not on the case's last attempt
     after_terminal    an event other than an administrative one (CASE_ERASED) after it
+    after_parked      an event after CASE_AWAITING_REVIEW in the same attempt (the attempt
+                      that waits for a person ends there; the next one goes on)
+
+An attempt that ends with ``CASE_AWAITING_REVIEW`` is parked, not cut short: the case
+waits for a person (``parked``), and its trail is complete so far.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from service.events import ADMINISTRATIVE_EVENT_TYPES, TERMINAL_EVENT_TYPES
+from service.events import ADMINISTRATIVE_EVENT_TYPES, PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES
 from service.integrity import GENESIS, Integrity, chain_hash, signature_valid
 
 
@@ -77,6 +82,11 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     log: dict[str, Any] | None = None
     """What the transparency log's proofs showed (bundles)."""
+    parked: bool = False
+    """The last attempt ended waiting for a person (``CASE_AWAITING_REVIEW``)."""
+    reviews: list[dict[str, Any]] = field(default_factory=list)
+    """Who reviewed the case, from the signed ``CASE_REVIEWED`` events: reviewer,
+    verdict, decision, when."""
 
     @property
     def verified(self) -> bool:
@@ -86,6 +96,8 @@ class Report:
         return {"caseId": self.case_id, "verified": self.verified, "complete": self.complete,
                 "events": self.events, "attempts": self.attempts,
                 "problems": [p.as_json() for p in self.problems],
+                **({"parked": True} if self.parked else {}),
+                **({"reviews": self.reviews} if self.reviews else {}),
                 **({"log": self.log} if self.log is not None else {})}
 
     def first_problem(self) -> str:
@@ -165,7 +177,7 @@ def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, 
     terminals: list[tuple[int, int]] = []
     for attempt in sorted(by_attempt):
         chain = sorted(by_attempt[attempt], key=lambda e: e.seq)
-        prev_hash, expected_seq, ended, head = GENESIS, 0, False, None
+        prev_hash, expected_seq, ended, head, parked = GENESIS, 0, False, None, False
         for event in chain:
             if event.seq != expected_seq:
                 report.problems.append(Problem(
@@ -183,16 +195,23 @@ def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, 
             else:
                 envelope = _check_signed(event, prev_hash, keys, report.problems)
                 event_type = (envelope or {}).get("eventType") or event.columns.get("eventType")
+                if event_type == "CASE_REVIEWED" and envelope is not None:
+                    report.reviews.append(_review_of(attempt, event.seq, envelope))
                 prev_hash = event.integrity.hash
                 head = prev_hash
             if ended and event_type not in ADMINISTRATIVE_EVENT_TYPES:
                 report.problems.append(Problem(attempt, event.seq, "after_terminal",
                                                f"a {event_type} after the terminal event"))
+            elif parked:
+                report.problems.append(Problem(attempt, event.seq, "after_parked",
+                                               f"a {event_type} after CASE_AWAITING_REVIEW "
+                                               "in the same attempt"))
+            parked = parked or event_type == PARKING_EVENT_TYPE
             if event_type in TERMINAL_EVENT_TYPES:
                 terminals.append((attempt, event.seq))
                 ended = True
         report.attempts.append({"attempt": attempt, "events": len(chain), "headHash": head,
-                                "ended": ended})
+                                "ended": ended, **({"parked": True} if parked else {})})
     last_attempt = max(by_attempt, default=None)
     if len(terminals) > 1:
         for attempt, seq in terminals[1:]:
@@ -204,12 +223,22 @@ def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, 
                                        f"the terminal event is on attempt {attempt}, not on "
                                        f"the last attempt {last_attempt}"))
     report.complete = bool(terminals)
+    report.parked = not terminals and bool(report.attempts) and \
+        bool(report.attempts[-1].get("parked"))
     if not terminals and case_ended:
         report.problems.append(Problem(last_attempt, None, "missing_terminal",
                                        "the case is recorded as ended but its trail has no "
                                        "terminal event"))
     report.problems.sort(key=lambda p: (p.attempt or 0, -1 if p.seq is None else p.seq))
     return report
+
+
+def _review_of(attempt: int, seq: int, envelope: Mapping[str, Any]) -> dict[str, Any]:
+    payload = envelope.get("payload") or {}
+    decision = payload.get("decision")
+    return {"attempt": attempt, "seq": seq, "reviewer": payload.get("reviewer"),
+            "verdict": payload.get("verdict"), "reviewedAt": payload.get("reviewedAt"),
+            **({"decision": decision} if decision is not None else {})}
 
 
 def checked_at() -> str:

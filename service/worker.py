@@ -17,6 +17,12 @@
 - Cancel requests arrive on the ``<ns>.cancel`` fanout; each worker binds its
   own exclusive queue and stops the case if it runs it, once Postgres confirms
   the case was asked to stop (a broadcast alone decides nothing).
+- A case whose answer a person decides ends its attempt with ``CASE_AWAITING_REVIEW``;
+  the worker notes it parked and acks its start command: it holds no slot, no memory
+  and no unacked message while it waits. The API records what a person did (a review,
+  or a cancel) and sends a start command again; the claim finds the action, and the
+  next attempt records it and goes on from the record. A start command that finds the
+  case still waiting is acked and nothing runs (``parked``).
 - On shutdown it stops taking work, gives running cases a grace period, then
   abandons the rest: their leases are released and their start commands go
   back to the queue, to run as the next attempt elsewhere.
@@ -30,9 +36,9 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -64,7 +70,9 @@ from service.errors import (
 )
 from service.events import (
     TERMINAL_EVENT_TYPES,
+    CaseAwaitingReview,
     CaseErasedPayload,
+    CaseReviewedPayload,
     Limits,
     ModelRef,
     cancelled_while_queued,
@@ -75,7 +83,7 @@ from service.evidence import trail_events
 from service.integrity import Signer
 from service.keyfile import worker_signer
 from service.providers import ModelFactory
-from service.resume import RecordedEvent, first_start, resumption
+from service.resume import RecordedEvent, first_start, resumption, waited_for_people
 from service.sealing import CapabilityKeys
 from service.sensitive import Redaction, Vault, restore
 from service.store import (
@@ -84,6 +92,7 @@ from service.store import (
     CaseStore,
     Claim,
     KeyRegistry,
+    ParkedAction,
     RecordedCase,
     component_pool,
 )
@@ -187,6 +196,8 @@ class CaseWorker:
     sweep_seconds: float = 10.0
     """How often this worker looks for stranded cases (service/sweeper.py)."""
     shutdown_grace: float = 10.0
+    reviews_every_case: Callable[[str], bool] = lambda tenant: False
+    """Whether a tenant has a person decide every case (its policy, in the settings)."""
     owner: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     )
@@ -378,7 +389,7 @@ class CaseWorker:
                 await asyncio.sleep(1.0)
                 continue
             match claim.outcome:
-                case "ended":
+                case "ended" | "parked":
                     return True
                 case "unknown":
                     log.error("start command for unknown case %s dropped", command.case_id)
@@ -403,19 +414,13 @@ class CaseWorker:
                     if claim.cancel_reason is not None and not signal.is_set:
                         signal.cancel(claim.cancel_reason, claim.cancelled_by)
                     assert claim.case is not None
-                    await self._run(command.case_id, claim.case, claim.attempt,
-                                    claim.restart_reason, live)
+                    await self._run(command.case_id, claim, live)
                     return True
         return False
 
-    async def _run(
-        self,
-        case_id: uuid.UUID,
-        case: RecordedCase,
-        attempt: int,
-        restart_reason: str | None,
-        live: LiveCase,
-    ) -> None:
+    async def _run(self, case_id: uuid.UUID, claim: Claim, live: LiveCase) -> None:
+        case, attempt, restart_reason = claim.case, claim.attempt, claim.restart_reason
+        assert case is not None
         agent = AGENTS.get(case.agent)
         if agent is None:
             raise Reject(f"case {case_id} names an agent this worker does not have: "
@@ -424,11 +429,25 @@ class CaseWorker:
         # The row holds placeholders for the sensitive values: the case runs on the
         # values themselves, and every event it emits has them replaced again.
         values = {} if case.sealed is None else self.secrets.vault.open(case_id, case.sealed)
-        resumption, deadline_at = None, None
+        resumption, deadline_at, review = None, None, None
         if attempt > 1:
-            resumption, started = await self._record_so_far(case_id, attempt, values)
-            if started is not None:  # the deadline counts from the first attempt's start
-                deadline_at = started + timedelta(seconds=limits.deadline_seconds)
+            resumption, deadline_at = await self._record_so_far(case_id, attempt, values,
+                                                                limits.deadline_seconds)
+        parked = None if resumption is None else resumption.parked
+        if parked is not None and parked.review is None:
+            # Waiting for a person: go on only with what one did (or a cancel).
+            if claim.cancel_reason is not None or (claim.action is not None
+                                                   and claim.action.kind == "cancel"):
+                restart_reason = "cancel"
+                if not live.signal.is_set:
+                    live.signal.cancel(claim.cancel_reason, claim.cancelled_by)
+            elif claim.action is not None and claim.action.kind == "review":
+                review, restart_reason = _recorded_review(claim.action), "review"
+            else:
+                log.info("case %s still waits for review (attempt %d)", case_id,
+                         parked.attempt)
+                await self._note(lambda: self.store.mark_parked(case_id, parked.attempt))
+                return
         spec = CaseSpec(
             case_id=case_id, attempt=attempt, agent=agent.name,
             system_prompt=agent.system_prompt, input=restore(case.input, values),
@@ -437,7 +456,8 @@ class CaseWorker:
             context_budget=agent.context_budget_tokens, agent_version=agent.version,
             tenant_id=case.tenant_id, started_by=case.started_by,
             resumption=resumption, deadline_at=deadline_at, answering=agent.answering,
-            agent_digest=agent.digest,
+            agent_digest=agent.digest, review=review,
+            review_every_case=self.reviews_every_case(case.tenant_id),
         )
         redaction = Redaction.of(values) if values else None
         # A tool call of this case sends its sensitive values sealed to the capability,
@@ -449,32 +469,40 @@ class CaseWorker:
         if redaction is not None:
             self._sink.redactions[case_id] = redaction
         try:
-            await self._engine.run(spec, self.models(model, agent), tools, live.signal,
-                                   decided=lambda: self._free_slot(live))
+            ended = await self._engine.run(spec, self.models(model, agent), tools, live.signal,
+                                           decided=lambda: self._free_slot(live))
         finally:
             self._sink.redactions.pop(case_id, None)
-        await self._mark_ended(case_id)
+        if isinstance(ended, CaseAwaitingReview):
+            await self._note(lambda: self.store.mark_parked(case_id, attempt))
+        else:
+            await self._mark_ended(case_id)
 
-    async def _record_so_far(self, case_id: uuid.UUID, attempt: int, values: dict[str, str]
+    async def _record_so_far(self, case_id: uuid.UUID, attempt: int, values: dict[str, str],
+                             deadline_seconds: float
                              ) -> tuple[Resumption | None, datetime | None]:
         """What the earlier attempts left in the record: the cycles to resume from (when
-        their chains and signatures verify) and when the first attempt started."""
+        their chains and signatures verify), and when the case's deadline passes (from
+        the first attempt's start, not counting the time it waited for people)."""
         stored = [e for e in await self.store.find_by_case_and_types(case_id, with_body=True)
                   if e.attempt < attempt]
         recorded = [RecordedEvent(e.attempt, e.seq, e.event_type, e.payload, e.occurred_at)
                     for e in stored]
         report = verify_trail(str(case_id), trail_events(stored),
                               {k.key_id: k for k in await self.keys.all()})
+        started = first_start(recorded)
+        deadline_at = None if started is None else started + timedelta(
+            seconds=deadline_seconds) + waited_for_people(recorded, datetime.now(UTC))
         if not report.verified:
             log.error("case %s: the record of earlier attempts does not verify (%s); "
                       "attempt %d starts from the beginning", case_id,
                       report.first_problem(), attempt)
-            return None, first_start(recorded)
+            return None, deadline_at
         found = resumption(recorded, values)
         if found is not None:
             log.info("case %s attempt %d resumes from attempt %d after %d recorded cycles",
                      case_id, attempt, found.resumed_from.attempt, found.cycles)
-        return found, first_start(recorded)
+        return found, deadline_at
 
     async def _record_erasure(self, message: Delivery) -> None:
         """Append the signed CASE_ERASED after the case's last event, once Postgres
@@ -501,12 +529,18 @@ class CaseWorker:
         log.info("case %s: erasure recorded", command.case_id)
 
     async def _mark_ended(self, case_id: uuid.UUID) -> None:
+        await self._note(lambda: self._ended(case_id))
+
+    @staticmethod
+    async def _note(write: Callable[[], Awaitable[Any]]) -> None:
+        """Write a case's end (or its wait for a person) to Postgres, trying until it
+        is written: the start command is acked only after."""
         while True:
             try:
-                await self._ended(case_id)
+                await write()
                 return
             except StoreUnavailable as exc:
-                log.warning("cannot record the end of %s yet: %s", case_id, exc)
+                log.warning("cannot note a case's end yet: %s", exc)
                 await asyncio.sleep(1.0)
 
     async def _release(self, case_id: uuid.UUID) -> None:
@@ -551,7 +585,8 @@ async def run_worker(settings: Settings) -> None:
                         concurrency=settings.worker_concurrency,
                         lease_seconds=settings.lease_seconds,
                         sweep_seconds=settings.sweep_seconds,
-                        publish_retry_seconds=settings.publish_retry_seconds)
+                        publish_retry_seconds=settings.publish_retry_seconds,
+                        reviews_every_case=settings.reviews_every_case)
     metrics.LIVE_CASES.set_function(lambda: len(worker.live_cases))
     metrics.SLOTS_BUSY.set_function(lambda: worker.slots_busy)
     probe = QueueProbe(connection, {"case-start": topology.case_start_queue},
@@ -564,3 +599,10 @@ async def run_worker(settings: Settings) -> None:
         await runtime.close()
         await connection.close()
         await pool.close()
+
+
+def _recorded_review(action: ParkedAction) -> CaseReviewedPayload:
+    """The review the API kept, as ``CASE_REVIEWED`` records it."""
+    return CaseReviewedPayload.model_validate({
+        "reviewer": action.reviewer, "verdict": action.verdict, "decision": action.decision,
+        "reason": action.reason, "reviewedAt": action.acted_at})

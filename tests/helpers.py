@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import aio_pika
@@ -44,9 +45,14 @@ def spec_for(
     deadline: float = 30.0,
     attempt: int = 1,
     typed: bool = True,
+    review: bool = True,
 ) -> CaseSpec:
-    """A case of ``agent`` (its typed answer and checks unless ``typed`` is false)."""
+    """A case of ``agent`` (its typed answer and checks unless ``typed`` is false; the
+    answers a person decides, unless ``review`` is false)."""
     profile = AGENTS[agent]
+    answering = profile.answering
+    if answering is not None and not review:
+        answering = replace(answering, review=None)
     return CaseSpec(
         case_id=uuid.uuid4(),
         attempt=attempt,
@@ -55,7 +61,7 @@ def spec_for(
         input=case_input,
         limits=Limits(max_cycles=max_cycles, deadline_seconds=deadline),
         model=ModelRef(provider="scripted", name="test"),
-        answering=profile.answering if typed else None,
+        answering=answering if typed else None,
     )
 
 

@@ -117,7 +117,8 @@ async def in_process_stack(
                             CaseSecrets(worker_pool, Vault.from_text(settings.master_key_text())),
                             KeyRegistry(worker_pool), Caps.from_settings(settings),
                             models=models, concurrency=worker_concurrency,
-                            lease_seconds=settings.lease_seconds, shutdown_grace=1.0)
+                            lease_seconds=settings.lease_seconds, shutdown_grace=1.0,
+                            reviews_every_case=settings.reviews_every_case)
         ring = KeyRing(KeyRegistry(consumer_pool))
         await ring.refresh(force=True)
         consumer = EventLogConsumer(connections["consumer"], EventLogWriter(consumer_pool),

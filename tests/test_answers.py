@@ -38,8 +38,11 @@ VALID = {"decision": "refer", "applicantId": "A-1001", "rationale": "an underwri
 
 
 async def run(turns: list[AssistantTurn], **spec: Any) -> ListSink:
+    """The loan officer's answers and checks, without review unless asked (these tests
+    are about answers; tests/test_review.py about people deciding)."""
     sink = ListSink()
-    await ReactEngine(sink).run(spec_for(APPLICATION, **spec), ScriptedModel(turns), toolbox())
+    await ReactEngine(sink).run(spec_for(APPLICATION, **{"review": False, **spec}),
+                                ScriptedModel(turns), toolbox())
     return sink
 
 
@@ -118,7 +121,9 @@ async def test_the_scripted_agents_pass_every_check(application: dict[str, Any])
     sink = ListSink()
     await ReactEngine(sink).run(spec_for(application), ScriptedModel(think), toolbox())
     terminal = events_of(sink)[-1].payload
-    assert events_of(sink)[-1].event_type == "CASE_COMPLETED"
+    # A refer waits for a person; every other decision stands as the agent's.
+    assert events_of(sink)[-1].event_type == (
+        "CASE_AWAITING_REVIEW" if terminal.answer["decision"] == "refer" else "CASE_COMPLETED")
     assert len(terminal.checks) == 3 and all(c.passed for c in terminal.checks)
     if terminal.answer["decision"] == "decline":
         assert terminal.answer["reasonCodes"]
@@ -185,12 +190,15 @@ async def test_a_prose_answer_over_the_wire_is_sent_back_then_the_typed_one_veri
     provider: tuple[httpx.AsyncClient, FakeLLM], settings: Settings, tmp_path: Any,
 ) -> None:
     """"Sure! ... go ahead." is refused with the reason the model is sent; the typed
-    answer that follows stands, with its checks in the signed terminal event; the case's
-    bundle carries them and verifies offline with the standalone verifier."""
+    answer that follows (a refer) waits for a person, with its checks in the signed
+    CASE_AWAITING_REVIEW; the case's bundle carries them and verifies offline with the
+    standalone verifier."""
     case_id, case, trail = await on_the_provider(provider, [
         openai_turn("Sure! I think this loan is fine, go ahead."), answering(VALID)])
     client, server = provider
-    assert case["status"] == "completed" and case["answer"]["decision"] == "refer"
+    assert case["status"] == "awaiting_review" and case["answer"]["decision"] == "refer"
+    assert trail[-1]["eventType"] == "CASE_AWAITING_REVIEW"
+    assert trail[-1]["payload"]["reviewReasons"] == ["decision"]
     told = server.requests[1]["messages"][-1]
     assert told["role"] == "user" and "not accepted" in told["content"]
     assert FINAL_ANSWER in {t["function"]["name"] for t in server.requests[0]["tools"]}
@@ -202,7 +210,7 @@ async def test_a_prose_answer_over_the_wire_is_sent_back_then_the_typed_one_veri
     assert trail[0]["payload"]["agentDigest"] == officer.digest  # what ran, hashed
     assert replace(officer, checks=officer.checks[:2]).digest != officer.digest
     bundle = (await client.get(f"/cases/{case_id}/bundle")).json()
-    signed = orjson.loads(bundle["events"][-1]["body"])  # the terminal event as signed
+    signed = orjson.loads(bundle["events"][-1]["body"])  # the wait for review, as signed
     assert signed["payload"]["checks"] == trail[-1]["payload"]["checks"]
     path = tmp_path / "bundle.json"
     path.write_bytes(orjson.dumps(bundle))
@@ -230,35 +238,33 @@ async def test_three_invalid_answers_over_the_wire_end_the_case_invalid_answer(
 async def test_a_wrong_applicant_over_the_wire_fails_its_checks_and_no_approve_stands(
     provider: tuple[httpx.AsyncClient, FakeLLM], pool: asyncpg.Pool,
 ) -> None:
-    """The model scores another applicant (A-3002) and approves without the policy: the
-    case fails policy_check_failed, each verdict in the signed terminal event, no
-    decision on record, the trail verified."""
+    """The model scores another applicant (A-3002) and approves without the policy: no
+    approve stands; a blocking check failed, so a person decides (the loan officer has
+    people decide those): each verdict in the signed CASE_AWAITING_REVIEW, no decision
+    on record, the trail verified."""
     approve = {"decision": "approve", "applicantId": "A-1001", "rationale": "fine",
                "reasonCodes": []}
     case_id, case, trail = await on_the_provider(provider, [
         openai_turn("Scoring.", [("c1", "credit-score", '{"applicantId": "A-3002"}')]),
         answering(approve)])
     client, _ = provider
-    assert case["status"] == "failed" and case["answer"] is None
+    assert case["status"] == "awaiting_review"
     cycles = [e["payload"] for e in trail if e["eventType"] == "REACT_CYCLE"]
     assert cycles[1]["answer"]["decision"] == "approve"  # what the model said, on record
     terminal = trail[-1]
-    assert terminal["eventType"] == "CASE_FAILED"
-    assert terminal["payload"]["reasonCode"] == "policy_check_failed"
+    assert terminal["eventType"] == "CASE_AWAITING_REVIEW"
+    assert terminal["payload"]["reviewReasons"] == ["failed_check"]
     failed = {c["name"] for c in terminal["payload"]["checks"] if not c["passed"]}
     assert failed == {"names-the-applicant", "lending-policy-consulted"}
     assert (await client.get(f"/cases/{case_id}/verify")).json()["verified"] is True
-    approved = (await client.get("/cases", params={"decision": "approve",
+    approved = (await client.get("/cases", params={"status": "completed", "decision": "approve",
                                                     "limit": 200})).json()["items"]
     assert case_id not in {item["caseId"] for item in approved}
     refused = (await client.get("/cases", params={"checks": "failed",
                                                    "limit": 200})).json()["items"]
     assert case_id in {item["caseId"] for item in refused}
-    decided: Any = await pool.fetchrow(
-        "SELECT decision, failed_checks, reason_code FROM case_decisions "
-        "WHERE case_id = $1::uuid", case_id)
-    assert decided["decision"] is None and decided["reason_code"] == "policy_check_failed"
-    assert sorted(decided["failed_checks"]) == ["lending-policy-consulted",
-                                                "names-the-applicant"]
+    # No decision stands: case_decisions holds ended cases only.
+    assert await pool.fetchval("SELECT count(*) FROM case_decisions WHERE case_id = $1::uuid",
+                               case_id) == 0
     assert AGENTS["loan-officer"].describe()["answerSchema"]["properties"]["decision"][
         "enum"] == ["approve", "refer", "decline"]

@@ -303,7 +303,7 @@ async def test_another_namespace_neither_takes_over_nor_removes_this_ones_databa
     report = (await client.get(f"/cases/{case_id}/verify")).json()
     assert report["verified"] and report["complete"], report
     again = (await client.post("/cases", json={"agent": "loan-officer",
-                                                "input": SAMPLE_APPLICATIONS[1]})).json()
+                                                "input": SAMPLE_APPLICATIONS[2]})).json()
     assert (await ended(client, again["caseId"]))["status"] == "completed"
 
 

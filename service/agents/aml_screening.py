@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from service.agents.profile import AgentProfile, CamelModel, case_input, errors_in, observed
-from service.engine.answers import FINAL_ANSWER, Check, CheckContext
+from service.engine.answers import FINAL_ANSWER, Check, CheckContext, Review
 from service.engine.chat import AssistantTurn, ChatMessage
 from service.engine.scripted import call
 from service.engine.tools import Capability, LocalTool, WorkerTool
@@ -179,8 +179,9 @@ AML_SCREENING = AgentProfile(
     default_limits=Limits(max_cycles=6, deadline_seconds=60),
     script=think,
     capabilities=CAPABILITIES,
-    version="1.1.0",
+    version="1.2.0",
     answer_model=ScreeningDecision,
     checks=CHECKS,
     keys=("customerId",),
+    review=Review(decisions=frozenset({"escalate", "file-sar"})),
 )

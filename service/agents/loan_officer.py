@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from service.agents.profile import AgentProfile, CamelModel, case_input, errors_in, observed
-from service.engine.answers import FINAL_ANSWER, Check, CheckContext
+from service.engine.answers import FINAL_ANSWER, Check, CheckContext, Review
 from service.engine.chat import AssistantTurn, ChatMessage
 from service.engine.scripted import call
 from service.engine.tools import Capability, LocalTool, WorkerTool
@@ -349,8 +349,9 @@ LOAN_OFFICER = AgentProfile(
     default_limits=Limits(max_cycles=8, deadline_seconds=60),
     script=think,
     capabilities=CAPABILITIES,
-    version="1.1.0",
+    version="1.2.0",
     answer_model=LoanDecision,
     checks=CHECKS,
     keys=("applicantId",),
+    review=Review(decisions=frozenset({"refer"})),
 )

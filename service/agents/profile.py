@@ -12,7 +12,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
-from service.engine.answers import Answering, Check
+from service.engine.answers import Answering, Check, Review
 from service.engine.chat import ChatMessage, ToolResultMessage, UserMessage
 from service.engine.scripted import ScriptFn
 from service.engine.tools import Capability, ToolSource, source_label
@@ -58,6 +58,9 @@ class AgentProfile:
     keys: tuple[str, ...] = ()
     """Input fields (their JSON names) that identify a case to people: found by
     ``GET /cases?key=VALUE`` (a sensitive one through a keyed digest)."""
+    review: Review | None = None
+    """Which answers a person decides before the case ends (none: the agent's answer
+    stands, unless the tenant reviews every case)."""
 
     @functools.cached_property
     def digest(self) -> str:
@@ -70,11 +73,18 @@ class AgentProfile:
             "answer": None if self.answer_model is None
             else self.answer_model.model_json_schema(by_alias=True),
             "checks": [{"name": c.name, "version": c.version, "blocking": c.blocking}
-                       for c in self.checks]})).hexdigest()
+                       for c in self.checks],
+            **({} if self.review is None else {"review": self._review_json()})})).hexdigest()
+
+    def _review_json(self) -> dict[str, Any]:
+        assert self.review is not None
+        return {"decisions": sorted(self.review.decisions), "field": self.review.field,
+                "failedChecks": self.review.failed_checks}
 
     @property
     def answering(self) -> Answering | None:
-        return None if self.answer_model is None else Answering(self.answer_model, self.checks)
+        return None if self.answer_model is None else Answering(self.answer_model, self.checks,
+                                                                self.review)
 
     def input_schema(self) -> dict[str, Any]:
         return self.input_model.model_json_schema(by_alias=True)
@@ -95,6 +105,7 @@ class AgentProfile:
             "checks": [{"name": c.name, "version": c.version, "blocking": c.blocking}
                        for c in self.checks],
             "keys": list(self.keys),
+            **({} if self.review is None else {"review": self._review_json()}),
             "defaultModel": self.default_model.model_dump(by_alias=True, exclude_none=True),
             "defaultLimits": self.default_limits.model_dump(by_alias=True),
         }

@@ -21,7 +21,7 @@ from service.api.ledger import ledger_routes
 from service.api.middleware import BodyLimit, Observed
 from service.api.oidc import OidcVerifier
 from service.api.openapi import exact_openapi
-from service.api.routes import cases, meta, streams
+from service.api.routes import cases, meta, reviews, streams
 from service.api.routes.cases import OrjsonResponse
 from service.api.security import Caller, anyone, requires
 from service.api.streams import StreamSlots
@@ -60,7 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(Observed)  # outermost: it sees every answer, 413s included
     problems.install(app)
-    for router in (cases.router, streams.router, meta.router):
+    for router in (cases.router, reviews.router, streams.router, meta.router):
         app.include_router(router)
     public = Depends(anyone())
     viewer_routes(app, public)

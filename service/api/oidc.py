@@ -57,4 +57,4 @@ class OidcVerifier:
         names = granted.split() if isinstance(granted, str) else \
             [s for s in granted if isinstance(s, str)] if isinstance(granted, list) else []
         return Principal(tenant, frozenset(s for s in names if s in SCOPES),
-                         f"oidc:{claims['sub']}")
+                         f"oidc:{claims['sub']}", str(claims["sub"]))

@@ -6,9 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.cases.requests import CancelRequest, CaseRequest, LimitsRequest
+from service.cases.requests import CancelRequest, CaseRequest, LimitsRequest, ReviewRequest
 
-__all__ = ["CancelRequest", "CaseRequest", "LimitsRequest"]  # the bodies, described here too
+# the bodies, described here too
+__all__ = ["CancelRequest", "CaseRequest", "LimitsRequest", "ReviewRequest"]
 
 
 # Responses: the routes write their JSON directly (orjson); these models only
@@ -147,6 +148,34 @@ class Trail(BaseModel):
 class CancelAccepted(BaseModel):
     caseId: str
     status: str = Field(description="`cancelled` at once if no worker had it, else `cancelling`.")
+
+
+class ReviewAccepted(BaseModel):
+    caseId: str
+    verdict: str
+    reviewer: dict[str, str] = Field(description="You, as the trail records you: subject (the "
+                                     "person), via (oidc or key), keyId, name.")
+    status: str = Field(description="`reviewed`: the case goes on from your review (its "
+                        "trail records CASE_REVIEWED, then its end, or more cycles).")
+
+
+class ReviewItem(BaseModel):
+    caseId: str
+    tenantId: str
+    agent: str
+    status: str
+    decision: str | None
+    answer: dict[str, Any] | None = Field(description="The agent's answer, as it waits.")
+    checks: list[dict[str, Any]]
+    reviewReasons: list[str] = Field(description="decision, failed_check, tenant_policy, "
+                                     "question.")
+    waitingSince: str | None
+    startedBy: str | None
+    createdAt: str | None
+
+
+class ReviewList(BaseModel):
+    reviews: list[ReviewItem]
 
 
 class AgentTool(BaseModel):

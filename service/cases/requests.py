@@ -3,7 +3,7 @@ cancel, validated by pydantic at every front."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -48,3 +48,23 @@ class CaseRequest(CamelModel):
 
 class CancelRequest(CamelModel):
     reason: str | None = Field(default=None, max_length=1000)
+
+
+class ReviewRequest(CamelModel):
+    """A person's review of a case awaiting one."""
+
+    model_config = {"json_schema_extra": {"examples": [
+        {"verdict": "confirm", "reason": "Thin file; the referral stands as reasoned."},
+        {"verdict": "override", "reason": "Verified income documents on file.",
+         "decision": {"decision": "approve", "applicantId": "A-1001", "reasonCodes": [],
+                      "rationale": "Income verified by the reviewer.", "figures": {}}},
+        {"verdict": "return", "reason": "Check the second applicant's income too."}]}}
+
+    verdict: Literal["confirm", "override", "return"] = Field(
+        description="confirm the agent's decision, override it with `decision`, or return "
+        "the case to the model with `reason` as a note (it runs more cycles and comes back).")
+    reason: str = Field(min_length=1, max_length=4000, description="Why, in your words; "
+                        "recorded in the trail.")
+    decision: dict[str, Any] | None = Field(
+        default=None, description="For override only: the decision, valid for the agent's "
+        "answer schema (GET /agents).")

@@ -8,6 +8,7 @@ import uuid
 from service.auth import Principal
 from service.cases.errors import Conflict, NotFound
 from service.cases.reading import owned
+from service.cases.reviewing import after_cancel, cancel_parked
 from service.cases.services import CaseServices
 from service.cases.text import refuse_unstorable
 from service.commands import CancelCommand
@@ -19,14 +20,21 @@ async def cancel(services: CaseServices, principal: Principal, case_id: uuid.UUI
                  reason: str | None = None) -> None:
     """Ask the case to stop: a queued case gets its ``CASE_CANCELLED`` from the worker
     that receives its start command, at once and without running it; a running one
-    stops at its next step. ``Conflict`` when it has already ended."""
+    stops at its next step; one waiting for a person ends by its next attempt.
+    ``Conflict`` when it has already ended, or was reviewed while it waited."""
     refuse_unstorable(reason, "body", "reason")
-    await owned(services, principal, case_id)
+    row = await owned(services, principal, case_id)
+    # A case waiting for a person runs on no worker: the cancel is kept as what was
+    # done about its wait, and its next attempt records CASE_CANCELLED.
+    parked = row["parked_attempt"] is not None and await cancel_parked(services, row)
     outcome = await services.store.request_cancel(case_id, reason, principal.subject)
     if outcome == "unknown":
         raise NotFound(f"no case {case_id}")
     if outcome == "ended":
         raise Conflict(f"case {case_id} has already ended")
+    if parked:
+        await after_cancel(services, row)
+        return
     await services.publisher.publish(
         services.topology.cancel_exchange, "",
         CancelCommand(case_id=case_id, reason=reason, by=principal.subject).to_json(),

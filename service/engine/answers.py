@@ -22,8 +22,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from service.engine.chat import ToolSpec
-from service.events import CheckResult, JsonObject, describe_validation_error
+from service.engine.chat import (
+    AssistantMessage,
+    ChatMessage,
+    ToolResultMessage,
+    ToolSpec,
+    UserMessage,
+)
+from service.events import CheckResult, JsonObject, ReviewReason, describe_validation_error
 from service.integrity import canonical
 
 FINAL_ANSWER = "final_answer"
@@ -73,11 +79,36 @@ def _schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Review:
+    """Which answers a person decides: those whose ``field`` (``decision`` unless named)
+    is one of ``decisions``, and, with ``failed_checks``, any answer a blocking check
+    refused (instead of failing the case ``policy_check_failed``)."""
+
+    decisions: frozenset[str] = frozenset()
+    failed_checks: bool = True
+    field: str = "decision"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decisions", frozenset(self.decisions))
+
+    def reasons(self, answer: JsonObject, checks: Sequence[CheckResult]
+                ) -> list[ReviewReason]:
+        found: list[ReviewReason] = []
+        if str(answer.get(self.field)) in self.decisions:
+            found.append("decision")
+        if self.failed_checks and refused(checks):
+            found.append("failed_check")
+        return found
+
+
+@dataclass(frozen=True)
 class Answering:
-    """How a case's answer is given and judged: its model and the agent's checks."""
+    """How a case's answer is given and judged: its model, the agent's checks, and
+    which answers a person decides."""
 
     model: type[BaseModel]
     checks: tuple[Check, ...] = ()
+    review: Review | None = None
 
     @property
     def spec(self) -> ToolSpec:
@@ -115,3 +146,17 @@ def feedback(errors: Sequence[str]) -> str:
 def refused(results: Sequence[CheckResult]) -> list[CheckResult]:
     """The blocking checks that failed."""
     return [r for r in results if r.blocking and not r.passed]
+
+
+def returned_note(conversation: Sequence[ChatMessage], reason: str) -> ChatMessage:
+    """What the model is told when a reviewer returns its answer: the result of its
+    final-answer call (the conversation's last turn), or a message of its own. The same
+    words on every attempt, so resume and replay rebuild the conversation exactly."""
+    text = (f"A reviewer returned your answer: {reason}\nContinue the case and give your "
+            f"final answer again by calling {FINAL_ANSWER}.")
+    last = conversation[-1] if conversation else None
+    if isinstance(last, AssistantMessage):
+        finals = [c for c in last.tool_calls if c.name == FINAL_ANSWER]
+        if finals:
+            return ToolResultMessage(finals[-1].id, FINAL_ANSWER, text, is_error=True)
+    return UserMessage(text)

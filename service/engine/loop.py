@@ -1,6 +1,7 @@
 """The ReAct loop, one attempt of one case, as an explicit state machine.
 
     CASE_STARTED → [check cancel → model request → tool calls → REACT_CYCLE]* → terminal
+                                                                      or CASE_AWAITING_REVIEW
 
 Every step emits its event *as it happens* through an ``EventSink``. Events
 are published one at a time, each only after the broker confirmed the one
@@ -12,7 +13,9 @@ real model that hides the broker's confirm latency entirely.
 The state of the run (conversation, cycle index, usage, deadline, seq) lives
 in one ``RunState``. Exactly one terminal event ends every attempt the loop
 runs to its end: ``CASE_COMPLETED``, ``CASE_FAILED``, ``CASE_TIMED_OUT`` or
-``CASE_CANCELLED``.
+``CASE_CANCELLED``; or the attempt ends with ``CASE_AWAITING_REVIEW`` when a person
+decides next (the next attempt records their ``CASE_REVIEWED``, then the terminal
+event, or more cycles when they returned the case).
 
 A tool failure is an observation for the model; a provider outage is a
 failure of the run. The deadline and cancellation abandon in-flight model and
@@ -43,6 +46,7 @@ from service.engine.answers import (
     Answering,
     feedback,
     refused,
+    returned_note,
 )
 from service.engine.chat import (
     AssistantTurn,
@@ -62,9 +66,12 @@ from service.events import (
     DEFAULT_TENANT,
     ZERO_USAGE,
     AnswerRejection,
+    CaseAwaitingReview,
+    CaseAwaitingReviewPayload,
     CaseCancelledPayload,
     CaseCompletedPayload,
     CaseFailedPayload,
+    CaseReviewedPayload,
     CaseStartedPayload,
     CaseTimedOutPayload,
     CheckResult,
@@ -76,6 +83,7 @@ from service.events import (
     Payload,
     ReactCyclePayload,
     ResumedFrom,
+    ReviewReason,
     TerminalEvent,
     TokenUsage,
     ToolOffer,
@@ -144,6 +152,21 @@ class CancelSignal:
         return self.event.is_set()
 
 
+AttemptEnd = TerminalEvent | CaseAwaitingReview
+"""How an attempt the loop runs to its end ends: the case's terminal event, or parked."""
+
+
+@dataclass(frozen=True)
+class Parked:
+    """The case's last wait for a person, as recorded: the answer and checks it waited
+    with, and the review recorded since (``None``: nobody has acted on it yet)."""
+
+    attempt: int
+    answer: JsonObject
+    checks: tuple[CheckResult, ...]
+    review: CaseReviewedPayload | None = None
+
+
 @dataclass(frozen=True)
 class Resumption:
     """What an attempt carries over from the record of the attempts before it."""
@@ -160,6 +183,10 @@ class Resumption:
     answer: JsonObject | None = None
     """The answer the last recorded cycle gave (then only its checks and terminal event
     are left to do)."""
+    parked: Parked | None = None
+    """The last wait for a person, when the record ends in one (or in its review)."""
+    returns: int = 0
+    """Times a reviewer returned the case to the model (each allows ``maxCycles`` more)."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +215,10 @@ class CaseSpec:
     answering: Answering | None = None
     """The agent's answer schema and checks (``None``: the answer is taken from the
     model's last text, for agents that declare none)."""
+    review_every_case: bool = False
+    """The tenant has a person decide every case."""
+    review: CaseReviewedPayload | None = None
+    """A person's review of the parked case this attempt takes up, to record first."""
 
 
 KEEP_OF_TRIMMED_OBSERVATION = 200
@@ -256,6 +287,8 @@ class RunState:
     tool_calls: list[Mapping[str, Any]] = field(default_factory=list)
     """Every tool call of the case so far, as recorded (for the checks)."""
     rejections: int = 0
+    returns: int = 0
+    """Times a reviewer returned the case to the model."""
 
     def remaining(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()
@@ -313,8 +346,8 @@ class ReactEngine:
         tools: ToolBox,
         cancel: CancelSignal | None = None,
         decided: Callable[[], None] | None = None,
-    ) -> TerminalEvent:
-        """Run one attempt to its terminal event and return that event. ``decided`` is
+    ) -> AttemptEnd:
+        """Run one attempt to its end and return the event that ended it. ``decided`` is
         called once the outcome is known and nothing is left to ask the model or the
         tools: only the terminal event's publish and confirm remain (the worker gives
         the case's slot to the next case then)."""
@@ -342,6 +375,7 @@ class ReactEngine:
             state.cycles, state.usage = spec.resumption.cycles, spec.resumption.usage
             state.tool_calls = list(spec.resumption.tool_calls)
             state.rejections = spec.resumption.rejections
+            state.returns = spec.resumption.returns
 
         def deadline_passed() -> None:
             state.deadline_passed = True
@@ -360,17 +394,22 @@ class ReactEngine:
 
     async def _attempt(
         self, state: RunState, model: ChatModel, tools: ToolBox, cancel: CancelSignal
-    ) -> TerminalEvent:
+    ) -> AttemptEnd:
         spec = state.spec
         await self._send(state, self._started_payload(spec, tools))
         (state.metrics.started_first if spec.attempt == 1 else state.metrics.started_retry).inc()
-        if spec.resumption is not None and spec.resumption.answer is not None \
-                and spec.answering is not None:  # answered before the last attempt ended
-            return await self._decide(state, spec.answering, spec.resumption.answer)
+        resumed = spec.resumption
+        if resumed is not None and resumed.parked is not None and not cancel.is_set:
+            ended = await self._reviewed(state, resumed.parked)
+            if ended is not None:
+                return ended
+        elif resumed is not None and resumed.answer is not None and spec.answering is not None \
+                and not cancel.is_set:  # answered before the last attempt ended
+            return await self._decide(state, spec.answering, resumed.answer)
         while True:
             if cancel.is_set:
                 return await self._cancelled(state, cancel)
-            if state.cycles >= spec.limits.max_cycles:
+            if state.cycles >= spec.limits.max_cycles * (1 + state.returns):
                 return await self._failed(
                     state, "max_cycles", f"no answer after {state.cycles} cycles"
                 )
@@ -389,9 +428,30 @@ class ReactEngine:
             if terminal is not None:
                 return terminal
 
+    async def _reviewed(self, state: RunState, parked: Parked) -> AttemptEnd | None:
+        """Take up a case a person reviewed: record their review (unless an earlier
+        attempt did), then end it with their decision, or, when they returned it, go on
+        with their note in the conversation (``None``)."""
+        review = parked.review
+        if review is None:
+            review = state.spec.review
+            if review is None:  # the worker re-parks such a case; never decide without one
+                raise ValueError(f"case {state.spec.case_id} is parked and has no review")
+            await self._emit(state, review)
+            if review.verdict == "return":
+                state.returns += 1
+                state.add(returned_note(state.messages, review.reason))
+        if review.verdict == "return":
+            return None
+        answer = parked.answer if review.verdict == "confirm" else review.decision
+        assert answer is not None
+        return await self._terminal(state, CaseCompletedPayload(
+            cycles_completed=state.cycles, token_totals=state.usage, answer=answer,
+            checks=parked.checks, decided_by="reviewer"))
+
     async def _cycle(
         self, state: RunState, model: ChatModel, tools: ToolBox, cancel: CancelSignal
-    ) -> TerminalEvent | None:
+    ) -> AttemptEnd | None:
         state.retries = []
         prompt, trimmed = fit_to_budget(state.messages, state.spec.context_budget, state.tokens)
         asked = asyncio.get_running_loop().time()
@@ -459,7 +519,8 @@ class ReactEngine:
         return await self._terminal(
             state,
             CaseCompletedPayload(
-                cycles_completed=state.cycles, token_totals=state.usage, answer=answer
+                cycles_completed=state.cycles, token_totals=state.usage, answer=answer,
+                decided_by="agent",
             ),
         )
 
@@ -601,17 +662,41 @@ class ReactEngine:
         return None, AnswerRejection(answer=given, errors=tuple(errors), tool_call_id=final.id)
 
     async def _decide(self, state: RunState, answering: Answering, answer: JsonObject
-                      ) -> TerminalEvent:
-        """The checks, then the outcome: the answer stands, or a blocking check refused
-        it and the case fails ``policy_check_failed`` (never an automated decision)."""
+                      ) -> AttemptEnd:
+        """The checks, then the outcome: a person decides (the agent sends this answer
+        to review, a blocking check refused it and the agent has people decide those, or
+        the tenant reviews every case), or the answer stands, or a blocking check
+        refused it and the case fails ``policy_check_failed`` (never an automated
+        decision)."""
         checks = answering.judge(state.spec.input, state.tool_calls, answer)
+        reasons: list[ReviewReason] = [] if answering.review is None else \
+            answering.review.reasons(answer, checks)
+        if state.spec.review_every_case:
+            reasons.append("tenant_policy")
+        if reasons:
+            return await self._park(state, answer, checks, reasons)
         blocked = refused(checks)
         if blocked:
             return await self._failed(state, "policy_check_failed", "; ".join(
                 f"{r.name} {r.version}: {r.detail}" for r in blocked), checks)
         return await self._terminal(state, CaseCompletedPayload(
             cycles_completed=state.cycles, token_totals=state.usage, answer=answer,
-            checks=checks))
+            checks=checks, decided_by="agent"))
+
+    async def _park(self, state: RunState, answer: JsonObject, checks: Sequence[CheckResult],
+                    reasons: Sequence[ReviewReason]) -> CaseAwaitingReview:
+        """End the attempt waiting for a person: the worker lets go of the case."""
+        if state.decided is not None:
+            state.decided()
+        event = await self._emit(state, CaseAwaitingReviewPayload(
+            cycles_completed=state.cycles, token_totals=state.usage, answer=answer,
+            checks=tuple(checks), review_reasons=tuple(reasons)))
+        state.metrics.ended("awaiting_review")
+        if state.trace is not None:
+            state.trace.end("awaiting_review", None, state.usage.input_tokens,
+                            state.usage.output_tokens)
+        assert isinstance(event, CaseAwaitingReview)
+        return event
 
     async def _failed(self, state: RunState, code: Any, message: str,
                       checks: Sequence[CheckResult] = ()) -> TerminalEvent:
@@ -706,6 +791,7 @@ def _retrieve(future: asyncio.Future[None]) -> None:
 
 
 __all__ = [
+    "AttemptEnd",
     "CancelSignal",
     "CaseSpec",
     "EventSink",

@@ -1,0 +1,170 @@
+"""A person decides: the review of a case waiting for one, and the queue of those that
+wait (docs/design.md, "Review").
+
+A review is kept in Postgres first (``case_actions``, once per wait: a second is a
+conflict), then the case's start command goes to the workers: the next attempt records
+the review in the trail (``CASE_REVIEWED``) and ends the case with the reviewed decision,
+or, when the case was returned, goes on with the reviewer's note. Only the worker emits
+events. Four eyes: the reviewer is a person (an OIDC subject, or a key made for one) and
+never the person who started the case, whichever credential either used.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from service.agents import AGENTS
+from service.auth import REVIEW_SCOPE, Principal
+from service.bus.start_commands import send_start
+from service.cases.errors import Conflict, Forbidden, Invalid, Issue, NotFound
+from service.cases.reading import owned
+from service.cases.services import CaseServices
+from service.cases.text import refuse_unstorable
+from service.errors import BusUnavailable, PublishRejected
+from service.events import ENDED_STATUSES, CaseStatus
+from service.store import utc_text
+
+log = logging.getLogger("casetrail.cases")
+
+Verdict = Literal["confirm", "override", "return"]
+MAX_REASON = 4000
+
+
+@dataclass(frozen=True)
+class Reviewed:
+    """A review kept: the workers take the case up from here."""
+
+    case_id: uuid.UUID
+    verdict: Verdict
+    reviewer: dict[str, str]
+
+
+def _reviewer_of(principal: Principal) -> dict[str, str]:
+    if not principal.allows(REVIEW_SCOPE):
+        raise Forbidden(f"reviewing needs the scope {REVIEW_SCOPE!r}, held by a person (an "
+                        "OIDC subject, or a key made with `keys create --person`)")
+    return principal.reviewer()
+
+
+async def review(services: CaseServices, principal: Principal, case_id: uuid.UUID,
+                 verdict: Verdict, reason: str, decision: dict[str, Any] | None = None
+                 ) -> Reviewed:
+    """Confirm the agent's decision, override it with ``decision`` (valid for the
+    agent's answer schema), or return the case to the model with ``reason`` as its note.
+    ``Forbidden`` for whoever started the case; ``Conflict`` when it is not waiting for
+    review or somebody already reviewed this wait."""
+    reviewer = _reviewer_of(principal)
+    if not reason.strip():
+        raise Invalid(Issue(("body", "reason"), "a review gives its reason"))
+    if len(reason) > MAX_REASON:
+        raise Invalid(Issue(("body", "reason"), f"at most {MAX_REASON} characters"))
+    refuse_unstorable(reason, "body", "reason")
+    row = await owned(services, principal, case_id)
+    starter = await services.store.person_of(row["started_by"])
+    if starter is not None and starter == principal.person:
+        raise Forbidden(f"{principal.person} started case {case_id}: another person reviews "
+                        "it (four eyes)")
+    decided = _decision(row, verdict, decision)
+    if row["status"] in ENDED_STATUSES or row["parked_attempt"] is None:
+        raise Conflict(f"case {case_id} is {row['status']}, not awaiting review")
+    kept = await services.store.record_action(case_id, "review", verdict=verdict,
+                                              reason=reason, decision=decided,
+                                              reviewer=reviewer)
+    if kept == "taken":
+        raise Conflict(f"case {case_id} has already been reviewed; it goes on from that "
+                       "review")
+    if kept == "not_parked":
+        raise Conflict(f"case {case_id} is not awaiting review")
+    await _go_on(services, row)
+    return Reviewed(case_id, verdict, reviewer)
+
+
+def _decision(row: dict[str, Any], verdict: Verdict, decision: dict[str, Any] | None
+              ) -> dict[str, Any] | None:
+    """An override's decision, as the agent's answer schema has it."""
+    if verdict != "override":
+        if decision is not None:
+            raise Invalid(Issue(("body", "decision"), f"only an override gives a decision "
+                                                      f"(this review's verdict is {verdict})"))
+        return None
+    if decision is None:
+        raise Invalid(Issue(("body", "decision"), "an override gives the decision, valid for "
+                                                  "the agent's answer schema"))
+    refuse_unstorable(decision, "body", "decision")
+    agent = AGENTS.get(row["agent"])
+    answering = None if agent is None else agent.answering
+    if answering is None:
+        raise Conflict(f"agent {row['agent']!r} declares no answer schema here to check an "
+                       "override against")
+    answer, errors = answering.validate(decision)
+    if answer is None:
+        raise Invalid(*(Issue(("body", "decision"), e) for e in errors))
+    return answer
+
+
+async def _go_on(services: CaseServices, row: dict[str, Any]) -> None:
+    """Send the case's start command: the claim finds what was kept. Unconfirmed, the
+    kept action stands and a worker's sweeper sends it again (service/sweeper.py)."""
+    try:
+        await send_start(services.publisher, services.topology, row["case_id"],
+                         row["tenant_id"], row["agent"])
+    except (BusUnavailable, PublishRejected) as exc:
+        log.warning("start command for reviewed case %s not confirmed (%s); the sweeper "
+                    "sends it again", row["case_id"], exc)
+
+
+async def cancel_parked(services: CaseServices, row: dict[str, Any]) -> bool:
+    """Keep a cancel of a case waiting for a person as what was done about its wait
+    (the next attempt records ``CASE_CANCELLED``); ``False`` when it is not waiting."""
+    kept = await services.store.record_action(row["case_id"], "cancel")
+    if kept == "taken":
+        raise Conflict(f"case {row['case_id']} has already been reviewed; it goes on from "
+                       "that review")
+    return kept == "recorded"
+
+
+async def after_cancel(services: CaseServices, row: dict[str, Any]) -> None:
+    await _go_on(services, row)
+
+
+async def open_reviews(services: CaseServices, principal: Principal, *,
+                       agent: str | None = None, decision: str | None = None,
+                       checks_failed: bool | None = None, limit: int = 100
+                       ) -> list[dict[str, Any]]:
+    """The caller's tenant's cases waiting for a person, oldest wait first."""
+    if not (principal.allows(REVIEW_SCOPE) or principal.allows("cases:read")):
+        raise Forbidden("listing reviews needs the scope 'cases:review' or 'cases:read'")
+    tenant = None if principal.tenant == "*" else principal.tenant
+    rows = await services.store.open_reviews(tenant, agent, decision, checks_failed, limit)
+    return [review_item(row) for row in rows]
+
+
+def review_item(row: dict[str, Any]) -> dict[str, Any]:
+    """One case of the review queue, as the API shows it."""
+    waiting = row.get("waiting") or {}
+    return {
+        "caseId": str(row["case_id"]),
+        "tenantId": row["tenant_id"],
+        "agent": row["agent"],
+        "status": CaseStatus.AWAITING_REVIEW.value,
+        "decision": row["decision"],
+        "answer": waiting.get("answer", row["answer"]),
+        "checks": waiting.get("checks", []),
+        "reviewReasons": waiting.get("reviewReasons", []),
+        "waitingSince": utc_text(row["parked_at"]),
+        "startedBy": row["started_by"],
+        "createdAt": utc_text(row["created_at"]),
+    }
+
+
+async def one_review(services: CaseServices, principal: Principal, case_id: uuid.UUID
+                  ) -> dict[str, Any]:
+    """One case of the queue; ``NotFound`` when it is not waiting for review."""
+    row = await owned(services, principal, case_id)
+    found = await services.store.open_reviews(row["tenant_id"], None, None, None, 1, case_id)
+    if not found:
+        raise NotFound(f"case {case_id} is not awaiting review")
+    return review_item(found[0])

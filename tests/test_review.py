@@ -1,0 +1,332 @@
+"""A person decides, on the record: a refer waits for review holding no worker, a second
+person confirms, overrides or returns it, the worker records who and why, and the trail
+that results verifies offline with the reviewer in it. Four eyes: the person who started
+a case never reviews it, whatever key they use. On the real stack (RabbitMQ, Postgres)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+import httpx
+import orjson
+import pytest
+
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.auth import AuthError, check_key_scopes
+from service.config import Settings, TenantQuota
+from service.integrity import public_key_text
+from service.keyfile import worker_signer
+from service.store import ApiKeyStore
+from tests.helpers import ended, wait_until
+from tests.stack import InProcessStack, in_process_stack
+from tests.test_integrity import check_bundle, run_cli
+
+TENANT = "review-tests"
+STRICT = "review-strict"
+APPROVED, REFERRED = SAMPLE_APPLICATIONS[0], SAMPLE_APPLICATIONS[1]  # A-1001, A-1002
+
+
+@pytest.fixture(scope="module")
+async def stack(settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection,
+                pool: asyncpg.Pool) -> AsyncIterator[InProcessStack]:
+    """The stack, with one tenant whose policy has a person decide every case."""
+    strict = settings.model_copy(update={"tenant_quotas": {
+        STRICT: TenantQuota(review_every_case=True)}})
+    async with in_process_stack(strict, amqp, pool) as running:
+        yield running
+
+
+async def key(pool: asyncpg.Pool, scopes: tuple[str, ...], person: str | None = None,
+              name: str | None = None, tenant: str = TENANT) -> str:
+    made: str = (await ApiKeyStore(pool).create(tenant, scopes, name, None, person))[1]
+    return made
+
+
+class People:
+    """Keys of the people in these tests: Sam starts cases, Rita and Ravi review them;
+    Sam also holds a reviewer's key of his own (a second key of the same person)."""
+
+    def __init__(self, base_url: str, keys: dict[str, str]) -> None:
+        self.base_url, self.keys = base_url, keys
+
+    def as_(self, who: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base_url, timeout=10,
+                                 headers={"Authorization": f"Bearer {self.keys[who]}"})
+
+
+@pytest.fixture(scope="module")
+async def people(stack: InProcessStack, pool: asyncpg.Pool) -> People:
+    return People(stack.base_url, {
+        "sam": await key(pool, ("cases:start", "cases:read", "cases:cancel"), "sam"),
+        "sam-reviewing": await key(pool, ("cases:review", "cases:read"), "sam"),
+        "rita": await key(pool, ("cases:review", "cases:read"), "rita", "Rita's laptop"),
+        "ravi": await key(pool, ("cases:review", "cases:read"), "ravi"),
+        "admin": await key(pool, ("admin",)),
+        "strict": await key(pool, ("cases:start", "cases:read"), "sam", tenant=STRICT),
+        "strict-rita": await key(pool, ("cases:review", "cases:read"), "rita", tenant=STRICT),
+    })
+
+
+async def parked(people: People, application: dict[str, Any], who: str = "sam") -> str:
+    """A loan case started by ``who``, once it waits for review; its id."""
+    async with people.as_(who) as client:
+        reply = await client.post("/cases", json={"agent": "loan-officer",
+                                                   "input": application})
+        assert reply.status_code == 202, reply.text
+        case_id: str = reply.json()["caseId"]
+        case = await ended(client, case_id, timeout=30)
+    assert case["status"] == "awaiting_review", case
+    return case_id
+
+
+async def trail_of(people: People, case_id: str, who: str = "sam") -> list[dict[str, Any]]:
+    async with people.as_(who) as client:
+        events: list[dict[str, Any]] = (await client.get(f"/cases/{case_id}/events")).json()[
+            "events"]
+    return events
+
+
+async def settled(people: People, case_id: str, status: str) -> dict[str, Any]:
+    async with people.as_("sam") as client:
+        async def check() -> dict[str, Any] | None:
+            body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
+            return body if body["status"] == status else None
+
+        found: dict[str, Any] = await wait_until(check, 30)
+    return found
+
+
+def test_a_reviewers_key_is_a_persons_and_never_starts_cases() -> None:
+    check_key_scopes(("cases:review", "cases:read"), "rita")
+    for scopes, person in ((("cases:review",), None), (("cases:review", "cases:start"), "rita"),
+                           (("cases:review", "admin"), "rita"), (("cases:read",), "a b")):
+        with pytest.raises(AuthError):
+            check_key_scopes(scopes, person)
+
+
+async def test_a_refer_waits_holding_no_worker_and_a_second_person_confirms_it(
+    people: People, stack: InProcessStack, pool: asyncpg.Pool, settings: Settings,
+    tmp_path: Path,
+) -> None:
+    """Sam's refer waits for review: listed in the queue, no worker holds it. Rita
+    confirms; the worker records her review and the case completes, decided by a
+    reviewer, in a trail that verifies offline and names both people."""
+    case_id = await parked(people, REFERRED)
+    assert case_id not in {str(c) for c in stack.worker.live_cases}  # no slot, no memory
+    async with people.as_("rita") as rita:
+        queue = (await rita.get("/reviews", params={"decision": "refer"})).json()["reviews"]
+        waiting = next(r for r in queue if r["caseId"] == case_id)
+        assert waiting["reviewReasons"] == ["decision"] and waiting["answer"]["decision"] == \
+            "refer"
+        assert [r["waitingSince"] for r in queue] == sorted(r["waitingSince"] for r in queue)
+        reply = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "Thin file: the referral stands."})
+        assert reply.status_code == 202, reply.text
+        assert reply.json()["reviewer"]["subject"] == "rita"
+        again = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "once more"})
+        assert again.status_code == 409, again.text
+    case = await settled(people, case_id, "completed")
+    assert case["answer"]["decision"] == "refer"
+    trail = await trail_of(people, case_id)
+    assert [(e["attempt"], e["eventType"]) for e in trail][-4:] == [
+        (1, "CASE_AWAITING_REVIEW"), (2, "CASE_STARTED"), (2, "CASE_REVIEWED"),
+        (2, "CASE_COMPLETED")]
+    started, reviewed, completed = (e["payload"] for e in trail[-3:])
+    assert started["restartReason"] == "review" and started["resumedFrom"]["attempt"] == 1
+    sam_key = people.keys["sam"].split("_")[1]
+    assert trail[0]["payload"]["startedBy"] == f"key:{sam_key}"
+    assert reviewed["reviewer"] == {"subject": "rita", "via": "key",
+                                    "keyId": people.keys["rita"].split("_")[1],
+                                    "name": "Rita's laptop"}
+    assert reviewed["verdict"] == "confirm" and reviewed["reason"].startswith("Thin file")
+    assert completed["decidedBy"] == "reviewer" and completed["answer"]["decision"] == "refer"
+    assert all(c["passed"] for c in completed["checks"])
+    row: Any = await pool.fetchrow("SELECT reviewer, verdict, decision FROM case_reviews "
+                                   "WHERE case_id = $1::uuid", case_id)
+    assert (row["reviewer"], row["verdict"], row["decision"]) == ("rita", "confirm", None)
+    assert await pool.fetchval("SELECT decided_by FROM case_decisions WHERE case_id = $1::uuid",
+                               case_id) == "reviewer"
+    async with people.as_("sam") as sam:
+        verdict = (await sam.get(f"/cases/{case_id}/verify")).json()
+        bundle = (await sam.get(f"/cases/{case_id}/bundle")).json()
+    assert verdict["verified"] and verdict["complete"], verdict
+    assert verdict["reviews"][0]["reviewer"]["subject"] == "rita"
+    path = tmp_path / "reviewed.json"
+    path.write_bytes(orjson.dumps(bundle))
+    checked = await asyncio.to_thread(check_bundle, settings, path,
+                                      public_key_text(worker_signer(settings).public_key))
+    assert checked.returncode == 0, checked.stderr
+    assert "reviewed: confirm by rita (via key" in checked.stdout, checked.stdout
+
+
+async def test_the_starter_never_reviews_their_own_case_whatever_the_key(
+    people: People,
+) -> None:
+    case_id = await parked(people, REFERRED)
+    for who, status in (("sam-reviewing", 403), ("sam", 403), ("admin", 403)):
+        async with people.as_(who) as client:
+            reply = await client.post(f"/cases/{case_id}/review", json={
+                "verdict": "confirm", "reason": "looks right to me"})
+        assert reply.status_code == status, (who, reply.text)
+    async with people.as_("sam-reviewing") as client:
+        reply = await client.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "looks right to me"})
+    assert "four eyes" in reply.json()["detail"]
+    async with people.as_("ravi") as ravi:  # another person may
+        reply = await ravi.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "agreed"})
+    assert reply.status_code == 202, reply.text
+    await settled(people, case_id, "completed")
+
+
+async def test_an_override_is_held_to_the_answer_schema_and_then_decides(
+    people: People,
+) -> None:
+    case_id = await parked(people, REFERRED)
+    async with people.as_("rita") as rita:
+        outside = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "override", "reason": "approve it",
+            "decision": {"decision": "approve-please", "applicantId": "A-1002",
+                         "rationale": "x"}})
+        assert outside.status_code == 422, outside.text
+        assert outside.json()["errors"][0]["loc"][:2] == ["body", "decision"]
+        missing = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "override", "reason": "approve it"})
+        assert missing.status_code == 422, missing.text
+        given = {"decision": "decline", "applicantId": "A-1002", "reasonCodes": ["DTI_HIGH"],
+                 "rationale": "Verified debts exceed the policy's ratio."}
+        reply = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "override", "reason": "Debts verified by phone.", "decision": given})
+        assert reply.status_code == 202, reply.text
+    case = await settled(people, case_id, "completed")
+    assert case["answer"]["decision"] == "decline"
+    completed = (await trail_of(people, case_id))[-1]["payload"]
+    assert completed["decidedBy"] == "reviewer" and completed["answer"]["reasonCodes"] == [
+        "DTI_HIGH"]
+
+
+async def test_a_waiting_case_cancelled_ends_cancelled(people: People) -> None:
+    case_id = await parked(people, REFERRED)
+    async with people.as_("sam") as sam:
+        reply = await sam.post(f"/cases/{case_id}/cancel", json={"reason": "withdrawn"})
+        assert reply.status_code == 202, reply.text
+    case = await settled(people, case_id, "cancelled")
+    assert case["answer"] is None
+    trail = await trail_of(people, case_id)
+    assert [e["eventType"] for e in trail][-3:] == ["CASE_AWAITING_REVIEW", "CASE_STARTED",
+                                                   "CASE_CANCELLED"]
+    assert trail[-2]["payload"]["restartReason"] == "cancel"
+    assert trail[-1]["payload"]["reason"] == "withdrawn"
+    async with people.as_("rita") as rita:  # nothing left to review
+        late = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "too late"})
+    assert late.status_code == 409, late.text
+
+
+async def test_a_returned_case_runs_more_cycles_and_comes_back_for_review(
+    people: People,
+) -> None:
+    case_id = await parked(people, REFERRED)
+    first = len(await trail_of(people, case_id))
+    async with people.as_("rita") as rita:
+        reply = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "return", "reason": "Fetch the credit score again before referring."})
+        assert reply.status_code == 202, reply.text
+
+    async def back() -> list[dict[str, Any]] | None:
+        trail = await trail_of(people, case_id)
+        return trail if trail[-1]["eventType"] == "CASE_AWAITING_REVIEW" and \
+            len(trail) > first else None
+
+    trail = await wait_until(back, 30)
+    second = [e for e in trail if e["attempt"] == 2]
+    assert [e["eventType"] for e in second][:2] == ["CASE_STARTED", "CASE_REVIEWED"]
+    assert "REACT_CYCLE" in [e["eventType"] for e in second]  # the model went on
+    cycles = [e["payload"]["cycleIndex"] for e in trail if e["eventType"] == "REACT_CYCLE"]
+    assert cycles == list(range(len(cycles)))  # one conversation, carried over
+    await settled(people, case_id, "awaiting_review")
+    async with people.as_("ravi") as ravi:
+        reply = await ravi.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "Checked again: refer."})
+        assert reply.status_code == 202, reply.text
+    await settled(people, case_id, "completed")
+    reviewed = [e["payload"]["reviewer"]["subject"] for e in await trail_of(people, case_id)
+                if e["eventType"] == "CASE_REVIEWED"]
+    assert reviewed == ["rita", "ravi"]
+
+
+async def test_a_tenant_that_reviews_every_case_has_even_an_approve_wait(
+    people: People,
+) -> None:
+    async with people.as_("strict") as sam:
+        reply = await sam.post("/cases", json={"agent": "loan-officer", "input": APPROVED})
+        case_id = reply.json()["caseId"]
+        case = await ended(sam, case_id, timeout=30)
+    assert case["status"] == "awaiting_review" and case["answer"]["decision"] == "approve"
+    async with people.as_("strict-rita") as rita:
+        waiting = (await rita.get(f"/reviews/{case_id}")).json()
+        assert waiting["reviewReasons"] == ["tenant_policy"]
+        assert (await rita.get("/reviews", params={"nonsense": "1"})).status_code == 422
+        reply = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "Within policy."})
+        assert reply.status_code == 202, reply.text
+        done = await ended(rita, case_id, timeout=30)
+        assert done["status"] in ("awaiting_review", "completed")
+
+
+async def test_a_waiting_case_is_held_by_no_worker_and_goes_on_from_the_record(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, pool: asyncpg.Pool,
+    people: People, stack: InProcessStack,
+) -> None:
+    """The case waits in Postgres alone (no lease, no live case, its start command
+    acked): a second worker started and stopped while it waits changes nothing, and a
+    redelivered start command finds it parked and runs nothing."""
+    case_id = await parked(people, REFERRED)
+    waiting: Any = await pool.fetchrow("SELECT parked_attempt, lease_owner, attempts_claimed "
+                                  "FROM cases WHERE case_id = $1::uuid", case_id)
+    assert waiting["parked_attempt"] == 1 and waiting["lease_owner"] is None
+    assert case_id not in {str(c) for c in stack.worker.live_cases}
+    async with in_process_stack(settings, amqp, pool):
+        pass  # another worker came and went
+    claim = await stack.worker.store.claim(uuid.UUID(case_id), "test-owner", 5)
+    assert claim.outcome == "parked"
+    assert await pool.fetchval("SELECT attempts_claimed FROM cases WHERE case_id = $1::uuid",
+                               case_id) == waiting["attempts_claimed"]
+    async with people.as_("rita") as rita:
+        reply = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "After the restart."})
+        assert reply.status_code == 202, reply.text
+    case = await settled(people, case_id, "completed")
+    assert case["answer"]["decision"] == "refer"
+
+
+async def test_reviews_from_the_terminal_as_a_person_never_as_the_operator(
+    settings: Settings, people: People,
+) -> None:
+    case_id = await parked(people, REFERRED)
+    listed = await asyncio.to_thread(run_cli, settings, "reviews", "list", "--tenant", TENANT)
+    assert listed.returncode == 0, listed.stderr
+    assert case_id in listed.stdout and "refer" in listed.stdout
+    shown = await asyncio.to_thread(run_cli, settings, "reviews", "show", case_id)
+    assert shown.returncode == 0 and orjson.loads(shown.stdout)["reviewReasons"] == ["decision"]
+    as_operator = await asyncio.to_thread(run_cli, settings, "reviews", "decide", case_id,
+                                          "--verdict", "confirm", "--reason", "ok",
+                                          CASETRAIL_API_KEY="")
+    assert as_operator.returncode == 1 and "person" in as_operator.stderr
+    own = await asyncio.to_thread(run_cli, settings, "reviews", "decide", case_id, "--verdict",
+                                  "confirm", "--reason", "ok", "--api-key",
+                                  people.keys["sam-reviewing"])
+    assert own.returncode == 1 and "four eyes" in own.stderr
+    decided = await asyncio.to_thread(run_cli, settings, "reviews", "decide", case_id,
+                                      "--verdict", "confirm", "--reason", "Agreed.",
+                                      "--api-key", people.keys["ravi"])
+    assert decided.returncode == 0, decided.stderr
+    assert "confirm by ravi" in decided.stdout
+    await settled(people, case_id, "completed")
