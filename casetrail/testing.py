@@ -15,7 +15,7 @@ from service.engine.chat import ChatModel
 from service.engine.loop import CaseSpec, ReactEngine
 from service.engine.scripted import ScriptedModel
 from service.engine.tools import InProcessWorkerRuntime, ToolBox
-from service.events import Event, status_for
+from service.events import PARKING_EVENT_TYPE, CaseStatus, Event, status_for
 
 
 @dataclass
@@ -30,12 +30,17 @@ class CaseRun:
 
     @property
     def status(self) -> str:
-        """``completed``, ``failed``, ``timed_out`` or ``cancelled``."""
-        return str(status_for(self.events[-1].event_type))
+        """``completed``, ``failed``, ``timed_out`` or ``cancelled``; ``awaiting_review``
+        when a person decides the agent's answer (the agent's ``review``)."""
+        last = self.events[-1].event_type
+        if last == PARKING_EVENT_TYPE:
+            return CaseStatus.AWAITING_REVIEW.value
+        return str(status_for(last))
 
     @property
     def terminal(self) -> dict[str, Any]:
-        """The terminal event's payload, as JSON."""
+        """The last event's payload, as JSON: the terminal event's, or the wait for a
+        person's (its answer and checks)."""
         return self.events[-1].payload.model_dump(mode="json", by_alias=True)
 
     @property
@@ -57,7 +62,7 @@ class CaseRun:
 async def run_case(agent: Agent | AgentProfile, case_input: dict[str, Any], *,
                    model: ChatModel | None = None) -> CaseRun:
     """Run one case of ``agent`` on ``case_input`` (validated against its input model)
-    to its terminal event."""
+    to its terminal event, or to the wait for a person its ``review`` asks for."""
     profile = agent.profile() if isinstance(agent, Agent) else agent
     if model is None:
         if profile.script is None:

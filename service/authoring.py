@@ -122,6 +122,9 @@ class Agent:
     review: Review | None = None
     """Which answers a person decides before the case ends
     (``Review(decisions={"refer"}, failed_checks=True)``)."""
+    asks_people: bool = False
+    """Offer the model ``ask_a_person``: a question waits for a person's answer (a
+    reviewer's, through REST, the CLI or the viewer), which is the call's result."""
     model: ModelRef | None = None
     limits: Limits = field(default_factory=lambda: Limits(max_cycles=10, deadline_seconds=120))
     script: ScriptFn | None = None
@@ -156,4 +159,5 @@ class Agent:
             default_limits=self.limits, script=self.script,
             capabilities=tuple(self.capabilities), version=self.version,
             context_budget_tokens=self.context_budget_tokens, answer_model=self.answer,
-            checks=tuple(self.checks), keys=tuple(self.keys), review=self.review)
+            checks=tuple(self.checks), keys=tuple(self.keys), review=self.review,
+            asks_people=self.asks_people)

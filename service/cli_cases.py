@@ -275,3 +275,26 @@ def reviews_decide(
                                                  decision))
     typer.echo(f"case {parsed}: {done.verdict} by {done.reviewer['subject']}; it goes on "
                "from your review")
+
+
+@reviews_app.command("answer")
+def reviews_answer(
+    case_id: Annotated[str, typer.Argument(help="The case id.")],
+    call_id: Annotated[str, typer.Option(help="The question's call id (`reviews show`).")],
+    answer: Annotated[str, typer.Option(help="Your answer (the model reads it).")],
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="CASETRAIL_API_KEY", show_envvar=True,
+        help="Your API key, made for you (`keys create --person`).")] = None,
+) -> None:
+    """Answer the question the model asked a person, as the person whose key this is."""
+    from service.cases.reviewing import answer as answer_question
+
+    if not api_key:
+        typer.echo("an answer is a person's: give your API key (--api-key or "
+                   "CASETRAIL_API_KEY), made with `keys create --person`", err=True)
+        raise typer.Exit(1)
+    parsed = case_id_of(case_id)
+    done = _perform(api_key, "cases:review", None,
+                    lambda services, who: answer_question(services, who, parsed, call_id,
+                                                          answer))
+    typer.echo(f"case {parsed}: answered by {done.reviewer['subject']}; it goes on")

@@ -19,7 +19,7 @@ from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.bus.connection import connect
 from service.bus.topology import Topology
 from service.config import LOCAL_DIR, Settings
-from service.events import EVENT_TYPES, TERMINAL_EVENT_TYPES
+from service.events import EVENT_TYPES, PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES
 from service.evidence import Evidence, verify_bundle
 from service.integrity import public_key_text
 from service.keyfile import ensure_local_signer, worker_signer
@@ -104,7 +104,7 @@ def _label(case_id: str, names: dict[str, str]) -> str:
 async def run_demo(settings: Settings) -> int:
     """Stack up, sample cases in, cycles shown live, trails read back from Postgres."""
     _say("== casetrail demo ==")
-    settings, key = await _prepare(settings)
+    settings, key, reviewer = await _prepare(settings)
     stack = Stack(stack_commands(settings.api_port, sorted(CAPABILITIES)))
     stack.start()
     base_url = f"http://127.0.0.1:{settings.api_port}"
@@ -140,19 +140,7 @@ async def run_demo(settings: Settings) -> int:
                  f"{settings.namespace}.events, binding case.#) --\n"
                  "   (names and customer ids are personal data: the trail holds "
                  "placeholders such as [pii:applicantName]; a pii:read key sees the values)")
-            ended: set[str] = set()
-            deadline = asyncio.get_running_loop().time() + 60
-            while ended != set(names):
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    raise RuntimeError("the sample cases did not all end within 60s")
-                event = await asyncio.wait_for(inbox.get(), remaining)
-                if event["caseId"] not in names:
-                    continue
-                _say(f"{_label(event['caseId'], names)}")
-                _say(format_event(event))
-                if event["eventType"] in TERMINAL_EVENT_TYPES:
-                    ended.add(event["caseId"])
+            await _watch(inbox, names, base_url, reviewer)
             for case_id in names:
                 await _until_recorded(client, case_id)
         return _show_api_use(await _show_trails(settings, names, base_url), key, base_url,
@@ -161,6 +149,27 @@ async def run_demo(settings: Settings) -> int:
         if connection is not None:
             await connection.close()
         await asyncio.to_thread(stack.stop)
+
+
+async def _watch(inbox: asyncio.Queue[dict[str, Any]], names: dict[str, str], base_url: str,
+                 reviewer: str) -> None:
+    """Print the sample cases' events as they arrive, until each has ended; what waits
+    for a person is reviewed by the demo's reviewer."""
+    ended: set[str] = set()
+    deadline = asyncio.get_running_loop().time() + 60
+    while ended != set(names):
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise RuntimeError("the sample cases did not all end within 60s")
+        event = await asyncio.wait_for(inbox.get(), remaining)
+        if event["caseId"] not in names:
+            continue
+        _say(f"{_label(event['caseId'], names)}")
+        _say(format_event(event))
+        if event["eventType"] in TERMINAL_EVENT_TYPES:
+            ended.add(event["caseId"])
+        elif event["eventType"] == PARKING_EVENT_TYPE:
+            await _review(base_url, reviewer, event, names)
 
 
 DEMO_TENANT = "default"
@@ -186,19 +195,46 @@ def _show_api_use(code: int, key: str, base_url: str, public_url: str,
     return code
 
 
-async def _prepare(settings: Settings) -> tuple[Settings, str]:
-    """A signing key for the worker, the identities and schema (``casetrail setup``), and
-    an API key for the demo's requests
-    (tenant ``default``, the scopes a case needs)."""
+async def _prepare(settings: Settings) -> tuple[Settings, str, str]:
+    """A signing key for the worker, the identities and schema (``casetrail setup``), an
+    API key for the demo's requests (tenant ``default``, the scopes a case needs), and
+    one for the person who reviews what waits for one (another person: four eyes)."""
     settings = ensure_local_log_key(ensure_local_signer(settings))
     await setup(settings)
     pool = await create_pool(settings.database_url, max_size=1)
     try:
-        _, key = await ApiKeyStore(pool).create(
+        keys = ApiKeyStore(pool)
+        _, key = await keys.create(
             DEMO_TENANT, ("cases:start", "cases:read", "cases:cancel"), "casetrail demo")
+        _, reviewer = await keys.create(DEMO_TENANT, ("cases:review", "cases:read"),
+                                        "casetrail demo reviewer", None, DEMO_REVIEWER)
     finally:
         await pool.close()
-    return settings, key
+    return settings, key, reviewer
+
+
+DEMO_REVIEWER = "demo-reviewer"
+
+
+async def _review(base_url: str, reviewer: str, event: dict[str, Any],
+                  names: dict[str, str]) -> None:
+    """The demo's reviewer confirms what waits for a person, as a person would through
+    POST /cases/{id}/review; the worker records it and ends the case."""
+    case_id = event["caseId"]
+    reasons = ", ".join(event["payload"].get("reviewReasons") or ())
+    async with httpx.AsyncClient(base_url=base_url, timeout=10.0, headers={
+            "Authorization": f"Bearer {reviewer}"}) as client:
+        for _ in range(100):  # until the wait is stored (it was just published)
+            reply = await client.post(f"/cases/{case_id}/review", json={
+                "verdict": "confirm",
+                "reason": f"Read the reasoning and the checks ({reasons}); the decision "
+                          "stands."})
+            if reply.status_code != 409:
+                break
+            await asyncio.sleep(0.1)
+        reply.raise_for_status()
+    _say(f"{_label(case_id, names)}\n  POST /cases/{case_id[:8]}…/review as "
+         f"{DEMO_REVIEWER} (cases:review, a person) -> 202 confirm")
 
 
 async def _until_recorded(client: httpx.AsyncClient, case_id: str) -> None:
@@ -267,6 +303,9 @@ async def _show_integrity(settings: Settings, evidence: Evidence, names: dict[st
         intact = intact and report.verified and report.complete
         verdict = "verified, complete" if report.verified and report.complete \
             else f"NOT verified: {report.first_problem()}"
+        for review in report.reviews:
+            verdict += (f"; {review['verdict']} by {review['reviewer']['subject']} "
+                        f"({review['reviewer']['via']})")
         _say(f"  {name:<40} {report.events} events  {verdict}")
     return intact
 

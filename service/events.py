@@ -439,22 +439,57 @@ ReviewReason = Literal["decision", "failed_check", "tenant_policy", "question"]
 check failed, its tenant reviews every case, or the model asked a person a question."""
 
 
-class CaseAwaitingReviewPayload(CaseTotals):
-    """Not terminal: the agent answered and a person decides next. The attempt ends
-    here; the case holds no worker until a reviewer acts (then the next attempt takes it
-    up from the record)."""
+class PendingQuestion(ContractModel):
+    """A question the model asked a person mid-case, with the rest of its turn: a
+    ``REACT_CYCLE`` is emitted only after its tool results, so the turn waits here, and
+    once a person has answered, the next attempt records it in full (the question's
+    result saying who answered)."""
 
-    answer: JsonObject = Field(description="The agent's answer, as validated.")
+    call_id: str = Field(description="The question's tool call id.")
+    question: str
+    question_index: int = Field(ge=0, description="Where among the turn's calls the model "
+                                "asked it.")
+    reasoning_text: str
+    tool_calls: tuple[ToolCallRecord, ...] = Field(
+        description="The turn's other calls, run, with their results.")
+    token_usage: TokenUsage
+    model: str | None = None
+    finish_reason: str | None = None
+    model_retries: tuple[ModelRetry, ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        for key in ("model", "finishReason"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        if not data.get("modelRetries"):
+            data.pop("modelRetries", None)
+        return data
+
+
+class CaseAwaitingReviewPayload(CaseTotals):
+    """Not terminal: a person acts next, on the agent's answer (a review) or on the
+    model's question (an answer). The attempt ends here; the case holds no worker until
+    a person acts (then the next attempt takes it up from the record)."""
+
+    answer: JsonObject | None = Field(default=None, description="The agent's answer, as "
+                                      "validated (absent when the model asked a question).")
     checks: tuple[CheckResult, ...] = Field(default=(), description="The agent's checks.")
     review_reasons: tuple[ReviewReason, ...] = Field(
         min_length=1, description="Why a person decides: decision, failed_check, "
         "tenant_policy, question.")
+    question: PendingQuestion | None = Field(
+        default=None, description="The model's question to a person, and its turn.")
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
         if not data.get("checks"):
             data.pop("checks", None)
+        for key in ("answer", "question"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
 

@@ -34,6 +34,7 @@ from service.agents import AGENTS
 from service.agents.profile import AgentProfile
 from service.engine.chat import AssistantTurn, ChatMessage, ToolSpec
 from service.engine.loop import CaseSpec, ReactEngine
+from service.engine.recorded import recorded_calls
 from service.engine.scripted import ScriptedModel
 from service.engine.tools import ToolBox, WorkerCallResult
 from service.errors import ModelRejected
@@ -51,7 +52,7 @@ from service.events import (
     ToolAttempt,
 )
 from service.integrity import canonical
-from service.resume import RecordedEvent, final_chain, recorded_calls
+from service.resume import RecordedEvent, final_chain
 from service.store import StoredEvent
 
 REPLAY_DEADLINE_SECONDS = 3600.0

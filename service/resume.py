@@ -25,22 +25,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import orjson
-
-from service.engine.answers import FINAL_ANSWER, feedback, returned_note
-from service.engine.chat import (
-    AssistantMessage,
-    ChatMessage,
-    ToolCallRequest,
-    ToolResultMessage,
-    UserMessage,
-)
+from service.engine.answers import returned_note
+from service.engine.chat import ChatMessage
 from service.engine.loop import Parked, Resumption
+from service.engine.recorded import cycle_messages
 from service.events import (
     PARKING_EVENT_TYPE,
     ZERO_USAGE,
     CaseReviewedPayload,
     CheckResult,
+    PendingQuestion,
     ResumedFrom,
     TokenUsage,
 )
@@ -56,58 +50,6 @@ class RecordedEvent:
     event_type: str
     payload: Mapping[str, Any]
     occurred_at: datetime
-
-
-def _final_call(cycle: Mapping[str, Any]) -> ToolCallRequest | None:
-    """The final-answer call of a recorded cycle, as the model made it (an accepted
-    answer's arguments give the same answer again)."""
-    if isinstance(answer := cycle.get("answer"), dict):
-        return ToolCallRequest(id=f"answer-{cycle['cycleIndex']}", name=FINAL_ANSWER,
-                               arguments=answer)
-    rejected = cycle.get("answerRejected")
-    if isinstance(rejected, Mapping) and rejected.get("toolCallId"):
-        given = rejected.get("answer")
-        return ToolCallRequest(
-            id=rejected["toolCallId"], name=FINAL_ANSWER,
-            arguments=given if isinstance(given, dict) else None,
-            raw_arguments=None if isinstance(given, dict) else str(given))
-    return None
-
-
-def recorded_calls(cycle: Mapping[str, Any]) -> tuple[ToolCallRequest, ...]:
-    """The tool calls a recorded ``REACT_CYCLE``'s model turn asked for, as it asked (the
-    final-answer call, which is not a tool call of the record, last)."""
-    calls = tuple(
-        ToolCallRequest(id=call.get("toolCallId") or f"call-{cycle['cycleIndex']}-{index}",
-                        name=call["toolName"],
-                        arguments=None if call.get("rawArgs") is not None else call["toolArgs"],
-                        raw_arguments=call.get("rawArgs"))
-        for index, call in enumerate(cycle.get("toolCalls") or []))
-    final = _final_call(cycle)
-    return calls if final is None else (*calls, final)
-
-
-def cycle_messages(cycle: Mapping[str, Any]) -> list[ChatMessage]:
-    """A recorded ``REACT_CYCLE`` as the conversation had it: the model's turn, then each
-    call's observation (the same text the tool box gave the model), then what a refused
-    answer told the model (the same words the engine used)."""
-    calls = cycle.get("toolCalls") or []
-    requests = recorded_calls(cycle)
-    messages: list[ChatMessage] = [AssistantMessage(cycle["reasoningText"], requests)]
-    for request, call in zip(requests, calls, strict=False):
-        error = call.get("error")
-        content = f"ERROR: {error}" if error else orjson.dumps(call.get("toolResult")).decode()
-        messages.append(ToolResultMessage(request.id, request.name, content,
-                                          is_error=error is not None))
-    rejected = cycle.get("answerRejected")
-    if isinstance(rejected, Mapping):
-        told = feedback(rejected["errors"])
-        if rejected.get("toolCallId"):
-            messages.append(ToolResultMessage(rejected["toolCallId"], FINAL_ANSWER,
-                                              f"ERROR: {told}", is_error=True))
-        else:
-            messages.append(UserMessage(told))
-    return messages
 
 
 _CARRIED = frozenset({"REACT_CYCLE", PARKING_EVENT_TYPE, "CASE_REVIEWED"})
@@ -191,7 +133,7 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
     steps = _steps(by_attempt, attempt)
     cycles = [restore(dict(s.payload), values) if values else s.payload for s in steps
               if s.event_type == "REACT_CYCLE"]
-    if not cycles:
+    if not cycles and not any(s.event_type == PARKING_EVENT_TYPE for s in steps):
         return None
     usage = ZERO_USAGE
     messages: list[ChatMessage] = []
@@ -206,12 +148,17 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
             parked, answer = None, cycle.get("answer")
         elif step.event_type == PARKING_EVENT_TYPE:
             waiting = restore(dict(step.payload), values) if values else step.payload
-            parked = Parked(step.attempt, dict(waiting["answer"]), tuple(
-                CheckResult.model_validate(c) for c in waiting.get("checks") or ()))
+            asked = waiting.get("question")
+            parked = Parked(
+                step.attempt, waiting.get("answer"),
+                tuple(CheckResult.model_validate(c) for c in waiting.get("checks") or ()),
+                question=None if asked is None else PendingQuestion.model_validate(asked),
+                asked_at=step.occurred_at)
         elif parked is not None:  # its review
             review = CaseReviewedPayload.model_validate(
                 restore(dict(step.payload), values) if values else step.payload)
-            parked = Parked(parked.attempt, parked.answer, parked.checks, review)
+            parked = Parked(parked.attempt, parked.answer, parked.checks, review,
+                            parked.question, parked.asked_at)
             if review.verdict == "return":  # the model answers again
                 returns += 1
                 messages.append(returned_note(messages, review.reason))

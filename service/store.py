@@ -135,7 +135,7 @@ def _claim_from_row(row: asyncpg.Record) -> Claim:
             "terminal event; its start command was redelivered"
         )
     action = None if row["action_kind"] is None else ParkedAction(
-        row["parked_attempt"], row["action_kind"], row["verdict"], row["action_reason"],
+        row["action_attempt"], row["action_kind"], row["verdict"], row["action_reason"],
         row["decision"], row["reviewer"], row["acted_at"])
     return Claim(
         "run", attempt=attempt, cancel_reason=row["cancel_reason"], restart_reason=restart,
@@ -236,7 +236,8 @@ WITH current AS MATERIALIZED (
            lease_expires_at > now() AS lease_live
     FROM cases WHERE case_id = ANY($1::uuid[]) ORDER BY case_id FOR UPDATE
 ), decided AS (
-    SELECT c.*, a.kind AS action_kind, a.verdict, a.reason AS action_reason, a.decision,
+    SELECT c.*, a.parked_attempt AS action_attempt, a.kind AS action_kind, a.verdict,
+           a.reason AS action_reason, a.decision,
            a.reviewer, a.acted_at, CASE
         WHEN c.terminal_published
              OR c.status IN ({_ENDED})
@@ -244,13 +245,16 @@ WITH current AS MATERIALIZED (
                         AND e.event_type = ANY($2::text[])) THEN 'ended'
         WHEN c.lease_live AND c.lease_owner IS DISTINCT FROM $3 THEN 'busy'
         WHEN c.cancel_requested_at IS NOT NULL AND c.attempts_claimed = 0 THEN 'cancel_queued'
-        -- waiting for a person, and nobody has acted yet: nothing to run
-        WHEN c.parked_attempt IS NOT NULL AND a.kind IS NULL
+        -- waiting for a person, and nobody has acted on this wait yet: nothing to run
+        WHEN c.parked_attempt IS NOT NULL
+             AND (a.kind IS NULL OR a.parked_attempt < c.parked_attempt)
              AND c.cancel_requested_at IS NULL THEN 'parked'
         ELSE 'run' END AS outcome
     FROM current c
-         LEFT JOIN case_actions a ON a.case_id = c.case_id
-                                 AND a.parked_attempt = c.parked_attempt
+         -- what a person did about the latest wait (it may be noted here after the
+         -- action: the worker applies an action only to the wait it was taken on)
+         LEFT JOIN LATERAL (SELECT * FROM case_actions a WHERE a.case_id = c.case_id
+                            ORDER BY a.parked_attempt DESC LIMIT 1) a ON true
 ), claimed AS (
     UPDATE cases SET attempts_claimed = d.attempts_claimed + 1, lease_owner = $3,
                      lease_expires_at = now() + make_interval(secs => $4)
@@ -260,7 +264,7 @@ WITH current AS MATERIALIZED (
 )
 SELECT d.case_id, d.outcome, d.cancel_reason, d.cancelled_by,
        d.agent, d.tenant_id, d.input, d.model, d.limits, d.started_by,
-       d.lease_owner AS previous_owner, d.parked_attempt, d.action_kind, d.verdict,
+       d.lease_owner AS previous_owner, d.action_attempt, d.action_kind, d.verdict,
        d.action_reason, d.decision, d.reviewer, d.acted_at,
        c.attempts_claimed AS attempt,
        s.master_key_id, s.wrapped_key, s.ciphertext
@@ -551,7 +555,7 @@ class CaseStore:
                            OR cancel_requested_at < now() - make_interval(secs => $2)
                            OR EXISTS (SELECT 1 FROM case_actions a
                                       WHERE a.case_id = c.case_id
-                                        AND a.parked_attempt = c.parked_attempt
+                                        AND a.parked_attempt >= c.parked_attempt
                                         AND a.acted_at < now() - make_interval(secs => $2)))
                       AND (lease_expires_at IS NULL
                            OR lease_expires_at < now() - make_interval(secs => $2))
@@ -605,21 +609,37 @@ class CaseStore:
         ``taken`` when somebody already acted on this wait, ``not_parked`` when the case
         is not waiting (or has ended)."""
         async with translate_errors():
+            # The wait is the latest: as the worker noted it, or as the consumer stored
+            # its CASE_AWAITING_REVIEW (whichever is further along).
             row = await self._pool.fetchrow(
                 f"""WITH waiting AS (
-                        SELECT case_id, parked_attempt FROM cases
-                        WHERE case_id = $1 AND parked_attempt IS NOT NULL
-                          AND NOT terminal_published AND status NOT IN ({_ENDED})),
+                        SELECT case_id, greatest(parked_attempt, (
+                            SELECT max(e.attempt) FROM event_log e WHERE e.case_id = $1
+                              AND e.event_type = '{PARKING_EVENT_TYPE}')) AS parked_attempt
+                        FROM cases
+                        WHERE case_id = $1 AND NOT terminal_published
+                          AND status NOT IN ({_ENDED})),
                     kept AS (
                         INSERT INTO case_actions (case_id, parked_attempt, kind, verdict,
                                                   reason, decision, reviewer)
                         SELECT case_id, parked_attempt, $2, $3, $4, $5, $6 FROM waiting
+                        WHERE parked_attempt IS NOT NULL
                         ON CONFLICT DO NOTHING RETURNING parked_attempt)
-                    SELECT (SELECT count(*) FROM waiting) AS waiting,
+                    SELECT (SELECT count(*) FROM waiting WHERE parked_attempt IS NOT NULL)
+                               AS waiting,
                            (SELECT count(*) FROM kept) AS kept""",
                 case_id, kind, verdict, reason, decision, reviewer)
         assert row is not None  # an aggregate: always one row
         return "not_parked" if not row["waiting"] else "recorded" if row["kept"] else "taken"
+
+    async def latest_wait(self, case_id: uuid.UUID) -> tuple[int, dict[str, Any]] | None:
+        """``(attempt, payload)`` of the case's latest ``CASE_AWAITING_REVIEW``."""
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                f"""SELECT attempt, payload FROM event_log
+                    WHERE case_id = $1 AND event_type = '{PARKING_EVENT_TYPE}'
+                    ORDER BY attempt DESC LIMIT 1""", case_id)
+        return None if row is None else (row["attempt"], row["payload"])
 
     async def person_of(self, subject: str | None) -> str | None:
         """The person behind a recorded ``started_by`` (``key:<id>`` of a key made for
@@ -645,9 +665,9 @@ class CaseStore:
                 f"""SELECT c.*, e.payload AS waiting
                     FROM cases c
                     LEFT JOIN LATERAL (
-                        SELECT payload FROM event_log e
-                        WHERE e.case_id = c.case_id AND e.attempt = c.parked_attempt
-                          AND e.event_type = '{PARKING_EVENT_TYPE}' LIMIT 1) e ON true
+                        SELECT attempt, payload FROM event_log e
+                        WHERE e.case_id = c.case_id AND e.event_type = '{PARKING_EVENT_TYPE}'
+                        ORDER BY attempt DESC LIMIT 1) e ON true
                     WHERE c.status = '{CaseStatus.AWAITING_REVIEW.value}'
                       AND ($1::text IS NULL OR c.tenant_id = $1)
                       AND ($2::text IS NULL OR c.agent = $2)
@@ -655,7 +675,7 @@ class CaseStore:
                       AND ($4::boolean IS NULL OR c.checks_failed = $4)
                       AND ($6::uuid IS NULL OR c.case_id = $6)
                       AND NOT EXISTS (SELECT 1 FROM case_actions a WHERE a.case_id = c.case_id
-                                      AND a.parked_attempt = c.parked_attempt)
+                                      AND a.parked_attempt >= e.attempt)
                     ORDER BY c.parked_at NULLS LAST, c.case_id LIMIT $5""",
                 tenant, agent, decision, checks_failed, limit, case_id)
         return [dict(r) for r in rows]

@@ -58,11 +58,26 @@ def format_event(event: dict[str, Any]) -> str:
         for retry in payload.get("modelRetries", []):
             lines.append(f"      ↻ model retry after {retry['waitedMs']} ms: {retry['reason']}")
         return "\n".join(lines)
+    if kind == "CASE_REVIEWED":
+        reviewer = payload.get("reviewer") or {}
+        via = f"key {reviewer.get('keyId')}" if reviewer.get("via") == "key" else "oidc"
+        decided = payload.get("decision")
+        lines = [f"{head}  {payload.get('verdict')} by {reviewer.get('subject')} (via {via})",
+                 _indent(f"reason: {payload.get('reason')}")]
+        if decided is not None:
+            lines.append(_indent("decision: " + _json(decided, 400)))
+        return "\n".join(lines)
     totals = payload.get("tokenTotals", {})
     summary = (f"{payload.get('cyclesCompleted', 0)} cycles, tokens in="
                f"{totals.get('inputTokens', 0)} out={totals.get('outputTokens', 0)}")
     if kind == "CASE_COMPLETED":
-        detail = "answer: " + _json(payload.get("answer"), 400)
+        by = f" (decided by the {payload['decidedBy']})" if payload.get("decidedBy") else ""
+        detail = "answer" + by + ": " + _json(payload.get("answer"), 400)
+    elif kind == "CASE_AWAITING_REVIEW":
+        failed = [c["name"] for c in payload.get("checks") or () if not c.get("passed")]
+        detail = (f"a person decides ({', '.join(payload.get('reviewReasons') or ())}"
+                  + (f"; failed checks: {', '.join(failed)}" if failed else "") + "): "
+                  + _json(payload.get("answer"), 400))
     elif kind == "CASE_FAILED":
         detail = f"{payload.get('reasonCode')}: {payload.get('message')}"
     elif kind == "CASE_CANCELLED":

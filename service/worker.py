@@ -59,7 +59,7 @@ from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand, EraseCommand, InvalidCommand
 from service.config import Settings, get_settings
 from service.engine.chat import ChatModel
-from service.engine.loop import CancelSignal, CaseSpec, ReactEngine, Resumption
+from service.engine.loop import CancelSignal, CaseSpec, GivenAnswer, ReactEngine, Resumption
 from service.engine.tools import ToolBox, WorkerCallResult, WorkerRuntime
 from service.errors import (
     CasetrailError,
@@ -429,22 +429,28 @@ class CaseWorker:
         # The row holds placeholders for the sensitive values: the case runs on the
         # values themselves, and every event it emits has them replaced again.
         values = {} if case.sealed is None else self.secrets.vault.open(case_id, case.sealed)
-        resumption, deadline_at, review = None, None, None
+        resumption, deadline_at, review, given = None, None, None, None
         if attempt > 1:
             resumption, deadline_at = await self._record_so_far(case_id, attempt, values,
                                                                 limits.deadline_seconds)
         parked = None if resumption is None else resumption.parked
         if parked is not None and parked.review is None:
-            # Waiting for a person: go on only with what one did (or a cancel).
-            if claim.cancel_reason is not None or (claim.action is not None
-                                                   and claim.action.kind == "cancel"):
-                restart_reason = "cancel"
+            # Waiting for a person: go on only with what one did about this wait, or a
+            # cancel (a review taken before the cancel is recorded first).
+            action = claim.action if claim.action is not None \
+                and claim.action.parked_attempt == parked.attempt else None
+            cancelled = claim.cancel_reason is not None or (
+                action is not None and action.kind == "cancel")
+            if action is not None and action.kind == "review" and parked.question is None:
+                review, restart_reason = _recorded_review(action), "review"
+            if action is not None and action.kind == "answer" and parked.question is not None:
+                given, restart_reason = _given_answer(action), "answer"
+            if cancelled:
+                restart_reason = "cancel" if review is None else restart_reason
                 if not live.signal.is_set:
                     live.signal.cancel(claim.cancel_reason, claim.cancelled_by)
-            elif claim.action is not None and claim.action.kind == "review":
-                review, restart_reason = _recorded_review(claim.action), "review"
-            else:
-                log.info("case %s still waits for review (attempt %d)", case_id,
+            elif review is None and given is None:
+                log.info("case %s still waits for a person (attempt %d)", case_id,
                          parked.attempt)
                 await self._note(lambda: self.store.mark_parked(case_id, parked.attempt))
                 return
@@ -456,7 +462,8 @@ class CaseWorker:
             context_budget=agent.context_budget_tokens, agent_version=agent.version,
             tenant_id=case.tenant_id, started_by=case.started_by,
             resumption=resumption, deadline_at=deadline_at, answering=agent.answering,
-            agent_digest=agent.digest, review=review,
+            agent_digest=agent.digest, review=review, given=given,
+            asks_people=agent.asks_people,
             review_every_case=self.reviews_every_case(case.tenant_id),
         )
         redaction = Redaction.of(values) if values else None
@@ -606,3 +613,10 @@ def _recorded_review(action: ParkedAction) -> CaseReviewedPayload:
     return CaseReviewedPayload.model_validate({
         "reviewer": action.reviewer, "verdict": action.verdict, "decision": action.decision,
         "reason": action.reason, "reviewedAt": action.acted_at})
+
+
+def _given_answer(action: ParkedAction) -> GivenAnswer:
+    """A person's answer to the model's question, as the API kept it."""
+    given = action.decision or {}
+    return GivenAnswer(str(given.get("callId")), str(given.get("answer")),
+                       dict(action.reviewer or {}), action.acted_at)

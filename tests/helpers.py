@@ -83,11 +83,13 @@ async def wait_until(check: Any, timeout: float = 15.0, interval: float = 0.05) 
         await asyncio.sleep(interval)
 
 
-async def ended(client: Any, case_id: str | Any, timeout: float = 20) -> dict[str, Any]:
-    """Poll ``GET /cases/{id}`` (an httpx client) until the case has ended; its view."""
+async def ended(client: Any, case_id: str | Any, timeout: float = 20,
+                statuses: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Poll ``GET /cases/{id}`` (an httpx client) until the case has ended or waits for a
+    person (or is past ``statuses`` too); its view."""
     async def check() -> dict[str, Any] | None:
         body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
-        return body if body["status"] not in ("queued", "running") else None
+        return body if body["status"] not in ("queued", "running", *statuses) else None
 
     result: dict[str, Any] = await wait_until(check, timeout)
     return result

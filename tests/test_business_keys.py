@@ -69,6 +69,11 @@ async def test_a_sensitive_key_is_kept_as_a_digest_found_by_value_and_erased_wit
     assert case_id in await found(client, **{"key.customerId": customer})
     admin = await key_with(pool, "admin")
     async with httpx.AsyncClient(base_url=stack.base_url, headers=admin) as operator:
+        # The screening escalates: it waits for a person; withdrawn, it ends and is erased.
+        assert (await ended(operator, case_id))["status"] == "awaiting_review"
+        assert (await operator.post(f"/cases/{case_id}/cancel")).status_code == 202
+        assert (await ended(operator, case_id, statuses=("awaiting_review",)))["status"] \
+            == "cancelled"
         assert (await operator.post(f"/cases/{case_id}/erase")).status_code == 202
     assert await pool.fetchval("SELECT count(*) FROM case_keys WHERE case_id = $1",
                                uuid.UUID(case_id)) == 0

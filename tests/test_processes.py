@@ -210,6 +210,9 @@ async def test_the_demo_runs_end_to_end(settings: Settings, database: str) -> No
                            ("Priya Nair", "decline")]:
         assert any(name in line and decision in line and "completed" in line
                    for line in out.splitlines()), (name, decision)
+    # The refer waited for a person; the demo's reviewer confirmed it, on the record.
+    assert "CASE_AWAITING_REVIEW" in out and "CASE_REVIEWED  confirm by demo-reviewer" in out
+    assert "answer (decided by the reviewer)" in out
     # Each case's viewer page: one link per case started.
     started = re.findall(r"-> 202 caseId=([0-9a-f-]{36})", out)
     linked = re.findall(r"http://127\.0\.0\.1:\d+/ui/cases/([0-9a-f-]{36})", out)
@@ -299,6 +302,7 @@ async def test_sigterm_lets_the_worker_finish_the_case_it_holds(
         return "taking cases" in log
 
     await wait_until(replacement_ready, timeout=30)
-    # The case ended inside the shutdown grace period: one attempt, completed.
-    assert case["status"] == "completed" and case["attempts"] == 1
+    # The case's attempt ended inside the shutdown grace period: one attempt, its refer
+    # waiting for a person (no worker holds it).
+    assert case["status"] == "awaiting_review" and case["attempts"] == 1
     assert case["answer"]["decision"] == "refer"

@@ -7,22 +7,38 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aio_pika
 import asyncpg
 import httpx
 import orjson
 import pytest
+from playwright.async_api import Browser, expect
+from pydantic import BaseModel, ConfigDict
 
+from casetrail import (
+    FINAL_ANSWER,
+    Agent,
+    AssistantTurn,
+    ChatMessage,
+    Limits,
+    LocalTool,
+    call,
+    case_input,
+    observed,
+)
+from service.agents import registry
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.auth import AuthError, check_key_scopes
 from service.config import Settings, TenantQuota
+from service.engine.answers import ASK_A_PERSON
 from service.integrity import public_key_text
 from service.keyfile import worker_signer
 from service.store import ApiKeyStore
+from tests.browser import DOCS, never_in_a_url, signed_in
 from tests.helpers import ended, wait_until
 from tests.stack import InProcessStack, in_process_stack
 from tests.test_integrity import check_bundle, run_cli
@@ -330,3 +346,155 @@ async def test_reviews_from_the_terminal_as_a_person_never_as_the_operator(
     assert decided.returncode == 0, decided.stderr
     assert "confirm by ravi" in decided.stdout
     await settled(people, case_id, "completed")
+
+
+async def test_a_reviewer_decides_in_the_viewer_and_the_page_shows_who(
+    browser: Browser, people: People, stack: InProcessStack,
+) -> None:
+    """Rita finds the refer in the review queue, reads the agent's answer and checks,
+    returns nothing but a confirm with her reason; the page follows the case to its end
+    and names her as the one who decided."""
+    case_id = await parked(people, REFERRED)
+    page = await signed_in(browser, stack, people.keys["rita"], "/ui/reviews")
+    row = page.locator(f"tr[data-case-id='{case_id}']")
+    await expect(row).to_contain_text("refer")
+    await expect(row).to_contain_text("the agent sends this decision to a person")
+    await row.get_by_role("link").click()
+    waiting = page.locator("#waiting")
+    await expect(waiting).to_contain_text("Awaiting review", timeout=10_000)
+    await expect(page.locator("#f-status")).to_have_text("awaiting review")
+    await expect(waiting.locator("table.checks tr")).to_have_count(4)  # head + 3 checks
+    await page.get_by_label("Override it").check()
+    await expect(page.get_by_label("Your decision (JSON", exact=False)).to_be_visible()
+    await page.get_by_label("Confirm the agent's decision").check()
+    await expect(page.get_by_label("Your decision (JSON", exact=False)).to_be_hidden()
+    await page.get_by_label("Reason", exact=False).fill("Thin credit file: the referral stands.")
+    await page.screenshot(path=str(DOCS / "viewer-review.png"), full_page=True)
+    await page.get_by_role("button", name="Record my review").click()
+    outcome = page.locator("#outcome")
+    await expect(outcome).to_contain_text("Completed", timeout=20_000)
+    await expect(outcome).to_contain_text("decided by the reviewer")
+    await expect(page.locator("article.reviewed")).to_contain_text("rita")
+    await expect(page.locator("#f-decided")).to_contain_text("rita")
+    never_in_a_url(page, people.keys["rita"])
+    await page.close()
+
+
+# -- a question to a person, mid-case -------------------------------------------------
+
+class IncomeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    applicantId: str
+    statedIncome: int
+
+
+class IncomeArgs(BaseModel):
+    statedIncome: int
+
+
+class IncomeDecision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    decision: Literal["accept", "decline"]
+    verifiedBy: str
+
+
+def income_band(args: IncomeArgs) -> dict[str, Any]:
+    """The income band of a stated income."""
+    return {"band": "high" if args.statedIncome > 100_000 else "ordinary"}
+
+
+def verify_income(messages: Sequence[ChatMessage]) -> AssistantTurn:
+    """Asks a person whether the income was verified (beside a tool call of the same
+    turn), then decides on the answer."""
+    request, seen = case_input(messages), observed(messages)
+    if ASK_A_PERSON not in seen:
+        return AssistantTurn(text="I cannot verify a stated income myself.", tool_calls=(
+            call("income-band", "band-1", statedIncome=request["statedIncome"]),
+            call(ASK_A_PERSON, "ask-1", question=f"Has {request['applicantId']}'s stated "
+                 f"income of {request['statedIncome']} been verified?")))
+    answered = seen[ASK_A_PERSON]
+    verdict = "accept" if answered["answer"].lower().startswith("yes") else "decline"
+    return AssistantTurn(text=f"The person says: {answered['answer']}", tool_calls=(
+        call(FINAL_ANSWER, "final", decision=verdict,
+             verifiedBy=answered["answeredBy"]["subject"]),))
+
+
+INCOME_CHECK = Agent(
+    name="income-check", version="1.0.0", description="Accepts a stated income once a "
+    "person has confirmed it was verified.", instructions="Ask a person; then decide.",
+    input=IncomeRequest, answer=IncomeDecision, tools=[LocalTool(income_band)],
+    script=verify_income, asks_people=True,
+    limits=Limits(max_cycles=4, deadline_seconds=30))
+
+
+@pytest.fixture
+def income_check() -> Iterator[str]:
+    found = registry()
+    found.add(INCOME_CHECK, "tests")
+    yield INCOME_CHECK.name
+    found.agents.pop(INCOME_CHECK.name)
+    found.origins.pop(f"agent:{INCOME_CHECK.name}")
+
+
+async def test_the_model_asks_a_person_and_the_answer_is_on_the_record(
+    people: People, income_check: str, settings: Settings, tmp_path: Path,
+) -> None:
+    """The model asks a person mid-turn: the case waits with the turn (its other call
+    already run) in CASE_AWAITING_REVIEW; Rita answers; the next attempt records that
+    turn's REACT_CYCLE in full, her answer as the question's result, and the model goes
+    on to its decision. No model turn is asked twice."""
+    async with people.as_("sam") as sam:
+        reply = await sam.post("/cases", json={"agent": income_check, "input": {
+            "applicantId": "A-7", "statedIncome": 120_000}})
+        assert reply.status_code == 202, reply.text
+        case_id = reply.json()["caseId"]
+        assert (await ended(sam, case_id, timeout=30))["status"] == "awaiting_review"
+    trail = await trail_of(people, case_id)
+    assert [e["eventType"] for e in trail] == ["CASE_STARTED", "CASE_AWAITING_REVIEW"]
+    assert "ask_a_person" in {t["name"] for t in trail[0]["payload"]["toolsOffered"]}
+    waiting = trail[-1]["payload"]
+    assert waiting["reviewReasons"] == ["question"] and "answer" not in waiting
+    asked = waiting["question"]
+    assert asked["callId"] == "ask-1" and asked["question"].startswith("Has A-7")
+    assert [c["toolName"] for c in asked["toolCalls"]] == ["income-band"]  # already run
+    assert asked["toolCalls"][0]["toolResult"] == {"band": "high"}
+    async with people.as_("rita") as rita:
+        queue = (await rita.get("/reviews")).json()["reviews"]
+        assert next(r for r in queue if r["caseId"] == case_id)["question"]["callId"] == "ask-1"
+        review = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "nothing to confirm yet"})
+        assert review.status_code == 409, review.text
+        wrong = await rita.post(f"/cases/{case_id}/answer", json={
+            "callId": "ask-2", "answer": "Yes"})
+        assert wrong.status_code == 422, wrong.text
+    async with people.as_("sam-reviewing") as sam:  # the starter answers nothing either
+        own = await sam.post(f"/cases/{case_id}/answer", json={"callId": "ask-1",
+                                                               "answer": "Yes"})
+        assert own.status_code == 403, own.text
+    async with people.as_("rita") as rita:
+        reply = await rita.post(f"/cases/{case_id}/answer", json={
+            "callId": "ask-1", "answer": "Yes, payslips checked on 2 December."})
+        assert reply.status_code == 202, reply.text
+        again = await rita.post(f"/cases/{case_id}/answer", json={
+            "callId": "ask-1", "answer": "Yes"})
+        assert again.status_code == 409, again.text
+    case = await settled(people, case_id, "completed")
+    assert case["answer"] == {"decision": "accept", "verifiedBy": "rita"}
+    trail = await trail_of(people, case_id)
+    assert [(e["attempt"], e["eventType"]) for e in trail] == [
+        (1, "CASE_STARTED"), (1, "CASE_AWAITING_REVIEW"), (2, "CASE_STARTED"),
+        (2, "REACT_CYCLE"), (2, "REACT_CYCLE"), (2, "CASE_COMPLETED")]
+    assert trail[2]["payload"]["restartReason"] == "answer"
+    first = trail[3]["payload"]
+    assert first["cycleIndex"] == 0
+    assert first["reasoningText"] == "I cannot verify a stated income myself."
+    assert [c["toolName"] for c in first["toolCalls"]] == ["income-band", "ask_a_person"]
+    question = first["toolCalls"][1]
+    assert question["toolResult"]["answer"].startswith("Yes, payslips")
+    assert question["toolResult"]["answeredBy"]["subject"] == "rita"
+    assert question["toolSource"] == "local" and question["toolCallId"] == "ask-1"
+    assert trail[4]["payload"]["cycleIndex"] == 1
+    assert trail[-1]["payload"]["decidedBy"] == "agent"
+    async with people.as_("sam") as sam:
+        verdict = (await sam.get(f"/cases/{case_id}/verify")).json()
+    assert verdict["verified"] and verdict["complete"], verdict

@@ -36,7 +36,18 @@ async def tenant_client(stack: InProcessStack, pool: asyncpg.Pool
 
 
 @pytest.fixture(scope="module")
-async def cases(tenant_client: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
+async def reviewer(stack: InProcessStack, pool: asyncpg.Pool) -> Any:
+    """A person of the same tenant who reviews what waits for one."""
+    _, key = await ApiKeyStore(pool).create("searcher", ("cases:review", "cases:read"),
+                                            "search reviewer", None, "search-reviewer")
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=10,
+                                 headers={"Authorization": f"Bearer {key}"}) as http:
+        yield http
+
+
+@pytest.fixture(scope="module")
+async def cases(tenant_client: httpx.AsyncClient, reviewer: httpx.AsyncClient
+                ) -> dict[str, dict[str, Any]]:
     """Three loans (approve, refer or decline) and one AML case, all ended, one after the
     other so their creation order is known; caseId -> its view."""
     made: dict[str, dict[str, Any]] = {}
@@ -45,6 +56,11 @@ async def cases(tenant_client: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
     for body in bodies:
         case_id = (await tenant_client.post("/cases", json=body)).json()["caseId"]
         made[case_id] = await ended(tenant_client, case_id)
+        if made[case_id]["status"] == "awaiting_review":  # a refer, an escalation
+            reply = await reviewer.post(f"/cases/{case_id}/review", json={
+                "verdict": "confirm", "reason": "As the agent reasoned."})
+            assert reply.status_code == 202, reply.text
+            made[case_id] = await ended(tenant_client, case_id, statuses=("awaiting_review",))
     return made
 
 

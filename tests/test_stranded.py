@@ -35,7 +35,7 @@ from tests.stack import (
 )
 from tests.test_telemetry import scrape, total
 
-APPLICATION = {"applicantId": "A-3207", "applicantName": "Ines Varga", "loanAmount": 15000,
+APPLICATION = {"applicantId": "A-3208", "applicantName": "Ines Varga", "loanAmount": 15000,
                "termMonths": 36, "monthlyIncome": 7000, "monthlyDebt": 1400,
                "purpose": "car"}
 

@@ -233,7 +233,8 @@ async def test_a_phone_width_page_has_no_horizontal_scroll_and_a_bad_key_is_refu
     await ended(lender, case_id["caseId"])
     page = await signed_in(browser, stack, viewer_key, f"/ui/cases/{case_id['caseId']}",
                            width=390)
-    await expect(page.locator("#outcome")).to_be_visible(timeout=10_000)
+    # A-1002 is referred: the page ends on the answer waiting for a person.
+    await expect(page.locator("#waiting")).to_be_visible(timeout=10_000)
     overflow = await page.evaluate(
         "document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 0

@@ -61,6 +61,8 @@ class AgentProfile:
     review: Review | None = None
     """Which answers a person decides before the case ends (none: the agent's answer
     stands, unless the tenant reviews every case)."""
+    asks_people: bool = False
+    """The model is offered ``ask_a_person``: the case waits for a person's answer."""
 
     @functools.cached_property
     def digest(self) -> str:
@@ -74,7 +76,8 @@ class AgentProfile:
             else self.answer_model.model_json_schema(by_alias=True),
             "checks": [{"name": c.name, "version": c.version, "blocking": c.blocking}
                        for c in self.checks],
-            **({} if self.review is None else {"review": self._review_json()})})).hexdigest()
+            **({} if self.review is None else {"review": self._review_json()}),
+            **({"asksPeople": True} if self.asks_people else {})})).hexdigest()
 
     def _review_json(self) -> dict[str, Any]:
         assert self.review is not None
@@ -106,6 +109,7 @@ class AgentProfile:
                        for c in self.checks],
             "keys": list(self.keys),
             **({} if self.review is None else {"review": self._review_json()}),
+            **({"asksPeople": True} if self.asks_people else {}),
             "defaultModel": self.default_model.model_dump(by_alias=True, exclude_none=True),
             "defaultLimits": self.default_limits.model_dump(by_alias=True),
         }

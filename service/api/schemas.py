@@ -6,10 +6,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.cases.requests import CancelRequest, CaseRequest, LimitsRequest, ReviewRequest
+from service.cases.requests import (
+    AnswerRequest,
+    CancelRequest,
+    CaseRequest,
+    LimitsRequest,
+    ReviewRequest,
+)
 
 # the bodies, described here too
-__all__ = ["CancelRequest", "CaseRequest", "LimitsRequest", "ReviewRequest"]
+__all__ = ["AnswerRequest", "CancelRequest", "CaseRequest", "LimitsRequest", "ReviewRequest"]
 
 
 # Responses: the routes write their JSON directly (orjson); these models only
@@ -152,11 +158,12 @@ class CancelAccepted(BaseModel):
 
 class ReviewAccepted(BaseModel):
     caseId: str
-    verdict: str
+    verdict: str = Field(description="confirm, override, return; or answer.")
     reviewer: dict[str, str] = Field(description="You, as the trail records you: subject (the "
                                      "person), via (oidc or key), keyId, name.")
-    status: str = Field(description="`reviewed`: the case goes on from your review (its "
-                        "trail records CASE_REVIEWED, then its end, or more cycles).")
+    status: str = Field(description="`reviewed` (the trail records CASE_REVIEWED, then the "
+                        "case's end or more cycles) or `answered` (the trail records the "
+                        "waiting turn with your answer): the case goes on from it.")
 
 
 class ReviewItem(BaseModel):
@@ -169,6 +176,9 @@ class ReviewItem(BaseModel):
     checks: list[dict[str, Any]]
     reviewReasons: list[str] = Field(description="decision, failed_check, tenant_policy, "
                                      "question.")
+    question: dict[str, str] | None = Field(
+        default=None, description="The model's question (callId, question), when it waits "
+        "for an answer (POST /cases/{id}/answer).")
     waitingSince: str | None
     startedBy: str | None
     createdAt: str | None
@@ -205,6 +215,9 @@ class Identity(BaseModel):
     subject: str = Field(description="`key:<keyId>` for an API key, `oidc:<sub>` for a "
                                      "token; recorded as who started or cancelled a case.")
     scopes: list[str] = Field(description="The scopes granted, sorted.")
+    person: str | None = Field(default=None, description="The person behind the "
+                               "credentials (an OIDC subject, or a key made `--person`); "
+                               "absent for a service's key.")
 
 
 class Health(BaseModel):

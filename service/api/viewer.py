@@ -40,7 +40,7 @@ def _read(name: str) -> bytes:
 
 
 def viewer_routes(app: FastAPI, public: Any) -> None:
-    """Add ``/ui/``, ``/ui/cases/{case_id}`` and the shell's assets to ``app``
+    """Add ``/ui/``, ``/ui/reviews``, ``/ui/cases/{case_id}`` and the shell's assets to ``app``
     (``public``: the dependency that marks a route open to anyone)."""
     shell = _read("index.html")
     assets = {name: _read(name) for name in _ASSETS if name != "vocabulary.json"}
@@ -53,6 +53,10 @@ def viewer_routes(app: FastAPI, public: Any) -> None:
 
     @app.get("/ui/", include_in_schema=False)
     async def viewer_list(_: Principal = public) -> Response:
+        return page()
+
+    @app.get("/ui/reviews", include_in_schema=False)
+    async def viewer_reviews(_: Principal = public) -> Response:
         return page()
 
     @app.get("/ui/cases/{case_id}", include_in_schema=False)

@@ -68,3 +68,15 @@ class ReviewRequest(CamelModel):
     decision: dict[str, Any] | None = Field(
         default=None, description="For override only: the decision, valid for the agent's "
         "answer schema (GET /agents).")
+
+
+class AnswerRequest(CamelModel):
+    """A person's answer to the question the model asked (``ask_a_person``)."""
+
+    model_config = {"json_schema_extra": {"examples": [
+        {"callId": "call_7", "answer": "Yes: the employer confirmed by phone on 2 Dec."}]}}
+
+    call_id: str = Field(min_length=1, max_length=200, description="The question's tool call "
+                         "id (GET /reviews shows it).")
+    answer: str = Field(min_length=1, max_length=4000, description="Your answer; the model "
+                        "reads it as the question's result, and the trail records who gave it.")

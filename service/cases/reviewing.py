@@ -35,10 +35,10 @@ MAX_REASON = 4000
 
 @dataclass(frozen=True)
 class Reviewed:
-    """A review kept: the workers take the case up from here."""
+    """A review (or an answer) kept: the workers take the case up from here."""
 
     case_id: uuid.UUID
-    verdict: Verdict
+    verdict: Verdict | Literal["answer"]
     reviewer: dict[str, str]
 
 
@@ -57,19 +57,14 @@ async def review(services: CaseServices, principal: Principal, case_id: uuid.UUI
     ``Forbidden`` for whoever started the case; ``Conflict`` when it is not waiting for
     review or somebody already reviewed this wait."""
     reviewer = _reviewer_of(principal)
-    if not reason.strip():
-        raise Invalid(Issue(("body", "reason"), "a review gives its reason"))
-    if len(reason) > MAX_REASON:
-        raise Invalid(Issue(("body", "reason"), f"at most {MAX_REASON} characters"))
-    refuse_unstorable(reason, "body", "reason")
-    row = await owned(services, principal, case_id)
-    starter = await services.store.person_of(row["started_by"])
-    if starter is not None and starter == principal.person:
-        raise Forbidden(f"{principal.person} started case {case_id}: another person reviews "
-                        "it (four eyes)")
+    _text(reason, "reason")
+    row = await _four_eyes(services, principal, case_id)
     decided = _decision(row, verdict, decision)
-    if row["status"] in ENDED_STATUSES or row["parked_attempt"] is None:
-        raise Conflict(f"case {case_id} is {row['status']}, not awaiting review")
+    wait = await services.store.latest_wait(case_id)
+    if wait is not None and wait[1].get("question") is not None:
+        raise Conflict(f"case {case_id} waits for an answer to the model's question "
+                       f"{wait[1]['question']['callId']} (POST /cases/{case_id}/answer), not "
+                       "for a review")
     kept = await services.store.record_action(case_id, "review", verdict=verdict,
                                               reason=reason, decision=decided,
                                               reviewer=reviewer)
@@ -80,6 +75,53 @@ async def review(services: CaseServices, principal: Principal, case_id: uuid.UUI
         raise Conflict(f"case {case_id} is not awaiting review")
     await _go_on(services, row)
     return Reviewed(case_id, verdict, reviewer)
+
+
+def _text(value: str, field: str) -> None:
+    if not value.strip():
+        raise Invalid(Issue(("body", field), "must not be blank"))
+    if len(value) > MAX_REASON:
+        raise Invalid(Issue(("body", field), f"at most {MAX_REASON} characters"))
+    refuse_unstorable(value, "body", field)
+
+
+async def _four_eyes(services: CaseServices, principal: Principal, case_id: uuid.UUID
+                     ) -> dict[str, Any]:
+    """The case, when the caller may act on it as a person: not the one who started it
+    (whichever credential either used), and it has not ended."""
+    row = await owned(services, principal, case_id)
+    starter = await services.store.person_of(row["started_by"])
+    if starter is not None and starter == principal.person:
+        raise Forbidden(f"{principal.person} started case {case_id}: another person reviews "
+                        "it (four eyes)")
+    if row["status"] in ENDED_STATUSES:
+        raise Conflict(f"case {case_id} is {row['status']}, not awaiting review")
+    return row
+
+
+async def answer(services: CaseServices, principal: Principal, case_id: uuid.UUID,
+                 call_id: str, text: str) -> Reviewed:
+    """Answer the question the model asked a person (its call ``call_id``): kept once
+    per wait, then the next attempt records the waiting turn with this answer as the
+    question's result (``answeredBy``: the caller) and goes on."""
+    reviewer = _reviewer_of(principal)
+    _text(text, "answer")
+    row = await _four_eyes(services, principal, case_id)
+    wait = await services.store.latest_wait(case_id)
+    asked = None if wait is None else wait[1].get("question")
+    if asked is None:
+        raise Conflict(f"case {case_id} waits for no answer to a question")
+    if asked["callId"] != call_id:
+        raise Invalid(Issue(("body", "callId"), f"the case waits on question "
+                                                f"{asked['callId']!r}, not {call_id!r}"))
+    kept = await services.store.record_action(case_id, "answer", reviewer=reviewer,
+                                              decision={"callId": call_id, "answer": text})
+    if kept == "taken":
+        raise Conflict(f"the question {call_id} of case {case_id} has already been answered")
+    if kept == "not_parked":
+        raise Conflict(f"case {case_id} is not waiting for a person")
+    await _go_on(services, row)
+    return Reviewed(case_id, "answer", reviewer)
 
 
 def _decision(row: dict[str, Any], verdict: Verdict, decision: dict[str, Any] | None
@@ -118,12 +160,11 @@ async def _go_on(services: CaseServices, row: dict[str, Any]) -> None:
 
 async def cancel_parked(services: CaseServices, row: dict[str, Any]) -> bool:
     """Keep a cancel of a case waiting for a person as what was done about its wait
-    (the next attempt records ``CASE_CANCELLED``); ``False`` when it is not waiting."""
-    kept = await services.store.record_action(row["case_id"], "cancel")
-    if kept == "taken":
-        raise Conflict(f"case {row['case_id']} has already been reviewed; it goes on from "
-                       "that review")
-    return kept == "recorded"
+    (the next attempt records ``CASE_CANCELLED``); ``False`` when it is not waiting (it
+    runs, or goes on from a review: then it is cancelled as a running case is)."""
+    if row["status"] != CaseStatus.AWAITING_REVIEW and row["parked_attempt"] is None:
+        return False
+    return await services.store.record_action(row["case_id"], "cancel") == "recorded"
 
 
 async def after_cancel(services: CaseServices, row: dict[str, Any]) -> None:
@@ -145,7 +186,10 @@ async def open_reviews(services: CaseServices, principal: Principal, *,
 def review_item(row: dict[str, Any]) -> dict[str, Any]:
     """One case of the review queue, as the API shows it."""
     waiting = row.get("waiting") or {}
+    asked = waiting.get("question")
     return {
+        **({} if asked is None else {"question": {"callId": asked["callId"],
+                                                  "question": asked["question"]}}),
         "caseId": str(row["case_id"]),
         "tenantId": row["tenant_id"],
         "agent": row["agent"],

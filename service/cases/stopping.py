@@ -21,12 +21,12 @@ async def cancel(services: CaseServices, principal: Principal, case_id: uuid.UUI
     """Ask the case to stop: a queued case gets its ``CASE_CANCELLED`` from the worker
     that receives its start command, at once and without running it; a running one
     stops at its next step; one waiting for a person ends by its next attempt.
-    ``Conflict`` when it has already ended, or was reviewed while it waited."""
+    ``Conflict`` when it has already ended."""
     refuse_unstorable(reason, "body", "reason")
     row = await owned(services, principal, case_id)
     # A case waiting for a person runs on no worker: the cancel is kept as what was
     # done about its wait, and its next attempt records CASE_CANCELLED.
-    parked = row["parked_attempt"] is not None and await cancel_parked(services, row)
+    parked = await cancel_parked(services, row)
     outcome = await services.store.request_cancel(case_id, reason, principal.subject)
     if outcome == "unknown":
         raise NotFound(f"no case {case_id}")

@@ -35,6 +35,16 @@ from service.integrity import canonical
 FINAL_ANSWER = "final_answer"
 """The tool the model calls to give its answer."""
 DEFAULT_ANSWER_RETRIES = 2
+ASK_A_PERSON = "ask_a_person"
+"""The tool an agent that asks people questions offers the model: the case waits for a
+person's answer, which is the call's result."""
+ASK_A_PERSON_SPEC = ToolSpec(
+    ASK_A_PERSON, "Ask a person (a reviewer) one question you cannot answer with your "
+    "tools; the case waits until they answer, and their answer is this call's result.",
+    {"type": "object", "properties": {"question": {
+        "type": "string", "minLength": 1, "maxLength": 2000,
+        "description": "The question, complete enough to answer without the case at hand."}},
+     "required": ["question"], "additionalProperties": False})
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ from tenacity import wait_exponential_jitter
 from service import CASETRAIL_VERSION
 from service.backoff import backoff_delay
 from service.engine.answers import (
+    ASK_A_PERSON,
+    ASK_A_PERSON_SPEC,
     DEFAULT_ANSWER_RETRIES,
     FINAL_ANSWER,
     Answering,
@@ -60,7 +62,8 @@ from service.engine.chat import (
     count_tokens,
     message_text,
 )
-from service.engine.tools import ToolBox, ToolOutcome
+from service.engine.recorded import cycle_messages
+from service.engine.tools import ToolBox, ToolOutcome, schema_digest
 from service.errors import ModelRejected, ModelUnavailable
 from service.events import (
     DEFAULT_TENANT,
@@ -81,11 +84,13 @@ from service.events import (
     ModelRef,
     ModelRetry,
     Payload,
+    PendingQuestion,
     ReactCyclePayload,
     ResumedFrom,
     ReviewReason,
     TerminalEvent,
     TokenUsage,
+    ToolCallRecord,
     ToolOffer,
     TraceRef,
     make_event,
@@ -159,12 +164,25 @@ AttemptEnd = TerminalEvent | CaseAwaitingReview
 @dataclass(frozen=True)
 class Parked:
     """The case's last wait for a person, as recorded: the answer and checks it waited
-    with, and the review recorded since (``None``: nobody has acted on it yet)."""
+    with (or the model's question and its turn), and the review recorded since
+    (``None``: nobody has acted on it yet)."""
 
     attempt: int
-    answer: JsonObject
+    answer: JsonObject | None
     checks: tuple[CheckResult, ...]
     review: CaseReviewedPayload | None = None
+    question: PendingQuestion | None = None
+    asked_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class GivenAnswer:
+    """A person's answer to the model's question, as the API kept it."""
+
+    call_id: str
+    answer: str
+    answered_by: JsonObject
+    answered_at: datetime
 
 
 @dataclass(frozen=True)
@@ -219,6 +237,10 @@ class CaseSpec:
     """The tenant has a person decide every case."""
     review: CaseReviewedPayload | None = None
     """A person's review of the parked case this attempt takes up, to record first."""
+    asks_people: bool = False
+    """The model is offered ``ask_a_person``: a question parks the case until answered."""
+    given: GivenAnswer | None = None
+    """A person's answer to the question the parked case waits on."""
 
 
 KEEP_OF_TRIMMED_OBSERVATION = 200
@@ -370,6 +392,8 @@ class ReactEngine:
         state.add(SystemMessage(spec.system_prompt), UserMessage(first_user_message(spec.input)))
         state.specs = tools.specs if spec.answering is None else \
             [*tools.specs, spec.answering.spec]
+        if spec.asks_people:
+            state.specs = [*state.specs, ASK_A_PERSON_SPEC]
         if spec.resumption is not None:  # the recorded cycles are not asked again
             state.add(*spec.resumption.messages)
             state.cycles, state.usage = spec.resumption.cycles, spec.resumption.usage
@@ -399,7 +423,13 @@ class ReactEngine:
         await self._send(state, self._started_payload(spec, tools))
         (state.metrics.started_first if spec.attempt == 1 else state.metrics.started_retry).inc()
         resumed = spec.resumption
-        if resumed is not None and resumed.parked is not None and not cancel.is_set:
+        if resumed is not None and resumed.parked is not None and cancel.is_set:
+            if resumed.parked.review is None and spec.review is not None:
+                await self._emit(state, spec.review)  # done before the cancel: on record
+        elif resumed is not None and resumed.parked is not None \
+                and resumed.parked.question is not None:
+            await self._answered(state, resumed.parked.question, resumed.parked)
+        elif resumed is not None and resumed.parked is not None:
             ended = await self._reviewed(state, resumed.parked)
             if ended is not None:
                 return ended
@@ -449,6 +479,60 @@ class ReactEngine:
             cycles_completed=state.cycles, token_totals=state.usage, answer=answer,
             checks=parked.checks, decided_by="reviewer"))
 
+    async def _answered(self, state: RunState, question: PendingQuestion, parked: Parked
+                        ) -> None:
+        """Record the turn that waited for a person's answer, in full (the question's
+        result saying who answered), and go on with the answer in the conversation."""
+        given = state.spec.given
+        if given is None or given.call_id != question.call_id:
+            raise ValueError(f"case {state.spec.case_id} waits on question "
+                             f"{question.call_id} and has no answer to it")
+        asked = parked.asked_at or given.answered_at
+        record = ToolCallRecord(
+            tool_name=ASK_A_PERSON, tool_args={"question": question.question},
+            tool_result={"answer": given.answer, "answeredBy": given.answered_by},
+            tool_source="local", duration=max(given.answered_at - asked, timedelta(0)),
+            tool_call_id=question.call_id)
+        calls = list(question.tool_calls)
+        calls.insert(min(question.question_index, len(calls)), record)
+        payload = ReactCyclePayload(
+            cycle_index=state.cycles, reasoning_text=question.reasoning_text,
+            tool_calls=tuple(calls), token_usage=question.token_usage, model=question.model,
+            finish_reason=question.finish_reason, model_retries=question.model_retries)
+        await self._emit(state, payload)
+        state.add(*cycle_messages(payload.model_dump(mode="json", by_alias=True)))
+        state.usage = state.usage + question.token_usage
+        state.cycles += 1
+        state.metrics.cycles.inc()
+        if state.spec.answering is not None and state.spec.answering.checks:
+            state.tool_calls.extend(c.model_dump(mode="json", by_alias=True) for c in calls)
+
+    async def _ask(self, state: RunState, turn: AssistantTurn, model: ChatModel,
+                   questions: Sequence[ToolCallRequest], outcomes: Sequence[ToolOutcome],
+                   asked_in: Sequence[ToolCallRequest]) -> CaseAwaitingReview:
+        """Park the case on the model's question: the rest of the turn (its other calls
+        run) waits with it; its REACT_CYCLE is recorded once a person has answered."""
+        first = questions[0]
+        records = [o.record for o in outcomes]
+        text = (first.arguments or {}).get("question")
+        reasoning = turn.text if not turn.thinking else f"{turn.thinking}\n\n{turn.text}".strip()
+        pending = PendingQuestion(
+            call_id=first.id, question=str(text), question_index=list(asked_in).index(first),
+            reasoning_text=reasoning, tool_calls=tuple(records), token_usage=turn.usage,
+            model=turn.model or model.name, finish_reason=turn.finish_reason,
+            model_retries=tuple(state.retries))
+        if state.decided is not None:
+            state.decided()
+        event = await self._emit(state, CaseAwaitingReviewPayload(
+            cycles_completed=state.cycles, token_totals=state.usage, question=pending,
+            review_reasons=("question",)))
+        state.metrics.ended("awaiting_review")
+        if state.trace is not None:
+            state.trace.end("awaiting_review", None, state.usage.input_tokens,
+                            state.usage.output_tokens)
+        assert isinstance(event, CaseAwaitingReview)
+        return event
+
     async def _cycle(
         self, state: RunState, model: ChatModel, tools: ToolBox, cancel: CancelSignal
     ) -> AttemptEnd | None:
@@ -465,6 +549,13 @@ class ReactEngine:
         if answering is not None and turn.tool_calls:
             finals = tuple(c for c in turn.tool_calls if c.name == FINAL_ANSWER)
             calls = tuple(c for c in turn.tool_calls if c.name != FINAL_ANSWER)
+        asked_in = calls
+        questions: tuple[ToolCallRequest, ...] = ()
+        if state.spec.asks_people and not finals:
+            questions = tuple(c for c in calls if c.name == ASK_A_PERSON
+                              and isinstance((c.arguments or {}).get("question"), str)
+                              and (c.arguments or {})["question"].strip())
+            calls = tuple(c for c in calls if c not in questions[:1])
         outcomes: list[ToolOutcome] = []
         if calls:
             await self._settle(state)  # the trail so far is durable before anything acts
@@ -476,6 +567,8 @@ class ReactEngine:
             if answering is not None and answering.checks:
                 state.tool_calls.extend(o.record.model_dump(mode="json", by_alias=True)
                                         for o in outcomes)
+        if questions:  # a person answers first; the turn is recorded with the answer
+            return await self._ask(state, turn, model, questions, outcomes, asked_in)
         answer, rejected = None, None
         if answering is not None:
             answer, rejected = self._answer_of(state, answering, turn, calls, finals)
@@ -613,7 +706,10 @@ class ReactEngine:
                 ToolOffer(name=name, source=source, description=description,
                           input_schema_digest=digest)
                 for name, source, description, digest in tools.offers
-            ),
+            ) + ((ToolOffer(name=ASK_A_PERSON, source="local",
+                            description=ASK_A_PERSON_SPEC.description,
+                            input_schema_digest=schema_digest(ASK_A_PERSON_SPEC.parameters)),)
+                 if spec.asks_people else ()),
             limits=spec.limits,
             input=spec.input,
             restart_reason=spec.restart_reason,

@@ -40,7 +40,12 @@ def _schema(args_model: type[BaseModel]) -> dict[str, Any]:
 
 @functools.cache
 def _schema_digest(args_model: type[BaseModel]) -> str:
-    return hashlib.sha256(canonical(_schema(args_model))).hexdigest()
+    return schema_digest(_schema(args_model))
+
+
+def schema_digest(schema: dict[str, Any]) -> str:
+    """SHA-256 (hex) of a tool's argument schema as RFC 8785 canonical JSON."""
+    return hashlib.sha256(canonical(schema)).hexdigest()
 
 
 @dataclass(frozen=True)

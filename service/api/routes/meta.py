@@ -35,7 +35,8 @@ async def agents(request: Request, _: AnyKey) -> dict[str, Any]:
             responses=responses(200, Identity, "The tenant, subject and scopes", 401, 503))
 async def me(principal: AnyKey) -> dict[str, Any]:
     return {"tenant": principal.tenant, "subject": principal.subject,
-            "scopes": sorted(principal.scopes)}
+            "scopes": sorted(principal.scopes),
+            **({} if principal.person is None else {"person": principal.person})}
 
 
 @router.get("/signing-keys", summary="The public keys events are signed with",

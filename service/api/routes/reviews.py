@@ -12,7 +12,13 @@ from fastapi import APIRouter, Depends, Query, Response
 from service.api.deps import AnyKey, Cases, ReviewerKey, known_query_only
 from service.api.problems import responses
 from service.api.routes.cases import OrjsonResponse
-from service.api.schemas import ReviewAccepted, ReviewItem, ReviewList, ReviewRequest
+from service.api.schemas import (
+    AnswerRequest,
+    ReviewAccepted,
+    ReviewItem,
+    ReviewList,
+    ReviewRequest,
+)
 from service.cases import reviewing
 
 router = APIRouter(dependencies=[Depends(known_query_only)])
@@ -33,6 +39,22 @@ async def review_case(case_id: uuid.UUID, request: ReviewRequest, principal: Rev
                                   request.reason, request.decision)
     return OrjsonResponse({"caseId": str(done.case_id), "verdict": done.verdict,
                            "reviewer": done.reviewer, "status": "reviewed"}, status_code=202)
+
+
+@router.post("/cases/{case_id}/answer", status_code=202,
+             summary="Answer the question the model asked a person", response_model=None,
+             responses=responses(202, ReviewAccepted, "The answer is kept; the case goes on "
+                                 "from it", 400, 401, 403, 404, 409, 413, 422, 503))
+async def answer_question(case_id: uuid.UUID, request: AnswerRequest, principal: ReviewerKey,
+                          services: Cases) -> Response:
+    """The model called ``ask_a_person``; the case waits for your answer. Needs
+    ``cases:review`` (a person, never the one who started the case); one answer per
+    question (a second is a 409). The next attempt records the waiting turn's
+    ``REACT_CYCLE`` with your answer as the question's result (``answeredBy``: you)."""
+    done = await reviewing.answer(services, principal, case_id, request.call_id,
+                                  request.answer)
+    return OrjsonResponse({"caseId": str(done.case_id), "verdict": done.verdict,
+                           "reviewer": done.reviewer, "status": "answered"}, status_code=202)
 
 
 @router.get("/reviews", summary="Cases awaiting review, oldest first", response_model=None,

@@ -12,10 +12,15 @@ const DECISION_TONE = {
   approve: "ok", clear: "ok", refer: "warn", escalate: "warn", decline: "bad", "file-sar": "bad",
 };
 const STATUS_TONE = {
-  queued: "none", running: "info", completed: "ok", failed: "bad", timed_out: "bad",
-  cancelled: "warn",
+  queued: "none", running: "info", awaiting_review: "warn", completed: "ok", failed: "bad",
+  timed_out: "bad", cancelled: "warn",
+};
+const REVIEW_REASONS = {
+  decision: "the agent sends this decision to a person", failed_check: "a blocking check failed",
+  tenant_policy: "this tenant reviews every case", question: "the model asked a person",
 };
 const main = document.getElementById("main");
+let identity = null;  // who the key acts as (GET /me): a reviewer sees the review form
 
 // Puts a page's content in place and clears the busy mark route() sets, so the old
 // content is never taken for the new.
@@ -51,7 +56,7 @@ function el(tag, props = {}, ...children) {
   return node;
 }
 const badge = (text, tone) => el("span", { class: `badge ${tone || "none"}`, text });
-const statusBadge = (status) => badge(status.replace("_", " "), STATUS_TONE[status]);
+const statusBadge = (status) => badge(status.replaceAll("_", " "), STATUS_TONE[status]);
 const decisionBadge = (decision) =>
   decision ? badge(decision, DECISION_TONE[decision] || "info") : el("span", { class: "muted", text: "—" });
 const json = (value) => JSON.stringify(value, null, 2);
@@ -63,8 +68,14 @@ function authHeaders(extra = {}) {
   return { ...extra, Authorization: `Bearer ${sessionStorage.getItem(KEY) || ""}` };
 }
 
-async function api(path) {
-  const response = await fetch(path, { headers: authHeaders({ Accept: "application/json" }) });
+async function api(path, body) {
+  const init = { headers: authHeaders({ Accept: "application/json" }) };
+  if (body !== undefined) {
+    init.method = "POST";
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
   if (response.status === 401) throw new Unauthorized();
   if (!response.ok) {
     let detail = response.statusText;
@@ -109,11 +120,13 @@ async function readStream(path, lastEventId, onEvent, signal) {
 // --- session ----------------------------------------------------------------
 // The header names the tenant and the credential the viewer reads as, so a
 // reviewer with several keys always knows whose cases these are.
-function showWho(identity) {
+function showWho(found) {
+  identity = found;
   const who = document.getElementById("who");
-  who.textContent = `${identity.tenant} · ${identity.subject}`;
-  who.title = `Scopes: ${identity.scopes.join(", ") || "none"}`;
+  who.textContent = `${found.tenant} · ${found.person ? found.person + " · " : ""}${found.subject}`;
+  who.title = `Scopes: ${found.scopes.join(", ") || "none"}`;
 }
+const reviews = () => Boolean(identity && identity.person && identity.scopes.includes("cases:review"));
 
 function signInPage(problem) {
   document.getElementById("signout").hidden = true;
@@ -229,7 +242,31 @@ async function listPage(signal) {
   };
   more.addEventListener("click", () => load().catch(fail));
   await load();
-  show(signal, el("h1", { text: "Cases" }), form, table, el("div", { class: "more" }, more));
+  show(signal, el("h1", { text: "Cases" }),
+       el("p", {}, el("a", { href: "/ui/reviews", text: "Cases awaiting review →" })),
+       form, table, el("div", { class: "more" }, more));
+}
+
+// --- the review queue ------------------------------------------------------------
+async function reviewsPage(signal) {
+  const { reviews: waiting } = await api("/reviews");
+  const body = el("tbody", {}, waiting.map((item) => el("tr", { "data-case-id": item.caseId },
+    el("td", {}, el("a", { class: "id", href: `/ui/cases/${item.caseId}`, text: item.caseId.slice(0, 8) })),
+    el("td", { text: item.agent }), el("td", {}, decisionBadge(item.decision)),
+    el("td", { text: item.reviewReasons.map((r) => REVIEW_REASONS[r] || r).join("; ") }),
+    el("td", {}, item.checks.some((c) => !c.passed) ? checksSummary(item.checks, `/ui/cases/${item.caseId}#waiting`)
+                                                    : el("span", { class: "muted", text: "all passed" })),
+    el("td", { class: "wide id", text: item.startedBy || "—" }),
+    el("td", { text: when(item.waitingSince) }))));
+  if (!waiting.length) body.append(el("tr", {}, el("td", { colspan: 7, class: "empty", text: "Nothing waits for review." })));
+  show(signal, el("p", { class: "muted" }, el("a", { href: "/ui/", text: "← All cases" })),
+       el("h1", { text: "Awaiting review" }),
+       el("p", { class: "muted", text: "Oldest first. A case waits here holding no worker until a person " +
+                                      "confirms, overrides or returns it; whoever started a case never reviews it." }),
+       el("table", { class: "cases reviews" },
+         el("thead", {}, el("tr", {}, ["Case", "Agent", "Decision", "Why a person decides", "Checks",
+                                       "Started by", "Waiting since"].map((h) => el("th", { scope: "col", text: h })))),
+         body));
 }
 
 // --- one case -------------------------------------------------------------------
@@ -313,6 +350,7 @@ function terminalCard(event) {
   const card = el("article", { class: `card terminal ${kind}`, id: "outcome", tabindex: "-1" },
     el("header", {}, el("strong", { text: title }),
       kind === "completed" && p.answer && p.answer.decision ? decisionBadge(p.answer.decision) : null,
+      p.decidedBy ? el("span", { text: `decided by the ${p.decidedBy}` }) : null,
       el("span", { text: `${p.cyclesCompleted} cycles` }),
       el("span", { text: when(event.occurredAt) })));
   if (kind === "completed") card.append(el("pre", { text: json(p.answer) }));
@@ -327,11 +365,88 @@ function terminalCard(event) {
   return card;
 }
 
-function checksSummary(checks) {
+function checksSummary(checks, href = "#outcome") {
   const failed = checks.filter((c) => !c.passed);
   const text = failed.length ? `failed: ${failed.map((c) => c.name).join(", ")}`
                              : `${checks.length} of ${checks.length} passed`;
-  return el("a", { href: "#outcome" }, badge(text, failed.length ? "bad" : "ok"));
+  return el("a", { href }, badge(text, failed.length ? "bad" : "ok"));
+}
+
+const reviewerText = (r) => `${r.subject} (${r.via === "key" ? `key ${r.keyId}${r.name ? ", " + r.name : ""}` : "OIDC"})`;
+
+// The agent's answer waiting for a person, and (for a reviewer) the form to decide it.
+function waitingCard(event, caseId) {
+  const p = event.payload;
+  const card = el("article", { class: "card waiting", id: "waiting", tabindex: "-1" },
+    el("header", {}, el("strong", { text: "Awaiting review" }),
+      p.answer && p.answer.decision ? decisionBadge(p.answer.decision) : null,
+      el("span", { text: `${p.cyclesCompleted} cycles` }), el("span", { text: when(event.occurredAt) })),
+    el("p", { text: "A person decides: " + p.reviewReasons.map((r) => REVIEW_REASONS[r] || r).join("; ") + "." }),
+    el("details", { open: true }, el("summary", { text: "The agent's answer" }), el("pre", { text: json(p.answer) })));
+  if (p.checks && p.checks.length) card.append(checksTable(p.checks));
+  if (reviews()) card.append(reviewForm(caseId, p.answer));
+  else card.append(el("p", { class: "muted", text: "Reviewing needs a person's key with cases:review." }));
+  return card;
+}
+
+function reviewForm(caseId, answer) {
+  const verdicts = [["confirm", "Confirm the agent's decision"], ["override", "Override it"],
+                    ["return", "Return it to the model with a note"]];
+  const decision = el("textarea", { id: "r-decision", name: "decision", rows: 8, spellcheck: "false",
+                                    class: "mono" });
+  decision.value = json(answer);
+  const decisionBox = el("div", { class: "decision-box", hidden: true },
+    el("label", { for: "r-decision", text: "Your decision (JSON, valid for the agent's answer schema)" }), decision);
+  const reason = el("textarea", { id: "r-reason", name: "reason", rows: 3, required: true });
+  const error = el("p", { class: "error", role: "alert", hidden: true });
+  const form = el("form", { class: "review", "aria-labelledby": "review-title" },
+    el("h3", { id: "review-title", text: "Your review" }),
+    el("fieldset", {}, el("legend", { text: "Verdict" }),
+      verdicts.map(([value, label], i) => el("label", { class: "choice" },
+        el("input", { type: "radio", name: "verdict", value, checked: i === 0, required: true }), label))),
+    decisionBox,
+    el("label", { for: "r-reason", text: "Reason (recorded in the trail, with your name)" }), reason,
+    error, el("button", { class: "primary", type: "submit", text: "Record my review" }));
+  form.addEventListener("change", () => {
+    decisionBox.hidden = new FormData(form).get("verdict") !== "override";
+  });
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const verdict = new FormData(form).get("verdict");
+    const body = { verdict, reason: reason.value.trim() };
+    error.hidden = true;
+    try {
+      if (verdict === "override") body.decision = JSON.parse(decision.value);
+    } catch (exc) {
+      error.textContent = `The decision is not JSON: ${exc.message}`;
+      error.hidden = false;
+      return;
+    }
+    const button = form.querySelector("button[type=submit]");
+    button.disabled = true;
+    try {
+      await api(`/cases/${caseId}/review`, body);
+      form.replaceChildren(el("p", { role: "status", class: "muted",
+        text: "Your review is kept; the case goes on from it (its trail records it next)." }));
+    } catch (exc) {
+      if (exc instanceof Unauthorized) { fail(exc); return; }
+      error.textContent = exc.message;
+      error.hidden = false;
+      button.disabled = false;
+    }
+  });
+  return form;
+}
+
+function reviewedCard(event) {
+  const p = event.payload;
+  const verdict = { confirm: "Confirmed", override: "Overridden", return: "Returned to the model" }[p.verdict];
+  return el("article", { class: "card reviewed", id: `e-${event.attempt}-${event.seq}` },
+    el("header", {}, el("strong", { text: verdict }), el("span", { text: `by ${reviewerText(p.reviewer)}` }),
+      el("span", { text: when(p.reviewedAt) })),
+    el("p", { class: "reasoning", text: p.reason }),
+    p.decision ? el("details", { open: true }, el("summary", { text: "The reviewer's decision" }),
+                    el("pre", { text: json(p.decision) })) : null);
 }
 
 function fact(label, id, value) {
@@ -340,6 +455,7 @@ function fact(label, id, value) {
 
 async function casePage(caseId, signal) {
   const view = await api(`/cases/${caseId}`);
+  if (!identity) showWho(await api("/me"));  // whether this key may review
   const setFact = (id, value) => document.getElementById(id).replaceChildren(value);
   const chart = el("div", { class: "chart", role: "img", "aria-label": "Tokens per cycle" });
   const live = el("p", { class: "live", role: "status" });
@@ -356,6 +472,7 @@ async function casePage(caseId, signal) {
           fact("Started by", "f-by", "—"), fact("Status", "f-status", statusBadge(view.status)),
           fact("Decision", "f-decision", decisionBadge(view.answer && view.answer.decision)),
           fact("Checks", "f-checks", el("span", { class: "muted", text: "—" })),
+          fact("Decided by", "f-decided", el("span", { class: "muted", text: "—" })),
           fact("Cycles", "f-cycles", String(view.cycles)),
           fact("Tokens in / out", "f-tokens",
                `${view.tokenUsage.inputTokens} / ${view.tokenUsage.outputTokens}`),
@@ -392,6 +509,7 @@ async function casePage(caseId, signal) {
   };
   let lastId = null;
   let ended = false;
+  const reviewers = [];
   const onEvent = ({ id, data: event }) => {
     lastId = id;
     const p = event.payload;
@@ -409,18 +527,35 @@ async function casePage(caseId, signal) {
       setFact("f-cycles", String(p.cycleIndex + 1));
       setFact("f-tokens", `${totals.input} / ${totals.output}`);
       section(event.attempt).append(cycleCard(event));
+    } else if (event.eventType === "CASE_AWAITING_REVIEW") {
+      setFact("f-status", statusBadge("awaiting_review"));
+      setFact("f-decision", decisionBadge(p.answer && p.answer.decision));
+      if (p.checks && p.checks.length) setFact("f-checks", checksSummary(p.checks, "#waiting"));
+      showLive("Waiting for a person's review (no worker holds the case meanwhile)…", false);
+      section(event.attempt).append(waitingCard(event, caseId));
+    } else if (event.eventType === "CASE_REVIEWED") {
+      reviewers.push(p.reviewer.subject);
+      setFact("f-decided", `${p.verdict} by ${reviewerText(p.reviewer)}`);
+      const form = document.querySelector("form.review");
+      if (form) form.replaceWith(el("p", { class: "muted", text: `Reviewed by ${p.reviewer.subject}.` }));
+      section(event.attempt).append(reviewedCard(event));
     } else if (TERMINAL.has(event.eventType)) {
       ended = true;
       setFact("f-status", statusBadge(event.eventType.replace("CASE_", "").toLowerCase()));
       setFact("f-decision", decisionBadge(p.answer && p.answer.decision));
       if (p.checks && p.checks.length) setFact("f-checks", checksSummary(p.checks));
+      if (p.decidedBy) {
+        setFact("f-decided", p.decidedBy === "reviewer" && reviewers.length
+          ? `reviewer: ${reviewers.join(", ")}` : p.decidedBy);
+      }
       section(event.attempt).append(terminalCard(event));
     } else if (event.eventType === "CASE_ERASED") {
       timeline.append(el("p", { class: "muted", text: `Sensitive values erased by ${p.erasedBy}` }));
     }
   };
-  const showLive = (text, pulsing) => live.replaceChildren(
-    pulsing ? el("span", { class: "dot", "aria-hidden": "true" }) : "", text);
+  function showLive(text, pulsing) {
+    live.replaceChildren(pulsing ? el("span", { class: "dot", "aria-hidden": "true" }) : "", text);
+  }
   showLive("Following the case live…", true);
   let failures = 0;
   while (!ended) {
@@ -632,7 +767,9 @@ function route() {
   const match = location.pathname.match(/^\/ui\/cases\/([0-9a-f-]{36})$/);
   const signal = leaving.signal;
   main.setAttribute("aria-busy", "true");
-  (match ? casePage(match[1], signal) : listPage(signal)).catch((exc) => signal.aborted || fail(exc));
+  const page = match ? casePage(match[1], signal)
+    : location.pathname === "/ui/reviews" ? reviewsPage(signal) : listPage(signal);
+  page.catch((exc) => signal.aborted || fail(exc));
 }
 
 document.getElementById("signout").addEventListener("click", signOut);
