@@ -154,6 +154,7 @@ def api(
 
     from service.agents import registry
     from service.api import create_app
+    from service.api.streams import STREAMS_CLOSE_SECONDS
     from service.errors import PermanentError
     from service.telemetry import metrics, tracing
 
@@ -172,6 +173,9 @@ def api(
         uvicorn.run(
             application, host=host or settings.api_host, port=port or settings.api_port,
             log_level="warning", access_log=False,
+            # Live streams (a case waiting for a person keeps its stream open) would
+            # hold a graceful stop forever: they get this long, then are closed.
+            timeout_graceful_shutdown=STREAMS_CLOSE_SECONDS,
         )
     finally:
         tracing.shutdown()

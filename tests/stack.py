@@ -25,6 +25,7 @@ from consumers.event_log import EventLogConsumer
 from consumers.writer import EventLogWriter
 from service.agents import CAPABILITIES
 from service.api import create_app
+from service.api.streams import STREAMS_CLOSE_SECONDS
 from service.bus.connection import connect
 from service.bus.publisher import Publisher
 from service.bus.rpc import BusWorkerRuntime, RetryPolicy
@@ -61,7 +62,8 @@ async def serve_api(settings: Settings) -> AsyncIterator[str]:
     """A real uvicorn serving the API on a free port; yields its base URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
+                                           log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=STREAMS_CLOSE_SECONDS))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

@@ -23,9 +23,10 @@ from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack, serve_api
 
 PUBLIC = {"/healthz", "/readyz", "/signing-keys", "/asyncapi.json", "/ui/", "/ui/cases/{case_id}",
-          "/ui/assets/{name}", "/ledger/checkpoint", "/ledger/checkpoints", "/ledger/key",
-          "/ledger/proofs/inclusion", "/ledger/proofs/consistency", "/ledger/cosignatures",
-          "/ledger/leaves/{event_hash}/proof", "/docs", "/docs/assets/{name}"}
+          "/ui/reviews", "/ui/assets/{name}", "/ledger/checkpoint", "/ledger/checkpoints",
+          "/ledger/key", "/ledger/proofs/inclusion", "/ledger/proofs/consistency",
+          "/ledger/cosignatures", "/ledger/leaves/{event_hash}/proof", "/docs",
+          "/docs/assets/{name}"}
 """The public routes (docs/design.md, "Trust"); FastAPI's own /openapi.json too."""
 LOAN = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[2]}
 

@@ -86,7 +86,7 @@ async def test_oidc_tokens_are_checked_against_the_issuers_keys(
         good = {"Authorization": f"Bearer {token(signing_key)}"}
         me = await http.get("/me", headers=good)
         assert me.json() == {"tenant": "stark", "subject": "oidc:auditor-7",
-                             "scopes": ["cases:read", "cases:start"]}
+                             "scopes": ["cases:read", "cases:start"], "person": "auditor-7"}
         started = await http.post("/cases", headers=good, json={
             "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0]})
         assert started.status_code == 202, started.text

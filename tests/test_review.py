@@ -498,3 +498,26 @@ async def test_the_model_asks_a_person_and_the_answer_is_on_the_record(
     async with people.as_("sam") as sam:
         verdict = (await sam.get(f"/cases/{case_id}/verify")).json()
     assert verdict["verified"] and verdict["complete"], verdict
+
+
+async def test_a_question_is_answered_in_the_viewer(
+    browser: Browser, people: People, stack: InProcessStack, income_check: str,
+) -> None:
+    async with people.as_("sam") as sam:
+        reply = await sam.post("/cases", json={"agent": income_check, "input": {
+            "applicantId": "A-8", "statedIncome": 40_000}})
+        case_id = reply.json()["caseId"]
+        assert (await ended(sam, case_id, timeout=30))["status"] == "awaiting_review"
+    page = await signed_in(browser, stack, people.keys["rita"], f"/ui/cases/{case_id}")
+    waiting = page.locator("#waiting")
+    await expect(waiting).to_contain_text("Has A-8's stated income of 40000 been verified?",
+                                          timeout=10_000)
+    await expect(waiting.locator(".tool[data-tool='income-band']")).to_contain_text("ordinary")
+    await page.get_by_role("textbox", name="Answer").fill("No: nothing on file.")
+    await page.get_by_role("button", name="Send my answer").click()
+    outcome = page.locator("#outcome")
+    await expect(outcome).to_contain_text("Completed", timeout=20_000)
+    await expect(outcome).to_contain_text('"decision": "decline"')
+    asked = page.locator("article.cycle .tool[data-tool='ask_a_person']")
+    await expect(asked).to_contain_text("rita")
+    await page.close()

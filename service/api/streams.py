@@ -47,6 +47,9 @@ from service.store import CaseStore
 log = logging.getLogger("casetrail.api")
 
 GAP_WAIT_SECONDS = 5.0
+STREAMS_CLOSE_SECONDS = 5
+"""How long a stopping API lets open streams run before it closes them (a case
+waiting for a person keeps its stream open indefinitely)."""
 """How long a stream waits for the record to fill a gap before it goes on without it
 (an event the consumer refused is never stored)."""
 

@@ -374,9 +374,50 @@ function checksSummary(checks, href = "#outcome") {
 
 const reviewerText = (r) => `${r.subject} (${r.via === "key" ? `key ${r.keyId}${r.name ? ", " + r.name : ""}` : "OIDC"})`;
 
+// The model's question waiting for a person (with the rest of its turn), and (for a
+// reviewer) the form to answer it.
+function questionCard(event, caseId) {
+  const q = event.payload.question;
+  const card = el("article", { class: "card waiting", id: "waiting", tabindex: "-1" },
+    el("header", {}, el("strong", { text: "Waiting for a person's answer" }),
+      el("span", { text: when(event.occurredAt) })),
+    el("p", { class: "reasoning", text: q.reasoningText || "(no text)" }),
+    el("blockquote", { class: "question", text: q.question }),
+    q.toolCalls.length ? el("div", { class: "tools" }, q.toolCalls.map(toolCard)) : null);
+  if (!reviews()) {
+    card.append(el("p", { class: "muted", text: "Answering needs a person's key with cases:review." }));
+    return card;
+  }
+  const text = el("textarea", { id: "q-answer", name: "answer", rows: 3, required: true });
+  const error = el("p", { class: "error", role: "alert", hidden: true });
+  const form = el("form", { class: "review", "aria-labelledby": "answer-title" },
+    el("h3", { id: "answer-title", text: "Your answer" }),
+    el("label", { for: "q-answer", text: "Answer (the model reads it; the trail records it with your name)" }),
+    text, error, el("button", { class: "primary", type: "submit", text: "Send my answer" }));
+  form.addEventListener("submit", async (submitted) => {
+    submitted.preventDefault();
+    const button = form.querySelector("button[type=submit]");
+    button.disabled = true;
+    error.hidden = true;
+    try {
+      await api(`/cases/${caseId}/answer`, { callId: q.callId, answer: text.value.trim() });
+      form.replaceChildren(el("p", { role: "status", class: "muted",
+        text: "Your answer is kept; the case goes on from it." }));
+    } catch (exc) {
+      if (exc instanceof Unauthorized) { fail(exc); return; }
+      error.textContent = exc.message;
+      error.hidden = false;
+      button.disabled = false;
+    }
+  });
+  card.append(form);
+  return card;
+}
+
 // The agent's answer waiting for a person, and (for a reviewer) the form to decide it.
 function waitingCard(event, caseId) {
   const p = event.payload;
+  if (p.question) return questionCard(event, caseId);
   const card = el("article", { class: "card waiting", id: "waiting", tabindex: "-1" },
     el("header", {}, el("strong", { text: "Awaiting review" }),
       p.answer && p.answer.decision ? decisionBadge(p.answer.decision) : null,
@@ -531,7 +572,8 @@ async function casePage(caseId, signal) {
       setFact("f-status", statusBadge("awaiting_review"));
       setFact("f-decision", decisionBadge(p.answer && p.answer.decision));
       if (p.checks && p.checks.length) setFact("f-checks", checksSummary(p.checks, "#waiting"));
-      showLive("Waiting for a person's review (no worker holds the case meanwhile)…", false);
+      showLive(p.question ? "Waiting for a person's answer (no worker holds the case meanwhile)…"
+                          : "Waiting for a person's review (no worker holds the case meanwhile)…", false);
       section(event.attempt).append(waitingCard(event, caseId));
     } else if (event.eventType === "CASE_REVIEWED") {
       reviewers.push(p.reviewer.subject);
