@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import uuid
 from typing import Any
 
@@ -27,6 +28,7 @@ from service.bus.topology import Topology
 from service.events import make_event, seal_chain
 from service.integrity import canonical
 from service.keyfile import worker_signer
+from service.store import ApiKeyStore
 from tests.helpers import wait_until
 from tests.test_pipeline import cycle, started
 
@@ -265,3 +267,58 @@ async def test_poison_on_the_bus(stack: Stack, pool: asyncpg.Pool) -> None:
 async def _rows(pool: asyncpg.Pool, case_id: uuid.UUID, n: int) -> bool:
     return bool(await pool.fetchval("SELECT count(*) >= $2 FROM event_log WHERE case_id = $1",
                                     case_id, n))
+
+
+async def test_parked_cases_survive_a_worker_kill_and_a_broker_restart(
+    stack: Stack, pool: asyncpg.Pool,
+) -> None:
+    """Referred cases wait for a person holding nothing: a kill -9 of the worker and a
+    broker restart while they wait lose none, leave no unacked message, and each
+    completes after its review with the reviewer on the record."""
+    referred = SAMPLE_APPLICATIONS[1]  # the scripted loan officer refers it: it parks
+    accepted: set[uuid.UUID] = set()
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30,
+                                 headers=stack.headers) as client:
+        for _ in range(20):
+            reply = await client.post("/cases", json={"agent": "loan-officer",
+                                                      "input": referred})
+            assert reply.status_code == 202, reply.text
+            accepted.add(uuid.UUID(reply.json()["caseId"]))
+    await all_ended(pool, accepted)
+    assert await pool.fetchval("SELECT count(*) FROM cases WHERE case_id = ANY($1::uuid[]) "
+                               "AND status = 'awaiting_review'", list(accepted)) == 20
+    stack.kill("worker")
+    await asyncio.to_thread(rabbit, "stop_app")
+    await asyncio.to_thread(rabbit, "start_app")
+    stack.start("worker", "worker")
+    await wait_until(stack.ready, timeout=60)
+    assert await asyncio.to_thread(_unacked, stack.settings.namespace) == 0
+    _, secret = await ApiKeyStore(pool).create("default", ("cases:review", "cases:read"),
+                                               "faults reviewer", None, "faults-rita")
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30, headers={
+            "Authorization": f"Bearer {secret}"}) as reviewer:
+        for case_id in accepted:
+            reply = await reviewer.post(f"/cases/{case_id}/review", json={
+                "verdict": "confirm", "reason": "Income verified by phone."})
+            assert reply.status_code == 202, reply.text
+
+    async def reviewed() -> bool:
+        return bool(await pool.fetchval(
+            "SELECT count(*) = $2 FROM cases WHERE case_id = ANY($1::uuid[]) AND status = "
+            "'completed'", list(accepted), len(accepted)))
+
+    await wait_until(reviewed, timeout=120, interval=0.3)
+    await settle_and_check(stack, pool, "parked: worker kill -9 + broker restart", accepted)
+    rows = await pool.fetch("SELECT reviewer AS who, verdict FROM case_reviews "
+                            "WHERE case_id = ANY($1::uuid[])", list(accepted))
+    assert len(rows) == 20 and {(r["who"], r["verdict"]) for r in rows} == {
+        ("faults-rita", "confirm")}
+
+
+def _unacked(namespace: str) -> int:
+    """Messages delivered and not acked on the namespace's queues (``rabbitmqctl``)."""
+    listed = subprocess.run(["rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name",
+                             "messages_unacknowledged"], check=True, capture_output=True,
+                            text=True, timeout=60).stdout
+    return sum(int(count) for name, count in (line.split() for line in listed.splitlines()
+                                              if line.strip()) if name.startswith(namespace))

@@ -202,6 +202,8 @@ def reviews_list(
     decision: Annotated[str | None, typer.Option(help="Only this waiting decision.")] = None,
     checks: Annotated[str | None, typer.Option(
         help="`failed`: only cases where one of the agent's checks failed.")] = None,
+    overdue: Annotated[bool, typer.Option(
+        "--overdue", help="Only reviews past their due time.")] = False,
     tenant: Annotated[str | None, typer.Option(
         help="The operator's tenant to list (default: every tenant).")] = None,
     raw: Annotated[bool, typer.Option("--json", help="The queue as JSON.")] = False,
@@ -213,14 +215,16 @@ def reviews_list(
     found = _perform(api_key, "cases:read", None if api_key else tenant,
                      lambda services, who: open_reviews(
                          services, who, agent=agent, decision=decision,
-                         checks_failed=True if checks == "failed" else None))
+                         checks_failed=True if checks == "failed" else None,
+                         overdue=True if overdue else None))
     if raw:
         _print({"reviews": found})
         return
     for item in found:
+        late = "  OVERDUE" if item["overdue"] else ""
         typer.echo(f"{item['caseId']}  waiting since {item['waitingSince']}  "
                    f"{item['agent']:<16} {item['decision'] or '-':<10} "
-                   f"{','.join(item['reviewReasons'])}")
+                   f"{','.join(item['reviewReasons'])}{late}")
 
 
 @reviews_app.command("show")

@@ -55,6 +55,24 @@ class TenantQuota(BaseModel):
     review_every_case: bool = Field(
         default=False, description="A person decides every case of this tenant, whatever "
         "its agent would let stand.")
+    override_reviewers: int = Field(
+        default=1, ge=1, le=2, description="How many distinct persons an override takes: "
+        "with 2, a reviewer's override waits for a second person to confirm (or change, "
+        "or return) it before it decides the case.")
+    review_deadline_seconds: float | None = Field(
+        default=None, gt=0, description="How long a case may wait for a person before its "
+        "review is overdue (shown, counted, alerted on; it never decides); unset: the "
+        "agent's, else CASETRAIL_REVIEW_DEADLINE_SECONDS.")
+
+
+@dataclass(frozen=True)
+class ReviewPolicy:
+    """What a tenant asks of the people deciding its cases (``TenantQuota``)."""
+
+    every_case: bool = False
+    override_reviewers: int = 1
+    deadline_seconds: float | None = None
+    """The tenant's review deadline; ``None``: the agent's, else the deployment's."""
 
 
 _LOOPBACK = {"localhost", "::1"}
@@ -195,7 +213,13 @@ class Settings(BaseSettings):
     tenant_quotas: dict[str, TenantQuota] = Field(
         default_factory=dict,
         description='Per-tenant overrides, JSON: {"acme": {"maxActiveCases": 50, '
-        '"maxStartsPerMinute": 120, "reviewEveryCase": true}}.')
+        '"maxStartsPerMinute": 120, "reviewEveryCase": true, "overrideReviewers": 2, '
+        '"reviewDeadlineSeconds": 14400}}.')
+    review_deadline_seconds: float = Field(
+        default=86_400.0, gt=0, description="How long a case may wait for a person before "
+        "its review is overdue, unless its agent or tenant says otherwise: overdue reviews "
+        "are counted (casetrail_reviews_overdue), alerted on and marked in the viewer; a "
+        "review deadline never decides a case.")
 
     oidc_issuer: str | None = Field(
         default=None, description="OIDC issuer (iss) whose JWTs the API accepts beside API "
@@ -483,10 +507,13 @@ class Settings(BaseSettings):
         return (override.max_active_cases or self.tenant_max_active_cases,
                 override.max_starts_per_minute or self.tenant_max_starts_per_minute)
 
-    def reviews_every_case(self, tenant: str) -> bool:
-        """Whether a person decides every case of ``tenant``."""
+    def review_policy(self, tenant: str) -> ReviewPolicy:
+        """What ``tenant`` asks of the people deciding its cases."""
         policy = self.tenant_quotas.get(tenant)
-        return policy is not None and policy.review_every_case
+        if policy is None:
+            return ReviewPolicy()
+        return ReviewPolicy(policy.review_every_case, policy.override_reviewers,
+                            policy.review_deadline_seconds)
 
     def endpoint(self, name: str | None = None, *, provider: str | None = None,
                  base_url: str | None = None) -> ModelEndpoint | None:

@@ -434,9 +434,12 @@ class CaseCompletedPayload(CaseTotals):
         return data
 
 
-ReviewReason = Literal["decision", "failed_check", "tenant_policy", "question"]
+ReviewReason = Literal["decision", "failed_check", "tenant_policy", "question",
+                       "second_review"]
 """Why a case waits for a person: its agent sends this decision to review, a blocking
-check failed, its tenant reviews every case, or the model asked a person a question."""
+check failed, its tenant reviews every case, the model asked a person a question, or a
+reviewer's override waits for a second person (the tenant's four-eyes rule; the waiting
+answer is the override)."""
 
 
 class PendingQuestion(ContractModel):
@@ -478,7 +481,8 @@ class CaseAwaitingReviewPayload(CaseTotals):
     checks: tuple[CheckResult, ...] = Field(default=(), description="The agent's checks.")
     review_reasons: tuple[ReviewReason, ...] = Field(
         min_length=1, description="Why a person decides: decision, failed_check, "
-        "tenant_policy, question.")
+        "tenant_policy, question, second_review (a reviewer's override, the answer here, "
+        "waits for a second person).")
     question: PendingQuestion | None = Field(
         default=None, description="The model's question to a person, and its turn.")
 

@@ -20,6 +20,7 @@ returned case's note becomes part of the conversation, as the model was told it)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -153,12 +154,11 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
                 step.attempt, waiting.get("answer"),
                 tuple(CheckResult.model_validate(c) for c in waiting.get("checks") or ()),
                 question=None if asked is None else PendingQuestion.model_validate(asked),
-                asked_at=step.occurred_at)
+                asked_at=step.occurred_at, reasons=tuple(waiting.get("reviewReasons") or ()))
         elif parked is not None:  # its review
             review = CaseReviewedPayload.model_validate(
                 restore(dict(step.payload), values) if values else step.payload)
-            parked = Parked(parked.attempt, parked.answer, parked.checks, review,
-                            parked.question, parked.asked_at)
+            parked = dataclasses.replace(parked, review=review)
             if review.verdict == "return":  # the model answers again
                 returns += 1
                 messages.append(returned_note(messages, review.reason))

@@ -211,7 +211,7 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT SELECT ON cases, event_log, signing_keys, case_secrets, capability_keys, "
         f"case_actions TO {worker}",
         f"GRANT UPDATE (attempts_claimed, lease_owner, lease_expires_at, terminal_published, "
-        f"start_resent_at, parked_attempt, parked_at) ON cases TO {worker}",
+        f"start_resent_at, parked_attempt, parked_at, review_due_at) ON cases TO {worker}",
         # The consumer appends to the log and folds each batch into the case row; no
         # UPDATE, DELETE or TRUNCATE on the log (and the triggers refuse them anyway).
         f"GRANT SELECT, INSERT ON event_log TO {consumer}",

@@ -568,14 +568,18 @@ class CaseStore:
                 lock_name, lapsed_seconds, resend_seconds, limit)
         return [(row["case_id"], row["tenant_id"], row["agent"]) for row in rows]
 
-    async def mark_parked(self, case_id: uuid.UUID, attempt: int) -> None:
+    async def mark_parked(self, case_id: uuid.UUID, attempt: int, due_at: datetime) -> None:
         """The worker's note that ``attempt`` ended waiting for a person (its
-        ``CASE_AWAITING_REVIEW`` confirmed): the case holds no lease while it waits."""
+        ``CASE_AWAITING_REVIEW`` confirmed): the case holds no lease while it waits,
+        and its review is overdue from ``due_at``. Noting the same wait again keeps
+        when it began."""
         async with translate_errors():
             await self._pool.execute(
-                """UPDATE cases SET parked_attempt = $2, parked_at = now(),
+                """UPDATE cases SET parked_at = CASE WHEN parked_attempt IS NOT DISTINCT
+                                                     FROM $2 THEN parked_at ELSE now() END,
+                                    parked_attempt = $2, review_due_at = $3,
                                     lease_owner = NULL, lease_expires_at = NULL
-                   WHERE case_id = $1""", case_id, attempt)
+                   WHERE case_id = $1""", case_id, attempt, due_at)
 
     async def mark_terminal_published(self, *case_ids: uuid.UUID) -> None:
         """The worker's note that these cases' terminal events are confirmed by the broker."""
@@ -641,6 +645,28 @@ class CaseStore:
                     ORDER BY attempt DESC LIMIT 1""", case_id)
         return None if row is None else (row["attempt"], row["payload"])
 
+    async def earlier_reviewer(self, case_id: uuid.UUID, wait: int) -> str | None:
+        """The person whose review, kept for a wait before ``wait``, is the latest: the
+        override a ``second_review`` wait holds."""
+        async with translate_errors():
+            person: str | None = await self._pool.fetchval(
+                """SELECT reviewer ->> 'subject' FROM case_actions
+                   WHERE case_id = $1 AND parked_attempt < $2 AND kind = 'review'
+                   ORDER BY parked_attempt DESC LIMIT 1""", case_id, wait)
+        return person
+
+    async def review_counts(self) -> list[tuple[str, int, int, datetime | None]]:
+        """Per agent: ``(agent, waiting, overdue, oldest wait began)`` of the cases
+        waiting for a person (every tenant)."""
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                f"""SELECT agent, count(*) AS waiting,
+                           count(*) FILTER (WHERE review_due_at < now()) AS overdue,
+                           min(parked_at) AS oldest
+                    FROM cases WHERE status = '{CaseStatus.AWAITING_REVIEW.value}'
+                    GROUP BY agent""")
+        return [(r["agent"], r["waiting"], r["overdue"], r["oldest"]) for r in rows]
+
     async def person_of(self, subject: str | None) -> str | None:
         """The person behind a recorded ``started_by`` (``key:<id>`` of a key made for
         one, or ``oidc:<sub>``); ``None`` for a service's key or the operator."""
@@ -657,12 +683,13 @@ class CaseStore:
 
     async def open_reviews(self, tenant: str | None, agent: str | None, decision: str | None,
                            checks_failed: bool | None, limit: int,
-                           case_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
+                           case_id: uuid.UUID | None = None, overdue: bool | None = None
+                           ) -> list[dict[str, Any]]:
         """Cases waiting for a person, oldest wait first, with what waits (the agent's
         answer and checks) and why."""
         async with translate_errors():
             rows = await self._pool.fetch(
-                f"""SELECT c.*, e.payload AS waiting
+                f"""SELECT c.*, e.payload AS waiting, c.review_due_at < now() AS overdue
                     FROM cases c
                     LEFT JOIN LATERAL (
                         SELECT attempt, payload FROM event_log e
@@ -674,10 +701,12 @@ class CaseStore:
                       AND ($3::text IS NULL OR c.decision = $3)
                       AND ($4::boolean IS NULL OR c.checks_failed = $4)
                       AND ($6::uuid IS NULL OR c.case_id = $6)
+                      AND ($7::boolean IS NULL
+                           OR coalesce(c.review_due_at < now(), false) = $7)
                       AND NOT EXISTS (SELECT 1 FROM case_actions a WHERE a.case_id = c.case_id
                                       AND a.parked_attempt >= e.attempt)
                     ORDER BY c.parked_at NULLS LAST, c.case_id LIMIT $5""",
-                tenant, agent, decision, checks_failed, limit, case_id)
+                tenant, agent, decision, checks_failed, limit, case_id, overdue)
         return [dict(r) for r in rows]
 
     async def cancel_request(self, case_id: uuid.UUID) -> tuple[str | None, str | None] | None:

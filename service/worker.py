@@ -57,7 +57,7 @@ from service.bus.publisher import EventPublisher, Publisher
 from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand, EraseCommand, InvalidCommand
-from service.config import Settings, get_settings
+from service.config import ReviewPolicy, Settings, get_settings
 from service.engine.chat import ChatModel
 from service.engine.loop import CancelSignal, CaseSpec, GivenAnswer, ReactEngine, Resumption
 from service.engine.tools import ToolBox, WorkerCallResult, WorkerRuntime
@@ -196,8 +196,10 @@ class CaseWorker:
     sweep_seconds: float = 10.0
     """How often this worker looks for stranded cases (service/sweeper.py)."""
     shutdown_grace: float = 10.0
-    reviews_every_case: Callable[[str], bool] = lambda tenant: False
-    """Whether a tenant has a person decide every case (its policy, in the settings)."""
+    review_policy: Callable[[str], ReviewPolicy] = lambda tenant: ReviewPolicy()
+    """What a tenant asks of the people deciding its cases (its policy, in the settings)."""
+    review_deadline_seconds: float = 86_400.0
+    """How long a review may take before it is overdue, unless the agent or tenant says."""
     owner: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     )
@@ -264,6 +266,7 @@ class CaseWorker:
         self.sweeper = StrandedCaseSweeper(self.store, publisher, self.topology,
                                            self.lease_seconds, self.sweep_seconds)
         sweeping = asyncio.create_task(self.sweeper.run())
+        counting = asyncio.create_task(self._count_reviews())
         log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
         if ready is not None:
             ready.set()
@@ -274,6 +277,7 @@ class CaseWorker:
         await running.drain(self.shutdown_grace)
         renewer.cancel()
         sweeping.cancel()
+        counting.cancel()
         await publisher.channel.close()
         await channel.close()
 
@@ -452,8 +456,10 @@ class CaseWorker:
             elif review is None and given is None:
                 log.info("case %s still waits for a person (attempt %d)", case_id,
                          parked.attempt)
-                await self._note(lambda: self.store.mark_parked(case_id, parked.attempt))
+                due = self._review_due(agent, case.tenant_id, parked.asked_at)
+                await self._note(lambda: self.store.mark_parked(case_id, parked.attempt, due))
                 return
+        policy = self.review_policy(case.tenant_id)
         spec = CaseSpec(
             case_id=case_id, attempt=attempt, agent=agent.name,
             system_prompt=agent.system_prompt, input=restore(case.input, values),
@@ -464,7 +470,8 @@ class CaseWorker:
             resumption=resumption, deadline_at=deadline_at, answering=agent.answering,
             agent_digest=agent.digest, review=review, given=given,
             asks_people=agent.asks_people,
-            review_every_case=self.reviews_every_case(case.tenant_id),
+            review_every_case=policy.every_case,
+            override_reviewers=policy.override_reviewers,
         )
         redaction = Redaction.of(values) if values else None
         # A tool call of this case sends its sensitive values sealed to the capability,
@@ -481,7 +488,8 @@ class CaseWorker:
         finally:
             self._sink.redactions.pop(case_id, None)
         if isinstance(ended, CaseAwaitingReview):
-            await self._note(lambda: self.store.mark_parked(case_id, attempt))
+            due = self._review_due(agent, case.tenant_id, ended.occurred_at)
+            await self._note(lambda: self.store.mark_parked(case_id, attempt, due))
         else:
             await self._mark_ended(case_id)
 
@@ -534,6 +542,39 @@ class CaseWorker:
         body = event.to_json()
         await self._sink.publish_sealed(event, body, self.signer.seal(head.hash, body))
         log.info("case %s: erasure recorded", command.case_id)
+
+    async def _count_reviews(self) -> None:
+        """Keep the review gauges (waiting, overdue, oldest wait) current, every sweep;
+        an overdue review is seen and alerted on, never decided by the clock."""
+        seen: set[str] = set()
+        while True:
+            try:
+                counts = await self.store.review_counts()
+            except StoreUnavailable as exc:
+                log.warning("cannot count the cases waiting for people: %s", exc)
+            else:
+                now = datetime.now(UTC)
+                for agent in seen - {c[0] for c in counts}:
+                    for gauge in (metrics.REVIEWS_WAITING, metrics.REVIEWS_OVERDUE,
+                                  metrics.REVIEW_OLDEST_WAIT_SECONDS):
+                        gauge.labels(agent).set(0)
+                for agent, waiting, overdue, oldest in counts:
+                    metrics.REVIEWS_WAITING.labels(agent).set(waiting)
+                    metrics.REVIEWS_OVERDUE.labels(agent).set(overdue)
+                    metrics.REVIEW_OLDEST_WAIT_SECONDS.labels(agent).set(
+                        0 if oldest is None else (now - oldest).total_seconds())
+                    seen.add(agent)
+            await asyncio.sleep(self.sweep_seconds)
+
+    def _review_due(self, agent: AgentProfile, tenant: str, since: datetime | None
+                    ) -> datetime:
+        """When a wait that began at ``since`` becomes overdue: the tenant's deadline,
+        else the agent's, else the deployment's."""
+        seconds = self.review_policy(tenant).deadline_seconds
+        if seconds is None and agent.review is not None and agent.review.deadline is not None:
+            seconds = agent.review.deadline.total_seconds()
+        return (since or datetime.now(UTC)) + timedelta(
+            seconds=seconds or self.review_deadline_seconds)
 
     async def _mark_ended(self, case_id: uuid.UUID) -> None:
         await self._note(lambda: self._ended(case_id))
@@ -593,7 +634,8 @@ async def run_worker(settings: Settings) -> None:
                         lease_seconds=settings.lease_seconds,
                         sweep_seconds=settings.sweep_seconds,
                         publish_retry_seconds=settings.publish_retry_seconds,
-                        reviews_every_case=settings.reviews_every_case)
+                        review_policy=settings.review_policy,
+                        review_deadline_seconds=settings.review_deadline_seconds)
     metrics.LIVE_CASES.set_function(lambda: len(worker.live_cases))
     metrics.SLOTS_BUSY.set_function(lambda: worker.slots_busy)
     probe = QueueProbe(connection, {"case-start": topology.case_start_queue},

@@ -120,7 +120,9 @@ async def in_process_stack(
                             KeyRegistry(worker_pool), Caps.from_settings(settings),
                             models=models, concurrency=worker_concurrency,
                             lease_seconds=settings.lease_seconds, shutdown_grace=1.0,
-                            reviews_every_case=settings.reviews_every_case)
+                            sweep_seconds=settings.sweep_seconds,
+                            review_policy=settings.review_policy,
+                            review_deadline_seconds=settings.review_deadline_seconds)
         ring = KeyRing(KeyRegistry(consumer_pool))
         await ring.refresh(force=True)
         consumer = EventLogConsumer(connections["consumer"], EventLogWriter(consumer_pool),

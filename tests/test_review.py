@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ import httpx
 import orjson
 import pytest
 from playwright.async_api import Browser, expect
+from prometheus_client import REGISTRY
 from pydantic import BaseModel, ConfigDict
 
 from casetrail import (
@@ -45,15 +47,20 @@ from tests.test_integrity import check_bundle, run_cli
 
 TENANT = "review-tests"
 STRICT = "review-strict"
+PAIRED = "review-paired"  # an override takes two persons
+LATE = "review-late"  # a review is due within a moment
 APPROVED, REFERRED = SAMPLE_APPLICATIONS[0], SAMPLE_APPLICATIONS[1]  # A-1001, A-1002
 
 
 @pytest.fixture(scope="module")
 async def stack(settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection,
                 pool: asyncpg.Pool) -> AsyncIterator[InProcessStack]:
-    """The stack, with one tenant whose policy has a person decide every case."""
-    strict = settings.model_copy(update={"tenant_quotas": {
-        STRICT: TenantQuota(review_every_case=True)}})
+    """The stack, with tenants whose policies have a person decide every case, two
+    persons make an override, and a review due within a moment (swept every second)."""
+    strict = settings.model_copy(update={"sweep_seconds": 1.0, "tenant_quotas": {
+        STRICT: TenantQuota(review_every_case=True),
+        PAIRED: TenantQuota(override_reviewers=2),
+        LATE: TenantQuota(review_deadline_seconds=0.5)}})
     async with in_process_stack(strict, amqp, pool) as running:
         yield running
 
@@ -86,6 +93,11 @@ async def people(stack: InProcessStack, pool: asyncpg.Pool) -> People:
         "admin": await key(pool, ("admin",)),
         "strict": await key(pool, ("cases:start", "cases:read"), "sam", tenant=STRICT),
         "strict-rita": await key(pool, ("cases:review", "cases:read"), "rita", tenant=STRICT),
+        "paired-sam": await key(pool, ("cases:start", "cases:read"), "sam", tenant=PAIRED),
+        "paired-rita": await key(pool, ("cases:review", "cases:read"), "rita", tenant=PAIRED),
+        "paired-ravi": await key(pool, ("cases:review", "cases:read"), "ravi", tenant=PAIRED),
+        "late-sam": await key(pool, ("cases:start", "cases:read"), "sam", tenant=LATE),
+        "late-rita": await key(pool, ("cases:review", "cases:read"), "rita", tenant=LATE),
     })
 
 
@@ -521,3 +533,101 @@ async def test_a_question_is_answered_in_the_viewer(
     asked = page.locator("article.cycle .tool[data-tool='ask_a_person']")
     await expect(asked).to_contain_text("rita")
     await page.close()
+
+
+async def test_an_override_takes_a_second_person_where_the_tenant_says_so(
+    people: People, settings: Settings, tmp_path: Path,
+) -> None:
+    """Two persons for an override: Rita's override waits (second_review) with her
+    decision; she cannot confirm it herself, Ravi does, and the case completes with the
+    overriding decision and both reviews in a trail that verifies offline."""
+    case_id = await parked(people, REFERRED, "paired-sam")
+    given = {"decision": "decline", "applicantId": "A-1002", "reasonCodes": ["DTI_HIGH"],
+             "rationale": "Verified debts exceed the policy's ratio."}
+    async with people.as_("paired-rita") as rita:
+        reply = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "override", "reason": "Debts verified by phone.", "decision": given})
+        assert reply.status_code == 202, reply.text
+
+        async def second_wait() -> dict[str, Any] | None:
+            found = await rita.get(f"/reviews/{case_id}")
+            body: dict[str, Any] = found.json()
+            return body if found.status_code == 200 and body["reviewReasons"] == [
+                "second_review"] else None
+
+        waiting = await wait_until(second_wait, 30)
+        assert waiting["answer"]["decision"] == "decline"
+        own = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "Confirming my own override."})
+        assert own.status_code == 403 and "four eyes" in own.json()["detail"], own.text
+    async with people.as_("paired-sam") as sam:
+        assert (await sam.get(f"/cases/{case_id}")).json()["status"] == "awaiting_review"
+    async with people.as_("paired-ravi") as ravi:
+        reply = await ravi.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "Agreed: the debts are verified."})
+        assert reply.status_code == 202, reply.text
+        again = await ravi.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "Twice."})
+        assert again.status_code == 409, again.text
+    async with people.as_("paired-sam") as sam:
+        case = await wait_until(lambda: _status(sam, case_id, "completed"), 30)
+        assert case["answer"]["decision"] == "decline"
+        events = (await sam.get(f"/cases/{case_id}/events")).json()["events"]
+    reviewed = [(e["payload"]["reviewer"]["subject"], e["payload"]["verdict"])
+                for e in events if e["eventType"] == "CASE_REVIEWED"]
+    assert reviewed == [("rita", "override"), ("ravi", "confirm")]
+    assert events[-1]["payload"]["decidedBy"] == "reviewer"
+    assert events[-1]["payload"]["answer"]["reasonCodes"] == ["DTI_HIGH"]
+    async with people.as_("paired-sam") as sam:
+        bundle = (await sam.get(f"/cases/{case_id}/bundle")).json()
+    path = tmp_path / "paired.json"
+    path.write_bytes(orjson.dumps(bundle))
+    checked = await asyncio.to_thread(check_bundle, settings, path,
+                                      public_key_text(worker_signer(settings).public_key))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "override → decline by rita" in checked.stdout, checked.stdout
+    assert "confirm by ravi" in checked.stdout, checked.stdout
+
+
+async def _status(client: httpx.AsyncClient, case_id: str, status: str
+                  ) -> dict[str, Any] | None:
+    body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
+    return body if body["status"] == status else None
+
+
+async def test_an_overdue_review_is_shown_counted_and_never_decided_by_the_clock(
+    people: People, browser: Browser, stack: InProcessStack,
+) -> None:
+    case_id = await parked(people, REFERRED, "late-sam")
+    async with people.as_("late-rita") as rita:
+        async def overdue() -> dict[str, Any] | None:
+            body: dict[str, Any] = (await rita.get(f"/reviews/{case_id}")).json()
+            return body if body.get("overdue") else None
+
+        item = await wait_until(overdue, 15)
+        due, since = (datetime.fromisoformat(item[k]) for k in ("dueAt", "waitingSince"))
+        assert since < due < since + timedelta(seconds=5)
+        listed = (await rita.get("/reviews", params={"overdue": "true"})).json()["reviews"]
+        assert case_id in {r["caseId"] for r in listed}
+        within = (await rita.get("/reviews", params={"overdue": "false"})).json()["reviews"]
+        assert case_id not in {r["caseId"] for r in within}
+
+    async def counted() -> bool:
+        value = REGISTRY.get_sample_value("casetrail_reviews_overdue",
+                                          {"agent": "loan-officer"})
+        return value is not None and value >= 1
+
+    await wait_until(counted, 15)
+    page = await signed_in(browser, stack, people.keys["late-rita"], "/ui/reviews")
+    row = page.locator(f"tr[data-case-id='{case_id}']")
+    await expect(row.locator(".badge.overdue")).to_contain_text("Overdue since")
+    await page.goto(f"{stack.base_url}/ui/cases/{case_id}")
+    await expect(page.locator("#waiting .badge.overdue")).to_contain_text("Overdue since")
+    await page.close()
+    await asyncio.sleep(1.5)  # past its due time, it still waits: people decide
+    async with people.as_("late-sam") as sam:
+        assert (await sam.get(f"/cases/{case_id}")).json()["status"] == "awaiting_review"
+    async with people.as_("late-rita") as rita:
+        reply = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "Late, and confirmed."})
+        assert reply.status_code == 202, reply.text

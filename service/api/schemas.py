@@ -175,11 +175,16 @@ class ReviewItem(BaseModel):
     answer: dict[str, Any] | None = Field(description="The agent's answer, as it waits.")
     checks: list[dict[str, Any]]
     reviewReasons: list[str] = Field(description="decision, failed_check, tenant_policy, "
-                                     "question.")
+                                     "question, second_review (a reviewer's override, the "
+                                     "answer here, waits for a second person).")
     question: dict[str, str] | None = Field(
         default=None, description="The model's question (callId, question), when it waits "
         "for an answer (POST /cases/{id}/answer).")
     waitingSince: str | None
+    dueAt: str | None = Field(description="When the review becomes overdue (the tenant's, "
+                              "the agent's or the deployment's review deadline).")
+    overdue: bool = Field(description="Past its due time: shown and alerted on; the case "
+                          "still waits for a person (a deadline never decides).")
     startedBy: str | None
     createdAt: str | None
 

@@ -65,6 +65,10 @@ async def review(services: CaseServices, principal: Principal, case_id: uuid.UUI
         raise Conflict(f"case {case_id} waits for an answer to the model's question "
                        f"{wait[1]['question']['callId']} (POST /cases/{case_id}/answer), not "
                        "for a review")
+    if wait is not None and "second_review" in wait[1].get("reviewReasons", ()) \
+            and await services.store.earlier_reviewer(case_id, wait[0]) == principal.person:
+        raise Forbidden(f"{principal.person} overrode case {case_id}'s decision: a second "
+                        "person confirms, changes or returns it (four eyes)")
     kept = await services.store.record_action(case_id, "review", verdict=verdict,
                                               reason=reason, decision=decided,
                                               reviewer=reviewer)
@@ -173,13 +177,14 @@ async def after_cancel(services: CaseServices, row: dict[str, Any]) -> None:
 
 async def open_reviews(services: CaseServices, principal: Principal, *,
                        agent: str | None = None, decision: str | None = None,
-                       checks_failed: bool | None = None, limit: int = 100
-                       ) -> list[dict[str, Any]]:
+                       checks_failed: bool | None = None, overdue: bool | None = None,
+                       limit: int = 100) -> list[dict[str, Any]]:
     """The caller's tenant's cases waiting for a person, oldest wait first."""
     if not (principal.allows(REVIEW_SCOPE) or principal.allows("cases:read")):
         raise Forbidden("listing reviews needs the scope 'cases:review' or 'cases:read'")
     tenant = None if principal.tenant == "*" else principal.tenant
-    rows = await services.store.open_reviews(tenant, agent, decision, checks_failed, limit)
+    rows = await services.store.open_reviews(tenant, agent, decision, checks_failed, limit,
+                                             overdue=overdue)
     return [review_item(row) for row in rows]
 
 
@@ -199,6 +204,8 @@ def review_item(row: dict[str, Any]) -> dict[str, Any]:
         "checks": waiting.get("checks", []),
         "reviewReasons": waiting.get("reviewReasons", []),
         "waitingSince": utc_text(row["parked_at"]),
+        "dueAt": utc_text(row["review_due_at"]),
+        "overdue": row["review_due_at"] is not None and row["overdue"],
         "startedBy": row["started_by"],
         "createdAt": utc_text(row["created_at"]),
     }

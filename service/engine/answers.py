@@ -18,6 +18,7 @@ import functools
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -92,11 +93,14 @@ def _schema(model: type[BaseModel]) -> dict[str, Any]:
 class Review:
     """Which answers a person decides: those whose ``field`` (``decision`` unless named)
     is one of ``decisions``, and, with ``failed_checks``, any answer a blocking check
-    refused (instead of failing the case ``policy_check_failed``)."""
+    refused (instead of failing the case ``policy_check_failed``). ``deadline``: how
+    long the review may take before it is overdue (counted, alerted on, marked; it never
+    decides); ``None``: the tenant's or the deployment's."""
 
     decisions: frozenset[str] = frozenset()
     failed_checks: bool = True
     field: str = "decision"
+    deadline: timedelta | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decisions", frozenset(self.decisions))

@@ -173,6 +173,7 @@ class Parked:
     review: CaseReviewedPayload | None = None
     question: PendingQuestion | None = None
     asked_at: datetime | None = None
+    reasons: tuple[ReviewReason, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,9 @@ class CaseSpec:
     model's last text, for agents that declare none)."""
     review_every_case: bool = False
     """The tenant has a person decide every case."""
+    override_reviewers: int = 1
+    """How many distinct persons an override takes (the tenant's four-eyes rule): with
+    2, an override waits for a second person (``second_review``)."""
     review: CaseReviewedPayload | None = None
     """A person's review of the parked case this attempt takes up, to record first."""
     asks_people: bool = False
@@ -475,6 +479,9 @@ class ReactEngine:
             return None
         answer = parked.answer if review.verdict == "confirm" else review.decision
         assert answer is not None
+        if review.verdict == "override" and state.spec.override_reviewers > 1:
+            # Four eyes on an override: it stands once a second person confirms it.
+            return await self._park(state, answer, parked.checks, ["second_review"])
         return await self._terminal(state, CaseCompletedPayload(
             cycles_completed=state.cycles, token_totals=state.usage, answer=answer,
             checks=parked.checks, decided_by="reviewer"))

@@ -53,6 +53,15 @@ CASES_ENDED = Counter(
     "casetrail_cases_ended", "Terminal events published, by agent and outcome "
     "(completed, failed, timed_out, cancelled).", ["agent", "outcome"])
 CYCLES = Counter("casetrail_cycles", "REACT_CYCLE events published, by agent.", ["agent"])
+REVIEWS_WAITING = Gauge(
+    "casetrail_reviews_waiting", "Cases waiting for a person (review or answer), by agent, "
+    "every tenant; counted by each worker every sweep.", ["agent"])
+REVIEWS_OVERDUE = Gauge(
+    "casetrail_reviews_overdue", "Cases waiting for a person past their review deadline, "
+    "by agent (a deadline never decides a case: people do).", ["agent"])
+REVIEW_OLDEST_WAIT_SECONDS = Gauge(
+    "casetrail_review_oldest_wait_seconds", "How long the longest-waiting case has waited "
+    "for a person, by agent.", ["agent"])
 MODEL_REQUEST_SECONDS = Histogram(
     "casetrail_model_request_duration_seconds", "One model request as the worker saw it, "
     "by provider, model and outcome (ok, retryable, error).",

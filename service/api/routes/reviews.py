@@ -67,10 +67,13 @@ async def list_reviews(
         "The agent's decision that waits (e.g. refer)."))] = None,
     checks: Annotated[Literal["failed"] | None, Query(description=(
         "`failed`: only cases where one of the agent's checks failed."))] = None,
+    overdue: Annotated[bool | None, Query(description=(
+        "`true`: only reviews past their due time; `false`: only those within it."))] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> Response:
     found = await reviewing.open_reviews(services, principal, agent=agent, decision=decision,
-                                         checks_failed=True if checks else None, limit=limit)
+                                         checks_failed=True if checks else None,
+                                         overdue=overdue, limit=limit)
     return OrjsonResponse({"reviews": found})
 
 

@@ -18,6 +18,7 @@ const STATUS_TONE = {
 const REVIEW_REASONS = {
   decision: "the agent sends this decision to a person", failed_check: "a blocking check failed",
   tenant_policy: "this tenant reviews every case", question: "the model asked a person",
+  second_review: "a reviewer overrode the agent: a second person confirms, changes or returns it",
 };
 const main = document.getElementById("main");
 let identity = null;  // who the key acts as (GET /me): a reviewer sees the review form
@@ -257,7 +258,7 @@ async function reviewsPage(signal) {
     el("td", {}, item.checks.some((c) => !c.passed) ? checksSummary(item.checks, `/ui/cases/${item.caseId}#waiting`)
                                                     : el("span", { class: "muted", text: "all passed" })),
     el("td", { class: "wide id", text: item.startedBy || "—" }),
-    el("td", { text: when(item.waitingSince) }))));
+    el("td", {}, el("span", { text: when(item.waitingSince) }), " ", dueBadge(item)))));
   if (!waiting.length) body.append(el("tr", {}, el("td", { colspan: 7, class: "empty", text: "Nothing waits for review." })));
   show(signal, el("p", { class: "muted" }, el("a", { href: "/ui/", text: "← All cases" })),
        el("h1", { text: "Awaiting review" }),
@@ -378,12 +379,14 @@ const reviewerText = (r) => `${r.subject} (${r.via === "key" ? `key ${r.keyId}${
 // reviewer) the form to answer it.
 function questionCard(event, caseId) {
   const q = event.payload.question;
+  const due = el("span", { class: "due-slot" });
   const card = el("article", { class: "card waiting", id: "waiting", tabindex: "-1" },
     el("header", {}, el("strong", { text: "Waiting for a person's answer" }),
-      el("span", { text: when(event.occurredAt) })),
+      el("span", { text: when(event.occurredAt) }), due),
     el("p", { class: "reasoning", text: q.reasoningText || "(no text)" }),
     el("blockquote", { class: "question", text: q.question }),
     q.toolCalls.length ? el("div", { class: "tools" }, q.toolCalls.map(toolCard)) : null);
+  fillDue(due, caseId);
   if (!reviews()) {
     card.append(el("p", { class: "muted", text: "Answering needs a person's key with cases:review." }));
     return card;
@@ -415,15 +418,37 @@ function questionCard(event, caseId) {
 }
 
 // The agent's answer waiting for a person, and (for a reviewer) the form to decide it.
+// Overdue (past the review deadline: it never decides, a person still does), or when due.
+function dueBadge(item) {
+  if (!item.dueAt) return null;
+  return item.overdue ? el("span", { class: "badge warn overdue", text: `Overdue since ${when(item.dueAt)}` })
+                      : el("span", { class: "muted due", text: `due ${when(item.dueAt)}` });
+}
+
+// The review's due time, from the queue, once known (the trail does not hold it).
+async function fillDue(slot, caseId) {
+  try {
+    const item = await api(`/reviews/${caseId}`);
+    const cards = document.querySelectorAll("article.waiting");
+    if (cards[cards.length - 1] === slot.closest("article")) slot.replaceChildren(dueBadge(item) || "");
+  } catch (exc) {
+    if (exc instanceof Unauthorized) fail(exc);  // otherwise: no longer waiting, nothing to show
+  }
+}
+
 function waitingCard(event, caseId) {
   const p = event.payload;
   if (p.question) return questionCard(event, caseId);
+  const second = p.reviewReasons.includes("second_review");
+  const due = el("span", { class: "due-slot" });
   const card = el("article", { class: "card waiting", id: "waiting", tabindex: "-1" },
-    el("header", {}, el("strong", { text: "Awaiting review" }),
+    el("header", {}, el("strong", { text: second ? "Awaiting a second reviewer" : "Awaiting review" }),
       p.answer && p.answer.decision ? decisionBadge(p.answer.decision) : null,
-      el("span", { text: `${p.cyclesCompleted} cycles` }), el("span", { text: when(event.occurredAt) })),
+      el("span", { text: `${p.cyclesCompleted} cycles` }), el("span", { text: when(event.occurredAt) }), due),
     el("p", { text: "A person decides: " + p.reviewReasons.map((r) => REVIEW_REASONS[r] || r).join("; ") + "." }),
-    el("details", { open: true }, el("summary", { text: "The agent's answer" }), el("pre", { text: json(p.answer) })));
+    el("details", { open: true }, el("summary", { text: second ? "The override waiting for a second person" : "The agent's answer" }),
+       el("pre", { text: json(p.answer) })));
+  fillDue(due, caseId);
   if (p.checks && p.checks.length) card.append(checksTable(p.checks));
   if (reviews()) card.append(reviewForm(caseId, p.answer));
   else card.append(el("p", { class: "muted", text: "Reviewing needs a person's key with cases:review." }));
