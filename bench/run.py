@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from bench import cluster, ledger, models, operations, raw, replay, scenarios, viewer
+from bench import cluster, ledger, models, operations, raw, replay, review, scenarios, viewer
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, namespace
 from bench.integrity import integrity_costs
@@ -42,6 +42,9 @@ TARGETS: dict[str, Any] = {
     # The transparency log: leaves appended per second; an inclusion proof from a tree of
     # 10,000,000 leaves (make bench-all).
     "ledgerAppend": 15000, "proofP99": 20,
+    # 10,000 cases waiting for people: the worker's memory against itself idle, MB (it
+    # holds none of them); a review to its terminal event stored, p99 ms.
+    "parkedRssGrowth": 30, "reviewP99": 1000,
 }
 
 
@@ -172,6 +175,9 @@ async def run(quick: bool, everything: bool = False) -> dict[str, Any]:
     results["api"] = await scenarios.api_posts(bench_settings(api_port=8797),
                                                requests=int(3000 * scale) or 300)
     results |= await reading(scale, rounds)
+    print("10,000 cases waiting for people, then reviewed ...", flush=True)
+    results["review"] = await review.parked_and_reviewed(
+        bench_settings(api_port=review.PORT), int(10_000 * scale), int(1000 * scale))
     print("replaying recorded cases ...", flush=True)
     results["replay"] = await replay.replay_at_scale(int(10_000 * scale))
     print("real providers against a 300 ms model ...", flush=True)
@@ -248,6 +254,7 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         *_model_rows(r),
         *_reading_rows(r),
         *_replay_rows(r),
+        *_review_rows(r),
         *_ledger_rows(r),
         *_scale_out_rows(r),
     ]
@@ -286,6 +293,23 @@ def _ledger_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                      f"GET /ledger/proofs/inclusion, one at a time, {x['requests']:,} random "
                      f"leaves; p50 {x['p50Ms']:.1f} ms; {x['tileRows']:,} tile rows"))
     return rows
+
+
+def _review_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Cases waiting for people, then reviewed (bench/review.py)."""
+    if "review" not in r:
+        return []
+    x = r["review"]
+    return [
+        (f"{x['parkedCases']:,} cases waiting for review: worker RSS",
+         f"+{x['rssGrowthMb']} MB", f"≤ +{TARGETS['parkedRssGrowth']} MB",
+         f"{x['workerIdleRssMb']} MB idle, {x['workerRssParkedMb']} MB with all of them "
+         f"parked ({x['parkSeconds']} s to park); {x['unackedWhileParked']} unacked messages"),
+        ("  a review to its terminal event stored", f"p99 {x['reviewToTerminalP99Ms']:.0f} ms",
+         f"≤ {TARGETS['reviewP99']:,} ms",
+         f"p50 {x['reviewToTerminalP50Ms']:.0f} ms; {x['reviews']:,} confirms, "
+         f"{x['reviewConcurrency']} reviewers at once, POST → the consumer's commit"),
+    ]
 
 
 def _replay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:

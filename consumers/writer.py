@@ -31,7 +31,10 @@ _LOCK_RETRIES = 5
 
 # One statement: insert what is new, then fold only the newly inserted rows
 # into their cases (so a redelivered event never counts twice). Terminal
-# statuses are sticky, so events arriving out of order cannot reopen a case.
+# statuses are sticky, so events arriving out of order cannot reopen a case; the
+# other statuses (and a waiting case's answer) follow a batch only when its latest
+# event is later than the one the row took them from (``folded_attempt``,
+# ``folded_seq``): another consumer may have folded a later event already.
 # Several consumers may fold into the same cases at once, so the case rows are
 # locked in one order (case id) before any is updated: ``locked`` is read through
 # an uncorrelated ARRAY(...) sub-select, which Postgres runs once, before the
@@ -43,6 +46,10 @@ _CYCLE = sql_list(("REACT_CYCLE",))
 _STARTED = sql_list(("CASE_STARTED",))
 _COMPLETED = sql_list(("CASE_COMPLETED",))
 _ENDED = sql_statuses(ENDED_STATUSES)
+# Evaluated against the row as locked (the latest committed), not a snapshot: a later
+# event folded meanwhile by another consumer keeps the row as it is.
+_LATER = ("(c.folded_attempt IS NULL OR (f.last_attempt, f.last_seq) "
+          "> (c.folded_attempt, c.folded_seq))")
 _STATUS_OF_TERMINAL = "CASE f.terminal_type " + " ".join(
     f"WHEN {sql_list((t,))} THEN '{status_for(t)}'" for t in sorted(TERMINAL_EVENT_TYPES)
 ) + " END"
@@ -79,6 +86,8 @@ WITH incoming AS (
                AS terminal_payload,
            (array_agg(event_type ORDER BY attempt DESC, seq DESC))[1] AS last_type,
            (array_agg(payload ORDER BY attempt DESC, seq DESC))[1] AS last_payload,
+           (array_agg(attempt ORDER BY attempt DESC, seq DESC))[1] AS last_attempt,
+           (array_agg(seq ORDER BY attempt DESC, seq DESC))[1] AS last_seq,
            max(occurred_at) AS last_at
     FROM inserted
     GROUP BY case_id
@@ -90,6 +99,7 @@ WITH incoming AS (
         status = CASE
             WHEN c.status IN ({_ENDED}) THEN c.status
             WHEN f.terminal_type IS NOT NULL THEN ({_STATUS_OF_TERMINAL})
+            WHEN NOT {_LATER} THEN c.status
             WHEN f.last_type = {_PARKED} THEN '{CaseStatus.AWAITING_REVIEW.value}'
             WHEN f.running THEN '{CaseStatus.RUNNING.value}'
             ELSE c.status END,
@@ -99,14 +109,16 @@ WITH incoming AS (
             WHEN c.status IN ({_ENDED}) THEN c.answer
             WHEN f.terminal_type = {_COMPLETED} THEN f.terminal_payload -> 'answer'
             WHEN f.terminal_type IS NOT NULL THEN NULL
-            WHEN f.last_type = {_PARKED}
+            WHEN f.last_type = {_PARKED} AND {_LATER}
                 THEN f.last_payload -> 'answer'
             ELSE c.answer END,
         outcome = CASE
             WHEN c.status IN ({_ENDED}) THEN c.outcome
             WHEN f.terminal_type IS NOT NULL THEN f.terminal_payload - 'answer'
-            WHEN f.last_type = {_PARKED} THEN f.last_payload - 'answer'
+            WHEN f.last_type = {_PARKED} AND {_LATER} THEN f.last_payload - 'answer'
             ELSE c.outcome END,
+        folded_attempt = CASE WHEN {_LATER} THEN f.last_attempt ELSE c.folded_attempt END,
+        folded_seq = CASE WHEN {_LATER} THEN f.last_seq ELSE c.folded_seq END,
         started_at = coalesce(c.started_at, f.started_at),
         ended_at = CASE WHEN c.ended_at IS NULL AND f.terminal_type IS NOT NULL
                         THEN f.last_at ELSE c.ended_at END,

@@ -217,7 +217,8 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT SELECT, INSERT ON event_log TO {consumer}",
         f"GRANT SELECT ON cases, signing_keys TO {consumer}",
         f"GRANT UPDATE (status, cycles, input_tokens, output_tokens, answer, outcome, "
-        f"started_at, ended_at, updated_at) ON cases TO {consumer}",
+        f"started_at, ended_at, updated_at, folded_attempt, folded_seq) ON cases "
+        f"TO {consumer}",
         # (Each stored event enters ledger_queue through a trigger of the owner's.)
         # The ledger alone builds the transparency log: takes stored events from the
         # queue, appends leaves and tiles (tiles may only grow, leaves and checkpoints

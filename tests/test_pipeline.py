@@ -22,6 +22,7 @@ from service.bus.topology import Topology
 from service.errors import PublishRejected
 from service.events import (
     ZERO_USAGE,
+    CaseAwaitingReviewPayload,
     CaseCancelledPayload,
     CaseCompletedPayload,
     CaseFailedPayload,
@@ -326,6 +327,30 @@ async def test_concurrent_batches_fold_into_shared_cases_once_each(
         assert row is not None
         assert (row["status"], row["cycles"], row["input_tokens"]) == (
             "running", rounds, 100 * rounds)
+
+
+async def test_an_older_batch_folded_last_never_reopens_a_waiting_case(
+    pool: asyncpg.Pool, signer: Signer,
+) -> None:
+    """Two consumers: one folds the attempt's CASE_AWAITING_REVIEW before the other
+    folds the cycles before it. The case stays awaiting review with its answer (its
+    status once went back to running and stayed there)."""
+    writer = EventLogWriter(pool)
+    case_id = await new_case(pool)
+    waiting = make_event(case_id, 1, 2, CaseAwaitingReviewPayload(
+        cycles_completed=1, token_totals=USAGE, answer={"decision": "refer"},
+        review_reasons=("decision",)))
+    await writer.write([SignedEvent.seal(waiting, signer, "0" * 64)])
+    await writer.write([SignedEvent.seal(e, signer, "0" * 64)
+                        for e in (started(case_id), cycle(case_id, 1, 0))])
+    row = await CaseStore(pool).get_case(case_id)
+    assert row is not None
+    assert (row["status"], row["answer"], row["cycles"]) == (
+        "awaiting_review", {"decision": "refer"}, 1)
+    # The next attempt (after a review) is later: it runs, then ends.
+    await writer.write([SignedEvent.seal(started(case_id, 2), signer, "0" * 64)])
+    row = await CaseStore(pool).get_case(case_id)
+    assert row is not None and row["status"] == "running"
 
 
 async def test_two_consumers_share_the_queue_and_store_each_event_once(

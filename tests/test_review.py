@@ -631,3 +631,38 @@ async def test_an_overdue_review_is_shown_counted_and_never_decided_by_the_clock
         reply = await rita.post(f"/cases/{case_id}/review", json={
             "verdict": "confirm", "reason": "Late, and confirmed."})
         assert reply.status_code == 202, reply.text
+
+
+async def test_a_tenants_sql_reader_sees_only_its_own_reviews(
+    people: People, settings: Settings, pool: asyncpg.Pool,
+) -> None:
+    """``case_reviews`` runs with the reader's rights: each tenant's reader role sees
+    the reviews of its own cases, never another tenant's."""
+    reviewed: dict[str, str] = {}
+    for tenant, starter, reviewer in ((TENANT, "sam", "rita"), (STRICT, "strict", "strict-rita")):
+        case_id = await parked(people, REFERRED, starter)
+        async with people.as_(reviewer) as client:
+            reply = await client.post(f"/cases/{case_id}/review", json={
+                "verdict": "confirm", "reason": "Seen by the tenant's reviewer."})
+            assert reply.status_code == 202, reply.text
+        async with people.as_(starter) as client:
+            await wait_until(lambda c=client, i=case_id: _status(c, i, "completed"), 30)
+        reviewed[tenant] = case_id
+    try:
+        for tenant, case_id in reviewed.items():
+            made = await asyncio.to_thread(run_cli, settings, "sql-role", "create",
+                                           "--tenant", tenant)
+            assert made.returncode == 0, made.stderr
+            conn = await asyncpg.connect(made.stdout.strip())
+            try:
+                rows = await conn.fetch("SELECT case_id::text, tenant_id, reviewer "
+                                        "FROM case_reviews")
+            finally:
+                await conn.close()
+            assert case_id in {r["case_id"] for r in rows}
+            assert {r["tenant_id"] for r in rows} == {tenant}, rows
+            other = next(c for t, c in reviewed.items() if t != tenant)
+            assert other not in {r["case_id"] for r in rows}
+    finally:
+        for tenant in reviewed:
+            await asyncio.to_thread(run_cli, settings, "sql-role", "drop", "--tenant", tenant)

@@ -1,0 +1,129 @@
+"""Cases waiting for people: 10,000 parked cases cost the worker nothing it holds (its
+memory against the same worker idle, no unacked message), and a review reaches the
+stored terminal event quickly (from the POST to the consumer's commit).
+
+Usage: python -m bench.review [parked cases] [reviews]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from bench.e2e import post_cases
+from bench.harness import (
+    Processes,
+    api_key,
+    bench_settings,
+    namespace,
+    percentiles,
+    wait_ready,
+    wait_rows,
+)
+from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.config import Settings
+from service.store import ApiKeyStore
+
+PORT = 8794
+REFERRED = SAMPLE_APPLICATIONS[1]  # the scripted loan officer refers it: it waits
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory now (``VmRSS``), not the peak."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def unacked(namespace: str) -> int:
+    """Messages delivered and not yet acked on the namespace's queues."""
+    listed = subprocess.run(["rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name",
+                             "messages_unacknowledged"], check=True, capture_output=True,
+                            text=True, timeout=60).stdout
+    return sum(int(n) for name, n in (line.split() for line in listed.splitlines()
+                                      if line.strip()) if name.startswith(namespace))
+
+
+async def parked_and_reviewed(settings: Settings, cases: int = 10_000, reviews: int = 1000,
+                              concurrency: int = 8) -> dict[str, Any]:
+    """``cases`` referred loan cases park; then ``reviews`` of them are confirmed,
+    ``concurrency`` reviewers at once, each timed from its POST to its terminal event
+    stored."""
+    async with namespace(settings) as pool:
+        key = await api_key(pool)
+        _, reviewer = await ApiKeyStore(pool).create(
+            "default", ("cases:review", "cases:read"), "bench reviewer", None, "bench-rita")
+        stack = Processes(settings)
+        stack.spawn("api", "api", "--port", str(settings.api_port))
+        worker = stack.spawn("worker", "worker")
+        stack.spawn("consumer", "consumer")
+        stack.spawn("ledger", "ledger")
+        stack.spawn("capability-worker", "capability-worker")  # the loan officer's bureau
+        base = f"http://127.0.0.1:{settings.api_port}"
+        try:
+            await wait_ready(base)
+            await asyncio.sleep(3.0)  # settled: pools open, imports done
+            idle = rss_mb(worker.pid)
+            started = time.time()
+            await post_cases(base, {"agent": "loan-officer", "input": REFERRED}, cases, key)
+            await wait_rows(pool, "SELECT count(*) FROM cases WHERE parked_attempt IS NOT NULL",
+                            cases, 600)
+            parked_seconds = time.time() - started
+            await asyncio.sleep(3.0)
+            waiting = rss_mb(worker.pid)
+            held = await asyncio.to_thread(unacked, settings.namespace)
+            latencies = await _review(pool, base, reviewer, reviews, concurrency)
+        finally:
+            stack.stop()
+    figures = percentiles([s * 1000 for s in latencies])
+    return {
+        "parkedCases": cases, "parkSeconds": round(parked_seconds, 1),
+        "workerIdleRssMb": round(idle, 1), "workerRssParkedMb": round(waiting, 1),
+        "rssGrowthMb": round(waiting - idle, 1), "unackedWhileParked": held,
+        "reviews": reviews, "reviewConcurrency": concurrency,
+        **{f"reviewToTerminal{k.capitalize()}Ms": round(v, 1) for k, v in figures.items()},
+    }
+
+
+async def _review(pool: asyncpg.Pool, base: str, reviewer: str, count: int,
+                  concurrency: int) -> list[float]:
+    """Confirm ``count`` waiting cases; for each, seconds from the POST to its terminal
+    event stored (``recorded_at``, the consumer's commit)."""
+    rows = await pool.fetch("SELECT case_id FROM cases WHERE parked_attempt IS NOT NULL "
+                            "ORDER BY parked_at LIMIT $1", count)
+    sent: dict[str, float] = {}
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for row in rows:
+        queue.put_nowait(str(row["case_id"]))
+
+    async def one_reviewer() -> None:
+        async with httpx.AsyncClient(base_url=base, timeout=30, headers={
+                "Authorization": f"Bearer {reviewer}"}) as client:
+            while not queue.empty():
+                case_id = queue.get_nowait()
+                sent[case_id] = time.time()
+                reply = await client.post(f"/cases/{case_id}/review", json={
+                    "verdict": "confirm", "reason": "Income verified by phone."})
+                if reply.status_code != 202:
+                    raise RuntimeError(f"review of {case_id}: {reply.status_code} {reply.text}")
+
+    await asyncio.gather(*(one_reviewer() for _ in range(concurrency)))
+    await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type = 'CASE_COMPLETED'",
+                    len(sent), 300)
+    stored = await pool.fetch(
+        "SELECT case_id::text, extract(epoch FROM recorded_at) AS at FROM event_log "
+        "WHERE event_type = 'CASE_COMPLETED'")
+    return [float(r["at"]) - sent[r["case_id"]] for r in stored if r["case_id"] in sent]
+
+
+if __name__ == "__main__":
+    parked, reviewed = (int(a) for a in (sys.argv[1:] + ["10000", "1000"][len(sys.argv) - 1:]))
+    print(asyncio.run(parked_and_reviewed(bench_settings(api_port=PORT), parked, reviewed)))
