@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import rfc8785
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -76,10 +77,66 @@ def _representable(value: Any) -> Any:
     return value
 
 
+class _NotPlain(Exception):
+    """A value whose RFC 8785 bytes ``orjson`` would not write."""
+
+
+_FIXED = (1e-5, 1e15)
+"""Where both ``orjson`` and ECMAScript write a non-integral double in fixed notation
+with the same shortest digits (ECMAScript from 1e-6 to 1e21, ``orjson`` narrower)."""
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as ``orjson`` (sorted keys) writes its RFC 8785 bytes: an integral
+    double becomes the integer JCS writes (``5.0`` → ``5``, ``-0.0`` → ``0``). Raises
+    ``_NotPlain`` wherever the two could differ: a double outside ``_FIXED``, an integer
+    beyond ±(2**53 - 1), a key with a character beyond the BMP (JCS sorts keys by UTF-16
+    code units, ``orjson`` by code points: they disagree only there), any other type."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return value
+    if kind is int:
+        if -SAFE_INTEGER <= value <= SAFE_INTEGER:
+            return value
+        raise _NotPlain
+    if kind is dict:
+        changed: dict[str, Any] | None = None
+        for key, item in value.items():
+            if type(key) is not str or (not key.isascii() and max(key) > "\uffff"):
+                raise _NotPlain
+            made = _plain(item)
+            if made is not item:
+                changed = dict(value) if changed is None else changed
+                changed[key] = made
+        return value if changed is None else changed
+    if kind is list or kind is tuple:
+        replaced: list[Any] | None = None
+        for index, item in enumerate(value):
+            made = _plain(item)
+            if made is not item:
+                replaced = list(value) if replaced is None else replaced
+                replaced[index] = made
+        return value if replaced is None else replaced
+    if kind is float:
+        if value.is_integer():
+            if abs(value) <= SAFE_INTEGER:
+                return int(value)
+        elif _FIXED[0] <= abs(value) < _FIXED[1]:
+            return value
+    raise _NotPlain
+
+
 def canonical(value: Any) -> bytes:
     """RFC 8785 canonical JSON of ``value``, UTF-8. An integer beyond the range a double
     holds exactly (a tool's or a model's, say) is written as a double when exact, else
-    as a string; the signed bytes are then what the trail records."""
+    as a string; the signed bytes are then what the trail records.
+
+    ``orjson`` writes it where its bytes are provably JCS's (``_plain``; property-tested
+    against ``rfc8785`` in tests/test_canonical.py), the ``rfc8785`` package elsewhere."""
+    try:
+        return orjson.dumps(_plain(value), option=orjson.OPT_SORT_KEYS)
+    except (_NotPlain, orjson.JSONEncodeError, RecursionError):
+        pass
     try:
         return rfc8785.dumps(value)
     except rfc8785.IntegerDomainError:
