@@ -53,10 +53,10 @@ def unacked(namespace: str) -> int:
 
 
 async def parked_and_reviewed(settings: Settings, cases: int = 10_000, reviews: int = 1000,
-                              concurrency: int = 8) -> dict[str, Any]:
-    """``cases`` referred loan cases park; then ``reviews`` of them are confirmed,
-    ``concurrency`` reviewers at once, each timed from its POST to its terminal event
-    stored."""
+                              rate: float = 50.0) -> dict[str, Any]:
+    """``cases`` referred loan cases park; then ``reviews`` of them are confirmed at
+    ``rate`` a second (open loop: each at its time, however long the others take), each
+    timed from its POST to its terminal event stored."""
     async with namespace(settings) as pool:
         key = await api_key(pool)
         _, reviewer = await ApiKeyStore(pool).create(
@@ -80,7 +80,7 @@ async def parked_and_reviewed(settings: Settings, cases: int = 10_000, reviews: 
             await asyncio.sleep(3.0)
             waiting = rss_mb(worker.pid)
             held = await asyncio.to_thread(unacked, settings.namespace)
-            latencies = await _review(pool, base, reviewer, reviews, concurrency)
+            latencies = await _review(pool, base, reviewer, reviews, rate)
         finally:
             stack.stop()
     figures = percentiles([s * 1000 for s in latencies])
@@ -88,34 +88,31 @@ async def parked_and_reviewed(settings: Settings, cases: int = 10_000, reviews: 
         "parkedCases": cases, "parkSeconds": round(parked_seconds, 1),
         "workerIdleRssMb": round(idle, 1), "workerRssParkedMb": round(waiting, 1),
         "rssGrowthMb": round(waiting - idle, 1), "unackedWhileParked": held,
-        "reviews": reviews, "reviewConcurrency": concurrency,
+        "reviews": reviews, "reviewsPerSecond": rate,
         **{f"reviewToTerminal{k.capitalize()}Ms": round(v, 1) for k, v in figures.items()},
     }
 
 
 async def _review(pool: asyncpg.Pool, base: str, reviewer: str, count: int,
-                  concurrency: int) -> list[float]:
-    """Confirm ``count`` waiting cases; for each, seconds from the POST to its terminal
-    event stored (``recorded_at``, the consumer's commit)."""
+                  rate: float) -> list[float]:
+    """Confirm ``count`` waiting cases, ``rate`` a second; for each, seconds from the
+    POST to its terminal event stored (``recorded_at``, the consumer's commit)."""
     rows = await pool.fetch("SELECT case_id FROM cases WHERE parked_attempt IS NOT NULL "
                             "ORDER BY parked_at LIMIT $1", count)
     sent: dict[str, float] = {}
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    for row in rows:
-        queue.put_nowait(str(row["case_id"]))
+    async with httpx.AsyncClient(base_url=base, timeout=30, headers={
+            "Authorization": f"Bearer {reviewer}"}) as client:
+        async def one(case_id: str, at: float) -> None:
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            sent[case_id] = time.time()
+            reply = await client.post(f"/cases/{case_id}/review", json={
+                "verdict": "confirm", "reason": "Income verified by phone."})
+            if reply.status_code != 202:
+                raise RuntimeError(f"review of {case_id}: {reply.status_code} {reply.text}")
 
-    async def one_reviewer() -> None:
-        async with httpx.AsyncClient(base_url=base, timeout=30, headers={
-                "Authorization": f"Bearer {reviewer}"}) as client:
-            while not queue.empty():
-                case_id = queue.get_nowait()
-                sent[case_id] = time.time()
-                reply = await client.post(f"/cases/{case_id}/review", json={
-                    "verdict": "confirm", "reason": "Income verified by phone."})
-                if reply.status_code != 202:
-                    raise RuntimeError(f"review of {case_id}: {reply.status_code} {reply.text}")
-
-    await asyncio.gather(*(one_reviewer() for _ in range(concurrency)))
+        start = time.monotonic()
+        await asyncio.gather(*(one(str(row["case_id"]), start + i / rate)
+                               for i, row in enumerate(rows)))
     await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type = 'CASE_COMPLETED'",
                     len(sent), 300)
     stored = await pool.fetch(

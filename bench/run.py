@@ -307,8 +307,8 @@ def _review_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
          f"parked ({x['parkSeconds']} s to park); {x['unackedWhileParked']} unacked messages"),
         ("  a review to its terminal event stored", f"p99 {x['reviewToTerminalP99Ms']:.0f} ms",
          f"≤ {TARGETS['reviewP99']:,} ms",
-         f"p50 {x['reviewToTerminalP50Ms']:.0f} ms; {x['reviews']:,} confirms, "
-         f"{x['reviewConcurrency']} reviewers at once, POST → the consumer's commit"),
+         f"p50 {x['reviewToTerminalP50Ms']:.0f} ms; {x['reviews']:,} confirms at "
+         f"{x['reviewsPerSecond']:.0f}/s, POST → the consumer's commit"),
     ]
 
 
