@@ -8,15 +8,19 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
+from typing import Literal
 
 import asyncpg
 import httpx
 import orjson
 import pytest
 from playwright.async_api import Browser, Route, expect
+from pydantic import BaseModel, ConfigDict
 
+from casetrail import FINAL_ANSWER, Agent, AssistantTurn, ChatMessage, Limits, call
+from service.agents import registry
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
 from service.evidence import verify_bundle
@@ -269,3 +273,62 @@ async def test_the_api_docs_load_nothing_from_elsewhere_and_run_under_a_strict_c
     async with httpx.AsyncClient(base_url=stack.base_url) as anyone:
         assert (await anyone.get("/redoc")).status_code == 404
         assert "cdn" not in (await anyone.get("/docs")).text.lower()
+
+
+class Note(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    subject: str
+
+
+class Verdict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    decision: Literal["approve", "decline"]
+
+
+WRITE_UP = ("**Income** checked against the bureau.\n\n```json\n{\"band\": \"high\"}\n```\n\n"
+            "- first reason\n- second reason\n\n"
+            "<img src=x onerror=\"window.pwned = 1\"> <script>window.pwned = 2</script>\n\n"
+            "[the policy](https://policy.example.test/4.2) and [not this](javascript:"
+            "window.pwned=3)")
+
+
+def write_up(messages: Sequence[ChatMessage]) -> AssistantTurn:
+    return AssistantTurn(text=WRITE_UP, tool_calls=(
+        call(FINAL_ANSWER, "final", decision="approve"),))
+
+
+NOTES = Agent(name="markdown-notes", version="1.0.0", description="Writes its reasoning "
+              "in Markdown.", instructions="Decide.", input=Note, answer=Verdict, tools=[],
+              script=write_up, limits=Limits(max_cycles=2, deadline_seconds=30))
+
+
+@pytest.fixture
+def notes_agent() -> Iterator[str]:
+    found = registry()
+    found.add(NOTES, "tests")
+    yield NOTES.name
+    found.agents.pop(NOTES.name)
+    found.origins.pop(f"agent:{NOTES.name}")
+
+
+async def test_reasoning_is_markdown_with_raw_html_shown_as_text(
+    browser: Browser, stack: InProcessStack, lender: httpx.AsyncClient, viewer_key: str,
+    notes_agent: str,
+) -> None:
+    case_id = (await lender.post("/cases", json={"agent": notes_agent, "input": {
+        "subject": "A-1001"}})).json()["caseId"]
+    assert (await ended(lender, case_id))["status"] == "completed"
+    page = await signed_in(browser, stack, viewer_key, f"/ui/cases/{case_id}")
+    reasoning = page.locator("article.cycle .reasoning.markdown").first
+    await expect(reasoning.locator("strong")).to_have_text("Income")
+    await expect(reasoning.locator("pre code")).to_contain_text('{"band": "high"}')
+    await expect(reasoning.locator("li")).to_have_count(2)
+    await expect(reasoning.locator("a")).to_have_attribute(
+        "href", "https://policy.example.test/4.2")
+    # Raw HTML is text, never markup; a javascript: link is not a link.
+    await expect(reasoning).to_contain_text('<img src=x onerror="window.pwned = 1">')
+    await expect(reasoning).to_contain_text("<script>window.pwned = 2</script>")
+    assert await reasoning.locator("img, script").count() == 0
+    assert await reasoning.locator("a[href^='javascript']").count() == 0
+    assert await page.evaluate("window.pwned") is None
+    await page.close()

@@ -7,8 +7,11 @@ There is no build step and nothing is fetched from elsewhere: the files in
 ``service/api/ui/`` are served as they are, read once at start.
 
 The Content-Security-Policy allows scripts, styles and connections to this origin only,
-and the page writes every value from a trail as text, never as markup, so reasoning
-text or a tool result that holds HTML is shown, not run.
+and the page writes every value from a trail as text, never as markup, so a tool
+result that holds HTML is shown, not run. Reasoning is Markdown, rendered by
+markdown-it 14.3.3 (MIT, ``markdown-it.min.js`` as published on npm) with raw HTML off:
+any HTML in it is escaped to text, links are limited to safe schemes, and the policy
+still lets no image or script load from elsewhere.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from service.auth import Principal
 from service.events import TERMINAL_EVENT_TYPES, CaseStatus
 
 _ASSETS = {"app.js": "text/javascript", "style.css": "text/css",
+           "markdown-it.min.js": "text/javascript",
            "favicon.svg": "image/svg+xml", "vocabulary.json": "application/json"}
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "

@@ -61,6 +61,15 @@ const statusBadge = (status) => badge(status.replaceAll("_", " "), STATUS_TONE[s
 const decisionBadge = (decision) =>
   decision ? badge(decision, DECISION_TONE[decision] || "info") : el("span", { class: "muted", text: "—" });
 const json = (value) => JSON.stringify(value, null, 2);
+// Reasoning is Markdown: rendered with raw HTML off (any HTML in it becomes text),
+// links only with safe schemes (markdown-it's own check), nothing loaded from elsewhere.
+const MARKDOWN = window.markdownit({ html: false, linkify: false, typographer: false, breaks: true });
+function markdown(text, className = "reasoning") {
+  const box = el("div", { class: `${className} markdown` });
+  box.innerHTML = MARKDOWN.render(text || "(no text)");
+  for (const link of box.querySelectorAll("a")) link.rel = "noopener noreferrer";
+  return box;
+}
 const when = (iso) => (iso ? new Date(iso).toLocaleString() : "—");
 const ms = (value) => (value >= 1000 ? `${(value / 1000).toFixed(2)} s` : `${value} ms`);
 
@@ -306,7 +315,7 @@ function cycleCard(event) {
       p.finishReason ? el("span", { text: `finish: ${p.finishReason}` }) : null,
       el("span", { text: `${tokens.inputTokens} in / ${tokens.outputTokens} out tokens` }),
       el("span", { text: when(event.occurredAt) })),
-    el("p", { class: "reasoning", text: p.reasoningText || "(no text)" }),
+    markdown(p.reasoningText),
     (p.modelRetries || []).map((r) => el("p", { class: "muted",
       text: `model retried after ${ms(r.waitedMs)}: ${r.reason}` })),
     el("div", { class: "tools" }, p.toolCalls.map(toolCard)),
@@ -383,7 +392,7 @@ function questionCard(event, caseId) {
   const card = el("article", { class: "card waiting", id: "waiting", tabindex: "-1" },
     el("header", {}, el("strong", { text: "Waiting for a person's answer" }),
       el("span", { text: when(event.occurredAt) }), due),
-    el("p", { class: "reasoning", text: q.reasoningText || "(no text)" }),
+    markdown(q.reasoningText),
     el("blockquote", { class: "question", text: q.question }),
     q.toolCalls.length ? el("div", { class: "tools" }, q.toolCalls.map(toolCard)) : null);
   fillDue(due, caseId);
