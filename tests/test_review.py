@@ -17,7 +17,8 @@ import asyncpg
 import httpx
 import orjson
 import pytest
-from playwright.async_api import Browser, expect
+from axe_playwright_python.async_playwright import Axe
+from playwright.async_api import Browser, Page, expect
 from prometheus_client import REGISTRY
 from pydantic import BaseModel, ConfigDict
 
@@ -666,3 +667,50 @@ async def test_a_tenants_sql_reader_sees_only_its_own_reviews(
     finally:
         for tenant in reviewed:
             await asyncio.to_thread(run_cli, settings, "sql-role", "drop", "--tenant", tenant)
+
+
+async def axe_serious(page: Page) -> list[str]:
+    """axe-core's serious and critical violations on the page as shown."""
+    found = await Axe().run(page)
+    return [f"{v['id']} ({v['impact']}): {v['help']} at "
+            + "; ".join(str(n["target"]) for n in v["nodes"][:3])
+            for v in found.response["violations"] if v["impact"] in ("serious", "critical")]
+
+
+async def test_the_reviewers_pages_pass_axe_and_a_review_is_done_by_keyboard(
+    browser: Browser, people: People, stack: InProcessStack,
+) -> None:
+    """axe-core (in Chromium) finds nothing serious or critical on the case list, the
+    review queue, a waiting case with its form and a decided case; and a reviewer
+    decides with the keyboard alone."""
+    case_id = await parked(people, REFERRED)
+    page = await signed_in(browser, stack, people.keys["rita"], "/ui/")
+    await expect(page.locator("table.cases")).to_be_visible()
+    problems = {"list": await axe_serious(page)}
+    await page.goto(f"{stack.base_url}/ui/reviews")
+    await expect(page.locator(f"tr[data-case-id='{case_id}']")).to_be_visible()
+    problems["review queue"] = await axe_serious(page)
+    await page.goto(f"{stack.base_url}/ui/cases/{case_id}")
+    await expect(page.locator("form.review")).to_be_visible(timeout=10_000)
+    problems["waiting case"] = await axe_serious(page)
+    # By keyboard: Tab from the page's top to the verdict, the reason and the button.
+    await page.locator("body").focus()
+    assert await tab_to(page, "document.activeElement.name === 'verdict'")
+    assert await page.evaluate("document.activeElement.value") == "confirm"
+    assert await tab_to(page, "document.activeElement.name === 'reason'")
+    await page.keyboard.type("Checked by phone, by keyboard.")
+    assert await tab_to(page, "document.activeElement.type === 'submit'")
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#outcome")).to_contain_text("Completed", timeout=20_000)
+    problems["decided case"] = await axe_serious(page)
+    assert not any(problems.values()), problems
+    await page.close()
+
+
+async def tab_to(page: Page, focused: str, limit: int = 80) -> bool:
+    """Press Tab until ``focused`` (a JavaScript expression) holds; whether it did."""
+    for _ in range(limit):
+        await page.keyboard.press("Tab")
+        if await page.evaluate(focused):
+            return True
+    return False
