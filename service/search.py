@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 
 from service.events import CaseStatus
-from service.store import translate_errors, utc_text
+from service.store import principal_names, translate_errors, utc_text
 
 STATUSES: tuple[str, ...] = tuple(CaseStatus)
 """The statuses a case can have (service.events.CaseStatus)."""
@@ -152,4 +152,6 @@ class CaseIndex:
         more = len(rows) > limit
         rows = rows[:limit]
         following = Cursor(rows[-1]["created_at"], rows[-1]["case_id"]) if more else None
-        return [_item(row) for row in rows], following
+        names = await principal_names(self._pool, (row["started_by"] for row in rows))
+        return [_item(row) | {"startedByName": names.get(row["started_by"])}
+                for row in rows], following

@@ -7,7 +7,7 @@ translated here: a lost or refused connection becomes ``StoreUnavailable``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -886,6 +886,26 @@ class KeyRegistry:
 def utc_text(value: datetime | None) -> str | None:
     """A stored time as the API writes it: ISO 8601 with ``Z``."""
     return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+async def principal_names(pool: asyncpg.Pool, subjects: Iterable[str | None]
+                          ) -> dict[str, str]:
+    """How people are shown a recorded principal (``startedBy``): a key made for a
+    person as the person and the key's name (``rita (Rita's laptop)``), another key as
+    its name, an OIDC subject as itself. Unknown or nameless keys are left out."""
+    keys = {s[4:] for s in subjects if s and s.startswith("key:")}
+    names = {s: s[5:] for s in subjects if s and s.startswith("oidc:")}
+    if keys:
+        async with translate_errors():
+            rows = await pool.fetch("SELECT key_id, name, person FROM api_keys "
+                                    "WHERE key_id = ANY($1::text[])", list(keys))
+        for row in rows:
+            shown = row["person"] or row["name"]
+            if row["person"] and row["name"]:
+                shown = f"{row['person']} ({row['name']})"
+            if shown:
+                names[f"key:{row['key_id']}"] = shown
+    return names
 
 
 class ApiKeyStore:

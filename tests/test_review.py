@@ -301,6 +301,8 @@ async def test_a_tenant_that_reviews_every_case_has_even_an_approve_wait(
     assert case["status"] == "awaiting_review" and case["answer"]["decision"] == "approve"
     async with people.as_("strict-rita") as rita:
         waiting = (await rita.get(f"/reviews/{case_id}")).json()
+        queued = (await rita.get("/reviews")).json()["reviews"]
+        assert next(r for r in queued if r["caseId"] == case_id)["startedByName"] == "sam"
         assert waiting["reviewReasons"] == ["tenant_policy"]
         assert (await rita.get("/reviews", params={"nonsense": "1"})).status_code == 422
         reply = await rita.post(f"/cases/{case_id}/review", json={

@@ -82,6 +82,8 @@ async def test_search_lists_the_tenants_cases_newest_first_with_their_decisions(
         assert item["decision"] == view["answer"]["decision"]
         assert item["status"] == "completed" and item["cycles"] == view["cycles"]
         assert item["startedBy"].startswith("key:")
+        assert item["startedByName"] == "search"  # the key's name, not its id
+        assert view["startedBy"] == item["startedBy"] and view["startedByName"] == "search"
         assert "input" not in item  # search results carry no case input
 
 

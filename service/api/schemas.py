@@ -111,6 +111,10 @@ class CaseView(BaseModel):
     model: dict[str, Any]
     limits: dict[str, Any]
     cancelRequested: bool
+    startedBy: str | None = Field(default=None, description="Who started it (`key:<id>`, "
+                                  "`oidc:<sub>`).")
+    startedByName: str | None = Field(default=None, description="The same, as people know "
+                                      "them (the person and the key's name).")
     createdAt: str | None
     startedAt: str | None
     endedAt: str | None
@@ -181,6 +185,8 @@ class ReviewItem(BaseModel):
         default=None, description="The model's question (callId, question), when it waits "
         "for an answer (POST /cases/{id}/answer).")
     waitingSince: str | None
+    startedByName: str | None = Field(default=None, description="Who started the case, as "
+                                      "people know them.")
     dueAt: str | None = Field(description="When the review becomes overdue (the tenant's, "
                               "the agent's or the deployment's review deadline).")
     overdue: bool = Field(description="Past its due time: shown and alerted on; the case "
@@ -304,6 +310,9 @@ class CaseSummary(BaseModel):
     cycles: int
     tokenUsage: TokenTotals
     startedBy: str | None
+    startedByName: str | None = Field(
+        default=None, description="Who started it, as people know them: the person and "
+        "the key's name, a key's name, or the OIDC subject.")
     createdAt: str | None
     endedAt: str | None
 

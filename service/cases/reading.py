@@ -19,7 +19,7 @@ from service.errors import PermanentError
 from service.events import EVENT_TYPES, CaseStatus
 from service.search import CaseFilter, Cursor, case_summary
 from service.sensitive import restore
-from service.store import utc_text
+from service.store import principal_names, utc_text
 from service.verification import Report
 
 log = logging.getLogger("casetrail.cases")
@@ -44,6 +44,7 @@ def case_view(row: dict[str, Any]) -> dict[str, Any]:
         "model": row["model"],
         "limits": row["limits"],
         "cancelRequested": row["cancel_requested_at"] is not None,
+        "startedBy": row["started_by"],
         "startedAt": utc_text(row["started_at"]),
     }
 
@@ -75,6 +76,8 @@ async def get(services: CaseServices, principal: Principal, case_id: uuid.UUID
     """The case: status, totals, answer, its trail's integrity and its sensitive input."""
     row = await owned(services, principal, case_id)
     view = case_view(row)
+    view["startedByName"] = (await principal_names(services.pool, [row["started_by"]])).get(
+        row["started_by"])
     view["integrity"] = await services.evidence.integrity_summary(case_id, row)
     values, view["sensitive"] = await sensitive_values(services, principal, row)
     shown: dict[str, Any] = restore(view, values)

@@ -25,7 +25,7 @@ from service.cases.services import CaseServices
 from service.cases.text import refuse_unstorable
 from service.errors import BusUnavailable, PublishRejected
 from service.events import ENDED_STATUSES, CaseStatus
-from service.store import utc_text
+from service.store import principal_names, utc_text
 
 log = logging.getLogger("casetrail.cases")
 
@@ -185,7 +185,9 @@ async def open_reviews(services: CaseServices, principal: Principal, *,
     tenant = None if principal.tenant == "*" else principal.tenant
     rows = await services.store.open_reviews(tenant, agent, decision, checks_failed, limit,
                                              overdue=overdue)
-    return [review_item(row) for row in rows]
+    names = await principal_names(services.pool, (row["started_by"] for row in rows))
+    return [review_item(row) | {"startedByName": names.get(row["started_by"])}
+            for row in rows]
 
 
 def review_item(row: dict[str, Any]) -> dict[str, Any]:

@@ -241,7 +241,7 @@ async function listPage(signal) {
         el("td", { class: "num wide", text: item.cycles }),
         el("td", { class: "num wide",
                    text: (item.tokenUsage.inputTokens + item.tokenUsage.outputTokens).toLocaleString() }),
-        el("td", { class: "wide id", text: item.startedBy || "—" }),
+        el("td", { class: "wide", text: item.startedByName || item.startedBy || "—", title: item.startedBy || "" }),
         el("td", { text: when(item.createdAt) })));
     }
     if (!body.children.length) {
@@ -266,7 +266,7 @@ async function reviewsPage(signal) {
     el("td", { text: item.reviewReasons.map((r) => REVIEW_REASONS[r] || r).join("; ") }),
     el("td", {}, item.checks.some((c) => !c.passed) ? checksSummary(item.checks, `/ui/cases/${item.caseId}#waiting`)
                                                     : el("span", { class: "muted", text: "all passed" })),
-    el("td", { class: "wide id", text: item.startedBy || "—" }),
+    el("td", { class: "wide", text: item.startedByName || item.startedBy || "—", title: item.startedBy || "" }),
     el("td", {}, el("span", { text: when(item.waitingSince) }), " ", dueBadge(item)))));
   if (!waiting.length) body.append(el("tr", {}, el("td", { colspan: 7, class: "empty", text: "Nothing waits for review." })));
   show(signal, el("p", { class: "muted" }, el("a", { href: "/ui/", text: "← All cases" })),
@@ -590,7 +590,7 @@ async function casePage(caseId, signal) {
     const p = event.payload;
     if (event.eventType === "CASE_STARTED") {
       setFact("f-tenant", event.tenantId);
-      setFact("f-by", p.startedBy || "—");
+      setFact("f-by", view.startedByName || p.startedBy || "—");
       setFact("f-attempts", String(event.attempt));
       setFact("f-status", statusBadge("running"));
       section(event.attempt).append(startedCard(event));
