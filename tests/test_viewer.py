@@ -332,3 +332,35 @@ async def test_reasoning_is_markdown_with_raw_html_shown_as_text(
     assert await reasoning.locator("a[href^='javascript']").count() == 0
     assert await page.evaluate("window.pwned") is None
     await page.close()
+
+
+async def test_the_list_follows_cases_live_and_a_running_case_is_cancelled_from_its_page(
+    browser: Browser, stack: InProcessStack, lender: httpx.AsyncClient, pool: asyncpg.Pool,
+) -> None:
+    """The list, left open, shows a case started meanwhile and its status changing
+    without a reload; a key with cases:cancel cancels a running case from its page, and
+    the trail says who."""
+    _, key = await ApiKeyStore(pool).create("lender", (*SCOPES, "cases:cancel"),
+                                            "viewer canceller")
+    page = await signed_in(browser, stack, key, "/ui/")
+    await expect(page.locator(".live-list")).to_contain_text("Live")
+    slow = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0],
+            "model": {"provider": "scripted", "name": "slow", "latencyMs": 700}}
+    case_id = (await lender.post("/cases", json=slow)).json()["caseId"]
+    row = page.locator(f"tr[data-case-id='{case_id}']")
+    await expect(row).to_be_visible(timeout=10_000)
+    await expect(row.locator("td.status")).to_have_text("running", timeout=10_000)
+    await expect(row.locator("td.cycles")).not_to_have_text("0", timeout=10_000)
+    await expect(row.locator("td.status")).to_have_text("completed", timeout=20_000)
+    await expect(row.locator("td.decision")).to_have_text("approve")
+    # Cancel: another slow case, from its own page.
+    case_id = (await lender.post("/cases", json={**slow, "model": {
+        "provider": "scripted", "name": "slow", "latencyMs": 2500}})).json()["caseId"]
+    page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+    await page.goto(f"{stack.base_url}/ui/cases/{case_id}")
+    await page.get_by_role("button", name="Cancel case").click()
+    outcome = page.locator("#outcome")
+    await expect(outcome).to_contain_text("Cancelled", timeout=20_000)
+    await expect(outcome).to_contain_text("cancelled in the trail viewer")
+    assert await page.get_by_role("button", name="Cancel case").count() == 0
+    await page.close()

@@ -24,7 +24,7 @@ import orjson
 from fastapi import FastAPI, HTTPException, Response
 
 from service.auth import Principal
-from service.events import TERMINAL_EVENT_TYPES, CaseStatus
+from service.events import PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES, CaseStatus, status_for
 
 _ASSETS = {"app.js": "text/javascript", "style.css": "text/css",
            "markdown-it.min.js": "text/javascript",
@@ -50,7 +50,12 @@ def viewer_routes(app: FastAPI, public: Any) -> None:
     assets = {name: _read(name) for name in _ASSETS if name != "vocabulary.json"}
     # The contract's words for the page, from the definitions the code uses (not copied).
     assets["vocabulary.json"] = orjson.dumps({
-        "statuses": list(CaseStatus), "terminalEventTypes": sorted(TERMINAL_EVENT_TYPES)})
+        "statuses": list(CaseStatus), "terminalEventTypes": sorted(TERMINAL_EVENT_TYPES),
+        # The status each event gives its case, as the consumer folds it.
+        "statusOfEvent": {
+            **{t: CaseStatus.RUNNING for t in ("CASE_STARTED", "REACT_CYCLE", "CASE_REVIEWED")},
+            PARKING_EVENT_TYPE: CaseStatus.AWAITING_REVIEW,
+            **{t: status_for(t) for t in TERMINAL_EVENT_TYPES}}})
 
     def page() -> Response:
         return Response(shell, media_type="text/html; charset=utf-8", headers=_HEADERS)

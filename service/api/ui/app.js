@@ -8,6 +8,8 @@ const KEY = "casetrail.apiKey";
 const VOCABULARY = await (await fetch("/ui/assets/vocabulary.json")).json();
 const TERMINAL = new Set(VOCABULARY.terminalEventTypes);
 const STATUSES = VOCABULARY.statuses;
+const STATUS_OF_EVENT = VOCABULARY.statusOfEvent;
+const TERMINAL_STATUSES = new Set(VOCABULARY.terminalEventTypes.map((t) => STATUS_OF_EVENT[t]));
 const DECISION_TONE = {
   approve: "ok", clear: "ok", refer: "warn", escalate: "warn", decline: "bad", "file-sar": "bad",
 };
@@ -234,15 +236,7 @@ async function listPage(signal) {
     const page = await api(`/cases?${query}`);
     if (signal.aborted) return;
     for (const item of page.items) {
-      const link = el("a", { class: "id", href: `/ui/cases/${item.caseId}`, text: item.caseId.slice(0, 8) });
-      body.append(el("tr", { "data-case-id": item.caseId },
-        el("td", {}, link), el("td", { text: item.agent }),
-        el("td", {}, statusBadge(item.status)), el("td", {}, decisionBadge(item.decision)),
-        el("td", { class: "num wide", text: item.cycles }),
-        el("td", { class: "num wide",
-                   text: (item.tokenUsage.inputTokens + item.tokenUsage.outputTokens).toLocaleString() }),
-        el("td", { class: "wide", text: item.startedByName || item.startedBy || "—", title: item.startedBy || "" }),
-        el("td", { text: when(item.createdAt) })));
+      if (!body.querySelector(`tr[data-case-id="${item.caseId}"]`)) body.append(caseRow(item));
     }
     if (!body.children.length) {
       body.append(el("tr", {}, el("td", { colspan: 8, class: "empty", text: "No cases match." })));
@@ -252,9 +246,63 @@ async function listPage(signal) {
   };
   more.addEventListener("click", () => load().catch(fail));
   await load();
+  const live = el("p", { class: "muted live-list", role: "status", text: "" });
   show(signal, el("h1", { text: "Cases" }),
        el("p", {}, el("a", { href: "/ui/reviews", text: "Cases awaiting review →" })),
-       form, table, el("div", { class: "more" }, more));
+       form, live, table, el("div", { class: "more" }, more));
+  followList(body, params, live, signal);
+}
+
+function caseRow(item) {
+  return el("tr", { "data-case-id": item.caseId },
+    el("td", {}, el("a", { class: "id", href: `/ui/cases/${item.caseId}`, text: item.caseId.slice(0, 8) })),
+    el("td", { text: item.agent }),
+    el("td", { class: "status" }, statusBadge(item.status)),
+    el("td", { class: "decision" }, decisionBadge(item.decision)),
+    el("td", { class: "num wide cycles", text: item.cycles }),
+    el("td", { class: "num wide",
+               text: (item.tokenUsage.inputTokens + item.tokenUsage.outputTokens).toLocaleString() }),
+    el("td", { class: "wide", text: item.startedByName || item.startedBy || "—", title: item.startedBy || "" }),
+    el("td", { text: when(item.createdAt) }));
+}
+
+// The list follows the tenant's events live: a listed case's status, decision and
+// cycles change in place; a case started since shows at the top (first page only).
+function followList(body, params, live, signal) {
+  let fresh = null;
+  const top = async () => {
+    fresh = null;
+    const query = new URLSearchParams(params);
+    query.set("limit", "20");
+    const page = await api(`/cases?${query}`);
+    if (signal.aborted) return;
+    const empty = body.querySelector("td.empty");
+    if (empty) empty.parentElement.remove();
+    for (const item of page.items.reverse()) {
+      if (!body.querySelector(`tr[data-case-id="${item.caseId}"]`)) body.prepend(caseRow(item));
+    }
+  };
+  const onEvent = ({ data }) => {
+    const row = body.querySelector(`tr[data-case-id="${data.caseId}"]`);
+    if (!row) {
+      if (data.eventType === "CASE_STARTED" && data.attempt === 1 && !params.has("cursor") && !fresh) {
+        fresh = setTimeout(() => top().catch(() => {}), 500);  // once the case is searchable
+      }
+      return;
+    }
+    const status = STATUS_OF_EVENT[data.eventType];
+    if (status) row.querySelector("td.status").replaceChildren(statusBadge(status));
+    if (data.eventType === "REACT_CYCLE") {
+      const cycles = row.querySelector("td.cycles");
+      cycles.textContent = String(Number(cycles.textContent) + 1);
+    }
+    const answer = data.payload && data.payload.answer;
+    if (answer && answer.decision) row.querySelector("td.decision").replaceChildren(decisionBadge(answer.decision));
+  };
+  readStream("/events/stream", null, onEvent, signal)
+    .then(() => { live.textContent = ""; })
+    .catch((exc) => { if (exc instanceof Unauthorized) fail(exc); else if (!signal.aborted) live.textContent = "Live updates stopped; reload to see changes."; });
+  live.textContent = "Live: changes show as they happen.";
 }
 
 // --- the review queue ------------------------------------------------------------
@@ -537,6 +585,7 @@ async function casePage(caseId, signal) {
   const timeline = el("div", { class: "timeline" });
   const problems = el("section", { class: "problems", role: "alert", hidden: true });
   const download = bundleButton(caseId);
+  const stopping = mayCancel() && !TERMINAL_STATUSES.has(view.status) ? cancelButton(caseId) : null;
   if (!show(signal,
     el("section", { class: "case-head", "aria-label": "Case" },
       el("div", {},
@@ -555,7 +604,7 @@ async function casePage(caseId, signal) {
           fact("Integrity", "f-integrity", integrityBadge(view.integrity)),
           fact("Transparency log", "f-logged", el("span", { class: "muted", text: "—" })),
           fact("Created", "f-created", when(view.createdAt))),
-        el("p", { class: "head-actions" }, download)),
+        el("p", { class: "head-actions" }, download, stopping)),
       el("div", { class: "chart-box" }, el("div", { class: "label", text: "Tokens per cycle" }), chart,
         el("div", { class: "legend" }, el("i", { class: "in" }), "in", el("i", { class: "out" }), "out"))),
     live, problems, timeline)) return;
@@ -660,9 +709,30 @@ async function casePage(caseId, signal) {
   setFact("f-attempts", String(final.attempts));
   setFact("f-integrity", integrityBadge(final.integrity));
   showLive(`Ended ${when(final.endedAt)}.`, false);
+  if (stopping) stopping.remove();
   download.classList.remove("pending");
   if (final.integrity && !final.integrity.verified) await showProblems(caseId, problems, signal);
   await showLogged(caseId, (value) => setFact("f-logged", value), signal);
+}
+
+// Cancel a case that has not ended (scope cases:cancel): it stops before its next model
+// call, or at once when it waits for a person; the trail records who cancelled it.
+const mayCancel = () => Boolean(identity && ["cases:cancel", "admin"].some((s) => identity.scopes.includes(s)));
+function cancelButton(caseId) {
+  const button = el("button", { type: "button", class: "danger", text: "Cancel case" });
+  button.addEventListener("click", async () => {
+    if (!window.confirm("Cancel this case? It stops before its next model call; the trail records that you cancelled it.")) return;
+    button.disabled = true;
+    try {
+      await api(`/cases/${caseId}/cancel`, { reason: "cancelled in the trail viewer" });
+      button.textContent = "Cancelling…";
+    } catch (exc) {
+      if (exc instanceof Unauthorized) { fail(exc); return; }
+      button.disabled = false;
+      button.textContent = `Cancel case (${exc.message})`;
+    }
+  });
+  return button;
 }
 
 // The offline evidence: the events exactly as signed and the keys, for
