@@ -74,12 +74,18 @@ async def test_a_running_case_fills_in_live_and_ends_with_its_decision(
     await expect(page.locator("#f-integrity")).to_contain_text("verified")
     await expect(page.locator("#f-checks")).to_have_text("3 of 3 passed")
     await expect(page.locator("#f-tenant")).to_have_text("lender")
+    # The decision first: why, in the answer's words, under the applicant's id.
+    await expect(page.locator("h1")).to_have_text("A-1001")
+    await expect(page.locator("#summary")).to_contain_text("Credit score 742")
     # Tool-call cards: name, source, arguments, result, duration.
     first_tool = cycles.first.locator(".tool").first
     await expect(first_tool.locator(".name")).to_have_text("credit-score")
     await expect(first_tool).to_contain_text("worker")
     await expect(first_tool).to_contain_text("Arguments")
     await expect(first_tool).to_contain_text("Result")
+    # JSON in the record's own key order (the signed body's, RFC 8785), not jsonb's.
+    result = await first_tool.locator("pre").last.inner_text()
+    assert result.index('"applicantId"') < result.index('"bureau"') < result.index('"score"')
     # The final answer (not a tool call) and each check's verdict.
     await expect(cycles.last.locator("details.answer")).to_contain_text('"decision": "approve"')
     applicant = outcome.locator("table.checks tr[data-check='names-the-applicant']")

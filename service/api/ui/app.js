@@ -62,7 +62,13 @@ const badge = (text, tone) => el("span", { class: `badge ${tone || "none"}`, tex
 const statusBadge = (status) => badge(status.replaceAll("_", " "), STATUS_TONE[status]);
 const decisionBadge = (decision) =>
   decision ? badge(decision, DECISION_TONE[decision] || "info") : el("span", { class: "muted", text: "—" });
-const json = (value) => JSON.stringify(value, null, 2);
+// JSON in the record's own key order: the signed body is RFC 8785, whose keys are
+// sorted by UTF-16 code units, as JavaScript's default sort compares strings (the API's
+// JSON comes from jsonb, which orders keys by length first).
+const ordered = (value) => (Array.isArray(value) ? value.map(ordered)
+  : value && typeof value === "object"
+    ? Object.fromEntries(Object.keys(value).sort().map((k) => [k, ordered(value[k])])) : value);
+const json = (value) => JSON.stringify(ordered(value), null, 2);
 // Reasoning is Markdown: rendered with raw HTML off (any HTML in it becomes text),
 // links only with safe schemes (markdown-it's own check), nothing loaded from elsewhere.
 const MARKDOWN = window.markdownit({ html: false, linkify: false, typographer: false, breaks: true });
@@ -576,8 +582,23 @@ function fact(label, id, value) {
   return el("div", {}, el("dt", { text: label }), el("dd", { id }, value));
 }
 
+// The decision first, as a reviewer reads it: the decision, why (the answer's rationale
+// and reason codes), and the identifiers people know the case by (the agent's keys).
+function decisionSummary(answer) {
+  if (!answer || typeof answer !== "object") return [el("span", { class: "muted", text: "No decision yet." })];
+  const codes = Array.isArray(answer.reasonCodes) ? answer.reasonCodes : [];
+  return [
+    el("p", {}, decisionBadge(answer.decision)),
+    answer.rationale ? el("p", { class: "rationale", text: answer.rationale }) : null,
+    codes.length ? el("p", { class: "codes" }, "Reason codes: ", codes.map((c, i) => [i ? " " : "", el("code", { text: c })])) : null,
+  ].filter(Boolean);
+}
+
 async function casePage(caseId, signal) {
   const view = await api(`/cases/${caseId}`);
+  const agentInfo = (await api("/agents")).agents.find((a) => a.name === view.agent);
+  const keys = ((agentInfo && agentInfo.keys) || []).filter((k) => view.input && view.input[k] !== undefined);
+  const summary = el("div", { id: "s-decision" }, decisionSummary(view.answer));
   if (!identity) showWho(await api("/me"));  // whether this key may review
   const setFact = (id, value) => document.getElementById(id).replaceChildren(value);
   const chart = el("div", { class: "chart", role: "img", "aria-label": "Tokens per cycle" });
@@ -590,7 +611,8 @@ async function casePage(caseId, signal) {
     el("section", { class: "case-head", "aria-label": "Case" },
       el("div", {},
         el("p", { class: "muted" }, el("a", { href: "/ui/", text: "← All cases" })),
-        el("h1", { text: caseId }),
+        el("h1", { text: keys.length ? keys.map((k) => view.input[k]).join(" · ") : caseId }),
+        keys.length ? el("p", { class: "id muted", text: `${keys.join(", ")} · case ${caseId}` }) : null,
         el("dl", { class: "facts" },
           fact("Agent", "f-agent", view.agent), fact("Tenant", "f-tenant", "—"),
           fact("Started by", "f-by", "—"), fact("Status", "f-status", statusBadge(view.status)),
@@ -607,6 +629,8 @@ async function casePage(caseId, signal) {
         el("p", { class: "head-actions" }, download, stopping)),
       el("div", { class: "chart-box" }, el("div", { class: "label", text: "Tokens per cycle" }), chart,
         el("div", { class: "legend" }, el("i", { class: "in" }), "in", el("i", { class: "out" }), "out"))),
+    el("section", { class: "card summary", id: "summary", "aria-labelledby": "summary-title" },
+      el("h2", { id: "summary-title", text: "Decision" }), summary),
     live, problems, timeline)) return;
 
   const bars = [];
@@ -654,6 +678,7 @@ async function casePage(caseId, signal) {
     } else if (event.eventType === "CASE_AWAITING_REVIEW") {
       setFact("f-status", statusBadge("awaiting_review"));
       setFact("f-decision", decisionBadge(p.answer && p.answer.decision));
+      if (p.answer) summary.replaceChildren(...decisionSummary(p.answer));
       if (p.checks && p.checks.length) setFact("f-checks", checksSummary(p.checks, "#waiting"));
       showLive(p.question ? "Waiting for a person's answer (no worker holds the case meanwhile)…"
                           : "Waiting for a person's review (no worker holds the case meanwhile)…", false);
@@ -666,8 +691,9 @@ async function casePage(caseId, signal) {
       section(event.attempt).append(reviewedCard(event));
     } else if (TERMINAL.has(event.eventType)) {
       ended = true;
-      setFact("f-status", statusBadge(event.eventType.replace("CASE_", "").toLowerCase()));
+      setFact("f-status", statusBadge(STATUS_OF_EVENT[event.eventType]));
       setFact("f-decision", decisionBadge(p.answer && p.answer.decision));
+      if (p.answer) summary.replaceChildren(...decisionSummary(p.answer));
       if (p.checks && p.checks.length) setFact("f-checks", checksSummary(p.checks));
       if (p.decidedBy) {
         setFact("f-decided", p.decidedBy === "reviewer" && reviewers.length
