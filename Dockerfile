@@ -17,7 +17,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     CASETRAIL_MIGRATIONS_DIR=/app/migrations \
     CASETRAIL_API_HOST=0.0.0.0
-RUN useradd --create-home --uid 10001 casetrail
+# fonts-dejavu-core: the case report's fonts (all of Unicode; service/report.py).
+RUN apt-get update && apt-get install -y --no-install-recommends fonts-dejavu-core \
+    && rm -rf /var/lib/apt/lists/* && useradd --create-home --uid 10001 casetrail
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 WORKDIR /app

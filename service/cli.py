@@ -22,7 +22,7 @@ import typer
 
 from service import gc_tuning
 from service.cli_cases import case_id_of as _case_id
-from service.cli_cases import cases_app, reviews_app
+from service.cli_cases import cases_app, report, reviews_app
 from service.config import Settings, get_settings
 
 T = TypeVar("T")
@@ -1098,6 +1098,7 @@ def verify_bundle_command(
 
 app.add_typer(cases_app, name="cases")
 app.add_typer(reviews_app, name="reviews")
+app.command("report")(report)
 
 
 def main() -> None:

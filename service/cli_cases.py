@@ -176,6 +176,24 @@ def cases_show(
                     lambda services, who: get(services, who, parsed)))
 
 
+def report(
+    case_id: Annotated[str, typer.Argument(help="The case id.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The PDF file to write.")],
+    api_key: ApiKey = None,
+) -> None:
+    """Write a case's report as one PDF: its decision, checks, reviews, integrity and
+    transparency-log status, how to verify it, and every cycle; the evidence bundle is
+    attached (its SHA-256 printed). Logged as an export, like `GET /cases/{id}/report`."""
+    from service.cases.reporting import report as make_report
+
+    parsed = case_id_of(case_id)
+    made = _perform(api_key, "cases:read", None,
+                    lambda services, who: make_report(services, who, parsed))
+    output.write_bytes(made.pdf)
+    typer.echo(f"{output}: {len(made.pdf):,} bytes; the attached bundle's SHA-256 is "
+               f"{made.bundle_sha256}", err=True)
+
+
 @cases_app.command("cancel")
 def cases_cancel(
     case_id: Annotated[str, typer.Argument(help="The case id.")],

@@ -54,8 +54,12 @@ DESCRIBED: dict[int, tuple[type, str]] = {
 def responses(ok: int, model: type, description: str, *errors: int
               ) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI responses of a route: its success and every error it can answer."""
-    described: dict[int | str, dict[str, Any]] = {ok: {"model": model,
-                                                       "description": description}}
+    return {ok: {"model": model, "description": description}, **error_responses(*errors)}
+
+
+def error_responses(*errors: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI responses of the errors a route can answer."""
+    described: dict[int | str, dict[str, Any]] = {}
     for code in errors:
         error_model, error_description = DESCRIBED[code]
         described[code] = {"model": error_model, "description": error_description}

@@ -19,7 +19,7 @@ from service.api.deps import (
     Starter,
     known_query_only,
 )
-from service.api.problems import responses
+from service.api.problems import error_responses, responses
 from service.api.schemas import (
     Bundle,
     CancelAccepted,
@@ -32,6 +32,7 @@ from service.api.schemas import (
     Trail,
     VerifyReport,
 )
+from service.cases import reporting
 from service.events import CaseStatus
 from service.search import CURSOR_PATTERN
 from service.store import utc_text
@@ -100,6 +101,22 @@ async def verify_case(case_id: uuid.UUID, principal: Reader, services: Cases) ->
 async def bundle_case(case_id: uuid.UUID, principal: Reader, services: Cases) -> Response:
     return OrjsonResponse(await cases.export(services, principal, case_id), headers={
         "Content-Disposition": f'attachment; filename="casetrail-{case_id}.json"'})
+
+
+@router.get("/cases/{case_id}/report", summary="The case as a PDF report",
+            response_class=Response,
+            responses={200: {"content": {"application/pdf": {"schema": {
+                "type": "string", "format": "binary"}}},
+                "description": "One PDF: the decision, checks, reviews, integrity and the "
+                               "transparency log, how to verify it, every cycle; the evidence "
+                               "bundle attached (its SHA-256 printed and in "
+                               "X-Casetrail-Bundle-Sha256)"},
+                       **error_responses(401, 403, 404, 422, 429, 503)})
+async def report_case(case_id: uuid.UUID, principal: Reader, services: Cases) -> Response:
+    made = await reporting.report(services, principal, case_id)
+    return Response(made.pdf, media_type="application/pdf", headers={
+        "Content-Disposition": f'attachment; filename="casetrail-{case_id}.pdf"',
+        "X-Casetrail-Bundle-Sha256": made.bundle_sha256})
 
 
 @router.get("/cases/{case_id}/events", summary="The case's trail, in order",

@@ -1,0 +1,49 @@
+"""The case report (``GET /cases/{id}/report``, ``casetrail report``): one PDF per case,
+made from the case's evidence bundle and the verdict on it (service/report.py). A
+report is an export: logged like one, sensitive values in clear only for ``pii:read``.
+Rendering is CPU work: it runs off the event loop, a few at once, and beyond that the
+caller is told to come back (429 with Retry-After)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+
+from service.auth import Principal
+from service.cases.errors import OverQuota
+from service.cases.reading import case_view, owned, sensitive_values
+from service.cases.services import CaseServices
+from service.report import render
+from service.store import principal_names
+
+RENDERING_AT_ONCE = 2
+"""Reports rendered at once per API process (each takes a core while it renders)."""
+_rendering = asyncio.BoundedSemaphore(RENDERING_AT_ONCE)
+
+
+@dataclass(frozen=True)
+class Report:
+    pdf: bytes
+    bundle_sha256: str
+    """SHA-256 of the evidence bundle the PDF embeds (and prints)."""
+
+
+async def report(services: CaseServices, principal: Principal, case_id: uuid.UUID) -> Report:
+    """The case's report. ``OverQuota`` while ``RENDERING_AT_ONCE`` others render."""
+    row = await owned(services, principal, case_id)
+    if _rendering.locked():
+        raise OverQuota(f"{RENDERING_AT_ONCE} reports are being rendered; try again shortly",
+                        retry_after=2)
+    async with _rendering:
+        bundle = await services.evidence.bundle(case_id, row)
+        verdict = await services.evidence.verify(case_id, row)
+        assert bundle is not None and verdict is not None  # the case exists
+        values, _ = await sensitive_values(services, principal, row)
+        view = case_view(row)
+        view["startedByName"] = (await principal_names(services.pool, [row["started_by"]])
+                                 ).get(row["started_by"])
+        await services.secrets.log_access(principal.subject, row["tenant_id"], case_id,
+                                          "export")
+        pdf, digest = await asyncio.to_thread(render, bundle, verdict.as_json(), view, values)
+    return Report(pdf, digest)
