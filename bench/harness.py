@@ -137,11 +137,21 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
     return {"p50": q[49], "p95": q[94], "p99": q[98], "max": ordered[-1]}
 
 
-def peak_rss_mb(pid: int) -> float:
+def peak_rss_mb(pid: int, field: str = "VmHWM") -> float:
+    """A process's peak resident memory (``VmRSS``: its resident memory now)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def unacked(namespace: str) -> int:
+    """Messages delivered and not yet acked on a namespace's queues (``rabbitmqctl``)."""
+    listed = subprocess.run(["rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name",
+                             "messages_unacknowledged"], check=True, capture_output=True,
+                            text=True, timeout=60).stdout
+    return sum(int(n) for name, n in (line.split() for line in listed.splitlines()
+                                      if line.strip()) if name.startswith(namespace))
 
 
 def cpu_seconds(pid: int) -> float:

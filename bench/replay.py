@@ -21,6 +21,7 @@ import httpx
 
 from bench.harness import Processes, api_key, bench_settings, namespace, wait_ready, wait_rows
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.store import ApiKeyStore
 from service.supervisor import component_command
 
 PORT = 8798
@@ -53,6 +54,8 @@ async def replay_at_scale(cases: int) -> dict[str, Any]:
     settings = bench_settings(api_port=PORT)
     async with namespace(settings) as pool:
         key = await api_key(pool)
+        _, reviewer = await ApiKeyStore(pool).create(
+            "default", ("cases:review", "cases:read"), "bench reviewer", None, "bench-rita")
         stack = Processes(settings)
         stack.spawn("api", "api", "--port", str(PORT))
         stack.spawn("worker", "worker")
@@ -65,6 +68,15 @@ async def replay_at_scale(cases: int) -> dict[str, Any]:
                 for application in SAMPLE_APPLICATIONS[:3]:
                     (await http.post("/cases", json={"agent": "loan-officer",
                                                      "input": application})).raise_for_status()
+                # The refer waits for a person: one confirms it (replay then covers a
+                # reviewed case too, comparing the agent's own decision).
+                await wait_rows(pool, "SELECT count(*) FROM cases WHERE parked_attempt "
+                                "IS NOT NULL", 1, 60)
+                waiting = await pool.fetchval("SELECT case_id FROM cases WHERE "
+                                              "parked_attempt IS NOT NULL")
+                (await http.post(f"/cases/{waiting}/review", headers={
+                    "Authorization": f"Bearer {reviewer}"}, json={
+                    "verdict": "confirm", "reason": "Bench reviewer."})).raise_for_status()
             await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type = "
                             "'CASE_COMPLETED'", 3)
         finally:

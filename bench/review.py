@@ -8,10 +8,8 @@ Usage: python -m bench.review [parked cases] [reviews]
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -23,7 +21,9 @@ from bench.harness import (
     api_key,
     bench_settings,
     namespace,
+    peak_rss_mb,
     percentiles,
+    unacked,
     wait_ready,
     wait_rows,
 )
@@ -33,23 +33,6 @@ from service.store import ApiKeyStore
 
 PORT = 8794
 REFERRED = SAMPLE_APPLICATIONS[1]  # the scripted loan officer refers it: it waits
-
-
-def rss_mb(pid: int) -> float:
-    """Resident memory now (``VmRSS``), not the peak."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def unacked(namespace: str) -> int:
-    """Messages delivered and not yet acked on the namespace's queues."""
-    listed = subprocess.run(["rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name",
-                             "messages_unacknowledged"], check=True, capture_output=True,
-                            text=True, timeout=60).stdout
-    return sum(int(n) for name, n in (line.split() for line in listed.splitlines()
-                                      if line.strip()) if name.startswith(namespace))
 
 
 async def parked_and_reviewed(settings: Settings, cases: int = 10_000, reviews: int = 1000,
@@ -71,14 +54,14 @@ async def parked_and_reviewed(settings: Settings, cases: int = 10_000, reviews: 
         try:
             await wait_ready(base)
             await asyncio.sleep(3.0)  # settled: pools open, imports done
-            idle = rss_mb(worker.pid)
+            idle = peak_rss_mb(worker.pid, "VmRSS")
             started = time.time()
             await post_cases(base, {"agent": "loan-officer", "input": REFERRED}, cases, key)
             await wait_rows(pool, "SELECT count(*) FROM cases WHERE parked_attempt IS NOT NULL",
                             cases, 600)
             parked_seconds = time.time() - started
             await asyncio.sleep(3.0)
-            waiting = rss_mb(worker.pid)
+            waiting = peak_rss_mb(worker.pid, "VmRSS")
             held = await asyncio.to_thread(unacked, settings.namespace)
             latencies = await _review(pool, base, reviewer, reviews, rate)
         finally:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import uuid
 from typing import Any
 
@@ -18,6 +17,7 @@ import asyncpg
 import httpx
 import orjson
 
+from bench.harness import unacked
 from faults.checker import check, drain_witness
 from faults.conftest import REPORTS, Stack, pg_cluster, rabbit
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
@@ -292,7 +292,7 @@ async def test_parked_cases_survive_a_worker_kill_and_a_broker_restart(
     await asyncio.to_thread(rabbit, "start_app")
     stack.start("worker", "worker")
     await wait_until(stack.ready, timeout=60)
-    assert await asyncio.to_thread(_unacked, stack.settings.namespace) == 0
+    assert await asyncio.to_thread(unacked, stack.settings.namespace) == 0
     _, secret = await ApiKeyStore(pool).create("default", ("cases:review", "cases:read"),
                                                "faults reviewer", None, "faults-rita")
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=30, headers={
@@ -314,11 +314,3 @@ async def test_parked_cases_survive_a_worker_kill_and_a_broker_restart(
     assert len(rows) == 20 and {(r["who"], r["verdict"]) for r in rows} == {
         ("faults-rita", "confirm")}
 
-
-def _unacked(namespace: str) -> int:
-    """Messages delivered and not acked on the namespace's queues (``rabbitmqctl``)."""
-    listed = subprocess.run(["rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name",
-                             "messages_unacknowledged"], check=True, capture_output=True,
-                            text=True, timeout=60).stdout
-    return sum(int(count) for name, count in (line.split() for line in listed.splitlines()
-                                              if line.strip()) if name.startswith(namespace))

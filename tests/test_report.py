@@ -104,8 +104,9 @@ async def test_a_reviewed_case_reports_as_one_pdf_that_carries_its_own_evidence(
     assert made.returncode == 0, made.stderr
     assert "SHA-256" in made.stderr and read(written.read_bytes())[0].startswith("Case report")
     if shutil.which("pdftoppm"):  # the picture of page 1 in docs/ (poppler-utils)
-        subprocess.run(["pdftoppm", "-png", "-r", "80", "-f", "1", "-l", "1", "-singlefile",
-                        str(written), str(DOCS / "report-page1")], check=True)
+        await asyncio.to_thread(subprocess.run, [
+            "pdftoppm", "-png", "-r", "80", "-f", "1", "-l", "1", "-singlefile", str(written),
+            str(DOCS / "report-page1")], check=True)
 
 
 async def test_reports_render_a_few_at_once_and_a_busy_api_answers_429(

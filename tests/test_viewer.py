@@ -15,6 +15,7 @@ from typing import Literal
 import asyncpg
 import httpx
 import orjson
+import pypdf
 import pytest
 from playwright.async_api import Browser, Route, expect
 from pydantic import BaseModel, ConfigDict
@@ -205,6 +206,19 @@ async def test_an_ended_case_offers_its_bundle_and_marks_an_altered_event(
     bundle = orjson.loads((tmp_path / saved.suggested_filename).read_bytes())
     report = verify_bundle(bundle, [worker_signer(settings).public_key])
     assert bundle["caseId"] == case_id and report.verified and report.complete
+    # The decision and the checks are read without scrolling; the report downloads.
+    height = page.viewport_size["height"] if page.viewport_size else 720
+    for shown in ("#summary", "#f-checks", "#f-decision"):
+        box = await page.locator(shown).bounding_box()
+        assert box is not None and box["y"] + box["height"] <= height, (shown, box)
+    async with page.expect_download() as saving:
+        await page.get_by_role("button", name="Download report (PDF)").click()
+    pdf = await saving.value
+    assert pdf.suggested_filename == f"casetrail-{case_id}.pdf"
+    await pdf.save_as(tmp_path / pdf.suggested_filename)
+    text = "\n".join(p.extract_text() for p in pypdf.PdfReader(
+        tmp_path / pdf.suggested_filename).pages)
+    assert text.startswith("Case report") and case_id in text
 
     # A bundle that cannot be made is said beside the button; the page stays.
     async def unavailable(route: Route) -> None:

@@ -528,17 +528,9 @@ class ReactEngine:
             reasoning_text=reasoning, tool_calls=tuple(records), token_usage=turn.usage,
             model=turn.model or model.name, finish_reason=turn.finish_reason,
             model_retries=tuple(state.retries))
-        if state.decided is not None:
-            state.decided()
-        event = await self._emit(state, CaseAwaitingReviewPayload(
+        return await self._wait(state, CaseAwaitingReviewPayload(
             cycles_completed=state.cycles, token_totals=state.usage, question=pending,
             review_reasons=("question",)))
-        state.metrics.ended("awaiting_review")
-        if state.trace is not None:
-            state.trace.end("awaiting_review", None, state.usage.input_tokens,
-                            state.usage.output_tokens)
-        assert isinstance(event, CaseAwaitingReview)
-        return event
 
     async def _cycle(
         self, state: RunState, model: ChatModel, tools: ToolBox, cancel: CancelSignal
@@ -788,12 +780,17 @@ class ReactEngine:
 
     async def _park(self, state: RunState, answer: JsonObject, checks: Sequence[CheckResult],
                     reasons: Sequence[ReviewReason]) -> CaseAwaitingReview:
+        """End the attempt waiting for a person to decide ``answer``."""
+        return await self._wait(state, CaseAwaitingReviewPayload(
+            cycles_completed=state.cycles, token_totals=state.usage, answer=answer,
+            checks=tuple(checks), review_reasons=tuple(reasons)))
+
+    async def _wait(self, state: RunState, waiting: CaseAwaitingReviewPayload
+                    ) -> CaseAwaitingReview:
         """End the attempt waiting for a person: the worker lets go of the case."""
         if state.decided is not None:
             state.decided()
-        event = await self._emit(state, CaseAwaitingReviewPayload(
-            cycles_completed=state.cycles, token_totals=state.usage, answer=answer,
-            checks=tuple(checks), review_reasons=tuple(reasons)))
+        event = await self._emit(state, waiting)
         state.metrics.ended("awaiting_review")
         if state.trace is not None:
             state.trace.end("awaiting_review", None, state.usage.input_tokens,

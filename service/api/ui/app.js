@@ -606,6 +606,7 @@ async function casePage(caseId, signal) {
   const timeline = el("div", { class: "timeline" });
   const problems = el("section", { class: "problems", role: "alert", hidden: true });
   const download = bundleButton(caseId);
+  const reportDownload = reportButton(caseId);
   const stopping = mayCancel() && !TERMINAL_STATUSES.has(view.status) ? cancelButton(caseId) : null;
   if (!show(signal,
     el("section", { class: "case-head", "aria-label": "Case" },
@@ -626,7 +627,7 @@ async function casePage(caseId, signal) {
           fact("Integrity", "f-integrity", integrityBadge(view.integrity)),
           fact("Transparency log", "f-logged", el("span", { class: "muted", text: "—" })),
           fact("Created", "f-created", when(view.createdAt))),
-        el("p", { class: "head-actions" }, download, stopping)),
+        el("p", { class: "head-actions" }, download, " ", reportDownload, stopping)),
       el("div", { class: "chart-box" }, el("div", { class: "label", text: "Tokens per cycle" }), chart,
         el("div", { class: "legend" }, el("i", { class: "in" }), "in", el("i", { class: "out" }), "out"))),
     el("section", { class: "card summary", id: "summary", "aria-labelledby": "summary-title" },
@@ -737,6 +738,7 @@ async function casePage(caseId, signal) {
   showLive(`Ended ${when(final.endedAt)}.`, false);
   if (stopping) stopping.remove();
   download.classList.remove("pending");
+  reportDownload.classList.remove("pending");
   if (final.integrity && !final.integrity.verified) await showProblems(caseId, problems, signal);
   await showLogged(caseId, (value) => setFact("f-logged", value), signal);
 }
@@ -765,17 +767,28 @@ function cancelButton(caseId) {
 // `casetrail verify-bundle` or docs/verify_bundle.py. Fetched with the key in the
 // header (never in a URL) and saved from memory. Shown once the case has ended.
 function bundleButton(caseId) {
-  const button = el("button", { type: "button", text: "Download evidence bundle" });
+  return downloadButton("Download evidence bundle", `/cases/${caseId}/bundle`,
+                        `case-${caseId}.bundle.json`, "The bundle");
+}
+
+// The case report: one PDF with the decision first and the bundle attached.
+function reportButton(caseId) {
+  return downloadButton("Download report (PDF)", `/cases/${caseId}/report`,
+                        `casetrail-${caseId}.pdf`, "The report");
+}
+
+function downloadButton(label, path, filename, what) {
+  const button = el("button", { type: "button", text: label });
   const problem = el("span", { class: "error", role: "alert", hidden: true });
   button.addEventListener("click", async () => {
     button.disabled = true;
     problem.hidden = true;
     try {
-      const response = await fetch(`/cases/${caseId}/bundle`, { headers: authHeaders() });
+      const response = await fetch(path, { headers: authHeaders() });
       if (response.status === 401) throw new Unauthorized();
-      if (!response.ok) throw new Error(`The bundle could not be made (${response.status}).`);
+      if (!response.ok) throw new Error(`${what} could not be made (${response.status}).`);
       const url = URL.createObjectURL(await response.blob());
-      const save = el("a", { href: url, download: `case-${caseId}.bundle.json`, hidden: true });
+      const save = el("a", { href: url, download: filename, hidden: true });
       document.body.append(save);
       save.click();
       save.remove();
