@@ -138,17 +138,20 @@ async def run_cases(provider: Provider, cases: int, concurrency: int) -> dict[st
                 worker = stack.spawn("worker", "worker")
                 cpu_before = cpu_seconds(worker.pid)
                 server_cpu = cpu_seconds(server.process.pid)
+                # The model's refer waits for a person (the loan officer's review): the
+                # model's part of the case ends there, as it does with a terminal event.
                 await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type IN "
-                                "('CASE_COMPLETED', 'CASE_FAILED', 'CASE_TIMED_OUT')", cases,
-                                timeout=600)
+                                "('CASE_COMPLETED', 'CASE_FAILED', 'CASE_TIMED_OUT', "
+                                "'CASE_AWAITING_REVIEW')", cases, timeout=600)
                 cpu = cpu_seconds(worker.pid) - cpu_before
                 server_cpu = cpu_seconds(server.process.pid) - server_cpu
                 rss = peak_rss_mb(worker.pid)
                 rows = await pool.fetch(
                     "SELECT case_id, event_type, extract(epoch FROM occurred_at) AS t "
                     "FROM event_log ORDER BY case_id, attempt, seq")
-                completed = await pool.fetchval(
-                    "SELECT count(*) FROM cases WHERE status = 'completed'")
+                answered = await pool.fetchval(
+                    "SELECT count(*) FROM cases WHERE status IN ('completed', "
+                    "'awaiting_review')")
             finally:
                 stack.stop()
         served = await server.stats()
@@ -183,7 +186,7 @@ async def run_cases(provider: Provider, cases: int, concurrency: int) -> dict[st
     ceiling, ceiling_cpu = await server_ceiling(provider, min(concurrency, cases))
     return {
         "provider": provider, "cases": cases,
-        "completed": completed, "concurrency": concurrency, "poolSize": pool_size,
+        "answered": answered, "concurrency": concurrency, "poolSize": pool_size,
         "turns": turns, "seconds": round(span, 2),
         "turnsPerSecond": round(turns / span, 1), "idealTurnsPerSecond": round(ideal, 1),
         "shareOfIdeal": round(turns / span / ideal, 3),

@@ -51,11 +51,11 @@ async def smoke() -> None:
           f"{replayed['same']} same", flush=True)
     for provider in ("openai", "anthropic"):
         run = await run_cases(provider, 64, 32)
-        print(f"{provider} provider: {run['completed']} of {run['cases']} cases, "
+        print(f"{provider} provider: {run['answered']} of {run['cases']} cases answered, "
               f"{run['shareOfIdeal']:.0%} of the ideal turns/s, "
               f"{run['connectionsOpened']} connections", flush=True)
-        if run["completed"] != run["cases"]:
-            raise SystemExit(f"{provider}: only {run['completed']} cases completed")
+        if run["answered"] != run["cases"]:
+            raise SystemExit(f"{provider}: only {run['answered']} cases answered")
 
 
 if __name__ == "__main__":
