@@ -217,8 +217,11 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         *(_public_path_rows(r, e2e)),
         *(_traced_rows(r, e2e)),
         ("  CPU per durable cycle, all processes",
-         f"{sum(cpu.values()) / r['endToEnd']['cycles'] * 1000:.2f} ms", "",
-         ", ".join(f"{name} {seconds:.2f}" for name, seconds in cpu.items()) + " CPU-s"),
+         f"{sum(cpu.values()) / r['endToEnd']['cycles'] * 1e6:,.0f} µs", "",
+         "per process, µs a cycle: " + ", ".join(
+             f"{name} {seconds / r['endToEnd']['cycles'] * 1e6:,.0f}"
+             for name, seconds in cpu.items()) + f" ({sum(cpu.values()):.2f} CPU-s for "
+         f"{r['endToEnd']['cycles']:,} cycles; the figure to compare across days)"),
         ("  x LangGraph + AsyncPostgresSaver", f"{statistics.median(ratios):.1f}x",
          f"≥ {TARGETS['peerRatio']}x",
          f"peer {statistics.median(peer_runs):,.0f} cycles/s; ratios of interleaved pairs: "
@@ -364,10 +367,18 @@ def _model_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             f"{run['turnsPerSecond']:,.0f} of {run['idealTurnsPerSecond']:,.0f} turns/s; "
             f"turn p50 {run['turnP50Ms']:.0f} / p99 {run['turnP99Ms']:.0f} ms; "
             f"{run['connectionsOpened']} connections (pool {run['poolSize']}); worker "
-            f"{run['workerCpuSeconds']} CPU-s, {run['workerPeakRssMb']:.0f} MB; the server "
+            f"{run['workerCpuSeconds']} CPU-s ({_per_turn(run)}), "
+            f"{run['workerPeakRssMb']:.0f} MB; the server "
             f"alone {run['serverCeilingPerSecond']:,.0f}/s "
             f"({run.get('serverCeilingShare', 0):.0%} of ideal)"))
     return rows
+
+
+def _per_turn(run: dict[str, Any]) -> str:
+    """The worker's CPU per model turn, where the run recorded its turns."""
+    if not run.get("turns"):
+        return "turns not recorded"
+    return f"{run['workerCpuSeconds'] / run['turns'] * 1e6:,.0f} µs a model turn"
 
 
 def _integrity_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
