@@ -5,15 +5,22 @@ RFC's own examples."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import struct
 from typing import Any
 
 import orjson
 import rfc8785
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.integrity import _representable, canonical
+from service.integrity import Signer, _representable, canonical, signature_valid
 
 
 def reference(value: Any) -> bytes:
@@ -107,3 +114,24 @@ def test_the_rfcs_string_escapes() -> None:
 def test_a_big_integer_is_written_as_before() -> None:
     assert canonical(2**60) == reference(2**60) == b"1152921504606847000"
     assert canonical(2**60 + 1) == b'"1152921504606846977"'
+
+
+def test_libsodium_signs_the_bytes_openssl_would_and_refuses_what_it_should() -> None:
+    """Signing and verifying go through libsodium (PyNaCl); Ed25519 is deterministic, so
+    the signatures are the bytes ``cryptography`` (OpenSSL) makes, and they verify there;
+    an altered hash, another key or a malformed signature does not verify."""
+    signer = Signer.generate()
+    digest = hashlib.sha256(b"an event").hexdigest()
+    sig = signer.sign(digest)
+    private = serialization.load_pem_private_key(signer.to_pem(), password=None)
+    assert isinstance(private, Ed25519PrivateKey)
+    assert base64.urlsafe_b64decode(sig + "==") == private.sign(bytes.fromhex(digest))
+    Ed25519PublicKey.from_public_bytes(signer.public_key).verify(
+        base64.urlsafe_b64decode(sig + "=="), bytes.fromhex(digest))
+    assert signature_valid(signer.public_key, digest, sig)
+    other = hashlib.sha256(b"another event").hexdigest()
+    assert not signature_valid(signer.public_key, other, sig)
+    assert not signature_valid(Signer.generate().public_key, digest, sig)
+    assert not signature_valid(signer.public_key, digest, sig[:-2] + "AA")
+    assert not signature_valid(signer.public_key, digest, "not base64!")
+    assert not signature_valid(b"\x00" * 32, digest, sig)  # a small-order key
