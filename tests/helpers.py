@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 import aio_pika
 
-from service.agents import AGENTS, CAPABILITIES
+from service.agents import AGENTS, CAPABILITIES, registry
 from service.bus.dead_letter import REASON_HEADER
 from service.bus.topology import Topology
 from service.engine.loop import CaseSpec
@@ -138,3 +139,16 @@ async def dead_letter_for(amqp: aio_pika.abc.AbstractRobustConnection, topology:
         raise AssertionError(f"no dead letter for {message_id}")
     finally:
         await channel.close()
+
+
+@contextmanager
+def registered(agent: Any) -> Iterator[str]:
+    """A test's own agent in the registry every component of the in-process stack
+    reads, for the duration; yields its name."""
+    found = registry()
+    found.add(agent, "tests")
+    try:
+        yield agent.name
+    finally:
+        found.agents.pop(agent.name)
+        found.origins.pop(f"agent:{agent.name}")

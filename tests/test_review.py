@@ -33,7 +33,6 @@ from casetrail import (
     case_input,
     observed,
 )
-from service.agents import registry
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.auth import AuthError, check_key_scopes
 from service.config import Settings, TenantQuota
@@ -42,7 +41,7 @@ from service.integrity import public_key_text
 from service.keyfile import worker_signer
 from service.store import ApiKeyStore
 from tests.browser import DOCS, never_in_a_url, signed_in
-from tests.helpers import ended, wait_until
+from tests.helpers import ended, registered, wait_until
 from tests.stack import InProcessStack, in_process_stack
 from tests.test_integrity import check_bundle, run_cli
 
@@ -444,11 +443,8 @@ INCOME_CHECK = Agent(
 
 @pytest.fixture
 def income_check() -> Iterator[str]:
-    found = registry()
-    found.add(INCOME_CHECK, "tests")
-    yield INCOME_CHECK.name
-    found.agents.pop(INCOME_CHECK.name)
-    found.origins.pop(f"agent:{INCOME_CHECK.name}")
+    with registered(INCOME_CHECK) as name:
+        yield name
 
 
 async def test_the_model_asks_a_person_and_the_answer_is_on_the_record(

@@ -21,14 +21,13 @@ from playwright.async_api import Browser, Route, expect
 from pydantic import BaseModel, ConfigDict
 
 from casetrail import FINAL_ANSWER, Agent, AssistantTurn, ChatMessage, Limits, call
-from service.agents import registry
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
 from service.evidence import verify_bundle
 from service.keyfile import worker_signer
 from service.store import ApiKeyStore
 from tests.browser import DOCS, never_in_a_url, shown_in_full, signed_in
-from tests.helpers import ended
+from tests.helpers import ended, registered
 from tests.stack import InProcessStack, module_stack
 from tests.test_integrity import forge_tool_result
 
@@ -324,11 +323,8 @@ NOTES = Agent(name="markdown-notes", version="1.0.0", description="Writes its re
 
 @pytest.fixture
 def notes_agent() -> Iterator[str]:
-    found = registry()
-    found.add(NOTES, "tests")
-    yield NOTES.name
-    found.agents.pop(NOTES.name)
-    found.origins.pop(f"agent:{NOTES.name}")
+    with registered(NOTES) as name:
+        yield name
 
 
 async def test_reasoning_is_markdown_with_raw_html_shown_as_text(
