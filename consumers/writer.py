@@ -18,6 +18,7 @@ import asyncpg
 from service.events import (
     ENDED_STATUSES,
     PARKING_EVENT_TYPE,
+    RUNNING_EVENT_TYPES,
     TERMINAL_EVENT_TYPES,
     CaseStatus,
     SignedEvent,
@@ -40,7 +41,7 @@ _LOCK_RETRIES = 5
 # an uncorrelated ARRAY(...) sub-select, which Postgres runs once, before the
 # update's first row, and two batches never wait on each other in a cycle.
 _TERMINAL = sql_list(sorted(TERMINAL_EVENT_TYPES))
-_RUNNING = sql_list(("CASE_STARTED", "REACT_CYCLE", "CASE_REVIEWED"))
+_RUNNING = sql_list(RUNNING_EVENT_TYPES)
 _PARKED = sql_list((PARKING_EVENT_TYPE,))
 _CYCLE = sql_list(("REACT_CYCLE",))
 _STARTED = sql_list(("CASE_STARTED",))

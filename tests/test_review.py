@@ -120,8 +120,9 @@ async def trail_of(people: People, case_id: str, who: str = "sam") -> list[dict[
     return events
 
 
-async def settled(people: People, case_id: str, status: str) -> dict[str, Any]:
-    async with people.as_("sam") as client:
+async def settled(people: People, case_id: str, status: str, who: str = "sam"
+                  ) -> dict[str, Any]:
+    async with people.as_(who) as client:
         async def check() -> dict[str, Any] | None:
             body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
             return body if body["status"] == status else None
@@ -568,9 +569,9 @@ async def test_an_override_takes_a_second_person_where_the_tenant_says_so(
         again = await ravi.post(f"/cases/{case_id}/review", json={
             "verdict": "confirm", "reason": "Twice."})
         assert again.status_code == 409, again.text
+    case = await settled(people, case_id, "completed", "paired-sam")
+    assert case["answer"]["decision"] == "decline"
     async with people.as_("paired-sam") as sam:
-        case = await wait_until(lambda: _status(sam, case_id, "completed"), 30)
-        assert case["answer"]["decision"] == "decline"
         events = (await sam.get(f"/cases/{case_id}/events")).json()["events"]
     reviewed = [(e["payload"]["reviewer"]["subject"], e["payload"]["verdict"])
                 for e in events if e["eventType"] == "CASE_REVIEWED"]
@@ -587,11 +588,6 @@ async def test_an_override_takes_a_second_person_where_the_tenant_says_so(
     assert "override → decline by rita" in checked.stdout, checked.stdout
     assert "confirm by ravi" in checked.stdout, checked.stdout
 
-
-async def _status(client: httpx.AsyncClient, case_id: str, status: str
-                  ) -> dict[str, Any] | None:
-    body: dict[str, Any] = (await client.get(f"/cases/{case_id}")).json()
-    return body if body["status"] == status else None
 
 
 async def test_an_overdue_review_is_shown_counted_and_never_decided_by_the_clock(
@@ -644,8 +640,7 @@ async def test_a_tenants_sql_reader_sees_only_its_own_reviews(
             reply = await client.post(f"/cases/{case_id}/review", json={
                 "verdict": "confirm", "reason": "Seen by the tenant's reviewer."})
             assert reply.status_code == 202, reply.text
-        async with people.as_(starter) as client:
-            await wait_until(lambda c=client, i=case_id: _status(c, i, "completed"), 30)
+        await settled(people, case_id, "completed", starter)
         reviewed[tenant] = case_id
     try:
         for tenant, case_id in reviewed.items():

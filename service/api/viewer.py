@@ -24,7 +24,13 @@ import orjson
 from fastapi import FastAPI, HTTPException, Response
 
 from service.auth import Principal
-from service.events import PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES, CaseStatus, status_for
+from service.events import (
+    PARKING_EVENT_TYPE,
+    RUNNING_EVENT_TYPES,
+    TERMINAL_EVENT_TYPES,
+    CaseStatus,
+    status_for,
+)
 
 _ASSETS = {"app.js": "text/javascript", "style.css": "text/css",
            "markdown-it.min.js": "text/javascript",
@@ -53,7 +59,7 @@ def viewer_routes(app: FastAPI, public: Any) -> None:
         "statuses": list(CaseStatus), "terminalEventTypes": sorted(TERMINAL_EVENT_TYPES),
         # The status each event gives its case, as the consumer folds it.
         "statusOfEvent": {
-            **{t: CaseStatus.RUNNING for t in ("CASE_STARTED", "REACT_CYCLE", "CASE_REVIEWED")},
+            **{t: CaseStatus.RUNNING for t in RUNNING_EVENT_TYPES},
             PARKING_EVENT_TYPE: CaseStatus.AWAITING_REVIEW,
             **{t: status_for(t) for t in TERMINAL_EVENT_TYPES}}})
 

@@ -460,21 +460,12 @@ function questionCard(event, caseId) {
     el("h3", { id: "answer-title", text: "Your answer" }),
     el("label", { for: "q-answer", text: "Answer (the model reads it; the trail records it with your name)" }),
     text, error, el("button", { class: "primary", type: "submit", text: "Send my answer" }));
-  form.addEventListener("submit", async (submitted) => {
+  form.addEventListener("submit", (submitted) => {
     submitted.preventDefault();
-    const button = form.querySelector("button[type=submit]");
-    button.disabled = true;
     error.hidden = true;
-    try {
-      await api(`/cases/${caseId}/answer`, { callId: q.callId, answer: text.value.trim() });
-      form.replaceChildren(el("p", { role: "status", class: "muted",
-        text: "Your answer is kept; the case goes on from it." }));
-    } catch (exc) {
-      if (exc instanceof Unauthorized) { fail(exc); return; }
-      error.textContent = exc.message;
-      error.hidden = false;
-      button.disabled = false;
-    }
+    postFromForm(form, error, `/cases/${caseId}/answer`,
+                 { callId: q.callId, answer: text.value.trim() },
+                 "Your answer is kept; the case goes on from it.");
   });
   card.append(form);
   return card;
@@ -551,20 +542,26 @@ function reviewForm(caseId, answer) {
       error.hidden = false;
       return;
     }
-    const button = form.querySelector("button[type=submit]");
-    button.disabled = true;
-    try {
-      await api(`/cases/${caseId}/review`, body);
-      form.replaceChildren(el("p", { role: "status", class: "muted",
-        text: "Your review is kept; the case goes on from it (its trail records it next)." }));
-    } catch (exc) {
-      if (exc instanceof Unauthorized) { fail(exc); return; }
-      error.textContent = exc.message;
-      error.hidden = false;
-      button.disabled = false;
-    }
+    await postFromForm(form, error, `/cases/${caseId}/review`, body,
+                       "Your review is kept; the case goes on from it (its trail records it next).");
   });
   return form;
+}
+
+// A person's review or answer sent from its form: the form gives way to `kept` once
+// the API has kept it; a refusal is said in `error` and the form can be sent again.
+async function postFromForm(form, error, path, body, kept) {
+  const button = form.querySelector("button[type=submit]");
+  button.disabled = true;
+  try {
+    await api(path, body);
+    form.replaceChildren(el("p", { role: "status", class: "muted", text: kept }));
+  } catch (exc) {
+    if (exc instanceof Unauthorized) { fail(exc); return; }
+    error.textContent = exc.message;
+    error.hidden = false;
+    button.disabled = false;
+  }
 }
 
 function reviewedCard(event) {
