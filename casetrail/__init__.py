@@ -2,7 +2,8 @@
 own package; casetrail discovers and runs them (docs/agents.md). What is exported here
 is the stable surface; everything under ``service`` may move between releases.
 
-- ``Agent``, ``LocalTool``, ``WorkerTool``, ``capability``, ``Sensitive``, ``Limits``,
+- ``Agent``, ``LocalTool``, ``WorkerTool``, ``McpTool`` (a tool of an MCP server the
+  operator configured), ``capability``, ``Sensitive``, ``Limits``,
   ``ModelRef``, ``Check`` (with ``CheckContext``): the declaration; an agent's answer is a
   pydantic model the model gives by calling ``FINAL_ANSWER``; ``Review`` says which
   answers a person decides before the case ends.
@@ -12,7 +13,14 @@ is the stable surface; everything under ``service`` may move between releases.
 """
 
 from service.agents.profile import case_input, observed
-from service.authoring import Agent, DeclarationError, LocalTool, WorkerTool, capability
+from service.authoring import (
+    Agent,
+    DeclarationError,
+    LocalTool,
+    McpTool,
+    WorkerTool,
+    capability,
+)
 from service.engine.answers import FINAL_ANSWER, Check, CheckContext, Review
 from service.engine.chat import AssistantTurn, ChatMessage, ToolCallRequest
 from service.engine.scripted import call
@@ -20,5 +28,5 @@ from service.events import Limits, ModelRef
 from service.sensitive import Sensitive
 
 __all__ = ["FINAL_ANSWER", "Agent", "AssistantTurn", "ChatMessage", "Check", "CheckContext",
-           "DeclarationError", "Limits", "LocalTool", "ModelRef", "Review", "Sensitive",
+           "DeclarationError", "Limits", "LocalTool", "McpTool", "ModelRef", "Review", "Sensitive",
            "ToolCallRequest", "WorkerTool", "call", "capability", "case_input", "observed"]

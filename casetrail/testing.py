@@ -6,16 +6,19 @@ in process instead of over the bus. Nothing is published or stored."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from service.agents.profile import AgentProfile
 from service.authoring import Agent, DeclarationError
+from service.config import McpServer
 from service.engine.chat import ChatModel
 from service.engine.loop import CaseSpec, ReactEngine
 from service.engine.scripted import ScriptedModel
 from service.engine.tools import InProcessWorkerRuntime, ToolBox
 from service.events import PARKING_EVENT_TYPE, CaseStatus, Event, status_for
+from service.mcptools import Catalogs, mcp_capabilities
 
 
 @dataclass
@@ -60,9 +63,13 @@ class CaseRun:
 
 
 async def run_case(agent: Agent | AgentProfile, case_input: dict[str, Any], *,
-                   model: ChatModel | None = None) -> CaseRun:
+                   model: ChatModel | None = None,
+                   mcp_servers: Sequence[Mapping[str, Any]] = ()) -> CaseRun:
     """Run one case of ``agent`` on ``case_input`` (validated against its input model)
-    to its terminal event, or to the wait for a person its ``review`` asks for."""
+    to its terminal event, or to the wait for a person its ``review`` asks for.
+    ``mcp_servers`` are the MCP servers its ``McpTool``s need, as the operator would
+    configure them (``CASETRAIL_MCP_SERVERS`` entries): each is started (stdio) or
+    reached (http) by this process, and its catalog read, as a capability worker would."""
     profile = agent.profile() if isinstance(agent, Agent) else agent
     if model is None:
         if profile.script is None:
@@ -78,7 +85,14 @@ async def run_case(agent: Agent | AgentProfile, case_input: dict[str, Any], *,
         agent_version=profile.version, context_budget=profile.context_budget_tokens,
         answering=profile.answering, agent_digest=profile.digest)
     run = CaseRun()
-    tools = ToolBox(profile.tools, InProcessWorkerRuntime(
-        {capability.name: capability for capability in profile.capabilities}))
-    await ReactEngine(run).run(spec, model, tools)
+    served = mcp_capabilities([McpServer.model_validate(s) for s in mcp_servers])
+    runtime = InProcessWorkerRuntime(
+        {capability.name: capability for capability in [*profile.capabilities, *served]})
+    try:
+        tools = ToolBox(await Catalogs(runtime).resolve(profile.tools), runtime)
+        await ReactEngine(run).run(spec, model, tools)
+    finally:
+        for capability in served:
+            if capability.close is not None:
+                await capability.close()
     return run

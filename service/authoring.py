@@ -2,7 +2,7 @@
 package, and casetrail runs them (re-exported, stable, by the ``casetrail`` package;
 docs/agents.md).
 
-    from casetrail import Agent, LocalTool, WorkerTool, capability
+    from casetrail import Agent, LocalTool, McpTool, WorkerTool, capability
 
     @capability("overdraft-history")
     async def overdraft_history(args: HistoryArgs) -> dict: ...
@@ -12,7 +12,7 @@ docs/agents.md).
         instructions="You review overdraft requests...", input=OverdraftRequest,
         answer=OverdraftDecision,
         tools=[WorkerTool("overdraft-history", args=HistoryArgs, description="..."),
-               LocalTool(fee_for)],
+               LocalTool(fee_for), McpTool("bank-records", "standing_orders")],
         model=ModelRef(provider="openai", name="gpt-4o-mini"))
 
 A package offers them through the entry-point groups ``casetrail.agents`` and
@@ -80,6 +80,24 @@ def WorkerTool(capability: str, *, args: type[BaseModel], description: str,
     if not NAME.match(capability):
         raise DeclarationError(f"capability name {capability!r} must match {NAME.pattern}")
     return engine_tools.WorkerTool(name or capability, description, capability, args)
+
+
+def McpTool(server: str, tool: str, *, name: str | None = None) -> engine_tools.WorkerTool:
+    """A tool of an MCP server the operator configured (``CASETRAIL_MCP_SERVERS``): a
+    WorkerTool served by that server's capability worker. Its description and argument
+    schema are the server's own, read from the catalog when a case starts; the model
+    sees it as ``<server>_<tool>`` unless ``name`` says otherwise."""
+    if not re.match(engine_tools.MCP_SERVER_NAME, server):
+        raise DeclarationError(f"MCP server name {server!r} must match "
+                               f"{engine_tools.MCP_SERVER_NAME}")
+    if not tool:
+        raise DeclarationError(f"MCP server {server!r}: name the tool")
+    tool_name = name or engine_tools.mcp_tool_name(server, tool)
+    if not TOOL_NAME.match(tool_name):
+        raise DeclarationError(f"tool name {tool_name!r} must match {TOOL_NAME.pattern}")
+    return engine_tools.WorkerTool(tool_name, f"{tool} (from the MCP server {server})",
+                                   engine_tools.mcp_capability(server),
+                                   mcp=engine_tools.McpBinding(server, tool))
 
 
 def capability(name: str) -> Callable[[Callable[[ArgsT], Awaitable[Any]]], Capability[ArgsT]]:

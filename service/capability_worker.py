@@ -33,7 +33,7 @@ from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.commands import ToolReply, ToolRequest
 from service.config import Settings
-from service.engine.tools import Capability
+from service.engine.tools import Capability, ToolFailed
 from service.errors import PermanentError, Reject
 from service.events import describe_validation_error
 from service.sealing import open_sealed
@@ -87,6 +87,9 @@ class CapabilityWorker:
         for subscription in subscriptions:
             await subscription.cancel()
         await asyncio.gather(*(tasks.drain(30) for tasks in serving))
+        for capability in self.capabilities:
+            if capability.close is not None:
+                await capability.close()
         await publisher.channel.close()
         await channel.close()
 
@@ -128,6 +131,10 @@ class CapabilityWorker:
             metrics.TOOL_REQUESTS_SERVED.labels(capability.name, "expired").inc()
             return "expired"
         args, refused = self._opened(request, capability)
+        if refused is None and message.redelivered and capability.at_most_once is not None \
+                and capability.at_most_once(request.args):
+            refused = ("this call may have run already (its request came back from a worker "
+                       "that stopped holding it), and its tool may run at most once")
         # Remembered by capability, arguments and key: a retry gets the answer it
         # asked for, and a request that reuses someone's key with other arguments
         # (or for another capability) is run on its own, not handed their answer.
@@ -137,7 +144,7 @@ class CapabilityWorker:
             reply = ToolReply(idempotency_key=request.idempotency_key, attempt=request.attempt,
                               worker=self.name, ok=False, retryable=False, error=refused)
             outcome = "error"
-        elif reply is None or not reply.ok:
+        elif reply is None or (not reply.ok and reply.retryable):
             reply = await self._run(request, args, capability)
             self._answers[remembered] = reply
             if len(self._answers) > REMEMBERED_REPLIES:
@@ -186,6 +193,8 @@ class CapabilityWorker:
             reason = describe_validation_error(exc, "(arguments)")
             reply = ToolReply(**base, ok=False, retryable=False,
                               error=f"invalid arguments: {reason}")
+        except ToolFailed as exc:
+            reply = ToolReply(**base, ok=False, retryable=exc.retryable, error=str(exc))
         except Exception as exc:
             reply = ToolReply(**base, ok=False, retryable=True,
                               error=f"{type(exc).__name__}: {exc}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -99,14 +101,76 @@ class ModelEndpoint(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _https_or_loopback(cls, value: str) -> str:
-        parts = urlsplit(value)
-        host = (parts.hostname or "").lower()
-        if parts.scheme == "https" and host:
-            return value.rstrip("/")
-        if parts.scheme == "http" and (host in _LOOPBACK or host.startswith("127.")):
-            return value.rstrip("/")
-        raise ValueError("baseUrl must be https://, or plain http:// to a loopback address "
-                         "only (a key must not cross a network in clear)")
+        return _https_or_loopback(value, "baseUrl")
+
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+def _https_or_loopback(value: str, what: str) -> str:
+    parts = urlsplit(value)
+    host = (parts.hostname or "").lower()
+    if parts.scheme == "https" and host:
+        return value.rstrip("/")
+    if parts.scheme == "http" and (host in _LOOPBACK or host.startswith("127.")):
+        return value.rstrip("/")
+    raise ValueError(f"{what} must be https://, or plain http:// to a loopback address "
+                     "only (a key must not cross a network in clear)")
+
+
+class McpServer(BaseModel):
+    """An MCP server whose tools agents may use (docs/design.md, "MCP tools"), served by
+    the capability ``mcp-<name>``: a program the capability worker runs and speaks to
+    over stdio, or a Streamable HTTP endpoint. Its credentials come from the capability
+    worker's environment, named here by variable, never written in this setting."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,58}$")
+    transport: Literal["stdio", "http"]
+    command: list[str] | None = Field(default=None, min_length=1, description="stdio: the "
+                                      "program and its arguments (a string is split as a "
+                                      "shell would).")
+    url: str | None = Field(default=None, max_length=2000, description="http: the endpoint.")
+    env: dict[Annotated[str, Field(pattern=ENV_NAME)], Annotated[str, Field(pattern=ENV_NAME)]
+              ] = Field(default_factory=dict, description="stdio: the program's variables, "
+                        "each given the value of a variable of the capability worker's own "
+                        "environment (program's name → ours).")
+    headers_env: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")],
+                      Annotated[str, Field(pattern=ENV_NAME)]] = Field(
+        default_factory=dict, description="http: headers sent with every request, each "
+        "the value of a variable of the capability worker's environment (header → variable).")
+    timeout_seconds: float = Field(default=30.0, gt=0, le=600, description="How long one "
+                                   "call may take.")
+    attempts: int = Field(default=4, ge=1, le=10, description="Attempts of a call to a tool "
+                          "the server annotates read-only or idempotent (others: one).")
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return shlex.split(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _transport_has_its_address(self) -> McpServer:
+        if self.transport == "stdio" and (self.command is None or self.url is not None
+                                          or self.headers_env):
+            raise ValueError(f"MCP server {self.name!r}: stdio takes a command (and env), "
+                             "not a url or headersEnv")
+        if self.transport == "http":
+            if self.url is None or self.command is not None or self.env:
+                raise ValueError(f"MCP server {self.name!r}: http takes a url (and "
+                                 "headersEnv), not a command or env")
+            self.url = _https_or_loopback(self.url, f"MCP server {self.name!r}: url")
+        return self
+
+    def from_environment(self, names: Mapping[str, str]) -> dict[str, str]:
+        """``names`` (ours → variable) with each variable's value from this process's
+        environment; a variable that is not set is a ``PermanentError`` naming it."""
+        missing = sorted(v for v in names.values() if v not in os.environ)
+        if missing:
+            raise PermanentError(f"MCP server {self.name!r} takes its credentials from "
+                                 f"{', '.join(missing)}, which this environment does not set")
+        return {ours: os.environ[variable] for ours, variable in names.items()}
 
 
 DEFAULT_DATABASE_SERVER = "postgresql://postgres@127.0.0.1:5432/"
@@ -165,6 +229,11 @@ class Settings(BaseSettings):
     subscriber_max_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="Bytes a subscriber's queue holds at "
         "most (then the oldest events are dropped).")
+    mcp_servers: list[McpServer] = Field(
+        default_factory=list, description="MCP servers whose tools agents may use "
+        "(`McpTool`): each served by the capability `mcp-<name>`, which `casetrail setup` "
+        "gives a queue, a broker user and a sealing key (JSON list of {name, transport: "
+        "stdio|http, command | url, env | headersEnv, timeoutSeconds, attempts}).")
     extra_capabilities: list[Annotated[str, Field(pattern=CAPABILITY_NAME)]] = Field(
         default_factory=list, description="Capabilities served beyond those of the installed "
         "agents: `casetrail setup` gives each its queue and broker user as it does the "

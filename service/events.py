@@ -175,6 +175,15 @@ class ToolAttempt(ContractModel):
     worker: str | None = Field(default=None, description="Which capability worker answered.")
 
 
+class McpCallRef(ContractModel):
+    """Which MCP server's tool a worker tool call ran, under which argument schema."""
+
+    server: str = Field(description="The operator's name of the MCP server.")
+    tool: str = Field(description="The tool's own name on that server.")
+    schema_digest: str = Field(description="SHA-256 (hex) of the tool's inputSchema as "
+                               "canonical JSON, as offered to the model.")
+
+
 class ToolCallRecord(ContractModel):
     """One tool call of a cycle: what was asked, what came back, from where, how long.
 
@@ -198,6 +207,10 @@ class ToolCallRecord(ContractModel):
     attempts: tuple[ToolAttempt, ...] = Field(
         default=(), description="Each attempt of a worker tool call, in order."
     )
+    mcp: McpCallRef | None = Field(
+        default=None, description="For a tool of an MCP server: the server, the tool and "
+        "its schema's digest (toolSource stays 'worker')."
+    )
 
     @model_validator(mode="after")
     def _error_excludes_result(self) -> ToolCallRecord:
@@ -211,7 +224,7 @@ class ToolCallRecord(ContractModel):
         # Optional keys appear only when they carry something, so the seed's
         # example round-trips key for key; a successful call whose result is
         # JSON null still says so explicitly.
-        for key in ("toolCallId", "tool_call_id", "rawArgs", "raw_args"):
+        for key in ("toolCallId", "tool_call_id", "rawArgs", "raw_args", "mcp"):
             if data.get(key) is None:
                 data.pop(key, None)
         for key in ("attempts",):

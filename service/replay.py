@@ -36,7 +36,7 @@ from service.engine.chat import AssistantTurn, ChatMessage, ToolSpec
 from service.engine.loop import CaseSpec, ReactEngine
 from service.engine.recorded import recorded_calls
 from service.engine.scripted import ScriptedModel
-from service.engine.tools import ToolBox, WorkerCallResult
+from service.engine.tools import ToolBox, WorkerCallResult, mcp_capability
 from service.errors import ModelRejected
 from service.events import (
     ADMINISTRATIVE_EVENT_TYPES,
@@ -136,11 +136,14 @@ class RecordedTools:
 
     answers: dict[str, Mapping[str, Any]]
 
-    async def execute(self, capability: str, args: Mapping[str, Any], *, call_id: str
-                      ) -> WorkerCallResult:
+    async def execute(self, capability: str, args: Mapping[str, Any], *, call_id: str,
+                      retry: bool = True) -> WorkerCallResult:
         recorded = self.answers.get(call_id)
         attempt = ToolAttempt(attempt=1, outcome="ok", duration=timedelta(0), worker="replay")
-        if recorded is None or recorded["toolName"] != capability:
+        served_by = None if recorded is None else (
+            mcp_capability(recorded["mcp"]["server"]) if recorded.get("mcp")
+            else recorded["toolName"])
+        if recorded is None or served_by != capability:
             return WorkerCallResult(error=f"the record has no {capability} call here",
                                     attempts=(attempt,))
         if recorded.get("error"):

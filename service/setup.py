@@ -45,6 +45,7 @@ from service.agents import CAPABILITIES
 from service.bus.connection import connect
 from service.bus.topology import Topology
 from service.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings, amqp_nodes
+from service.engine.tools import mcp_capability
 from service.errors import PermanentError
 from service.integrity import key_id
 from service.keyfile import read_public_key
@@ -89,9 +90,11 @@ def _given_password(url: str | None, expected_user: str, variable: str) -> str |
 
 
 def served_capabilities(settings: Settings) -> list[str]:
-    """Every capability setup gives a queue and a broker user: the installed agents'
-    and the operator's ``extra_capabilities``."""
-    return sorted({*CAPABILITIES, *settings.extra_capabilities})
+    """Every capability setup gives a queue and a broker user: the installed agents',
+    one per configured MCP server (``mcp-<name>``) and the operator's
+    ``extra_capabilities``."""
+    return sorted({*CAPABILITIES, *(mcp_capability(s.name) for s in settings.mcp_servers),
+                   *settings.extra_capabilities})
 
 
 def _password_of(url: str) -> str:

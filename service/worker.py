@@ -60,7 +60,7 @@ from service.commands import CancelCommand, CaseStartCommand, EraseCommand, Inva
 from service.config import ReviewPolicy, Settings, get_settings
 from service.engine.chat import ChatModel
 from service.engine.loop import CancelSignal, CaseSpec, GivenAnswer, ReactEngine, Resumption
-from service.engine.tools import ToolBox, WorkerCallResult, WorkerRuntime
+from service.engine.tools import ToolBox, WorkerCallResult, WorkerRuntime, mcp_capability
 from service.errors import (
     CasetrailError,
     PermanentError,
@@ -82,6 +82,7 @@ from service.events import (
 from service.evidence import trail_events
 from service.integrity import Signer
 from service.keyfile import worker_signer
+from service.mcptools import Catalogs
 from service.providers import ModelFactory
 from service.resume import RecordedEvent, first_start, resumption, waited_for_people
 from service.sealing import CapabilityKeys
@@ -113,9 +114,9 @@ class _SealingRuntime:
     runtime: BusWorkerRuntime
     redaction: Redaction
 
-    async def execute(self, capability: str, args: Mapping[str, Any], *, call_id: str
-                      ) -> WorkerCallResult:
-        return await self.runtime.execute(capability, args, call_id=call_id,
+    async def execute(self, capability: str, args: Mapping[str, Any], *, call_id: str,
+                      retry: bool = True) -> WorkerCallResult:
+        return await self.runtime.execute(capability, args, call_id=call_id, retry=retry,
                                           redaction=self.redaction)
 
 @dataclass(frozen=True)
@@ -211,6 +212,8 @@ class CaseWorker:
     _claims: Coalescer[uuid.UUID, Claim] = field(init=False)
     _ended: Coalescer[uuid.UUID, None] = field(init=False)
     _slots: asyncio.Semaphore = field(init=False)
+    catalogs: Catalogs = field(init=False)
+    """The MCP servers' catalogs, read through ``runtime`` when a case needs one."""
 
     @property
     def live_cases(self) -> Mapping[uuid.UUID, LiveCase]:
@@ -228,6 +231,7 @@ class CaseWorker:
         )
         self._ended = Coalescer(self._mark_terminal_published)
         self._slots = asyncio.Semaphore(self.concurrency)
+        self.catalogs = Catalogs(self.runtime)
 
     async def _take_slot(self, live: LiveCase) -> None:
         await self._slots.acquire()
@@ -479,7 +483,7 @@ class CaseWorker:
         runtime: WorkerRuntime = self.runtime
         if redaction is not None and isinstance(runtime, BusWorkerRuntime):
             runtime = _SealingRuntime(runtime, redaction)
-        tools = ToolBox(agent.tools, runtime)
+        tools = ToolBox(await self.catalogs.resolve(agent.tools), runtime)
         if redaction is not None:
             self._sink.redactions[case_id] = redaction
         try:
@@ -622,6 +626,11 @@ async def run_worker(settings: Settings) -> None:
         settings.capability_user, CapabilityKeys(CapabilityKeyRegistry(pool).all),
         default_policy=RetryPolicy(attempts=settings.tool_attempts,
                                    timeout_seconds=settings.tool_timeout_seconds),
+        # An MCP server's calls wait as long as the operator says its tools take (and a
+        # little for the bus), as often as it says.
+        policies={mcp_capability(s.name): RetryPolicy(attempts=s.attempts,
+                                                      timeout_seconds=s.timeout_seconds + 2)
+                  for s in settings.mcp_servers},
     )
     await runtime.start()
     vault = Vault.from_text(settings.master_key_text())

@@ -133,6 +133,45 @@ async def test_a_worker_dying_mid_call_is_retried_on_another(
     assert result.attempts[-1].worker == "rescuer"
 
 
+async def test_a_call_that_may_run_once_is_refused_when_it_comes_back_from_a_dead_worker(
+    runtime: BusWorkerRuntime, settings: Settings, topology: Topology,
+    capability_as: CapabilityConnections,
+) -> None:
+    """A tool that may not run twice (an MCP tool the server does not annotate read-only
+    or idempotent): sent once, and when the worker that held it dies, the broker's
+    second delivery is refused, not run."""
+    received = asyncio.Queue[int]()
+    ran: list[str] = []
+
+    async def hang(args: Echo) -> str:
+        received.put_nowait(1)
+        await asyncio.Event().wait()
+        return args.text
+
+    async def run_once(args: Echo) -> str:
+        ran.append(args.text)
+        return args.text
+
+    doomed_connection = await aio_pika.connect(settings.capability_identity("slow-echo").amqp_url)
+    doomed = await start_worker(doomed_connection, topology,  # type: ignore[arg-type]
+                                [Capability("slow-echo", Echo, hang)], "doomed")
+    call = asyncio.create_task(runtime.execute("slow-echo", {"text": "transfer"},
+                                               call_id=str(uuid.uuid4()), retry=False))
+    await asyncio.wait_for(received.get(), 5)
+    await doomed_connection.close()  # dies holding it: the broker hands it out again
+    doomed.task.cancel()
+    careful = await start_worker(await capability_as("slow-echo"), topology, [Capability(
+        "slow-echo", Echo, run_once, at_most_once=lambda args: True)], "careful")
+    try:
+        result = await asyncio.wait_for(call, 10)
+    finally:
+        await careful.close()
+    assert ran == []
+    assert len(result.attempts) == 1, result  # never sent twice
+    assert result.error is not None and "may run at most once" in result.error, result
+    assert result.attempts[0].worker == "careful"
+
+
 async def test_two_hundred_concurrent_calls_across_two_workers(
     runtime: BusWorkerRuntime, capability_as: CapabilityConnections, topology: Topology,
 ) -> None:

@@ -14,11 +14,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from service.agents.profile import AgentProfile
 from service.engine.tools import Capability
 from service.errors import PermanentError
+
+if TYPE_CHECKING:
+    from service.config import McpServer
 
 AGENT_GROUP = "casetrail.agents"
 CAPABILITY_GROUP = "casetrail.capabilities"
@@ -96,8 +99,9 @@ def _named(spec: str) -> object:
     return found
 
 
-def discover(named: Sequence[str] = ()) -> Registry:
-    """Every agent and capability: built in, installed, or ``named`` (``module:attr``)."""
+def discover(named: Sequence[str] = (), mcp_servers: Sequence[McpServer] = ()) -> Registry:
+    """Every agent and capability: built in, installed, or ``named`` (``module:attr``),
+    and the capabilities of the configured MCP servers."""
     from service.agents.aml_screening import AML_SCREENING
     from service.agents.loan_officer import LOAN_OFFICER
     from service.agents.throughput_probe import THROUGHPUT_PROBE
@@ -120,6 +124,11 @@ def discover(named: Sequence[str] = ()) -> Registry:
             raise
         except PermanentError as exc:
             raise PluginError(f"CASETRAIL_AGENTS {spec}: {exc}") from exc
+    if mcp_servers:
+        from service.mcptools import mcp_capabilities
+
+        for server, served in zip(mcp_servers, mcp_capabilities(mcp_servers), strict=True):
+            registry.add(served, f"CASETRAIL_MCP_SERVERS {server.name}")
     return registry
 
 
@@ -129,7 +138,8 @@ def registry() -> Registry:
     settings)."""
     from service.config import get_settings
 
-    return discover(get_settings().agents)
+    settings = get_settings()
+    return discover(settings.agents, settings.mcp_servers)
 
 
 @dataclass(frozen=True)

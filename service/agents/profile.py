@@ -15,7 +15,7 @@ from pydantic.alias_generators import to_camel
 from service.engine.answers import Answering, Check, Review
 from service.engine.chat import ChatMessage, ToolResultMessage, UserMessage
 from service.engine.scripted import ScriptFn
-from service.engine.tools import Capability, ToolSource, source_label
+from service.engine.tools import Capability, ToolSource, WorkerTool, source_label
 from service.events import Limits, ModelRef, refuse_boolean_numbers
 from service.integrity import canonical
 
@@ -71,7 +71,7 @@ class AgentProfile:
         return hashlib.sha256(canonical({
             "name": self.name, "version": self.version, "instructions": self.system_prompt,
             "tools": [{"name": t.name, "description": t.description,
-                       "parameters": t.spec.parameters} for t in self.tools],
+                       "parameters": t.spec.parameters, **_mcp_of(t)} for t in self.tools],
             "answer": None if self.answer_model is None
             else self.answer_model.model_json_schema(by_alias=True),
             "checks": [{"name": c.name, "version": c.version, "blocking": c.blocking}
@@ -99,7 +99,8 @@ class AgentProfile:
             "version": self.version,
             "description": self.description,
             "tools": [
-                {"name": t.name, "source": source_label(t), "description": t.description}
+                {"name": t.name, "source": source_label(t), "description": t.description,
+                 **_mcp_of(t)}
                 for t in self.tools
             ],
             "inputSchema": self.input_schema(),
@@ -113,6 +114,13 @@ class AgentProfile:
             "defaultModel": self.default_model.model_dump(by_alias=True, exclude_none=True),
             "defaultLimits": self.default_limits.model_dump(by_alias=True),
         }
+
+
+def _mcp_of(tool: ToolSource) -> dict[str, Any]:
+    """``{"mcp": {"server", "tool"}}`` for an MCP server's tool, else nothing."""
+    if isinstance(tool, WorkerTool) and tool.mcp is not None:
+        return {"mcp": {"server": tool.mcp.server, "tool": tool.mcp.tool}}
+    return {}
 
 
 def case_input(messages: Sequence[ChatMessage]) -> dict[str, Any]:

@@ -68,6 +68,12 @@ class Delivery:
         return self.raw.header.properties.message_id
 
     @property
+    def redelivered(self) -> bool:
+        """The broker handed this message out before (to a consumer that did not settle
+        it: one that stopped, or died, while holding it)."""
+        return bool(self.raw.redelivered)
+
+    @property
     def type(self) -> str | None:
         return self.raw.header.properties.message_type
 

@@ -25,7 +25,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -138,12 +138,14 @@ class BusWorkerRuntime:
         task.add_done_callback(self._refused.discard)
 
     async def execute(
-        self, capability: str, args: Mapping[str, Any], *, call_id: str,
+        self, capability: str, args: Mapping[str, Any], *, call_id: str, retry: bool = True,
         redaction: Redaction | None = None,
     ) -> WorkerCallResult:
-        """Call ``capability``. With the case's ``redaction``, every sensitive value in
-        ``args`` travels as its placeholder, and the values sealed to the capability's
-        key; a capability with no registered key is not sent them at all."""
+        """Call ``capability``, retried by its policy unless ``retry`` is false (one
+        attempt: a tool that may not run twice). With the case's ``redaction``, every
+        sensitive value in ``args`` travels as its placeholder, and the values sealed to
+        the capability's key; a capability with no registered key is not sent them at
+        all."""
         if self._reply_queue is None or self._channel is None:
             raise CasetrailError("BusWorkerRuntime.start() was not called")
         sealed = None
@@ -158,6 +160,8 @@ class BusWorkerRuntime:
                         "its call holds sensitive values, which are never sent in clear"))
                 sealed = seal(key, values, capability, call_id)
         policy = self.policies.get(capability, self.default_policy)
+        if not retry:
+            policy = replace(policy, attempts=1)
         loop = asyncio.get_running_loop()
         pending = _PendingCall(call_id, capability, loop.create_future())
         # The reply must quote this token: nobody can answer a call they cannot see.

@@ -16,17 +16,20 @@ import asyncio
 import functools
 import hashlib
 import inspect
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar, assert_never, cast
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar, assert_never
 
 import orjson
+from jsonschema import validators as json_schema_validators
+from jsonschema.exceptions import SchemaError, best_match
 from pydantic import BaseModel, ValidationError
 
 from service.engine.chat import ToolCallRequest, ToolResultMessage, ToolSpec
-from service.events import ToolAttempt, ToolCallRecord, describe_validation_error
+from service.events import McpCallRef, ToolAttempt, ToolCallRecord, describe_validation_error
 from service.integrity import canonical
 from service.telemetry import genai, metrics, tracing
 
@@ -48,6 +51,70 @@ def schema_digest(schema: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(schema)).hexdigest()
 
 
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+"""What every provider accepts as a tool's name."""
+
+
+def mcp_tool_name(server: str, tool: str) -> str:
+    """The model-facing name of an MCP server's tool: ``<server>_<tool>``, anything
+    outside ``[a-zA-Z0-9_-]`` made ``_``, and a long one cut to 64 characters with a
+    digest of the whole so that two long names stay two."""
+    name = re.sub(r"[^a-zA-Z0-9_-]", "_", f"{server}_{tool}")
+    if len(name) <= 64:
+        return name
+    return f"{name[:55]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class McpBinding:
+    """The MCP server's tool behind a ``WorkerTool`` (docs/design.md, "MCP tools"): named
+    by the agent, described by the catalog its capability worker serves. Until the
+    worker resolves it against that catalog it has no schema."""
+
+    server: str
+    tool: str
+    input_schema: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    schema_digest: str | None = None
+    retryable: bool = False
+    """Annotated ``readOnlyHint`` or ``idempotentHint``: only then is a call retried."""
+    unavailable: str | None = None
+    """Why the catalog could not be read when the case started: every call fails so."""
+
+    @property
+    def capability(self) -> str:
+        return mcp_capability(self.server)
+
+
+MCP_SERVER_NAME = r"^[a-z0-9][a-z0-9-]{0,58}$"
+"""An MCP server's name in ``CASETRAIL_MCP_SERVERS`` (its capability is ``mcp-<name>``)."""
+
+
+def mcp_capability(server: str) -> str:
+    """The capability (and queue) that serves one MCP server's tools."""
+    return f"mcp-{server}"
+
+
+_VALIDATORS: dict[str, Any] = {}
+"""JSON Schema validators by schema digest (a server has a handful of tools)."""
+
+
+def json_schema_problem(schema: Mapping[str, Any], digest: str, value: Any) -> str | None:
+    """Why ``value`` does not validate against a JSON Schema (``None`` when it does)."""
+    validator = _VALIDATORS.get(digest)
+    if validator is None:
+        kind = json_schema_validators.validator_for(schema)
+        try:
+            kind.check_schema(dict(schema))
+        except SchemaError as exc:
+            return f"the server's inputSchema is not a valid JSON Schema: {exc.message}"
+        validator = _VALIDATORS[digest] = kind(dict(schema))
+    error = best_match(validator.iter_errors(value))
+    if error is None:
+        return None
+    where = "/".join(str(part) for part in error.absolute_path) or "(arguments)"
+    return f"{where}: {error.message}"
+
+
 @dataclass(frozen=True)
 class LocalTool(Generic[ArgsT]):
     """A plain function, sync or async, called in process with validated arguments.
@@ -64,19 +131,48 @@ class LocalTool(Generic[ArgsT]):
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, _schema(self.args_model))
 
+    @property
+    def schema_digest(self) -> str:
+        return _schema_digest(self.args_model)
+
+
+OPEN_SCHEMA: Mapping[str, Any] = {"type": "object"}
+
 
 @dataclass(frozen=True)
 class WorkerTool:
-    """A tool executed by a capability worker through a ``WorkerRuntime``."""
+    """A tool executed by a capability worker through a ``WorkerRuntime``: its arguments
+    are a pydantic model, or, for an MCP server's tool, the JSON Schema of the server's
+    catalog (``mcp``)."""
 
     name: str
     description: str
     capability: str
-    args_model: type[BaseModel]
+    args_model: type[BaseModel] | None = None
+    mcp: McpBinding | None = None
+
+    def __post_init__(self) -> None:
+        if (self.args_model is None) == (self.mcp is None):
+            raise TypeError(f"WorkerTool {self.name!r} needs an args_model or an MCP binding, "
+                            "not both")
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        if self.args_model is not None:
+            return _schema(self.args_model)
+        assert self.mcp is not None
+        return dict(self.mcp.input_schema or OPEN_SCHEMA)
 
     @property
     def spec(self) -> ToolSpec:
-        return ToolSpec(self.name, self.description, _schema(self.args_model))
+        return ToolSpec(self.name, self.description, self.parameters)
+
+    @property
+    def schema_digest(self) -> str:
+        if self.args_model is not None:
+            return _schema_digest(self.args_model)
+        assert self.mcp is not None
+        return self.mcp.schema_digest or schema_digest(self.parameters)
 
 
 ToolSource: TypeAlias = LocalTool[Any] | WorkerTool
@@ -113,13 +209,24 @@ class WorkerCallResult:
 class WorkerRuntime(Protocol):
     """Runs a capability somewhere (in process, or on a capability worker over the bus).
 
-    ``call_id`` is the idempotency key shared by every attempt of one call.
+    ``call_id`` is the idempotency key shared by every attempt of one call; with
+    ``retry=False`` the call is sent once (a tool that may not run twice).
     Never raises for a tool failure: the failure is in the result.
     """
 
     async def execute(
-        self, capability: str, args: Mapping[str, Any], *, call_id: str
+        self, capability: str, args: Mapping[str, Any], *, call_id: str, retry: bool = True
     ) -> WorkerCallResult: ...
+
+
+class ToolFailed(Exception):
+    """Raised by a capability's handler: the call failed for this reason, and a retry
+    could (``retryable``) or could not help. Any other exception is taken as one a retry
+    may cure."""
+
+    def __init__(self, reason: str, *, retryable: bool) -> None:
+        super().__init__(reason)
+        self.retryable = retryable
 
 
 @dataclass(frozen=True)
@@ -129,6 +236,11 @@ class Capability(Generic[ArgsT]):
     name: str
     args_model: type[ArgsT]
     handler: Callable[[ArgsT], Awaitable[Any]]
+    at_most_once: Callable[[Mapping[str, Any]], bool] | None = None
+    """Says which requests must never run twice: one the broker hands out again (its
+    worker stopped while holding it) is then refused, not run a second time."""
+    close: Callable[[], Awaitable[None]] | None = None
+    """Called once when the capability worker stops (connections the handler holds)."""
 
     async def invoke(self, raw_args: Mapping[str, Any]) -> Any:
         """Validate ``raw_args`` and run the handler; ``ValidationError`` on bad arguments."""
@@ -144,7 +256,7 @@ class InProcessWorkerRuntime:
     calls: list[tuple[str, str]] = field(default_factory=list)
 
     async def execute(
-        self, capability: str, args: Mapping[str, Any], *, call_id: str
+        self, capability: str, args: Mapping[str, Any], *, call_id: str, retry: bool = True
     ) -> WorkerCallResult:
         self.calls.append((capability, call_id))
         started = time.perf_counter()
@@ -191,8 +303,7 @@ class ToolBox:
     def offers(self) -> list[tuple[str, str, str, str]]:
         """``(name, source, description, input schema digest)`` of every tool, for
         ``CASE_STARTED``: the digest is SHA-256 of the argument schema's canonical JSON."""
-        return [(t.name, source_label(t), t.description,
-                 _schema_digest(cast("type[BaseModel]", t.args_model)))
+        return [(t.name, source_label(t), t.description, t.schema_digest)
                 for t in self._tools.values()]
 
     async def run_all(self, calls: Sequence[ToolCallRequest], key: str) -> list[ToolOutcome]:
@@ -244,6 +355,9 @@ class ToolBox:
             error=error,
             raw_args=call.raw_arguments if call.arguments is None else None,
             attempts=attempts,
+            mcp=None if not isinstance(tool, WorkerTool) or tool.mcp is None else McpCallRef(
+                server=tool.mcp.server, tool=tool.mcp.tool,
+                schema_digest=tool.schema_digest),
         )
         content = f"ERROR: {error}" if error else orjson.dumps(result).decode()
         observation = ToolResultMessage(call.id, call.name, content, is_error=error is not None)
@@ -253,6 +367,9 @@ class ToolBox:
         self, tool: ToolSource, call: ToolCallRequest, call_key: str
     ) -> tuple[Any, str | None, tuple[ToolAttempt, ...]]:
         arguments = call.arguments or {}
+        if isinstance(tool, WorkerTool) and tool.mcp is not None:
+            return await self._call_mcp(tool, tool.mcp, arguments, call_key)
+        assert tool.args_model is not None
         try:
             args = tool.args_model.model_validate(arguments)
         except ValidationError as exc:
@@ -277,3 +394,21 @@ class ToolBox:
                 return outcome.result, outcome.error, outcome.attempts
             case _:
                 assert_never(tool)
+
+    async def _call_mcp(
+        self, tool: WorkerTool, mcp: McpBinding, arguments: dict[str, Any], call_key: str
+    ) -> tuple[Any, str | None, tuple[ToolAttempt, ...]]:
+        """An MCP server's tool: arguments checked against the schema offered (a JSON
+        Schema validator, before anything is sent), then one request to its capability,
+        retried only when the server says the tool is read-only or idempotent."""
+        if mcp.unavailable is not None:
+            return None, mcp.unavailable, ()
+        if mcp.input_schema is not None and mcp.schema_digest is not None:
+            problem = json_schema_problem(mcp.input_schema, mcp.schema_digest, arguments)
+            if problem is not None:
+                return None, f"invalid arguments for {tool.name!r}: {problem}", ()
+        outcome = await self._runtime.execute(
+            tool.capability, {"op": "call", "tool": mcp.tool, "arguments": arguments,
+                              "schemaDigest": tool.schema_digest, "idempotencyKey": call_key},
+            call_id=call_key, retry=mcp.retryable)
+        return outcome.result, outcome.error, outcome.attempts

@@ -1,0 +1,43 @@
+"""The agent tested as its team would: in process, with the scripted model and
+casetrail's ``run_case``, against the real policy server over stdio."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from claims_triage.agent import CLAIMS_TRIAGE
+
+from casetrail.testing import run_case
+
+POLICIES = [{"name": "policies", "transport": "stdio",
+             "command": [sys.executable, "-m", "claims_triage.policy_server"],
+             "env": {"PYTHONPATH": "PYTHONPATH"}}]
+CLAIM = {"claimId": "CLM-00042", "policyNumber": "POL-100001", "claimantName": "Ada Lovelace",
+         "amount": 3_000, "cause": "fire"}
+
+
+@pytest.mark.asyncio
+async def test_a_covered_claim_is_paid_less_the_deductible() -> None:
+    run = await run_case(CLAIMS_TRIAGE, CLAIM, mcp_servers=POLICIES)
+    assert run.status == "completed"
+    assert run.answer == {"decision": "pay", "payout": 2_500,
+                          "reason": "covered, deductible applied"}
+    coverage = run.cycles[0]["toolCalls"][0]
+    assert coverage["toolName"] == "policies_coverage"
+    assert coverage["mcp"]["server"] == "policies" and coverage["mcp"]["tool"] == "coverage"
+    assert coverage["toolResult"]["deductible"] == 500
+
+
+@pytest.mark.asyncio
+async def test_an_excluded_cause_is_denied() -> None:
+    run = await run_case(CLAIMS_TRIAGE, {**CLAIM, "cause": "flood"}, mcp_servers=POLICIES)
+    assert run.answer is not None and run.answer["decision"] == "deny"
+
+
+@pytest.mark.asyncio
+async def test_a_third_claim_waits_for_a_person() -> None:
+    run = await run_case(CLAIMS_TRIAGE, {**CLAIM, "policyNumber": "POL-100002"},
+                         mcp_servers=POLICIES)
+    assert run.status == "awaiting_review"
+    assert run.answer is not None and run.answer["decision"] == "investigate"
