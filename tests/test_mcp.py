@@ -144,6 +144,11 @@ async def test_the_example_agent_runs_end_to_end_with_its_mcp_tool_and_verifies(
     assert coverage["mcp"] == {"server": "policies", "tool": "coverage",
                                "schemaDigest": offer["inputSchemaDigest"]}
     assert coverage["toolResult"]["coverageLimit"] == 20_000  # the structured content
+    # The claimant's name reached the server (it says the claimant holds the policy),
+    # sealed to mcp-policies; the trail holds only its placeholder.
+    assert coverage["toolResult"]["holderMatches"] is True
+    assert coverage["toolArgs"]["claimant_name"] == "[pii:claimantName]"
+    assert "Ada Lovelace" not in str(trail)
     assert [a["outcome"] for a in coverage["attempts"]] == ["ok"]
     assert next(c for c in calls if c["toolName"] == "claims-history")["toolSource"] == "worker"
     verified = (await client.get(f"/cases/{view['caseId']}/verify")).json()
@@ -286,7 +291,8 @@ async def test_the_catalog_decides_what_is_offered_and_what_is_retried(
     box, _ = served
     offered = {spec.name: spec for spec in box.specs}
     assert sorted(offered) == ["policies_coverage", "policies_open_investigation"]
-    assert offered["policies_coverage"].parameters["required"] == ["policy_number"]
+    assert offered["policies_coverage"].parameters["required"] == ["policy_number",
+                                                                   "claimant_name"]
     tools = {t.name: t for t in box._tools.values() if isinstance(t, WorkerTool)}
     assert tools["policies_coverage"].mcp is not None
     assert tools["policies_coverage"].mcp.retryable is True  # readOnlyHint
@@ -299,13 +305,13 @@ async def test_arguments_are_checked_against_the_servers_schema_before_sending(
 ) -> None:
     box, runtime = served
     before = len(runtime.calls)
-    outcome = await box.run(ToolCallRequest("c1", "policies_coverage", {"policy_number": 5}),
-                            "case:1")
+    outcome = await box.run(ToolCallRequest("c1", "policies_coverage", {
+        "policy_number": 5, "claimant_name": "Ada"}), "case:1")
     assert outcome.record.error == ("invalid arguments for 'policies_coverage': "
                                     "policy_number: 5 is not of type 'string'")
     assert len(runtime.calls) == before  # nothing was sent
-    failed = await box.run(ToolCallRequest("c2", "policies_coverage",
-                                           {"policy_number": "POL-999999"}), "case:2")
+    failed = await box.run(ToolCallRequest("c2", "policies_coverage", {
+        "policy_number": "POL-999999", "claimant_name": "Ada"}), "case:2")
     assert failed.record.error is not None and "no policy POL-999999" in failed.record.error
     assert failed.observation.is_error  # isError: an observation like any failed tool
 
@@ -318,4 +324,4 @@ def test_the_examples_own_tests_pass_as_its_team_runs_them(example: Path) -> Non
         cwd=EXAMPLE, env={**os.environ, "PYTHONPATH": str(example)},
         capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "3 passed" in done.stdout, done.stdout
+    assert "4 passed" in done.stdout, done.stdout

@@ -30,6 +30,13 @@ async def test_a_covered_claim_is_paid_less_the_deductible() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_claimant_who_does_not_hold_the_policy_is_investigated() -> None:
+    run = await run_case(CLAIMS_TRIAGE, {**CLAIM, "claimantName": "Charles Babbage"},
+                         mcp_servers=POLICIES)
+    assert run.answer is not None and run.answer["decision"] == "investigate"
+
+
+@pytest.mark.asyncio
 async def test_an_excluded_cause_is_denied() -> None:
     run = await run_case(CLAIMS_TRIAGE, {**CLAIM, "cause": "flood"}, mcp_servers=POLICIES)
     assert run.answer is not None and run.answer["decision"] == "deny"

@@ -84,19 +84,25 @@ def coverage_consulted(case: CheckContext) -> tuple[bool, str]:
 
 
 def triage(messages: Sequence[ChatMessage]) -> AssistantTurn:
-    """The scripted brain: coverage and history first, then the payout, then the
-    decision."""
+    """The scripted brain: coverage (the claimant's name goes to the insurer's server,
+    sealed: the trail holds its placeholder) and history first, then the payout, then
+    the decision."""
     claim, seen = case_input(messages), observed(messages)
     if "policies_coverage" not in seen:
         return AssistantTurn(
             text=f"I read policy {claim['policyNumber']}'s coverage and its claim history.",
-            tool_calls=(call("policies_coverage", "c1", policy_number=claim["policyNumber"]),
+            tool_calls=(call("policies_coverage", "c1", policy_number=claim["policyNumber"],
+                             claimant_name=claim["claimantName"]),
                         call("claims-history", "c2", policyNumber=claim["policyNumber"])))
     coverage = seen["policies_coverage"]
     if isinstance(coverage, Exception):
         return AssistantTurn(text=f"The coverage could not be read ({coverage}).",
                              tool_calls=(call(FINAL_ANSWER, "final", decision="investigate",
                                               payout=0, reason=str(coverage)),))
+    if not coverage["holderMatches"]:
+        return AssistantTurn(text="The claimant does not hold this policy.", tool_calls=(
+            call(FINAL_ANSWER, "final", decision="investigate", payout=0,
+                 reason="the claimant is not the policy holder"),))
     if not coverage["active"] or claim["cause"] in coverage["excluded"]:
         why = "the policy is not active" if not coverage["active"] \
             else f"{claim['cause']} is excluded"

@@ -17,23 +17,25 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 server = FastMCP("policies")
 
 _POLICIES: dict[str, dict[str, Any]] = {
-    "POL-100001": {"active": True, "coverageLimit": 20_000, "deductible": 500,
-                   "excluded": ["flood"]},
-    "POL-100002": {"active": True, "coverageLimit": 5_000, "deductible": 250,
-                   "excluded": []},
-    "POL-100003": {"active": False, "coverageLimit": 10_000, "deductible": 500,
-                   "excluded": []},
+    "POL-100001": {"holder": "Ada Lovelace", "active": True, "coverageLimit": 20_000,
+                   "deductible": 500, "excluded": ["flood"]},
+    "POL-100002": {"holder": "Ada Lovelace", "active": True, "coverageLimit": 5_000,
+                   "deductible": 250, "excluded": []},
+    "POL-100003": {"holder": "Grace Hopper", "active": False, "coverageLimit": 10_000,
+                   "deductible": 500, "excluded": []},
 }
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
-def coverage(policy_number: str) -> dict[str, Any]:
-    """The policy's coverage: whether it is active, its limit, its deductible and what it
-    excludes."""
+def coverage(policy_number: str, claimant_name: str) -> dict[str, Any]:
+    """The policy's coverage: whether the claimant holds it, whether it is active, its
+    limit, its deductible and what it excludes."""
     found = _POLICIES.get(policy_number)
     if found is None:
         raise ValueError(f"no policy {policy_number}")
-    return {"policyNumber": policy_number, **found}
+    terms = {k: v for k, v in found.items() if k != "holder"}
+    return {"policyNumber": policy_number, "holderMatches": claimant_name == found["holder"],
+            **terms}
 
 
 @server.tool()
