@@ -329,6 +329,34 @@ def agents(
         typer.echo(f"capability {capability['name']}  from {capability['from']}")
 
 
+@app.command("mcp-tools")
+def mcp_tools(
+    raw: Annotated[bool, typer.Option("--json", help="Print the catalogs as JSON.")] = False,
+) -> None:
+    """The tools each configured MCP server (CASETRAIL_MCP_SERVERS) serves, read as a
+    capability worker reads them: the name the model sees, and whether a failed call is
+    retried. Exit 2 when a server cannot be reached, naming why."""
+    from service.engine.tools import mcp_tool_name
+    from service.mcptools.session import read_catalogs
+
+    _logging("WARNING")
+    read = _run(read_catalogs(get_settings().mcp_servers))
+    if raw:
+        typer.echo(orjson.dumps({name: c if isinstance(c, str) else c.model_dump(by_alias=True)
+                                 for name, c in read.items()}, option=orjson.OPT_INDENT_2).decode())
+    for name, catalog in read.items():
+        if isinstance(catalog, str):
+            typer.echo(f"server {name}: {catalog}", err=True)
+        elif not raw:
+            for tool in catalog.tools:
+                typer.echo(f"{name}  {tool.name}  as {mcp_tool_name(name, tool.name)}  "
+                           f"{'retried' if tool.retryable else 'at most once'}  "
+                           f"schema {tool.schema_digest[:12]}")
+    if not read:
+        typer.echo("no MCP servers are configured (CASETRAIL_MCP_SERVERS)", err=True)
+    raise typer.Exit(2 if any(isinstance(c, str) for c in read.values()) else 0)
+
+
 @app.command("capability-worker")
 def capability_worker(
     names: Annotated[list[str] | None, typer.Argument(help="Capabilities to serve (all if none).")]

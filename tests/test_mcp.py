@@ -325,3 +325,23 @@ def test_the_examples_own_tests_pass_as_its_team_runs_them(example: Path) -> Non
         capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "4 passed" in done.stdout, done.stdout
+
+
+def test_an_operator_checks_the_configured_servers_with_the_cli(
+    settings: Settings, example: Path,
+) -> None:
+    """``casetrail mcp-tools``: what each server serves, as the model will see it; exit 2
+    naming a server that cannot be reached."""
+    servers = [McpServer(**stdio_policies()),
+               McpServer(name="gone", transport="http", url=f"http://127.0.0.1:{free_port()}/mcp",
+                         timeout_seconds=2)]
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "mcp-tools"],
+        env=settings.model_copy(update={"mcp_servers": servers}).environment(
+            PYTHONPATH=str(example)),
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "policies  coverage  as policies_coverage  retried" in done.stdout
+    assert "policies  open_investigation  as policies_open_investigation  at most once" \
+        in done.stdout
+    assert "server gone: the MCP server gone is unavailable: ConnectError" in done.stderr

@@ -19,7 +19,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from service.config import McpServer
-from service.engine.tools import Capability, ToolFailed, mcp_capability, schema_digest
+from service.engine.tools import (
+    Capability,
+    ToolFailed,
+    mcp_capability,
+    schema_digest,
+)
+from service.errors import PermanentError
 from service.mcptools import Catalog, CatalogTool, McpRequest
 
 if TYPE_CHECKING:
@@ -237,3 +243,18 @@ def serving(server: McpServer) -> Capability[McpRequest]:
     session = ServerSession(server)
     return Capability(mcp_capability(server.name), McpRequest, session.answer,
                       at_most_once=session.at_most_once, close=session.close)
+
+
+async def read_catalogs(servers: list[McpServer]) -> dict[str, Catalog | str]:
+    """Each server's catalog as a capability worker would read it (or why it could not
+    be read): for an operator checking a configuration (``casetrail mcp-tools``)."""
+    read: dict[str, Catalog | str] = {}
+    for server in servers:
+        session = ServerSession(server)
+        try:
+            read[server.name] = await session.catalog()
+        except (ToolFailed, PermanentError) as exc:
+            read[server.name] = str(exc)
+        finally:
+            await session.close()
+    return read
