@@ -36,8 +36,6 @@ from tenacity import wait_exponential_jitter
 from consumers.admission import Admission, KeyRing, Refused
 from consumers.writer import BatchOutcome, EventLogWriter
 from service.backoff import backoff_delay
-from service.bus import fastpath
-from service.bus.connection import connect_patiently
 from service.bus.dead_letter import REASON_HEADER, dead_letter
 from service.bus.deliveries import Delivery, Subscription
 from service.bus.probe import DEAD_LETTERS, QueueProbe
@@ -46,7 +44,8 @@ from service.bus.topology import Topology
 from service.config import Settings
 from service.errors import BusUnavailable, StoreUnavailable
 from service.events import SignedEvent
-from service.store import KeyRegistry, component_pool
+from service.runtime import component
+from service.store import KeyRegistry
 from service.supervisor import run_until_signal
 from service.telemetry import metrics, tracing
 
@@ -293,28 +292,20 @@ class EventLogConsumer:
 
 async def run_consumer(settings: Settings) -> None:
     """The ``casetrail consumer`` component, until SIGINT or SIGTERM."""
-    tracing.configure("consumer")
-    metrics.serve(settings, "consumer")
-    fastpath.enable(settings.amqp_fastpath)
-    identity = settings.identity("consumer")
-    connection = await connect_patiently(identity.amqp_url, "casetrail-consumer")
-    pool = await component_pool(identity, 4)
-    keys = KeyRing(KeyRegistry(pool))
-    await keys.refresh(force=True)
-    consumer = EventLogConsumer(
-        connection, EventLogWriter(pool), Topology(settings.namespace),
-        Admission(settings.broker_user("worker"), keys),
-        prefetch=settings.consumer_prefetch, batch_size=settings.consumer_batch_size,
-        linger=settings.consumer_linger_ms / 1000,
-    )
-    topology = consumer.topology
-    probe = QueueProbe(connection, {"event-log": topology.event_log_queue,
-                                    DEAD_LETTERS: topology.dead_letter_queue},
-                       settings.queue_probe_seconds)
-    try:
+    async with component(settings, "consumer") as parts:
+        connection = await parts.connection()
+        pool = await parts.pool(4)
+        keys = KeyRing(KeyRegistry(pool))
+        await keys.refresh(force=True)
+        consumer = EventLogConsumer(
+            connection, EventLogWriter(pool), Topology(settings.namespace),
+            Admission(settings.broker_user("worker"), keys),
+            prefetch=settings.consumer_prefetch, batch_size=settings.consumer_batch_size,
+            linger=settings.consumer_linger_ms / 1000,
+        )
+        topology = consumer.topology
+        probe = QueueProbe(connection, {"event-log": topology.event_log_queue,
+                                        DEAD_LETTERS: topology.dead_letter_queue},
+                           settings.queue_probe_seconds)
         await run_until_signal(probe.beside(consumer.run))
-    finally:
-        tracing.shutdown()
-        await connection.close()
-        await pool.close()
     log.info("consumer stopped: %s", consumer.stats)

@@ -27,7 +27,6 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import ValidationError
 
 from service import sealing
-from service.bus.connection import connect_patiently
 from service.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
@@ -36,6 +35,7 @@ from service.config import Settings
 from service.engine.tools import Capability, ToolFailed
 from service.errors import PermanentError, Reject
 from service.events import describe_validation_error
+from service.runtime import component
 from service.sealing import open_sealed
 from service.sensitive import restore
 from service.supervisor import run_until_signal
@@ -208,15 +208,13 @@ async def run_capability_worker(
     capability served on a connection of its own, as that capability's own broker user
     (which may read that capability's requests and no other's). It keeps to the public
     aiormq path: its rate is the tools' own, not the bus's."""
-    tracing.configure("capability")
-    metrics.serve(settings, "capability")
     identities = [settings.capability_identity(c.name) for c in capabilities]  # all, first
     topology = Topology(settings.namespace)
-    workers: list[CapabilityWorker] = []
-    try:
+    async with component(settings, "capability") as parts:
+        workers: list[CapabilityWorker] = []
         for capability, identity in zip(capabilities, identities, strict=True):
-            connection = await connect_patiently(identity.amqp_url,
-                                                 f"casetrail-capability-{capability.name}")
+            connection = await parts.connection(identity.amqp_url,
+                                                f"casetrail-capability-{capability.name}")
             key = settings.capability_sealing_key(capability.name)
             workers.append(CapabilityWorker(
                 connection, topology, [capability],
@@ -228,7 +226,3 @@ async def run_capability_worker(
             await asyncio.gather(*(worker.run(stop) for worker in workers))
 
         await run_until_signal(serve_all)
-    finally:
-        tracing.shutdown()
-        for worker in workers:
-            await worker.connection.close()

@@ -156,14 +156,14 @@ def api(
     from service.api import create_app
     from service.api.streams import STREAMS_CLOSE_SECONDS
     from service.errors import PermanentError
-    from service.telemetry import metrics, tracing
+    from service.runtime import prepare
+    from service.telemetry import tracing
 
     _logging()
     settings = get_settings()
     try:
         registry()  # every plugin loaded, or one clear error before anything starts
-        tracing.configure("api")
-        metrics.serve(settings, "api")
+        prepare(settings, "api")
     except PermanentError as exc:
         typer.echo(f"casetrail api: {exc}", err=True)
         raise typer.Exit(2) from None

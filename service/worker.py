@@ -48,8 +48,6 @@ from pydantic import ValidationError
 from service.agents import AGENTS
 from service.agents.profile import AgentProfile
 from service.batching import Coalescer
-from service.bus import fastpath
-from service.bus.connection import connect_patiently
 from service.bus.dead_letter import dead_letter
 from service.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from service.bus.probe import QueueProbe
@@ -85,6 +83,7 @@ from service.keyfile import worker_signer
 from service.mcptools import Catalogs
 from service.providers import ModelFactory
 from service.resume import RecordedEvent, first_start, resumption, waited_for_people
+from service.runtime import component
 from service.sealing import CapabilityKeys
 from service.sensitive import Redaction, Vault, restore
 from service.store import (
@@ -95,7 +94,6 @@ from service.store import (
     KeyRegistry,
     ParkedAction,
     RecordedCase,
-    component_pool,
 )
 from service.supervisor import run_until_signal
 from service.sweeper import StrandedCaseSweeper
@@ -603,60 +601,52 @@ class CaseWorker:
 async def run_worker(settings: Settings) -> None:
     """The ``casetrail worker`` component, until SIGINT or SIGTERM."""
     signer = worker_signer(settings)
-    tracing.configure("worker")
-    metrics.serve(settings, "worker")
-    fastpath.enable(settings.amqp_fastpath)
-    identity = settings.identity("worker")
-    connection = await connect_patiently(identity.amqp_url, "casetrail-worker")
-    pool = await component_pool(identity, 10)
-    # The key must have been registered by an operator: the worker's role cannot.
-    registered = await KeyRegistry(pool).registered(signer.key_id, signer.public_key)
-    if registered is None:
-        raise PermanentError(
-            f"signing key {signer.key_id} is not registered: an operator registers it with "
-            f"`casetrail signer register {settings.signing_key_file}` (setup does it for "
-            "CASETRAIL_SIGNING_KEY_FILE)")
-    if registered.not_valid_after is not None:
-        raise PermanentError(f"signing key {signer.key_id} is retired: generate a new one "
-                             "and register it")
-    log.info("signing events with key %s", signer.key_id)
-    topology = Topology(settings.namespace)
-    runtime = BusWorkerRuntime(
-        connection, topology, await Publisher.open(connection),
-        settings.capability_user, CapabilityKeys(CapabilityKeyRegistry(pool).all),
-        default_policy=RetryPolicy(attempts=settings.tool_attempts,
-                                   timeout_seconds=settings.tool_timeout_seconds),
-        # An MCP server's calls wait as long as the operator says its tools take (and a
-        # little for the bus), as often as it says.
-        policies={mcp_capability(s.name): RetryPolicy(attempts=s.attempts,
-                                                      timeout_seconds=s.timeout_seconds + 2)
-                  for s in settings.mcp_servers},
-    )
-    await runtime.start()
-    vault = Vault.from_text(settings.master_key_text())
-    models = ModelFactory(settings)  # one shared client per model endpoint
-    worker = CaseWorker(connection, CaseStore(pool), topology, runtime, signer,
-                        settings.broker_user("api"), CaseSecrets(pool, vault),
-                        KeyRegistry(pool), Caps.from_settings(settings),
-                        models=models,
-                        concurrency=settings.worker_concurrency,
-                        lease_seconds=settings.lease_seconds,
-                        sweep_seconds=settings.sweep_seconds,
-                        publish_retry_seconds=settings.publish_retry_seconds,
-                        review_policy=settings.review_policy,
-                        review_deadline_seconds=settings.review_deadline_seconds)
-    metrics.LIVE_CASES.set_function(lambda: len(worker.live_cases))
-    metrics.SLOTS_BUSY.set_function(lambda: worker.slots_busy)
-    probe = QueueProbe(connection, {"case-start": topology.case_start_queue},
-                       settings.queue_probe_seconds)
-    try:
+    async with component(settings, "worker") as parts:
+        connection = await parts.connection()
+        pool = await parts.pool(10)
+        # The key must have been registered by an operator: the worker's role cannot.
+        registered = await KeyRegistry(pool).registered(signer.key_id, signer.public_key)
+        if registered is None:
+            raise PermanentError(
+                f"signing key {signer.key_id} is not registered: an operator registers it "
+                f"with `casetrail signer register {settings.signing_key_file}` (setup does it "
+                "for CASETRAIL_SIGNING_KEY_FILE)")
+        if registered.not_valid_after is not None:
+            raise PermanentError(f"signing key {signer.key_id} is retired: generate a new one "
+                                 "and register it")
+        log.info("signing events with key %s", signer.key_id)
+        topology = Topology(settings.namespace)
+        runtime = BusWorkerRuntime(
+            connection, topology, await Publisher.open(connection),
+            settings.capability_user, CapabilityKeys(CapabilityKeyRegistry(pool).all),
+            default_policy=RetryPolicy(attempts=settings.tool_attempts,
+                                       timeout_seconds=settings.tool_timeout_seconds),
+            # An MCP server's calls wait as long as the operator says its tools take (and
+            # a little for the bus), as often as it says.
+            policies={mcp_capability(s.name): RetryPolicy(attempts=s.attempts,
+                                                          timeout_seconds=s.timeout_seconds + 2)
+                      for s in settings.mcp_servers},
+        )
+        await runtime.start()
+        parts.stack.push_async_callback(runtime.close)
+        vault = Vault.from_text(settings.master_key_text())
+        models = ModelFactory(settings)  # one shared client per model endpoint
+        parts.stack.push_async_callback(models.aclose)
+        worker = CaseWorker(connection, CaseStore(pool), topology, runtime, signer,
+                            settings.broker_user("api"), CaseSecrets(pool, vault),
+                            KeyRegistry(pool), Caps.from_settings(settings),
+                            models=models,
+                            concurrency=settings.worker_concurrency,
+                            lease_seconds=settings.lease_seconds,
+                            sweep_seconds=settings.sweep_seconds,
+                            publish_retry_seconds=settings.publish_retry_seconds,
+                            review_policy=settings.review_policy,
+                            review_deadline_seconds=settings.review_deadline_seconds)
+        metrics.LIVE_CASES.set_function(lambda: len(worker.live_cases))
+        metrics.SLOTS_BUSY.set_function(lambda: worker.slots_busy)
+        probe = QueueProbe(connection, {"case-start": topology.case_start_queue},
+                           settings.queue_probe_seconds)
         await run_until_signal(probe.beside(worker.run))
-    finally:
-        tracing.shutdown()
-        await models.aclose()
-        await runtime.close()
-        await connection.close()
-        await pool.close()
 
 
 def _recorded_review(action: ParkedAction) -> CaseReviewedPayload:

@@ -32,8 +32,6 @@ from pathlib import Path
 
 import asyncpg
 
-from service.bus import fastpath
-from service.bus.connection import connect_patiently
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
 from service.config import LOCAL_DIR, Settings
@@ -41,7 +39,8 @@ from service.errors import BusUnavailable, PermanentError, PublishRejected, Stor
 from service.ledger import merkle
 from service.ledger.note import ED25519, Checkpoint, Note, NoteError, NoteSigner, sign
 from service.ledger.store import LedgerStore, StoredCheckpoint
-from service.store import component_pool, translate_errors
+from service.runtime import component
+from service.store import translate_errors
 from service.supervisor import run_until_signal
 from service.telemetry import metrics
 
@@ -331,20 +330,17 @@ def ensure_local_log_key(settings: Settings) -> Settings:
 
 async def run_ledger(settings: Settings) -> None:
     """The ``casetrail ledger`` component, until SIGINT or SIGTERM."""
-    metrics.serve(settings, "ledger")
-    fastpath.enable(settings.amqp_fastpath)
     signer = log_signer(settings)
-    identity = settings.identity("ledger")
-    pool = await component_pool(identity, 2)
-    lock = await pool.acquire()
-    connection = None
-    try:
+    async with component(settings, "ledger") as parts:
+        pool = await parts.pool(2)
+        lock = await pool.acquire()
+        parts.stack.push_async_callback(pool.release, lock)
         while not await lock.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_KEY):
             log.info("another ledger holds the log; standing by")
             await asyncio.sleep(2.0)
         sequencer = Sequencer(pool, signer, settings.ledger_batch_size)
         await sequencer.start()
-        connection = await connect_patiently(identity.amqp_url, "casetrail-ledger")
+        connection = await parts.connection()
         topology = Topology(settings.namespace)
         channel = await connection.channel()
         await topology.require(channel)
@@ -352,9 +348,4 @@ async def run_ledger(settings: Settings) -> None:
         ledger = Ledger(sequencer, await Publisher.open(connection), topology,
                         settings.checkpoint_seconds)
         await run_until_signal(ledger.run)
-    finally:
-        await pool.release(lock)
-        if connection is not None:
-            await connection.close()
-        await pool.close()
     log.info("ledger stopped at %d leaves", sequencer.edge.size)
