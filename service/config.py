@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service import gc_tuning
 from service.errors import PermanentError
+from service.model_providers import RemoteProvider
 
 Component = Literal["api", "worker", "consumer", "capability", "ledger"]
 COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "ledger")
@@ -92,7 +93,7 @@ class ModelEndpoint(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-    provider: Literal["openai", "anthropic"]
+    provider: RemoteProvider
     base_url: str = Field(max_length=2000)
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
                                     description="The environment variable holding this "

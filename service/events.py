@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from service.integrity import GENESIS, Integrity, Signer, canonical
+from service.model_providers import ProviderName
 
 SCHEMA_VERSION: Literal[2] = 2
 """2: canonical (RFC 8785) bodies, ``tenantId``, signed (service.integrity)."""
@@ -312,7 +313,7 @@ class ReactCyclePayload(ContractModel):
 class ModelRef(ContractModel):
     """Which chat model runs a case."""
 
-    provider: Literal["scripted", "openai", "anthropic"]
+    provider: ProviderName
     name: str = Field(min_length=1, max_length=200)
     endpoint: str | None = Field(
         default=None, pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$",

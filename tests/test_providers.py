@@ -403,3 +403,25 @@ async def test_a_request_cut_short_does_not_poison_the_shared_pool(
     await asyncio.sleep(1.0)  # the late answer is written to a connection nobody reads
     assert (await again.request([UserMessage("third")], [])).text == "the third answer"
     await factory.aclose()
+
+
+def test_the_provider_registry_is_the_one_list_of_providers(settings: Settings) -> None:
+    """A provider is a module and a line in service/model_providers.py: the contract's
+    ModelRef, the model endpoints, the OpenAPI document's choices and the factory all
+    read that table."""
+    from service.api.openapi import _model_choice
+    from service.config import ModelEndpoint
+    from service.events import ModelRef
+    from service.model_providers import PROVIDERS, SCRIPTED
+    from service.providers import _chat_model
+
+    assert ModelRef.model_json_schema()["properties"]["provider"]["enum"] == [
+        SCRIPTED, *PROVIDERS]
+    assert ModelEndpoint.model_json_schema()["properties"]["provider"]["enum"] == list(PROVIDERS)
+    offered = [choice["properties"]["provider"]["const"]
+               for choice in _model_choice(settings)["oneOf"]]
+    assert sorted(offered) == sorted([SCRIPTED, *PROVIDERS])
+    for spec in PROVIDERS.values():
+        made = _chat_model(spec)
+        assert callable(made) and hasattr(made, "request"), spec
+        assert spec.request_headers("k")[spec.key_header] == f"{spec.key_prefix}k"

@@ -29,6 +29,7 @@ from service.agents import AGENTS
 from service.api.problems import problem_media_types
 from service.config import Settings
 from service.events import EVENT_TYPES
+from service.model_providers import PROVIDERS
 
 _REF = "#/components/schemas/{model}"
 
@@ -60,7 +61,7 @@ def _model_choice(settings: Settings) -> dict[str, Any]:
     latency = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 60_000}, absent]} \
         if settings.bench_mode else absent
     remotes = []
-    for provider in ("openai", "anthropic"):
+    for provider in PROVIDERS:
         # Only the endpoints the operator configured for this provider, by name or
         # by their exact baseUrl.
         names = sorted(e.name for e in settings.model_endpoints if e.provider == provider)

@@ -10,8 +10,10 @@ was not configured for; keys never appear in events, logs or API responses.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import SecretStr
 
@@ -21,9 +23,8 @@ from service.engine.chat import AssistantTurn, ChatMessage, ChatModel, ToolSpec
 from service.engine.scripted import ScriptedModel
 from service.errors import ModelRejected
 from service.events import ModelRef
-from service.providers.anthropic_messages import AnthropicChatModel
-from service.providers.clients import ModelClients, PoolSettings
-from service.providers.openai_compat import OpenAIChatModel
+from service.model_providers import PROVIDERS, ProviderSpec
+from service.providers.clients import ModelClients, PoolSettings, ProviderClient
 
 
 class UnavailableProvider:
@@ -51,7 +52,7 @@ def model_problem(ref: ModelRef, settings: Settings) -> tuple[str, str] | None:
     if ref.provider == "scripted":
         for field, value in (("endpoint", ref.endpoint), ("baseUrl", ref.base_url)):
             if value is not None:
-                return field, f"{field} applies to the openai and anthropic providers only"
+                return field, f"{field} applies to the {' and '.join(PROVIDERS)} providers only"
         return None
     if ref.endpoint is not None:
         entry = settings.endpoint(ref.endpoint)
@@ -97,6 +98,7 @@ class ModelFactory:
                 return UnavailableProvider(ref, f"agent {agent.name!r} has no scripted brain")
             return ScriptedModel(agent.script, name=ref.name,
                                  latency=(ref.latency_ms or 0) / 1000)
+        spec = PROVIDERS[ref.provider]
         entry = self._settings.endpoint(ref.endpoint) if ref.endpoint is not None else \
             self._settings.endpoint(provider=ref.provider, base_url=ref.base_url)
         if entry is not None:
@@ -107,19 +109,25 @@ class ModelFactory:
                                            f"{entry.api_key_env} is not set")
             base_url: str | None = entry.base_url
         else:
-            base_url, key = None, self._provider_key(ref.provider)
+            base_url, key = None, self._provider_key(spec)
             if not key:
-                variable = ref.provider.upper()
-                shown = {"openai": "OpenAI", "anthropic": "Anthropic"}[ref.provider]
-                return UnavailableProvider(ref, f"no {shown} API key is configured "
-                                           f"(CASETRAIL_{variable}_API_KEY or "
-                                           f"{variable}_API_KEY)")
-        client = self.clients.client(ref.provider, base_url, key)
-        if ref.provider == "openai":
-            return OpenAIChatModel(ref.name, client)
-        return AnthropicChatModel(ref.name, client)
+                ours, theirs = spec.key_variables
+                return UnavailableProvider(ref, f"no {spec.title} API key is configured "
+                                           f"({ours} or {theirs})")
+        return _chat_model(spec)(ref.name, self.clients.client(ref.provider, base_url, key))
 
-    def _provider_key(self, provider: str) -> str | None:
-        if provider == "openai":
-            return _secret(self._settings.openai_api_key) or os.environ.get("OPENAI_API_KEY")
-        return _secret(self._settings.anthropic_api_key) or os.environ.get("ANTHROPIC_API_KEY")
+    def _provider_key(self, spec: ProviderSpec) -> str | None:
+        """The provider's own key: its setting (``CASETRAIL_<NAME>_API_KEY``, also read
+        from the environment for a provider with no setting of its own), else
+        ``<NAME>_API_KEY``."""
+        ours, theirs = spec.key_variables
+        configured = getattr(self._settings, f"{spec.name}_api_key", None)
+        return _secret(configured) or os.environ.get(ours) or os.environ.get(theirs)
+
+
+@functools.cache
+def _chat_model(spec: ProviderSpec) -> Callable[[str, ProviderClient], ChatModel]:
+    module, _, attr = spec.chat_model.partition(":")
+    made: Callable[[str, ProviderClient], ChatModel] = getattr(
+        importlib.import_module(module), attr)
+    return made

@@ -35,25 +35,20 @@ import hashlib
 import logging
 import ssl
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import orjson
 
 from service import CASETRAIL_VERSION
 from service.errors import ModelUnavailable
+from service.model_providers import PROVIDERS
 from service.providers._errors import scrub, status_error
 
 log = logging.getLogger("casetrail.models")
 
-Provider = Literal["openai", "anthropic"]
-
-DEFAULT_BASE_URLS: dict[Provider, str] = {
-    "openai": "https://api.openai.com/v1",
-    "anthropic": "https://api.anthropic.com",
-}
-ANTHROPIC_VERSION = "2023-06-01"
-"""The Messages API version casetrail speaks (the ``anthropic-version`` header)."""
+Provider = str
+"""A remote provider's name (``service/model_providers.py``)."""
 
 
 @dataclass(frozen=True)
@@ -68,11 +63,9 @@ class PoolSettings:
 
 
 def _headers(provider: Provider, api_key: str) -> dict[str, str]:
-    common = {"Content-Type": "application/json", "Accept": "application/json",
-              "User-Agent": f"casetrail/{CASETRAIL_VERSION}"}
-    if provider == "openai":
-        return {**common, "Authorization": f"Bearer {api_key}"}
-    return {**common, "x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION}
+    return {"Content-Type": "application/json", "Accept": "application/json",
+            "User-Agent": f"casetrail/{CASETRAIL_VERSION}",
+            **PROVIDERS[provider].request_headers(api_key)}
 
 
 class ProviderClient:
@@ -81,7 +74,7 @@ class ProviderClient:
     def __init__(self, provider: Provider, base_url: str | None, api_key: str,
                  pool: PoolSettings | None = None) -> None:
         self.provider: Provider = provider
-        self.base_url = (base_url or DEFAULT_BASE_URLS[provider]).rstrip("/")
+        self.base_url = (base_url or PROVIDERS[provider].default_base_url).rstrip("/")
         self._headers = _headers(provider, api_key)
         self._pool = pool or PoolSettings()
         # Only a TLS connection goes through the proxy, tunnelled: the proxy never
