@@ -1,0 +1,99 @@
+"""The signing keys that verify events, and the capabilities' sealing keys."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+import asyncpg
+
+from service.errors import PermanentError
+from service.integrity import public_key_text
+from service.store.pool import translate_errors, utc_text
+from service.verification import PublicKey
+
+
+class CapabilityKeyRegistry:
+    """Each capability's X25519 public key (``capability_keys``), which tool requests seal
+    their sensitive values to (service/sealing.py). Registered by ``setup`` on the
+    bootstrap connection; the worker reads them."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def register(self, capability: str, public_key: bytes) -> None:
+        """Record (or replace: a rotation) ``capability``'s key."""
+        async with translate_errors():
+            await self._pool.execute(
+                """INSERT INTO capability_keys (capability, public_key) VALUES ($1, $2)
+                   ON CONFLICT (capability) DO UPDATE SET public_key = EXCLUDED.public_key,
+                       registered_at = now()
+                   WHERE capability_keys.public_key <> EXCLUDED.public_key""",
+                capability, public_key)
+
+    async def all(self) -> dict[str, bytes]:
+        async with translate_errors():
+            rows = await self._pool.fetch("SELECT capability, public_key FROM capability_keys")
+        return {r["capability"]: bytes(r["public_key"]) for r in rows}
+
+
+class KeyRegistry:
+    """The public keys events are signed with (``signing_keys``)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def register(self, key_id: str, public_key: bytes) -> PublicKey:
+        """Record a worker's key (idempotent); the key as registered, retired or not.
+
+        An operator's step (``casetrail signer register``, run by ``setup``), on the
+        owner's or the bootstrap connection: no component's role may write
+        ``signing_keys``, or whoever holds its password could vouch for a key of their
+        own (docs/security.md)."""
+        async with translate_errors():
+            await self._pool.execute(
+                """INSERT INTO signing_keys (key_id, public_key) VALUES ($1, $2)
+                   ON CONFLICT (key_id) DO NOTHING""", key_id, public_key)
+        registered = await self.registered(key_id, public_key)
+        assert registered is not None
+        return registered
+
+    async def registered(self, key_id: str, public_key: bytes) -> PublicKey | None:
+        """The key as registered (retired or not), ``None`` when it is not; a key id
+        registered with another public key is a ``PermanentError``."""
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                "SELECT key_id, public_key, not_valid_after FROM signing_keys WHERE key_id = $1",
+                key_id)
+        if row is None:
+            return None
+        if bytes(row["public_key"]) != public_key:
+            raise PermanentError(f"key id {key_id} is registered with another public key")
+        return PublicKey(row["key_id"], bytes(row["public_key"]), row["not_valid_after"])
+
+    async def all(self) -> list[PublicKey]:
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                "SELECT key_id, public_key, not_valid_after FROM signing_keys ORDER BY created_at")
+        return [PublicKey(r["key_id"], bytes(r["public_key"]), r["not_valid_after"])
+                for r in rows]
+
+    async def describe(self) -> list[dict[str, Any]]:
+        """Every key as ``GET /signing-keys`` shows it."""
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                """SELECT key_id, public_key, created_at, retired_at, not_valid_after
+                   FROM signing_keys ORDER BY created_at""")
+        return [{"keyId": r["key_id"], "publicKey": public_key_text(bytes(r["public_key"])),
+                 "createdAt": utc_text(r["created_at"]), "retiredAt": utc_text(r["retired_at"]),
+                 "notValidAfter": utc_text(r["not_valid_after"])} for r in rows]
+
+    async def retire(self, key_id: str, not_valid_after: datetime | None = None
+                     ) -> Literal["retired", "unknown"]:
+        """From ``not_valid_after`` (default now) on, nothing this key signed verifies."""
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                """UPDATE signing_keys SET retired_at = coalesce(retired_at, now()),
+                          not_valid_after = coalesce($2, now())
+                   WHERE key_id = $1 RETURNING key_id""", key_id, not_valid_after)
+        return "retired" if row is not None else "unknown"
