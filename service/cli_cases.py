@@ -38,7 +38,7 @@ def _perform(api_key: str | None, scope: str, tenant: str | None,
     a failure is a message and its exit code."""
     from service.cases import case_services
     from service.cases.errors import CaseProblem, NotFound
-    from service.cli import _run
+    from service.cli_common import run as _run
     from service.errors import CasetrailError
 
     async def main() -> T:

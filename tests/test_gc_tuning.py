@@ -47,7 +47,7 @@ async def _frozen() -> int:
 
 
 def test_only_long_running_commands_tune_the_collector(restore_gc: None) -> None:
-    from service import cli
+    from service.cli_common import run
 
-    assert cli._run(_frozen()) == 0
-    assert cli._run(_frozen(), long_running=True) > 1000
+    assert run(_frozen()) == 0
+    assert run(_frozen(), long_running=True) > 1000
