@@ -200,6 +200,40 @@ async def namespace_of_its_own(settings: Settings, suffix: str, **updates: Any
         await remove(own)
 
 
+async def port_open(port: int) -> bool:
+    """Something listens on 127.0.0.1:``port``."""
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
+@asynccontextmanager
+async def component_processes(own: Settings, key: str, **env: str
+                              ) -> AsyncIterator[tuple[httpx.AsyncClient,
+                                                       dict[str, subprocess.Popen[bytes]]]]:
+    """API, worker, consumer and capability worker as processes of the namespace
+    ``own`` (with ``env``), and a client of its API holding ``key``; stopped cleanly (and
+    checked to be) after the block, killed if it failed."""
+    from tests.helpers import wait_until
+
+    port = free_port()
+    children = {name: spawn(own, *command, **env) for name, command in {
+        "api": ("api", "--port", str(port)), "worker": ("worker",),
+        "consumer": ("consumer",), "capability": ("capability-worker",)}.items()}
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_until(lambda: api_ready(base_url), timeout=30, interval=0.2)
+        async with httpx.AsyncClient(base_url=base_url, timeout=10, headers={
+                "Authorization": f"Bearer {key}"}) as client:
+            yield client, children
+        await stop_cleanly(children)
+    finally:
+        kill_leftovers(children)
+
+
 async def api_ready(base_url: str) -> bool:
     try:
         async with httpx.AsyncClient(base_url=base_url) as client:

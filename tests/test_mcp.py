@@ -27,12 +27,10 @@ from service.engine.tools import InProcessWorkerRuntime, ToolBox, WorkerTool, mc
 from service.mcptools import Catalogs, mcp_capabilities
 from tests.helpers import ended, wait_until
 from tests.stack import (
-    api_ready,
+    component_processes,
     free_port,
-    kill_leftovers,
     namespace_of_its_own,
-    spawn,
-    stop_cleanly,
+    port_open,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "claims-triage"
@@ -81,21 +79,9 @@ async def stack_of(settings: Settings, example: Path, suffix: str, server: dict[
     """API, worker, consumer and capability worker as processes of a namespace whose
     deployment has the example installed and the policy server configured."""
     async with namespace_of_its_own(settings, suffix, mcp_servers=[McpServer(**server)],
-                                    extra_capabilities=["claims-history"]) as (own, pool, key):
-        port = free_port()
-        path = {"PYTHONPATH": str(example), **env}
-        children = {name: spawn(own, *command, **path) for name, command in {
-            "api": ("api", "--port", str(port)), "worker": ("worker",),
-            "consumer": ("consumer",), "capability": ("capability-worker",)}.items()}
-        base_url = f"http://127.0.0.1:{port}"
-        try:
-            await wait_until(lambda: api_ready(base_url), timeout=30, interval=0.2)
-            async with httpx.AsyncClient(base_url=base_url, timeout=10, headers={
-                    "Authorization": f"Bearer {key}"}) as client:
-                yield Stack(client, pool, children)
-            await stop_cleanly(children)
-        finally:
-            kill_leftovers(children)
+                                    extra_capabilities=["claims-history"]) as (own, pool, key), \
+            component_processes(own, key, PYTHONPATH=str(example), **env) as (client, children):
+        yield Stack(client, pool, children)
 
 
 @pytest.fixture(scope="module")
@@ -191,70 +177,76 @@ def start_http_server(example: Path, port: int) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def listening(port: int) -> bool:
+class HttpServer:
+    """The example's policy server over Streamable HTTP (token ``s3cret``), as its own
+    process, which a test may kill and start again."""
+
+    def __init__(self, example: Path) -> None:
+        self.example, self.port = example, free_port()
+        self.process = start_http_server(example, self.port)
+
+    def settings(self, **overrides: Any) -> dict[str, Any]:
+        return {"name": "policies", "transport": "http",
+                "url": f"http://127.0.0.1:{self.port}/mcp",
+                "headersEnv": {"Authorization": "POLICIES_AUTH"}, **overrides}
+
+    async def listening(self) -> None:
+        await wait_until(lambda: port_open(self.port), timeout=20, interval=0.2)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+    def start(self) -> None:
+        self.process = start_http_server(self.example, self.port)
+
+
+@pytest.fixture
+async def http_server(example: Path) -> AsyncIterator[HttpServer]:
+    server = HttpServer(example)
     try:
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
-        return False
-    writer.close()
-    return True
+        await server.listening()
+        yield server
+    finally:
+        server.kill()
 
 
 async def test_over_http_with_its_credential_and_through_a_restart(
-    settings: Settings, database: str, example: Path,
+    settings: Settings, database: str, example: Path, http_server: HttpServer,
 ) -> None:
-    port = free_port()
-    server = start_http_server(example, port)
-    try:
-        await wait_until(lambda: listening(port), timeout=20, interval=0.2)
-        http = {"name": "policies", "transport": "http", "url": f"http://127.0.0.1:{port}/mcp",
-                "headersEnv": {"Authorization": "POLICIES_AUTH"}, "timeoutSeconds": 4,
-                "attempts": 5}
-        async for stack in stack_of(settings, example, "mcphttp", http,
-                                    POLICIES_AUTH="Bearer s3cret"):
-            view, _ = await stack.run(CLAIM)
-            assert view["status"] == "completed", view  # the credential was taken
-            server.kill()
-            server.wait()
-            pending = asyncio.create_task(stack.run({**CLAIM, "claimId": "CLM-00044"}))
-            await asyncio.sleep(3)  # the first attempt fails while it is down
-            server = start_http_server(example, port)
-            view, trail = await pending
-            assert view["status"] == "completed", view
-            coverage = next(c for c in trail[1]["payload"]["toolCalls"]
-                            if c["toolName"] == "policies_coverage")
-            outcomes = [a["outcome"] for a in coverage["attempts"]]
-            assert outcomes[-1] == "ok" and len(outcomes) > 1, coverage["attempts"]
-            assert (await stack.client.get(f"/cases/{view['caseId']}/verify")
-                    ).json()["verified"] is True
-    finally:
-        server.kill()
-        server.wait()
+    async for stack in stack_of(settings, example, "mcphttp",
+                                http_server.settings(timeoutSeconds=4, attempts=5),
+                                POLICIES_AUTH="Bearer s3cret"):
+        view, _ = await stack.run(CLAIM)
+        assert view["status"] == "completed", view  # the credential was taken
+        http_server.kill()
+        pending = asyncio.create_task(stack.run({**CLAIM, "claimId": "CLM-00044"}))
+        await asyncio.sleep(3)  # the first attempt fails while it is down
+        http_server.start()
+        view, trail = await pending
+        assert view["status"] == "completed", view
+        coverage = next(c for c in trail[1]["payload"]["toolCalls"]
+                        if c["toolName"] == "policies_coverage")
+        outcomes = [a["outcome"] for a in coverage["attempts"]]
+        assert outcomes[-1] == "ok" and len(outcomes) > 1, coverage["attempts"]
+        assert (await stack.client.get(f"/cases/{view['caseId']}/verify")
+                ).json()["verified"] is True
 
 
 async def test_a_wrong_credential_is_a_tool_failure_the_model_sees(
-    settings: Settings, database: str, example: Path,
+    settings: Settings, database: str, example: Path, http_server: HttpServer,
 ) -> None:
     """A server that refuses casetrail (here: the wrong token) fails the tool, not the
     worker: the case goes on and the brain decides with what it has."""
-    port = free_port()
-    server = start_http_server(example, port)
-    try:
-        await wait_until(lambda: listening(port), timeout=20, interval=0.2)
-        http = {"name": "policies", "transport": "http", "url": f"http://127.0.0.1:{port}/mcp",
-                "headersEnv": {"Authorization": "POLICIES_AUTH"}, "timeoutSeconds": 2,
-                "attempts": 1}
-        async for stack in stack_of(settings, example, "mcpauth", http,
-                                    POLICIES_AUTH="Bearer wrong"):
-            view, trail = await stack.run(CLAIM)
-            assert view["status"] == "awaiting_review", view  # investigate: a person looks
-            coverage = trail[1]["payload"]["toolCalls"][0]
-            assert coverage["toolName"] == "policies_coverage"
-            assert "could not be reached when this case started" in coverage["error"]
-            assert "401" in coverage["error"], coverage["error"]
-    finally:
-        server.kill()
-        server.wait()
+    async for stack in stack_of(settings, example, "mcpauth",
+                                http_server.settings(timeoutSeconds=2, attempts=1),
+                                POLICIES_AUTH="Bearer wrong"):
+        view, trail = await stack.run(CLAIM)
+        assert view["status"] == "awaiting_review", view  # investigate: a person looks
+        coverage = trail[1]["payload"]["toolCalls"][0]
+        assert coverage["toolName"] == "policies_coverage"
+        assert "could not be reached when this case started" in coverage["error"]
+        assert "401" in coverage["error"], coverage["error"]
 
 
 # The engine's side, against the real server over stdio (in process, no bus).

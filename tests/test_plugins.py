@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from pydantic import BaseModel
@@ -20,14 +19,10 @@ from pydantic import BaseModel
 from casetrail import Agent, DeclarationError, LocalTool, ModelRef, capability
 from service.agents import PluginError, discover
 from service.config import Settings
-from tests.helpers import ended, wait_until
+from tests.helpers import ended
 from tests.stack import (
-    api_ready,
-    free_port,
-    kill_leftovers,
+    component_processes,
     namespace_of_its_own,
-    spawn,
-    stop_cleanly,
 )
 
 OVERDRAFT = "tests.plugins.overdraft:OVERDRAFT"
@@ -146,20 +141,9 @@ async def plugin_stack(settings: Settings, database: str) -> Any:
     deployment names the plugin in CASETRAIL_AGENTS (setup gives its capability a queue
     and a user of its own)."""
     async with namespace_of_its_own(settings, "plugin", agents=[OVERDRAFT],
-                                    extra_capabilities=["overdraft-history"]) as (own, pool, key):
-        port = free_port()
-        children = {name: spawn(own, *command) for name, command in {
-            "api": ("api", "--port", str(port)), "worker": ("worker",),
-            "consumer": ("consumer",), "capability": ("capability-worker",)}.items()}
-        base_url = f"http://127.0.0.1:{port}"
-        try:
-            await wait_until(lambda: api_ready(base_url), timeout=30, interval=0.2)
-            async with httpx.AsyncClient(base_url=base_url, timeout=10, headers={
-                    "Authorization": f"Bearer {key}"}) as client:
-                yield client, pool
-            await stop_cleanly(children)
-        finally:
-            kill_leftovers(children)
+                                    extra_capabilities=["overdraft-history"]) as (own, pool, key), \
+            component_processes(own, key) as (client, _):
+        yield client, pool
 
 
 async def test_a_plugin_agent_runs_end_to_end_with_its_worker_tool_on_the_bus(

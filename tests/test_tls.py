@@ -41,7 +41,10 @@ from service.providers.openai_compat import OpenAIChatModel
 from service.store import create_pool
 from tests.fake_llm import fake_llm, openai_turn
 from tests.helpers import wait_until
-from tests.stack import free_port
+from tests.stack import (
+    free_port,
+    port_open,
+)
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 
@@ -133,7 +136,7 @@ def tls_broker(authority: Authority, tmp_path_factory: pytest.TempPathFactory
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
-        asyncio.run(wait_until(lambda: _port_open(port), timeout=60, interval=0.3))
+        asyncio.run(wait_until(lambda: port_open(port), timeout=60, interval=0.3))
         yield port
     finally:
         subprocess.run([str(RABBITMQ_BIN / "rabbitmqctl"), "-n", node, "stop"], env=env,
@@ -143,15 +146,6 @@ def tls_broker(authority: Authority, tmp_path_factory: pytest.TempPathFactory
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-
-
-async def _port_open(port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
-        return False
-    writer.close()
-    return True
 
 
 async def test_the_bus_over_amqps_verifies_the_broker(authority: Authority,

@@ -21,7 +21,7 @@ from service.engine.chat import (
     UserMessage,
 )
 from service.events import TokenUsage
-from service.providers.clients import ProviderClient
+from service.providers.clients import RemoteChatModel
 
 DEFAULT_MAX_TOKENS = 4096
 
@@ -81,19 +81,10 @@ def from_wire(data: dict[str, Any], default_model: str) -> AssistantTurn:
     )
 
 
-class AnthropicChatModel:
+class AnthropicChatModel(RemoteChatModel):
     """``ChatModel`` over ``POST {base_url}/v1/messages``."""
 
-    def __init__(self, model: str, client: ProviderClient, *,
-                 max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
-        """``client``: the process's shared client for the endpoint (``ModelClients``)."""
-        self._model = model
-        self._max_tokens = max_tokens
-        self._client = client
-
-    @property
-    def name(self) -> str:
-        return self._model
+    default_max_tokens = DEFAULT_MAX_TOKENS
 
     async def request(
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]

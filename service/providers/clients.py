@@ -68,6 +68,24 @@ def _headers(provider: Provider, api_key: str) -> dict[str, str]:
             **PROVIDERS[provider].request_headers(api_key)}
 
 
+class RemoteChatModel:
+    """What every remote provider's ``ChatModel`` holds: the model's name, the most
+    tokens an answer may take, and the process's shared client for the endpoint
+    (``ModelClients``)."""
+
+    default_max_tokens: int | None = None
+
+    def __init__(self, model: str, client: ProviderClient, *,
+                 max_tokens: int | None = None) -> None:
+        self._model = model
+        self._max_tokens = self.default_max_tokens if max_tokens is None else max_tokens
+        self._client = client
+
+    @property
+    def name(self) -> str:
+        return self._model
+
+
 class ProviderClient:
     """Requests to one endpoint with one key, over one connection pool."""
 

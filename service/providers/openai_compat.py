@@ -24,7 +24,7 @@ from service.engine.chat import (
     UserMessage,
 )
 from service.events import TokenUsage
-from service.providers.clients import ProviderClient
+from service.providers.clients import RemoteChatModel
 
 
 def parse_arguments(raw: str | None) -> dict[str, Any] | None:
@@ -63,19 +63,8 @@ def to_wire(message: ChatMessage) -> dict[str, Any]:
             return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(RemoteChatModel):
     """``ChatModel`` over ``POST {base_url}/chat/completions``."""
-
-    def __init__(self, model: str, client: ProviderClient, *,
-                 max_tokens: int | None = None) -> None:
-        """``client``: the process's shared client for the endpoint (``ModelClients``)."""
-        self._model = model
-        self._max_tokens = max_tokens
-        self._client = client
-
-    @property
-    def name(self) -> str:
-        return self._model
 
     async def request(
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]
