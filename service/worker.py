@@ -98,6 +98,7 @@ from service.store import (
 from service.supervisor import run_until_signal
 from service.sweeper import StrandedCaseSweeper
 from service.telemetry import metrics, tracing
+from service.telemetry.observer import TELEMETRY
 from service.verification import verify_trail
 
 log = logging.getLogger("casetrail.worker")
@@ -252,7 +253,7 @@ class CaseWorker:
         publisher = self._publisher = await Publisher.open(
             self.connection, retry_seconds=self.publish_retry_seconds)
         self._sink = EventPublisher(publisher, self.topology, self.signer)
-        self._engine = ReactEngine(self._sink, self._sink.redact)
+        self._engine = ReactEngine(self._sink, self._sink.redact, TELEMETRY)
         cancel_exchange = await channel.get_exchange(self.topology.cancel_exchange, ensure=False)
         cancel_queue = await channel.declare_queue(
             f"{self.topology.namespace}.cancel.{uuid.uuid4().hex}", exclusive=True,
@@ -481,7 +482,7 @@ class CaseWorker:
         runtime: WorkerRuntime = self.runtime
         if redaction is not None and isinstance(runtime, BusWorkerRuntime):
             runtime = _SealingRuntime(runtime, redaction)
-        tools = ToolBox(await self.catalogs.resolve(agent.tools), runtime)
+        tools = ToolBox(await self.catalogs.resolve(agent.tools), runtime, TELEMETRY)
         if redaction is not None:
             self._sink.redactions[case_id] = redaction
         try:

@@ -62,6 +62,7 @@ from service.engine.chat import (
     count_tokens,
     message_text,
 )
+from service.engine.observing import NO_OBSERVER, AttemptWatch, Observer
 from service.engine.recorded import cycle_messages
 from service.engine.tools import ToolBox, ToolOutcome, schema_digest
 from service.errors import ModelRejected, ModelUnavailable
@@ -96,10 +97,13 @@ from service.events import (
     make_event,
     status_for,
 )
-from service.telemetry import metrics, tracing
-from service.telemetry.genai import AttemptTrace
 
 T = TypeVar("T")
+
+
+def _trace_ref(watch: AttemptWatch) -> TraceRef | None:
+    found = watch.trace_ids()
+    return None if found is None else TraceRef(trace_id=found[0], span_id=found[1])
 
 MODEL_RETRY_ATTEMPTS = 6
 """Transient provider failures retried within one cycle before the case fails."""
@@ -287,8 +291,8 @@ class RunState:
     spec: CaseSpec
     deadline: float
     messages: list[ChatMessage]
-    metrics: metrics.AgentMetrics
-    """The agent's and model's counters, looked up once per attempt."""
+    watch: AttemptWatch
+    """Whoever watches the engine, told about this attempt (metrics, traces)."""
     seq: int = 0
     cycles: int = 0
     usage: TokenUsage = ZERO_USAGE
@@ -304,7 +308,6 @@ class RunState:
     """The last event's publish, until its confirm has been awaited."""
     model_seconds: float | None = None
     """How long the last model turn took (``None`` before the first)."""
-    trace: AttemptTrace | None = None
     """The attempt's spans, when tracing is on."""
     decided: Callable[[], None] | None = None
     """Told once the attempt's outcome is decided, before its terminal event is sent."""
@@ -360,10 +363,12 @@ class ReactEngine:
     """Runs attempts of cases: the model, the tools, and the trail of events."""
 
     def __init__(self, sink: EventSink,
-                 redact: Callable[[uuid.UUID, str], str] | None = None) -> None:
+                 redact: Callable[[uuid.UUID, str], str] | None = None,
+                 observer: Observer = NO_OBSERVER) -> None:
         self._sink = sink
         self._redact = redact
         """How the case's sensitive values leave the process (traces with content)."""
+        self._observer = observer
 
     async def run(
         self,
@@ -385,14 +390,12 @@ class ReactEngine:
             spec=spec,
             deadline=loop.time() + allowed,
             messages=[],
-            metrics=metrics.for_agent(spec.agent, spec.model.provider, spec.model.name),
-            decided=decided,
-        )
-        if tracing.ENABLED:
-            state.trace = AttemptTrace.begin(
+            watch=self._observer.attempt(
                 agent=spec.agent, agent_version=spec.agent_version, case_id=str(spec.case_id),
                 attempt=spec.attempt, provider=spec.model.provider, model=spec.model.name,
-                redact=self._redactor(spec.case_id))
+                redact=self._redactor(spec.case_id)),
+            decided=decided,
+        )
         state.add(SystemMessage(spec.system_prompt), UserMessage(first_user_message(spec.input)))
         state.specs = tools.specs if spec.answering is None else \
             [*tools.specs, spec.answering.spec]
@@ -415,8 +418,7 @@ class ReactEngine:
             return await self._attempt(state, model, tools, cancel)
         finally:
             timer.cancel()
-            if state.trace is not None:
-                state.trace.finish()
+            state.watch.finish()
             if state.in_flight is not None and not state.in_flight.done():
                 state.in_flight.cancel()  # the attempt was abandoned (shutdown)
 
@@ -424,8 +426,8 @@ class ReactEngine:
         self, state: RunState, model: ChatModel, tools: ToolBox, cancel: CancelSignal
     ) -> AttemptEnd:
         spec = state.spec
-        await self._send(state, self._started_payload(spec, tools))
-        (state.metrics.started_first if spec.attempt == 1 else state.metrics.started_retry).inc()
+        await self._send(state, self._started_payload(spec, tools, state.watch))
+        state.watch.started()
         resumed = spec.resumption
         if resumed is not None and resumed.parked is not None and cancel.is_set:
             if resumed.parked.review is None and spec.review is not None:
@@ -510,7 +512,7 @@ class ReactEngine:
         state.add(*cycle_messages(payload.model_dump(mode="json", by_alias=True)))
         state.usage = state.usage + question.token_usage
         state.cycles += 1
-        state.metrics.cycles.inc()
+        state.watch.cycle(ZERO_USAGE)  # its tokens were counted when the model asked
         if state.spec.answering is not None and state.spec.answering.checks:
             state.tool_calls.extend(c.model_dump(mode="json", by_alias=True) for c in calls)
 
@@ -589,10 +591,7 @@ class ReactEngine:
         )
         state.retries = []
         state.cycles += 1
-        observed = state.metrics
-        observed.cycles.inc()
-        observed.input_tokens.inc(turn.usage.input_tokens)
-        observed.output_tokens.inc(turn.usage.output_tokens)
+        state.watch.cycle(turn.usage)
         if answering is not None:
             if answer is not None:
                 return await self._decide(state, answering, answer)
@@ -627,17 +626,14 @@ class ReactEngine:
         """One model turn; transient provider failures are retried with backoff and
         jitter (honouring ``Retry-After``) inside the deadline, and each retry is kept."""
         backoff = wait_exponential_jitter(multiplier=0.5, max=20.0, jitter=0.5)
-        observed = state.metrics
         for attempt in range(1, MODEL_RETRY_ATTEMPTS + 1):
-            span = None if state.trace is None else state.trace.chat(model.name, prompt)
+            watch = state.watch.model_call(model.name, prompt)
             asked = time.perf_counter()
             try:
                 turn = await self._guard(state, cancel, model.request(prompt, state.specs))
             except ModelUnavailable as exc:
-                observed.model_retryable.observe(time.perf_counter() - asked)
-                if span is not None:
-                    tracing.failed(span, "provider_unavailable", str(exc))
-                    span.end()
+                watch.failed("provider_unavailable", str(exc), time.perf_counter() - asked,
+                             counted="retryable")
                 if attempt == MODEL_RETRY_ATTEMPTS:
                     raise
                 delay = exc.retry_after if exc.retry_after is not None else backoff_delay(
@@ -650,20 +646,15 @@ class ReactEngine:
                         at=datetime.now(UTC), reason=str(exc), waited=timedelta(seconds=delay)
                     )
                 )
-                observed.retries.inc()
+                state.watch.retried()
                 await self._guard(state, cancel, asyncio.sleep(delay))
             except BaseException as exc:  # refused, or abandoned (deadline, cancel, shutdown)
-                if isinstance(exc, ModelRejected):
-                    observed.model_error.observe(time.perf_counter() - asked)
-                if span is not None:
-                    kind = exc.kind if isinstance(exc, _Interrupted) else type(exc).__name__
-                    tracing.failed(span, kind, str(exc))
-                    span.end()
+                kind = exc.kind if isinstance(exc, _Interrupted) else type(exc).__name__
+                watch.failed(kind, str(exc), time.perf_counter() - asked,
+                             counted="refused" if isinstance(exc, ModelRejected) else None)
                 raise
             else:
-                observed.model_ok.observe(time.perf_counter() - asked)
-                if span is not None and state.trace is not None:
-                    state.trace.answered(span, turn)
+                watch.answered(turn, time.perf_counter() - asked)
                 return turn
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -694,7 +685,8 @@ class ReactEngine:
         finally:
             cancel.unguard(task)
 
-    def _started_payload(self, spec: CaseSpec, tools: ToolBox) -> CaseStartedPayload:
+    def _started_payload(self, spec: CaseSpec, tools: ToolBox, watch: AttemptWatch
+                         ) -> CaseStartedPayload:
         return CaseStartedPayload(
             agent=spec.agent,
             agent_version=spec.agent_version,
@@ -713,17 +705,12 @@ class ReactEngine:
             input=spec.input,
             restart_reason=spec.restart_reason,
             started_by=spec.started_by,
-            trace=self._trace_ref(),
+            trace=_trace_ref(watch),
             resumed_from=None if spec.resumption is None else spec.resumption.resumed_from,
             agent_digest=spec.agent_digest,
             answer_schema_digest=None if spec.answering is None
             else spec.answering.schema_digest,
         )
-
-    @staticmethod
-    def _trace_ref() -> TraceRef | None:
-        found = tracing.ids() if tracing.ENABLED else None
-        return None if found is None else TraceRef(trace_id=found[0], span_id=found[1])
 
     def _redactor(self, case_id: uuid.UUID) -> Callable[[str], str]:
         redact = self._redact
@@ -791,10 +778,7 @@ class ReactEngine:
         if state.decided is not None:
             state.decided()
         event = await self._emit(state, waiting)
-        state.metrics.ended("awaiting_review")
-        if state.trace is not None:
-            state.trace.end("awaiting_review", None, state.usage.input_tokens,
-                            state.usage.output_tokens)
+        state.watch.ended("awaiting_review", None, state.usage)
         assert isinstance(event, CaseAwaitingReview)
         return event
 
@@ -843,10 +827,7 @@ class ReactEngine:
         event = await self._emit(state, payload)
         assert event.is_terminal
         outcome = status_for(event.event_type) or event.event_type
-        state.metrics.ended(outcome)
-        if state.trace is not None:
-            state.trace.end(outcome, getattr(payload, "reason_code", None),
-                            state.usage.input_tokens, state.usage.output_tokens)
+        state.watch.ended(outcome, getattr(payload, "reason_code", None), state.usage)
         return event  # type: ignore[return-value]
 
     async def _emit(self, state: RunState, payload: Payload) -> Event:

@@ -29,9 +29,9 @@ from jsonschema.exceptions import SchemaError, best_match
 from pydantic import BaseModel, ValidationError
 
 from service.engine.chat import ToolCallRequest, ToolResultMessage, ToolSpec
+from service.engine.observing import NO_OBSERVER, Observer
 from service.events import McpCallRef, ToolAttempt, ToolCallRecord, describe_validation_error
 from service.integrity import canonical
-from service.telemetry import genai, metrics, tracing
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -289,9 +289,11 @@ class ToolOutcome:
 class ToolBox:
     """The tools one agent offers, and the dispatch that runs a model's tool call."""
 
-    def __init__(self, tools: Sequence[ToolSource], runtime: WorkerRuntime) -> None:
+    def __init__(self, tools: Sequence[ToolSource], runtime: WorkerRuntime,
+                 observer: Observer = NO_OBSERVER) -> None:
         self._tools: dict[str, ToolSource] = {tool.name: tool for tool in tools}
         self._runtime = runtime
+        self._observer = observer
         self._specs = [_spec_of(tool) for tool in tools]
 
     @property
@@ -324,8 +326,8 @@ class ToolBox:
         source: str = "local" if tool is None else source_label(tool)
         # A model may name any tool: only the agent's own are labelled by name.
         label = call.name if tool is not None else "(unknown)"
-        span = None if not tracing.ENABLED else genai.tool_span(
-            label, call.id, "extension" if source == "worker" else "function",
+        watch = self._observer.tool(
+            label, call.id, source,
             call.arguments if call.arguments is not None else call.raw_arguments)
         attempts: tuple[ToolAttempt, ...] = ()
         if tool is None:
@@ -338,12 +340,10 @@ class ToolBox:
             )
             result = None
         else:
-            with tracing.current(span):
+            with watch.current():
                 result, error, attempts = await self._dispatch(tool, call, key)
         elapsed = time.perf_counter() - started
-        metrics.tool_call(label, source, error is None).observe(elapsed)
-        if span is not None:
-            genai.tool_done(span, error, result)
+        watch.done(error, result, elapsed)
         duration = timedelta(seconds=elapsed)
         record = ToolCallRecord(
             tool_name=call.name,
