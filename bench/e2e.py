@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -55,10 +58,21 @@ async def post_cases(base_url: str, body: dict[str, Any], cases: int, key: str,
                                    key)
 
 
+def sample(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` (100 Hz, without pausing it) until SIGINT, into ``out``."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid),
+         "--rate", "100", "--nonblocking", "--format", "raw", "--output", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 async def end_to_end(cases: int, cycles: int, workers: int = 1,
                      settings: Settings | None = None,
-                     env: dict[str, str] | None = None, consumers: int = 1) -> dict[str, Any]:
-    """``env``: more environment for the components (the OTEL_* variables)."""
+                     env: dict[str, str] | None = None, consumers: int = 1,
+                     profile: Path | None = None) -> dict[str, Any]:
+    """``env``: more environment for the components (the OTEL_* variables); ``profile``:
+    a directory where py-spy writes the API's, the first worker's and the consumer's
+    sampled stacks (collapsed, ``<name>.txt``) while the cases run (bench/profile.py)."""
     settings = settings or bench_settings(api_port=PORT)
     async with namespace(settings) as pool:
         key = await api_key(pool)
@@ -72,6 +86,9 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
         try:
             await wait_ready(f"http://127.0.0.1:{settings.api_port}")
             body = {"agent": "throughput-probe", "input": {"cycles": cycles}}
+            samplers = [] if profile is None else [
+                sample(stack.children[name].pid, profile / f"{name}.txt")
+                for name in ("api", "worker-0", "consumer")]
             before = {n: cpu_seconds(c.pid) for n, c in stack.children.items()} | service_cpu()
             started = time.time()
             await post_cases(f"http://127.0.0.1:{settings.api_port}", body, cases, key)
@@ -83,6 +100,9 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
             total_cycles = await pool.fetchval(
                 "SELECT count(*) FROM event_log WHERE event_type = 'REACT_CYCLE'")
             after = {n: cpu_seconds(c.pid) for n, c in stack.children.items()} | service_cpu()
+            for sampler in samplers:
+                sampler.send_signal(signal.SIGINT)
+                sampler.wait(60)
             # The log keeps up: a checkpoint holding every stored event, how long after.
             events = await pool.fetchval("SELECT count(*) FROM event_log")
             await wait_rows(pool, "SELECT count(*) FROM ledger_checkpoints "

@@ -53,7 +53,8 @@ async def known_query_only(request: Request) -> None:
                               + (", ".join(sorted(names)) or "none")) for name in unknown))
 
 
-def _cases(request: Request) -> CaseServices:
+async def _cases(request: Request) -> CaseServices:
+    # async: FastAPI runs a plain ``def`` dependency in a thread, a handoff per request.
     cases: CaseServices = request.app.state.cases
     return cases
 

@@ -43,8 +43,9 @@ def _still_valid(request: Request) -> Callable[[], Awaitable[bool]]:
     return check
 
 
-def _ticket(request: Request, principal: Reader) -> StreamTicket:
-    """A slot for one more stream of this credential and tenant, or 429."""
+async def _ticket(request: Request, principal: Reader) -> StreamTicket:
+    """A slot for one more stream of this credential and tenant, or 429 (async: taken
+    on the event loop, never from a thread beside another request's)."""
     slots: StreamSlots = request.app.state.slots
     try:
         return slots.take(principal.subject, principal.tenant)

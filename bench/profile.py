@@ -1,0 +1,76 @@
+"""Where the CPU of a durable cycle goes: the end-to-end scenario (bench/e2e.py) with
+py-spy sampling the API, the worker and the consumer, summarised as each process's
+costliest functions by the share of its samples spent in them (self) and under them
+(inclusive, casetrail's own code only).
+
+    python -m bench.profile [cases] [cycles]      # default 2000 cases of 10 cycles
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from bench.e2e import end_to_end
+
+OURS = ("service/", "consumers/")
+ENTRY = ("service/cli", "service/supervisor.py", "service/bus/probe.py", "service/runtime.py")
+"""Frames every sample passes through (the command, its supervisor): not worth a row."""
+
+
+def _frames(stack: str) -> list[str]:
+    """``function (file:line)`` frames of one collapsed stack, outermost first, with the
+    line dropped so that one function is one row."""
+    return [f.rsplit(":", 1)[0] + ")" if ":" in f else f for f in stack.split(";")]
+
+
+def summary(raw: Path, top: int = 12) -> tuple[int, list[tuple[str, float]],
+                                                 list[tuple[str, float]]]:
+    """Samples, the top functions by self share, the top own functions by inclusive."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = _frames(stack)
+        total += n
+        own[frames[-1]] += n
+        for frame in set(frames):
+            if any(part in frame for part in OURS) and not any(e in frame for e in ENTRY):
+                inclusive[frame] += n
+    def share(counted: Counter[str]) -> list[tuple[str, float]]:
+        return [(f, round(100 * k / max(total, 1), 1)) for f, k in counted.most_common(top)]
+
+    return total, share(own), share(inclusive)
+
+
+async def main(cases: int, cycles: int) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="casetrail-profile-"))
+    figures = await end_to_end(cases, cycles, profile=directory)
+    per_cycle = {n: round(1e6 * s / figures["cycles"]) for n, s in figures["cpuSeconds"].items()}
+    print(f"{figures['cycles']} cycles, {figures['cyclesPerSecond']} cycles/s; CPU-µs per "
+          f"cycle: {per_cycle} (total {sum(per_cycle.values())})")
+    for name in ("api", "worker-0", "consumer"):
+        raw = directory / f"{name}.txt"
+        if not raw.exists():
+            print(f"\n{name}: no samples (py-spy could not attach)")
+            continue
+        total, by_self, by_inclusive = summary(raw)
+        print(f"\n## {name}: {total} samples\n\nself %  function")
+        for frame, pct in by_self:
+            print(f"{pct:6.1f}  {frame}")
+        print("\ninclusive %  casetrail function")
+        for frame, pct in by_inclusive:
+            print(f"{pct:6.1f}  {frame}")
+    print(f"\nraw stacks: {directory}")
+
+
+if __name__ == "__main__":
+    arguments = [int(a) for a in sys.argv[1:3]]
+    asyncio.run(main(*(arguments + [2000, 10][len(arguments):])))
