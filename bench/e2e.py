@@ -69,7 +69,7 @@ def sample(pid: int, out: Path) -> subprocess.Popen[bytes]:
 async def end_to_end(cases: int, cycles: int, workers: int = 1,
                      settings: Settings | None = None,
                      env: dict[str, str] | None = None, consumers: int = 1,
-                     profile: Path | None = None) -> dict[str, Any]:
+                     profile: Path | None = None, result_bytes: int = 0) -> dict[str, Any]:
     """``env``: more environment for the components (the OTEL_* variables); ``profile``:
     a directory where py-spy writes the API's, the first worker's and the consumer's
     sampled stacks (collapsed, ``<name>.txt``) while the cases run (bench/profile.py)."""
@@ -85,7 +85,11 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
         stack.spawn("ledger", "ledger")  # every feature on: the transparency log too
         try:
             await wait_ready(f"http://127.0.0.1:{settings.api_port}")
-            body = {"agent": "throughput-probe", "input": {"cycles": cycles}}
+            body: dict[str, Any] = {"agent": "throughput-probe", "input": {"cycles": cycles}}
+            if result_bytes:
+                body["input"]["resultBytes"] = result_bytes
+            if cycles > 50:  # the agent's own limit; the bench's cap allows more
+                body["limits"] = {"maxCycles": cycles, "deadlineSeconds": 600}
             samplers = [] if profile is None else [
                 sample(stack.children[name].pid, profile / f"{name}.txt")
                 for name in ("api", "worker-0", "consumer")]

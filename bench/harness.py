@@ -47,7 +47,7 @@ def bench_settings(**overrides: object) -> Settings:
     write_log_key(log_key, NoteSigner.generate(LOG_ORIGIN))
     return base.model_copy(update={
         "database_url": url, "namespace": f"casetrail-bench-{suffix}",
-        "signing_key_file": str(key_file), "bench_mode": True,
+        "signing_key_file": str(key_file), "bench_mode": True, "max_cycles_cap": 200,
         "log_key_file": str(log_key), "log_origin": LOG_ORIGIN,
         # A load generator is one tenant starting thousands of cases a second.
         "tenant_max_active_cases": 1_000_000, "tenant_max_starts_per_minute": 10_000_000,

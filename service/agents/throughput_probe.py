@@ -23,14 +23,20 @@ from service.events import Limits, ModelRef
 class ProbeInput(CamelModel):
     model_config = CamelModel.model_config | {"json_schema_extra": {"examples": [{"cycles": 5}]}}
 
-    cycles: int = Field(ge=1, le=50, description="Cycles before the answer, the last included.")
+    cycles: int = Field(ge=1, le=200, description="Cycles before the answer, the last "
+                        "included (beyond the agent's 50, ask for limits.maxCycles too).")
+    result_bytes: int = Field(default=0, ge=0, le=100_000, description="Bytes of padding "
+                              "in each tool result (how cost grows with what tools return).")
 
 
 class TickArgs(CamelModel):
     n: int = Field(ge=0)
+    pad: int = Field(default=0, ge=0, le=100_000)
 
 
 def tick(args: TickArgs) -> dict[str, Any]:
+    if args.pad:
+        return {"n": args.n, "next": args.n + 1, "pad": "x" * args.pad}
     return {"n": args.n, "next": args.n + 1}
 
 
@@ -43,12 +49,14 @@ class ProbeAnswer(CamelModel):
 
 
 def think(messages: Sequence[ChatMessage]) -> AssistantTurn:
-    wanted = case_input(messages)["cycles"]
+    given = case_input(messages)
     done = sum(isinstance(m, ToolResultMessage) for m in messages)
-    if done + 1 >= wanted:
+    if done + 1 >= given["cycles"]:
         return AssistantTurn(text=f"{done} ticks.",
                              tool_calls=(call(FINAL_ANSWER, "final", ticks=done),))
-    return AssistantTurn(text=f"Tick {done}.", tool_calls=(call("tick", f"t{done}", n=done),))
+    padding = {"pad": given["resultBytes"]} if given.get("resultBytes") else {}
+    return AssistantTurn(text=f"Tick {done}.",
+                         tool_calls=(call("tick", f"t{done}", n=done, **padding),))
 
 
 THROUGHPUT_PROBE = AgentProfile(

@@ -1,0 +1,41 @@
+"""How the cost of a durable cycle grows with the work (the end-to-end scenario of
+bench/e2e.py, every feature on): cases of 10, 50 and 200 cycles, and tool results of 1,
+10 and 100 KB. Each row: cycles/s and CPU-µs per cycle, in total and per process.
+
+    python -m bench.growth
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bench.e2e import end_to_end
+
+SHAPES = [  # (label, cases, cycles, result bytes): about 10,000 cycles a row
+    ("10 cycles a case", 1000, 10, 0),
+    ("50 cycles a case", 200, 50, 0),
+    ("200 cycles a case", 50, 200, 0),
+    ("tool results of 1 KB", 1000, 10, 1_000),
+    ("tool results of 10 KB", 1000, 10, 10_000),
+    ("tool results of 100 KB", 200, 10, 100_000),
+]
+
+
+def row(label: str, figures: dict[str, Any]) -> str:
+    per = {n: 1e6 * s / figures["cycles"] for n, s in figures["cpuSeconds"].items()}
+    parts = ", ".join(f"{n} {v:,.0f}" for n, v in per.items())
+    return (f"| {label} | {figures['cycles']:,} | {figures['cyclesPerSecond']:,.0f} | "
+            f"{sum(per.values()):,.0f} | {parts} |")
+
+
+async def main() -> None:
+    print("| work | cycles | cycles/s | CPU-µs per cycle | per process |")
+    print("|---|---|---|---|---|")
+    for label, cases, cycles, result_bytes in SHAPES:
+        figures = await end_to_end(cases, cycles, result_bytes=result_bytes)
+        print(row(label, figures), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
