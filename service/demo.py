@@ -117,7 +117,7 @@ async def run_demo(settings: Settings) -> int:
         channel = await connection.channel()
         events = await Topology(settings.namespace).declare_events_exchange(channel)
         live = await channel.declare_queue(exclusive=True, auto_delete=True)
-        await live.bind(events, routing_key="case.#")
+        await live.bind(events, routing_key=Topology.EVERY_EVENT)
         inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
         async def on_event(message: AbstractIncomingMessage) -> None:
@@ -379,8 +379,8 @@ async def tail_events(settings: Settings, case: str | None, types: Sequence[str]
     channel = await connection.channel()
     exchange = await Topology(settings.namespace).declare_events_exchange(channel)
     queue = await channel.declare_queue(exclusive=True, auto_delete=True)
-    scope = f"case.*.{case}" if case else "case.*.*"
-    for key in [f"{scope}.{t}" for t in types] or [f"{scope}.#"]:
+    for key in [Topology.events_of(case_id=case, event_type=t) for t in types] or [
+            Topology.events_of(case_id=case)]:
         await queue.bind(exchange, routing_key=key)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

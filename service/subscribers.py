@@ -84,7 +84,8 @@ async def create(settings: Settings, name: str, tenant: str) -> str:
                 "x-queue-type": "quorum", "x-overflow": "drop-head",
                 "x-max-length": settings.subscriber_max_events,
                 "x-max-length-bytes": settings.subscriber_max_bytes})
-            await declared.bind(topology.events_exchange, routing_key=f"case.{tenant}.#")
+            await declared.bind(topology.events_exchange,
+                                routing_key=Topology.events_of(tenant=tenant))
         finally:
             await connection.close()
         await pool.execute(

@@ -24,6 +24,7 @@ benchmarks run beside a live stack without touching it.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,19 @@ class Topology:
     def dead_letter_queue(self) -> str:
         return f"{self.namespace}.dead-letters"
 
+    EVERY_EVENT = "case.#"
+    """The binding key of every event (``case.<tenant>.<caseId>.<EVENT_TYPE>``)."""
+
+    @staticmethod
+    def events_of(tenant: str | None = None, case_id: uuid.UUID | str | None = None,
+                  event_type: str | None = None) -> str:
+        """The binding key of the events of one tenant, one case, one type, or any mix."""
+        if event_type is not None:
+            return f"case.{tenant or '*'}.{case_id or '*'}.{event_type}"
+        if case_id is not None:
+            return f"case.{tenant or '*'}.{case_id}.#"
+        return Topology.EVERY_EVENT if tenant is None else f"case.{tenant}.#"
+
     START_KEY = "case.start"
     ERASE_KEY = "case.erase"
     """Erase commands share the start queue: the worker that takes start commands
@@ -123,7 +137,7 @@ class Topology:
         log = await channel.declare_queue(
             self.event_log_queue, durable=True, arguments=self._quorum(EVENT_LOG_DELIVERY_LIMIT)
         )
-        await log.bind(events, routing_key="case.#")
+        await log.bind(events, routing_key=self.EVERY_EVENT)
         # A stream keeps every checkpoint for any number of readers, each from the
         # offset it wants (a witness from the first); bounded by age and size.
         checkpoints = await channel.declare_queue(

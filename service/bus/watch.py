@@ -69,11 +69,11 @@ class LiveEvent:
 
 
 def case_key(case_id: uuid.UUID | str) -> str:
-    return f"case.*.{case_id}.#"
+    return Topology.events_of(case_id=case_id)
 
 
 def tenant_key(tenant: str) -> str:
-    return f"case.{tenant}.#"
+    return Topology.events_of(tenant=tenant)
 
 
 @dataclass(eq=False)
