@@ -22,6 +22,17 @@ SHAPES = [  # (label, cases, cycles, result bytes): about 10,000 cycles a row
 ]
 
 
+async def measure(scale: float = 1.0) -> list[dict[str, Any]]:
+    """Every shape's end-to-end figures (cases scaled by ``scale``), labelled."""
+    measured = []
+    for label, cases, cycles, result_bytes in SHAPES:
+        print(f"  {label} ...", flush=True)
+        figures = await end_to_end(max(int(cases * scale), 5), cycles,
+                                   result_bytes=result_bytes)
+        measured.append({"work": label, **figures})
+    return measured
+
+
 def row(label: str, figures: dict[str, Any]) -> str:
     per = {n: 1e6 * s / figures["cycles"] for n, s in figures["cpuSeconds"].items()}
     parts = ", ".join(f"{n} {v:,.0f}" for n, v in per.items())

@@ -18,7 +18,18 @@ from typing import Any
 
 import orjson
 
-from bench import cluster, ledger, models, operations, raw, replay, review, scenarios, viewer
+from bench import (
+    cluster,
+    growth,
+    ledger,
+    models,
+    operations,
+    raw,
+    replay,
+    review,
+    scenarios,
+    viewer,
+)
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, namespace
 from bench.integrity import integrity_costs
@@ -171,6 +182,8 @@ async def run(quick: bool, everything: bool = False) -> dict[str, Any]:
         results["ledgerProofs"] = await ledger.proofs(10_000_000, 2000)
     print("integrity costs per event ...", flush=True)
     results["integrity"] = integrity_costs(int(5000 * scale) or 1000)
+    print("how a cycle's cost grows with the work ...", flush=True)
+    results["growth"] = await growth.measure(scale)
     print("POST /cases ...", flush=True)
     results["api"] = await scenarios.api_posts(bench_settings(api_port=8797),
                                                requests=int(3000 * scale) or 300)
@@ -258,6 +271,7 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         *_reading_rows(r),
         *_replay_rows(r),
         *_review_rows(r),
+        *_growth_rows(r),
         *_ledger_rows(r),
         *_scale_out_rows(r),
     ]
@@ -295,6 +309,20 @@ def _ledger_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                      f"p99 {x['p99Ms']:.1f} ms", f"≤ {TARGETS['proofP99']} ms",
                      f"GET /ledger/proofs/inclusion, one at a time, {x['requests']:,} random "
                      f"leaves; p50 {x['p50Ms']:.1f} ms; {x['tileRows']:,} tile rows"))
+    return rows
+
+
+def _growth_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """How a durable cycle's cost grows with cycles a case and tool-result size
+    (bench/growth.py)."""
+    rows = []
+    for x in r.get("growth", []):
+        cpu = x["cpuSeconds"]
+        rows.append((f"CPU per cycle, {x['work']}",
+                     f"{sum(cpu.values()) / x['cycles'] * 1e6:,.0f} µs", "",
+                     f"{x['cyclesPerSecond']:,.0f} cycles/s; per process, µs a cycle: "
+                     + ", ".join(f"{name} {seconds / x['cycles'] * 1e6:,.0f}"
+                                 for name, seconds in cpu.items())))
     return rows
 
 

@@ -56,3 +56,17 @@ def test_every_target_has_a_row(path: Path) -> None:
         "worker peak RSS", "consumer ingest alone, 1 process",
         "consumer ingest alone, 2 processes", "POST /cases (1 uvicorn worker)",
     }
+
+
+def test_growth_rows_give_the_cpu_of_a_cycle_for_each_shape_of_work() -> None:
+    from bench.run import _growth_rows
+
+    rows = _growth_rows({"growth": [
+        {"work": "200 cycles a case", "cycles": 10_000, "cyclesPerSecond": 1756.0,
+         "cpuSeconds": {"api": 0.11, "worker-0": 4.21, "consumer": 2.63}},
+        {"work": "tool results of 100 KB", "cycles": 2_000, "cyclesPerSecond": 219.0,
+         "cpuSeconds": {"api": 0.45, "postgres": 6.61}}]})
+    assert [row[:2] for row in rows] == [("CPU per cycle, 200 cycles a case", "695 µs"),
+                                         ("CPU per cycle, tool results of 100 KB", "3,530 µs")]
+    assert "worker-0 421" in rows[0][3] and "postgres 3,305" in rows[1][3]
+    assert _growth_rows({}) == []
