@@ -118,7 +118,7 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
         return Response((await latest()).served, media_type=TEXT)
 
     @app.get("/ledger/checkpoints", summary="Signed checkpoints, oldest first",
-             response_model=None, responses=responses(200, Checkpoints,
+             response_model=Checkpoints, responses=responses(200, Checkpoints,
                                                       "Checkpoints larger than since", 422, 503))
     async def checkpoints(
         since: Annotated[int, Query(ge=0, le=MAX_TREE, description="Only checkpoints of a larger "
@@ -149,7 +149,7 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
             "tlogProof": TlogProof(leaf_index, tuple(path), head.served).render()})
 
     @app.get("/ledger/proofs/inclusion", summary="A leaf's inclusion proof",
-             response_model=None,
+             response_model=InclusionProof,
              responses=responses(200, InclusionProof, "The RFC 9162 inclusion path",
                                  404, 422, 503))
     async def inclusion(
@@ -160,7 +160,7 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
         return await inclusion_proof(leaf_index, tree_size, None, f"leaf {leaf_index}")
 
     @app.get("/ledger/leaves/{event_hash}/proof", summary="The inclusion proof of the "
-             "leaf whose data is this event hash", response_model=None,
+             "leaf whose data is this event hash", response_model=InclusionProof,
              responses=responses(200, InclusionProof, "The RFC 9162 inclusion path of the "
                                  "hash's leaf", 404, 422, 503))
     async def hash_inclusion(
@@ -177,7 +177,7 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
         return await inclusion_proof(leaf_index, tree_size, event_hash, f"hash {event_hash}")
 
     @app.get("/cases/{case_id}/events/{event_id}/proof", summary="The inclusion proof of "
-             "one of the case's events", response_model=None,
+             "one of the case's events", response_model=InclusionProof,
              responses=responses(200, InclusionProof, "The RFC 9162 inclusion path of the "
                                  "event's leaf", 401, 403, 404, 422, 503))
     async def event_inclusion(
@@ -196,7 +196,7 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
         return await inclusion_proof(leaf_index, tree_size, event_hash, f"event {event_id}")
 
     @app.get("/ledger/proofs/consistency", summary="A consistency proof between two sizes",
-             response_model=None,
+             response_model=ConsistencyProof,
              responses=responses(200, ConsistencyProof, "The RFC 9162 consistency proof",
                                  404, 422, 503))
     async def consistency(
@@ -216,7 +216,7 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
         return json_response({"from": old, "to": new, "proof": [_b64(h) for h in path]})
 
     @app.post("/ledger/cosignatures", status_code=201, summary="Hand in a witness's "
-              "cosignature of a checkpoint", response_model=None,
+              "cosignature of a checkpoint", response_model=Cosigned,
               openapi_extra={"requestBody": {"required": True, "content": {"text/plain": {
                   "schema": {"type": "string", "pattern": NOTE_PATTERN}}}}},
               responses=responses(201, Cosigned, "Cosignatures checked and kept",

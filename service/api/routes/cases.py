@@ -55,7 +55,7 @@ class OrjsonResponse(Response):
         return orjson.dumps(content)
 
 
-@router.post("/cases", status_code=202, summary="Start a case", response_model=None,
+@router.post("/cases", status_code=202, summary="Start a case", response_model=CaseAccepted,
              responses=responses(
                  202, CaseAccepted, "Accepted: the case is recorded and its start command "
                  "confirmed", 400, 401, 403, 409, 413, 422, 429, 503))
@@ -78,14 +78,14 @@ async def start_case(
 
 
 @router.get("/cases/{case_id}", summary="A case's status, totals and answer",
-            response_model=None,
+            response_model=CaseView,
             responses=responses(200, CaseView, "The case", 401, 403, 404, 422, 503))
 async def get_case(case_id: uuid.UUID, principal: Reader, services: Cases) -> Response:
     return OrjsonResponse(await cases.get(services, principal, case_id))
 
 
 @router.get("/cases/{case_id}/verify", summary="Whether the case's trail is intact",
-            response_model=None,
+            response_model=VerifyReport,
             responses=responses(200, VerifyReport,
                                 "Every chain, signature and the completeness, checked",
                                 401, 403, 404, 422, 503))
@@ -94,7 +94,7 @@ async def verify_case(case_id: uuid.UUID, principal: Reader, services: Cases) ->
 
 
 @router.get("/cases/{case_id}/bundle", summary="The case as an offline bundle",
-            response_model=None,
+            response_model=Bundle,
             responses=responses(200, Bundle, "The events exactly as signed and the public keys "
                                 "(check it with `casetrail verify-bundle`)",
                                 401, 403, 404, 422, 503))
@@ -120,7 +120,7 @@ async def report_case(case_id: uuid.UUID, principal: Reader, services: Cases) ->
 
 
 @router.get("/cases/{case_id}/events", summary="The case's trail, in order",
-            response_model=None,
+            response_model=Trail,
             responses=responses(200, Trail, "The trail in (attempt, seq) order",
                                 401, 403, 404, 422, 503))
 async def get_events(case_id: uuid.UUID, request: Request, principal: Reader,
@@ -136,7 +136,7 @@ async def get_events(case_id: uuid.UUID, request: Request, principal: Reader,
 get_events.casetrail_query = ("types",)  # type: ignore[attr-defined]
 
 
-@router.get("/cases", summary="Search the tenant's cases, newest first", response_model=None,
+@router.get("/cases", summary="Search the tenant's cases, newest first", response_model=CaseList,
             responses=responses(200, CaseList, "A page of cases and the next page's cursor",
                                 401, 403, 422, 503))
 async def search_cases(
@@ -173,19 +173,20 @@ search_cases.casetrail_query_prefixes = ("key.",)  # type: ignore[attr-defined]
 
 
 @router.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",
-             response_model=None,
+             response_model=CancelAccepted,
              responses=responses(202, CancelAccepted, "The case is stopping or stopped",
                                  400, 401, 403, 404, 409, 413, 422, 503))
 async def cancel_case(
     case_id: uuid.UUID, principal: Canceller, services: Cases,
     request: Annotated[CancelRequest | None, Body()] = None,
-) -> dict[str, Any]:
+) -> Response:
     await cases.cancel(services, principal, case_id, request.reason if request else None)
-    return {"caseId": str(case_id), "status": "cancelling"}
+    return OrjsonResponse({"caseId": str(case_id), "status": "cancelling"}, status_code=202)
 
 
 @router.post("/cases/{case_id}/erase", status_code=202,
-             summary="Erase a case's sensitive values (crypto-shredding)", response_model=None,
+             summary="Erase a case's sensitive values (crypto-shredding)",
+             response_model=EraseAccepted,
              responses=responses(202, EraseAccepted,
                                  "The values are destroyed; CASE_ERASED follows in the trail",
                                  401, 403, 404, 409, 422, 503))

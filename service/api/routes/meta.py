@@ -3,8 +3,6 @@ the bus's AsyncAPI document, liveness and readiness."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Depends, Request, Response
 
 from service.agents import AGENTS
@@ -25,44 +23,45 @@ from service.errors import CasetrailError
 router = APIRouter(dependencies=[Depends(known_query_only)])
 
 
-@router.get("/agents", summary="The agent profiles", response_model=None,
+@router.get("/agents", summary="The agent profiles", response_model=AgentList,
             responses=responses(200, AgentList, "Every agent a case may name", 401, 503))
-async def agents(request: Request, _: AnyKey) -> dict[str, Any]:
-    return {"agents": [AGENTS[name].describe() for name in offered(request.app.state.settings)]}
+async def agents(request: Request, _: AnyKey) -> Response:
+    return OrjsonResponse({"agents": [AGENTS[name].describe()
+                                      for name in offered(request.app.state.settings)]})
 
 
-@router.get("/me", summary="Who the credentials act as", response_model=None,
+@router.get("/me", summary="Who the credentials act as", response_model=Identity,
             responses=responses(200, Identity, "The tenant, subject and scopes", 401, 503))
-async def me(principal: AnyKey) -> dict[str, Any]:
-    return {"tenant": principal.tenant, "subject": principal.subject,
-            "scopes": sorted(principal.scopes),
-            **({} if principal.person is None else {"person": principal.person})}
+async def me(principal: AnyKey) -> Response:
+    return OrjsonResponse({"tenant": principal.tenant, "subject": principal.subject,
+                           "scopes": sorted(principal.scopes),
+                           **({} if principal.person is None else {"person": principal.person})})
 
 
 @router.get("/signing-keys", summary="The public keys events are signed with",
-            response_model=None,
+            response_model=SigningKeys,
             responses=responses(200, SigningKeys, "Every registered key, retired ones too", 503))
 async def signing_keys(services: Cases, _: Public) -> Response:
     return OrjsonResponse({"keys": await services.evidence.keys.describe()})
 
 
 @router.get("/asyncapi.json", summary="The bus, as an AsyncAPI 3.0 document",
-            response_model=None,
+            response_model=AsyncApiDocument,
             responses=responses(200, AsyncApiDocument, "Channels, operations, messages"))
 async def asyncapi(request: Request, _: Public) -> Response:
     return OrjsonResponse(request.app.state.asyncapi)
 
 
-@router.get("/healthz", summary="The process is alive", response_model=None,
+@router.get("/healthz", summary="The process is alive", response_model=Health,
             responses=responses(200, Health, "Alive"))
-async def healthz(_: Public) -> dict[str, str]:
-    return {"status": "ok"}
+async def healthz(_: Public) -> Response:
+    return OrjsonResponse({"status": "ok"})
 
 
-@router.get("/readyz", summary="Broker and database are reachable", response_model=None,
+@router.get("/readyz", summary="Broker and database are reachable", response_model=Readiness,
             responses=responses(200, Readiness, "Ready") | {
                 503: {"model": Readiness, "description": "Broker or database unreachable"}})
-async def readyz(response: Response, services: Cases, _: Public) -> dict[str, Any]:
+async def readyz(services: Cases, _: Public) -> Response:
     checks: dict[str, str] = {}
     try:
         await services.store.ping()
@@ -72,5 +71,4 @@ async def readyz(response: Response, services: Cases, _: Public) -> dict[str, An
     checks["broker"] = "ok" if not services.connection.is_closed and \
         not services.publisher.channel.is_closed else "disconnected"
     ready = all(v == "ok" for v in checks.values())
-    response.status_code = 200 if ready else 503
-    return {"ready": ready, "checks": checks}
+    return OrjsonResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)

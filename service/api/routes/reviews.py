@@ -25,7 +25,7 @@ router = APIRouter(dependencies=[Depends(known_query_only)])
 
 
 @router.post("/cases/{case_id}/review", status_code=202, summary="Review a case awaiting it",
-             response_model=None,
+             response_model=ReviewAccepted,
              responses=responses(202, ReviewAccepted, "The review is kept; the case goes on "
                                  "from it", 400, 401, 403, 404, 409, 413, 422, 503))
 async def review_case(case_id: uuid.UUID, request: ReviewRequest, principal: ReviewerKey,
@@ -42,7 +42,7 @@ async def review_case(case_id: uuid.UUID, request: ReviewRequest, principal: Rev
 
 
 @router.post("/cases/{case_id}/answer", status_code=202,
-             summary="Answer the question the model asked a person", response_model=None,
+             summary="Answer the question the model asked a person", response_model=ReviewAccepted,
              responses=responses(202, ReviewAccepted, "The answer is kept; the case goes on "
                                  "from it", 400, 401, 403, 404, 409, 413, 422, 503))
 async def answer_question(case_id: uuid.UUID, request: AnswerRequest, principal: ReviewerKey,
@@ -57,7 +57,7 @@ async def answer_question(case_id: uuid.UUID, request: AnswerRequest, principal:
                            "reviewer": done.reviewer, "status": "answered"}, status_code=202)
 
 
-@router.get("/reviews", summary="Cases awaiting review, oldest first", response_model=None,
+@router.get("/reviews", summary="Cases awaiting review, oldest first", response_model=ReviewList,
             responses=responses(200, ReviewList, "The tenant's cases waiting for a person",
                                 401, 403, 422, 503))
 async def list_reviews(
@@ -77,7 +77,7 @@ async def list_reviews(
     return OrjsonResponse({"reviews": found})
 
 
-@router.get("/reviews/{case_id}", summary="One case awaiting review", response_model=None,
+@router.get("/reviews/{case_id}", summary="One case awaiting review", response_model=ReviewItem,
             responses=responses(200, ReviewItem, "The case, its waiting answer and checks",
                                 401, 403, 404, 422, 503))
 async def get_review(case_id: uuid.UUID, principal: AnyKey, services: Cases) -> Response:
