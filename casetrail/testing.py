@@ -13,8 +13,9 @@ from typing import Any
 from service.agents.profile import AgentProfile
 from service.authoring import Agent, DeclarationError
 from service.config import McpServer
+from service.engine.case import CaseSpec
 from service.engine.chat import ChatModel
-from service.engine.loop import CaseSpec, ReactEngine
+from service.engine.loop import ReactEngine
 from service.engine.scripted import ScriptedModel
 from service.engine.tools import InProcessWorkerRuntime, ToolBox
 from service.events import PARKING_EVENT_TYPE, CaseStatus, Event, status_for

@@ -32,8 +32,9 @@ from pydantic import ValidationError
 
 from service.agents import AGENTS
 from service.agents.profile import AgentProfile
+from service.engine.case import CaseSpec
 from service.engine.chat import AssistantTurn, ChatMessage, ToolSpec
-from service.engine.loop import CaseSpec, ReactEngine
+from service.engine.loop import ReactEngine
 from service.engine.recorded import recorded_calls
 from service.engine.scripted import ScriptedModel
 from service.engine.tools import ToolBox, WorkerCallResult, mcp_capability

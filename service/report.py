@@ -231,7 +231,9 @@ def _event(pdf: _Report, event: Mapping[str, Any]) -> None:
         for call in p.get("toolCalls", []):
             pdf.face("B", 9)
             pdf.multi_cell(0, 4.6, pdf.text_of(
-                f"tool {call['toolName']} ({call.get('toolSource')}), "
+                f"tool {call['toolName']} ({call.get('toolSource')}"
+                + (f"; MCP server {call['mcp']['server']}, tool {call['mcp']['tool']}, schema "
+                   f"{call['mcp']['schemaDigest'][:16]}" if call.get("mcp") else "") + "), "
                 f"{call.get('durationMs', '?')} ms" + (" — ERROR" if call.get("error") else "")),
                 new_x=XPos.LMARGIN, new_y=YPos.NEXT)
             pdf.para("arguments " + _json(call.get("toolArgs")), mono=True, size=7.5)

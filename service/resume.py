@@ -27,8 +27,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from service.engine.answers import returned_note
+from service.engine.case import Parked, Resumption
 from service.engine.chat import ChatMessage
-from service.engine.loop import Parked, Resumption
 from service.engine.recorded import cycle_messages
 from service.events import (
     PARKING_EVENT_TYPE,

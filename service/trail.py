@@ -49,7 +49,9 @@ def format_event(event: dict[str, Any]) -> str:
             outcome = (f"ERROR {call['error']}" if "error" in call
                        else f"→ {_json(call.get('toolResult'))}")
             lines.append(f"      ⚙ {call['toolName']}({_json(call['toolArgs'], 120)}) "
-                         f"[{call['toolSource']}, {call['durationMs']} ms]")
+                         f"[{call['toolSource']}"
+                         + (f" MCP {call['mcp']['server']}/{call['mcp']['tool']}"
+                            if call.get("mcp") else "") + f", {call['durationMs']} ms]")
             lines.append(f"        {outcome}")
             for attempt in call.get("attempts", []):
                 if attempt["outcome"] != "ok" or len(call["attempts"]) > 1:

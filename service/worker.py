@@ -56,8 +56,9 @@ from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand, EraseCommand, InvalidCommand
 from service.config import ReviewPolicy, Settings, get_settings
+from service.engine.case import CancelSignal, CaseSpec, GivenAnswer, Resumption
 from service.engine.chat import ChatModel
-from service.engine.loop import CancelSignal, CaseSpec, GivenAnswer, ReactEngine, Resumption
+from service.engine.loop import ReactEngine
 from service.engine.tools import ToolBox, WorkerCallResult, WorkerRuntime, mcp_capability
 from service.errors import (
     CasetrailError,

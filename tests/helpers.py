@@ -15,7 +15,7 @@ import aio_pika
 from service.agents import AGENTS, CAPABILITIES, registry
 from service.bus.dead_letter import REASON_HEADER
 from service.bus.topology import Topology
-from service.engine.loop import CaseSpec
+from service.engine.case import CaseSpec
 from service.engine.tools import InProcessWorkerRuntime, ToolBox, ToolSource
 from service.events import Event, Limits, ModelRef
 

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from service.agents import loan_officer
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.engine.case import CancelSignal, extract_answer
 from service.engine.chat import (
     AssistantTurn,
     ChatMessage,
@@ -21,7 +22,7 @@ from service.engine.chat import (
     count_tokens,
     message_text,
 )
-from service.engine.loop import CancelSignal, ReactEngine, extract_answer
+from service.engine.loop import ReactEngine
 from service.engine.scripted import ScriptedModel, call
 from service.engine.tools import InProcessWorkerRuntime, LocalTool, ToolBox, WorkerTool
 from service.errors import ModelRejected, ModelUnavailable

@@ -7,6 +7,7 @@ The engine's side (names, schemas, retries) runs against the same real server.""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from pypdf import PdfReader
 
 from service.config import McpServer, Settings
 from service.engine.chat import ToolCallRequest
@@ -139,6 +141,9 @@ async def test_the_example_agent_runs_end_to_end_with_its_mcp_tool_and_verifies(
     assert next(c for c in calls if c["toolName"] == "claims-history")["toolSource"] == "worker"
     verified = (await client.get(f"/cases/{view['caseId']}/verify")).json()
     assert verified["verified"] is True, verified
+    report = await client.get(f"/cases/{view['caseId']}/report")
+    text = " ".join(page.extract_text() for page in PdfReader(io.BytesIO(report.content)).pages)
+    assert "MCP server policies, tool coverage" in " ".join(text.split())
     stored = await stdio_stack.pool.fetchval(
         "SELECT count(*) FROM react_tool_calls WHERE case_id = $1 AND tool_name = "
         "'policies_coverage' AND tool_source = 'worker'", uuid.UUID(view["caseId"]))

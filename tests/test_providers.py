@@ -17,6 +17,7 @@ from pydantic import SecretStr
 from service.agents import AGENTS
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import ModelEndpoint, Settings
+from service.engine.case import fit_to_budget
 from service.engine.chat import (
     ChatMessage,
     SystemMessage,
@@ -24,7 +25,7 @@ from service.engine.chat import (
     ToolSpec,
     UserMessage,
 )
-from service.engine.loop import ReactEngine, fit_to_budget
+from service.engine.loop import ReactEngine
 from service.errors import ModelRejected, ModelUnavailable
 from service.events import ModelRef
 from service.providers import ModelFactory

@@ -25,17 +25,13 @@ tool calls, never a half-published event.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
-import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-import orjson
 from tenacity import wait_exponential_jitter
 
 from service import CASETRAIL_VERSION
@@ -50,6 +46,18 @@ from service.engine.answers import (
     refused,
     returned_note,
 )
+from service.engine.case import (
+    AttemptEnd,
+    CancelSignal,
+    CaseSpec,
+    EventSink,
+    Parked,
+    RunState,
+    extract_answer,
+    first_user_message,
+    fit_to_budget,
+    system_prompt_digest,
+)
 from service.engine.chat import (
     AssistantTurn,
     ChatMessage,
@@ -57,17 +65,13 @@ from service.engine.chat import (
     SystemMessage,
     ToolCallRequest,
     ToolResultMessage,
-    ToolSpec,
     UserMessage,
-    count_tokens,
-    message_text,
 )
 from service.engine.observing import NO_OBSERVER, AttemptWatch, Observer
 from service.engine.recorded import cycle_messages
 from service.engine.tools import ToolBox, ToolOutcome, schema_digest
 from service.errors import ModelRejected, ModelUnavailable
 from service.events import (
-    DEFAULT_TENANT,
     ZERO_USAGE,
     AnswerRejection,
     CaseAwaitingReview,
@@ -75,22 +79,17 @@ from service.events import (
     CaseCancelledPayload,
     CaseCompletedPayload,
     CaseFailedPayload,
-    CaseReviewedPayload,
     CaseStartedPayload,
     CaseTimedOutPayload,
     CheckResult,
     Event,
     JsonObject,
-    Limits,
-    ModelRef,
     ModelRetry,
     Payload,
     PendingQuestion,
     ReactCyclePayload,
-    ResumedFrom,
     ReviewReason,
     TerminalEvent,
-    TokenUsage,
     ToolCallRecord,
     ToolOffer,
     TraceRef,
@@ -112,251 +111,12 @@ OVERLAP_MIN_MODEL_SECONDS = 0.002
 """A model turn at least this long runs while the previous event's confirm is on its way."""
 
 
-class EventSink(Protocol):
-    """Where the loop's events go; ``emit`` returns once the event is durable (confirmed)."""
-
-    async def emit(self, event: Event) -> None: ...
-
-
-@dataclass
-class CancelSignal:
-    """Set by whoever wants the case to stop; checked before every model call and during calls."""
-
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    reason: str | None = None
-    by: str | None = None
-    """Who asked (``key:<keyId>``), recorded in CASE_CANCELLED."""
-    _guarded: set[asyncio.Task[Any]] = field(default_factory=set)
-    _interrupted: set[asyncio.Task[Any]] = field(default_factory=set)
-
-    def cancel(self, reason: str | None = None, by: str | None = None) -> None:
-        """Ask the case to stop; a model or tool call in flight is abandoned now.
-        Call it from the event loop's thread."""
-        self.reason, self.by = reason, by
-        self.event.set()
-        self.interrupt()
-
-    def interrupt(self) -> None:
-        """Abandon the model or tool call in flight, if any (cancel, or the deadline)."""
-        for task in self._guarded:
-            self._interrupted.add(task)
-            task.cancel()
-
-    def guard(self, task: asyncio.Task[Any]) -> None:
-        """``task`` is running a call that ``interrupt`` abandons."""
-        self._guarded.add(task)
-
-    def unguard(self, task: asyncio.Task[Any]) -> None:
-        self._guarded.discard(task)
-
-    def took_interruption(self, task: asyncio.Task[Any]) -> bool:
-        """Whether a cancellation of ``task`` came from ``interrupt`` (answered once)."""
-        if task in self._interrupted:
-            self._interrupted.discard(task)
-            return True
-        return False
-
-    @property
-    def is_set(self) -> bool:
-        return self.event.is_set()
-
-
-AttemptEnd = TerminalEvent | CaseAwaitingReview
-"""How an attempt the loop runs to its end ends: the case's terminal event, or parked."""
-
-
-@dataclass(frozen=True)
-class Parked:
-    """The case's last wait for a person, as recorded: the answer and checks it waited
-    with (or the model's question and its turn), and the review recorded since
-    (``None``: nobody has acted on it yet)."""
-
-    attempt: int
-    answer: JsonObject | None
-    checks: tuple[CheckResult, ...]
-    review: CaseReviewedPayload | None = None
-    question: PendingQuestion | None = None
-    asked_at: datetime | None = None
-    reasons: tuple[ReviewReason, ...] = ()
-
-
-@dataclass(frozen=True)
-class GivenAnswer:
-    """A person's answer to the model's question, as the API kept it."""
-
-    call_id: str
-    answer: str
-    answered_by: JsonObject
-    answered_at: datetime
-
-
-@dataclass(frozen=True)
-class Resumption:
-    """What an attempt carries over from the record of the attempts before it."""
-
-    resumed_from: ResumedFrom
-    messages: tuple[ChatMessage, ...]
-    """The recorded cycles' model turns and observations, after the case input."""
-    cycles: int
-    usage: TokenUsage
-    tool_calls: tuple[Mapping[str, Any], ...] = ()
-    """Every recorded tool call, as recorded (what the checks see)."""
-    rejections: int = 0
-    """Answers refused so far."""
-    answer: JsonObject | None = None
-    """The answer the last recorded cycle gave (then only its checks and terminal event
-    are left to do)."""
-    parked: Parked | None = None
-    """The last wait for a person, when the record ends in one (or in its review)."""
-    returns: int = 0
-    """Times a reviewer returned the case to the model (each allows ``maxCycles`` more)."""
-
-
-@dataclass(frozen=True)
-class CaseSpec:
-    """Everything that defines one attempt of a case."""
-
-    case_id: uuid.UUID
-    attempt: int
-    agent: str
-    system_prompt: str
-    input: JsonObject
-    limits: Limits
-    model: ModelRef
-    restart_reason: str | None = None
-    agent_version: str = "unversioned"
-    tenant_id: str = DEFAULT_TENANT
-    started_by: str | None = None
-    context_budget: int | None = None
-    """Tokens the conversation may take; beyond it the oldest observations are shortened."""
-    resumption: Resumption | None = None
-    deadline_at: datetime | None = None
-    """When the case's deadline passes (from its first attempt's start); ``None``: the
-    deadline counts from this attempt's start."""
-    agent_digest: str | None = None
-    """What defines the agent, hashed (``AgentProfile.digest``)."""
-    answering: Answering | None = None
-    """The agent's answer schema and checks (``None``: the answer is taken from the
-    model's last text, for agents that declare none)."""
-    review_every_case: bool = False
-    """The tenant has a person decide every case."""
-    override_reviewers: int = 1
-    """How many distinct persons an override takes (the tenant's four-eyes rule): with
-    2, an override waits for a second person (``second_review``)."""
-    review: CaseReviewedPayload | None = None
-    """A person's review of the parked case this attempt takes up, to record first."""
-    asks_people: bool = False
-    """The model is offered ``ask_a_person``: a question parks the case until answered."""
-    given: GivenAnswer | None = None
-    """A person's answer to the question the parked case waits on."""
-
-
-KEEP_OF_TRIMMED_OBSERVATION = 200
-"""Characters an observation keeps when it is shortened to fit the context budget."""
-
-
-def fit_to_budget(
-    messages: Sequence[ChatMessage], budget: int | None, total: int | None = None
-) -> tuple[list[ChatMessage], list[str]]:
-    """Shorten the oldest observations until the conversation fits ``budget`` tokens.
-
-    Deterministic: the same conversation and budget always give the same result.
-    Returns the messages to send and the tool call ids whose observations were cut.
-    ``total`` is the conversation's token estimate when the caller keeps it.
-    """
-    if total is None:
-        total = sum(count_tokens(message_text(m)) for m in messages)
-    if budget is None or total <= budget:
-        return list(messages), []
-    out = list(messages)
-    trimmed: list[str] = []
-    for index, message in enumerate(out):
-        if total <= budget:
-            break
-        if isinstance(message, ToolResultMessage) and \
-                len(message.content) > KEEP_OF_TRIMMED_OBSERVATION:
-            hidden = len(message.content) - KEEP_OF_TRIMMED_OBSERVATION
-            short = (f"{message.content[:KEEP_OF_TRIMMED_OBSERVATION]}… [observation shortened "
-                     f"to fit the context budget: {hidden} characters not shown]")
-            total -= count_tokens(message.content) - count_tokens(short)
-            out[index] = replace(message, content=short)
-            trimmed.append(message.tool_call_id)
-    return out, trimmed
-
-
-@dataclass
-class RunState:
-    """The mutable state of one attempt."""
-
-    spec: CaseSpec
-    deadline: float
-    messages: list[ChatMessage]
-    watch: AttemptWatch
-    """Whoever watches the engine, told about this attempt (metrics, traces)."""
-    seq: int = 0
-    cycles: int = 0
-    usage: TokenUsage = ZERO_USAGE
-    tokens: int = 0
-    """Token estimate of ``messages``, kept as they are added."""
-    retries: list[ModelRetry] = field(default_factory=list)
-    """Model retries of the cycle in progress: on its REACT_CYCLE, or on the terminal
-    event when the case ends before the cycle does."""
-    deadline_passed: bool = False
-    """Set by the attempt's deadline timer (a timer may fire a hair before the deadline's
-    clock reading, so this, not ``remaining()``, is what says it fired)."""
-    in_flight: asyncio.Future[None] | None = None
-    """The last event's publish, until its confirm has been awaited."""
-    model_seconds: float | None = None
-    """How long the last model turn took (``None`` before the first)."""
-    """The attempt's spans, when tracing is on."""
-    decided: Callable[[], None] | None = None
-    """Told once the attempt's outcome is decided, before its terminal event is sent."""
-    specs: Sequence[ToolSpec] = ()
-    """What the model is offered: the tools, and the final-answer tool."""
-    tool_calls: list[Mapping[str, Any]] = field(default_factory=list)
-    """Every tool call of the case so far, as recorded (for the checks)."""
-    rejections: int = 0
-    returns: int = 0
-    """Times a reviewer returned the case to the model."""
-
-    def remaining(self) -> float:
-        return self.deadline - asyncio.get_running_loop().time()
-
-    def add(self, *messages: ChatMessage) -> None:
-        self.messages.extend(messages)
-        self.tokens += sum(count_tokens(message_text(m)) for m in messages)
-
-
 class _Interrupted(Exception):
     """A guarded call was abandoned; ``kind`` says why."""
 
     def __init__(self, kind: str) -> None:
         super().__init__(kind)
         self.kind = kind
-
-
-_FENCED_JSON = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
-
-
-def extract_answer(text: str) -> JsonObject:
-    """The model's answer: its text as a JSON object, or its last fenced JSON object,
-    or ``{"answer": text}``."""
-    for candidate in [text.strip(), *reversed(_FENCED_JSON.findall(text))]:
-        try:
-            value = orjson.loads(candidate)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return {"answer": text}
-
-
-def system_prompt_digest(prompt: str) -> str:
-    return hashlib.sha256(prompt.encode()).hexdigest()
-
-
-def first_user_message(case_input: JsonObject) -> str:
-    return "Case input:\n" + orjson.dumps(case_input, option=orjson.OPT_INDENT_2).decode()
 
 
 class ReactEngine:
@@ -871,12 +631,4 @@ def _retrieve(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
-__all__ = [
-    "AttemptEnd",
-    "CancelSignal",
-    "CaseSpec",
-    "EventSink",
-    "ReactEngine",
-    "Resumption",
-    "extract_answer",
-]
+__all__ = ["ReactEngine"]

@@ -340,6 +340,8 @@ function toolCard(call) {
     el("div", { class: "tool-head" },
       el("span", { class: "name", text: call.toolName }),
       badge(call.toolSource, call.toolSource === "worker" ? "info" : "none"),
+      call.mcp ? el("span", { class: "mcp", title: `inputSchema sha256 ${call.mcp.schemaDigest}`,
+                              text: `MCP ${call.mcp.server} · ${call.mcp.tool}` }) : null,
       el("span", { text: ms(call.durationMs) }),
       failed ? badge("error", "bad") : badge("ok", "ok"),
       call.toolCallId ? el("code", { text: call.toolCallId }) : null),
