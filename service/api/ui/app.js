@@ -702,6 +702,10 @@ async function casePage(caseId, signal) {
       section(event.attempt).append(terminalCard(event));
     } else if (event.eventType === "CASE_ERASED") {
       timeline.append(el("p", { class: "muted", text: `Sensitive values erased by ${p.erasedBy}` }));
+    } else {  // a type with no card of its own: its type and payload, as recorded
+      section(event.attempt).append(el("article", { class: "card", id: `e-${event.attempt}-${event.seq}` },
+        el("header", {}, el("strong", { text: event.eventType }), el("span", { text: when(event.occurredAt) })),
+        el("details", {}, el("summary", { text: "Payload" }), el("pre", { text: json(p) }))));
     }
   };
   function showLive(text, pulsing) {
