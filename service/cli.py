@@ -256,6 +256,8 @@ def witness(
 ) -> None:
     """Follow the log's checkpoints and check each extends the last one accepted: exit 1,
     naming both, when the log forked, shrank or rolled back; 2 when it could not check."""
+    import asyncio
+
     from service.errors import PermanentError
     from service.ledger.note import COSIGNATURE_V1, NoteError
     from service.ledger.sequencer import read_log_key
@@ -267,6 +269,7 @@ def witness(
         run_witness,
         verifier_key,
     )
+    from service.runtime import component
     from service.supervisor import run_until_signal
 
     _logging()
@@ -276,8 +279,15 @@ def witness(
     except (NoteError, OSError, PermanentError) as exc:
         typer.echo(f"casetrail witness: {exc}", err=True)
         raise typer.Exit(2) from None
+    async def follow() -> None:
+        if once:  # one look: no metrics port, nothing to watch
+            await run_witness(the_witness, once, interval, asyncio.Event())
+            return
+        async with component(get_settings(), "witness"):
+            await run_until_signal(lambda stop: run_witness(the_witness, once, interval, stop))
+
     try:
-        _run(run_until_signal(lambda stop: run_witness(the_witness, once, interval, stop)))
+        _run(follow())
     except LogMisbehaved as exc:
         typer.echo(f"casetrail witness: {exc}", err=True)
         raise typer.Exit(1) from None

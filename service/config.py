@@ -21,7 +21,7 @@ from service import gc_tuning
 from service.errors import PermanentError
 from service.model_providers import RemoteProvider
 
-Component = Literal["api", "worker", "consumer", "capability", "ledger"]
+Component = Literal["api", "worker", "consumer", "capability", "ledger", "witness"]
 COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "ledger")
 """The components with one identity each. A capability worker has none of its own: it
 connects as the user of each capability it serves (``capability_identity``)."""
@@ -393,6 +393,8 @@ class Settings(BaseSettings):
         "A capability worker's metrics port; unset: 9104 or, when taken, any free port.")
     ledger_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
         "The ledger's metrics port; unset: 9105 or, when taken, any free port.")
+    witness_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
+        "A long-running witness's metrics port; unset: 9106 or, when taken, any free port.")
     queue_probe_seconds: float = Field(default=5.0, gt=0, description="How often the "
                                        "worker and the consumer read their queues' depth "
                                        "for the metrics.")

@@ -46,6 +46,7 @@ from tests.browser import DOCS, signed_in
 from tests.helpers import ended, wait_until
 from tests.stack import (
     InProcessStack,
+    free_port,
     in_process_stack,
     kill_leftovers,
     namespace_of_its_own,
@@ -303,6 +304,38 @@ async def test_a_witness_accepts_cosigns_and_bundles_carry_proofs_and_the_cosign
     refused = await logged.client.post(
         "/ledger/cosignatures", content=note.with_signatures(cosign(note, unknown, 1)).render())
     assert refused.status_code == 422 and "witness" in refused.text
+
+
+async def test_a_witness_left_running_is_a_component_with_its_own_metrics(
+    logged: Logged, tmp_path: Path,
+) -> None:
+    """``casetrail witness`` without ``--once`` keeps following the log as a component:
+    its metrics port says the tree size it last accepted and how its looks went, and it
+    stops cleanly on SIGTERM."""
+    await run_cases(logged, 1)
+    size, _ = await logged_everything(logged)
+    port = free_port()
+    witness = spawn(logged.settings, "witness", "--log", logged.stack.base_url, "--log-key",
+                    logged.log_key.text(), "--state", str(tmp_path / "witness.json"),
+                    "--interval", "0.5", CASETRAIL_WITNESS_METRICS_PORT=str(port))
+    try:
+        async def accepted() -> bool:
+            try:
+                async with httpx.AsyncClient() as client:
+                    text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+            except httpx.TransportError:
+                return False
+            return f"casetrail_witness_tree_size {float(size)}" in text and \
+                'casetrail_witness_checks_total{outcome="unchanged"}' in text
+
+        await wait_until(accepted, timeout=30, interval=0.3)
+        witness.terminate()
+        await asyncio.to_thread(witness.wait, 30)
+    finally:
+        kill_leftovers({"witness": witness})
+    said = Path(witness.log_path).read_text()  # type: ignore[attr-defined]  # noqa: ASYNC240
+    assert witness.returncode == 0, said
+    assert "accepted" in said and f"size {size}" in said
 
 
 async def _as_superuser(pool: asyncpg.Pool, *statements: str, args: Any = ()) -> None:

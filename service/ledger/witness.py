@@ -39,6 +39,7 @@ from service.ledger.note import (
     open_checkpoint,
     open_with_any,
 )
+from service.telemetry import metrics
 from service.verification import Problem
 
 log = logging.getLogger("casetrail.witness")
@@ -182,12 +183,19 @@ async def run_witness(witness: Witness, once: bool, interval: float,
     while True:
         try:
             head, new = await witness.observe()
-            if new:
-                print(f"accepted {head.describe()}", flush=True)
         except LogUnreachable as exc:
+            metrics.WITNESS_CHECKS.labels("unreachable").inc()
             if once:
                 raise
             log.warning("%s; trying again", exc)
+        except LogMisbehaved:
+            metrics.WITNESS_CHECKS.labels("misbehaved").inc()
+            raise
+        else:
+            metrics.WITNESS_CHECKS.labels("accepted" if new else "unchanged").inc()
+            metrics.WITNESS_TREE_SIZE.set(head.size)
+            if new:
+                print(f"accepted {head.describe()}", flush=True)
         if once or stop.is_set():
             return
         with contextlib.suppress(TimeoutError):

@@ -121,6 +121,11 @@ TOOL_REQUESTS_SERVED = Counter(
     "capability and outcome (ok, error, remembered, expired).", ["capability", "outcome"])
 
 # --- the ledger (transparency log) ---------------------------------------------------
+WITNESS_TREE_SIZE = Gauge("casetrail_witness_tree_size", "The size of the log's tree in "
+                          "the last checkpoint this witness accepted (it should keep growing).")
+WITNESS_CHECKS = Counter("casetrail_witness_checks", "The witness's looks at the log, by "
+                         "outcome: accepted (a larger tree), unchanged, unreachable, "
+                         "misbehaved (forked, shrank or rolled back: it stops).", ["outcome"])
 LEDGER_LEAVES = Counter("casetrail_ledger_leaves", "Stored events appended to the "
                         "transparency log's tree.")
 LEDGER_TREE_SIZE = Gauge("casetrail_ledger_tree_size", "Leaves in the tree.")
@@ -193,7 +198,7 @@ def tool_call(tool: str, source: str, ok: bool) -> Histogram:
 
 
 DEFAULT_PORTS: dict[Component, int] = {"api": 9101, "worker": 9102, "consumer": 9103,
-                                        "capability": 9104, "ledger": 9105}
+                                        "capability": 9104, "ledger": 9105, "witness": 9106}
 
 
 def serve(settings: Settings, component: Component) -> WSGIServer:
