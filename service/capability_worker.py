@@ -146,9 +146,10 @@ class CapabilityWorker:
             outcome = "error"
         elif reply is None or (not reply.ok and reply.retryable):
             reply = await self._run(request, args, capability)
-            self._answers[remembered] = reply
-            if len(self._answers) > REMEMBERED_REPLIES:
-                self._answers.popitem(last=False)
+            if capability.remembered is None or capability.remembered(request.args):
+                self._answers[remembered] = reply
+                if len(self._answers) > REMEMBERED_REPLIES:
+                    self._answers.popitem(last=False)
             outcome = "ok" if reply.ok else "error"
         else:
             reply = reply.model_copy(update={"attempt": request.attempt})

@@ -172,6 +172,33 @@ async def test_a_call_that_may_run_once_is_refused_when_it_comes_back_from_a_dea
     assert result.attempts[0].worker == "careful"
 
 
+async def test_a_capability_says_which_replies_are_kept_for_retries(
+    runtime: BusWorkerRuntime, capability_as: CapabilityConnections, topology: Topology,
+) -> None:
+    """A request sent again under its key is answered from memory when its capability
+    keeps that kind of reply; a kind it does not keep (a catalog read) runs again and
+    takes no place in the memory."""
+    ran: list[str] = []
+
+    async def echo(args: Echo) -> str:
+        ran.append(args.text)
+        return f"{args.text} {len(ran)}"
+
+    worker = await start_worker(await capability_as("slow-echo"), topology, [Capability(
+        "slow-echo", Echo, echo, remembered=lambda args: args["text"] != "catalog")], "w1")
+    try:
+        kept = [await runtime.execute("slow-echo", {"text": "call"}, call_id="k-call")
+                for _ in range(2)]
+        fresh = [await runtime.execute("slow-echo", {"text": "catalog"}, call_id="k-catalog")
+                 for _ in range(2)]
+    finally:
+        await worker.close()
+    assert [r.result for r in kept] == ["call 1", "call 1"]
+    assert [r.result for r in fresh] == ["catalog 2", "catalog 3"]
+    assert ran == ["call", "catalog", "catalog"]
+    assert [key for _, _, key in worker.worker._answers] == ["k-call"]
+
+
 async def test_two_hundred_concurrent_calls_across_two_workers(
     runtime: BusWorkerRuntime, capability_as: CapabilityConnections, topology: Topology,
 ) -> None:

@@ -241,6 +241,10 @@ class Capability(Generic[ArgsT]):
     worker stopped while holding it) is then refused, not run a second time."""
     close: Callable[[], Awaitable[None]] | None = None
     """Called once when the capability worker stops (connections the handler holds)."""
+    remembered: Callable[[Mapping[str, Any]], bool] | None = None
+    """Says which requests' replies the capability worker keeps by idempotency key (every
+    one when not given): a retry of a kept one gets its answer without running again; a
+    read nobody asks twice (an MCP server's catalog) need not take a place."""
 
     async def invoke(self, raw_args: Mapping[str, Any]) -> Any:
         """Validate ``raw_args`` and run the handler; ``ValidationError`` on bad arguments."""

@@ -85,12 +85,15 @@ class ServerSession:
         return known is None or not known.retryable
 
     async def catalog(self) -> Catalog:
-        session = await self._open()
+        await self._refresh(await self._open())
+        return Catalog(server=self.server.name, tools=list(self._tools.values()))
+
+    async def _refresh(self, session: ClientSession) -> None:
+        """Read the server's tools again (nothing is called: a failure is retryable)."""
         try:
             self._tools = await self._list(session)
         except Exception as exc:
             raise self._broke(exc, retryable=True) from exc
-        return Catalog(server=self.server.name, tools=list(self._tools.values()))
 
     async def call(self, request: McpRequest) -> Any:
         from mcp.shared.exceptions import McpError
@@ -99,10 +102,8 @@ class ServerSession:
         session = await self._open()
         name, entry = request.tool or "", self._tools.get(request.tool or "")
         if entry is None or entry.schema_digest != request.schema_digest:
-            try:  # the server may have changed since its catalog was read: ask it
-                self._tools = await self._list(session)
-            except Exception as exc:
-                raise self._broke(exc, retryable=True) from exc
+            # the server may have changed since its catalog was read: ask it
+            await self._refresh(session)
             entry = self._tools.get(name)
         if entry is None:
             raise ToolFailed(f"the MCP server {self.server.name} serves no tool {name!r} "
@@ -242,7 +243,13 @@ def serving(server: McpServer) -> Capability[McpRequest]:
     """The capability ``mcp-<server>``: its requests answered through one session."""
     session = ServerSession(server)
     return Capability(mcp_capability(server.name), McpRequest, session.answer,
-                      at_most_once=session.at_most_once, close=session.close)
+                      at_most_once=session.at_most_once, close=session.close,
+                      remembered=_a_call)
+
+
+def _a_call(args: Mapping[str, Any]) -> bool:
+    """A call's reply is kept for its retries; a catalog read is asked afresh each time."""
+    return args.get("op") == "call"
 
 
 async def read_catalogs(servers: list[McpServer]) -> dict[str, Catalog | str]:

@@ -40,6 +40,8 @@ class _Attempt:
     def __init__(self, counters: metrics.AgentMetrics, trace: AttemptTrace | None,
                  first: bool) -> None:
         self.counters, self.trace, self.first = counters, trace, first
+        self._untraced = _ModelCall(counters, None, None)
+        """Every model call of an untraced attempt: it holds nothing of its own."""
 
     def started(self) -> None:
         (self.counters.started_first if self.first else self.counters.started_retry).inc()
@@ -48,8 +50,9 @@ class _Attempt:
         return None if self.trace is None else tracing.ids()
 
     def model_call(self, model: str, prompt: Sequence[ChatMessage]) -> _ModelCall:
-        return _ModelCall(self.counters, self.trace,
-                          None if self.trace is None else self.trace.chat(model, prompt))
+        if self.trace is None:
+            return self._untraced
+        return _ModelCall(self.counters, self.trace, self.trace.chat(model, prompt))
 
     def retried(self) -> None:
         self.counters.retries.inc()
