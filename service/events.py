@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Any, Literal, TypeAlias, get_args
+from typing import Annotated, Any, Literal, Self, TypeAlias, get_args
 
 import orjson
 from pydantic import (
@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    PrivateAttr,
     TypeAdapter,
     ValidationError,
     model_serializer,
@@ -615,6 +616,7 @@ class EventBase(ContractModel):
     event_type: EventType
     occurred_at: UtcTimestamp
     schema_version: Literal[2] = SCHEMA_VERSION
+    _wire: dict[str, Any] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _event_id_is_derived(self) -> EventBase:
@@ -628,8 +630,27 @@ class EventBase(ContractModel):
         return canonical(self.wire_values())
 
     def wire_values(self) -> dict[str, Any]:
-        """The envelope as JSON values, the wire form before it is made canonical."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The envelope as JSON values, the wire form before it is made canonical: made
+        once (the event is immutable), so whoever else reads the sent event's values (the
+        checks read its tool calls) costs nothing more. Not to be changed by a reader."""
+        if self._wire is None:
+            self._wire = self.model_dump(mode="json", by_alias=True)
+        return self._wire
+
+    def __eq__(self, other: object) -> bool:
+        """Events are equal when their fields are (the values made for the wire aside)."""
+        if not isinstance(other, EventBase):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return super().__hash__()
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+                   ) -> Self:
+        copy = super().model_copy(update=update, deep=deep)
+        copy._wire = None  # the copy's values are its own
+        return copy
 
     @property
     def routing_key(self) -> str:

@@ -58,6 +58,22 @@ def test_envelope_is_exact_and_event_id_is_deterministic() -> None:
     assert event_from_json(event.to_json()) == event
 
 
+def test_an_events_wire_values_are_made_once_and_belong_to_it() -> None:
+    """The sink signs the wire values and the checks read the same ones: made once. A
+    copy with other fields has values of its own; equality ignores what was made."""
+    payload = ReactCyclePayload.model_validate(orjson.loads(SEED_CYCLE))
+    event = make_event(CASE, 1, 3, payload)
+    fresh = make_event(CASE, 1, 3, payload, occurred_at=event.occurred_at)
+    values = event.wire_values()
+    assert event.wire_values() is values
+    assert event.to_json() == fresh.to_json() == orjson.dumps(values, option=orjson.OPT_SORT_KEYS)
+    assert event == make_event(CASE, 1, 3, payload, occurred_at=event.occurred_at)
+    moved = event.model_copy(update={"tenant_id": "acme"})
+    assert moved.wire_values()["tenantId"] == "acme"
+    assert event.wire_values()["tenantId"] == "default"
+    assert moved != event
+
+
 def test_nested_timedelta_serializes_as_integer_milliseconds() -> None:
     record = ToolCallRecord(
         tool_name="t", tool_args={}, tool_result=[1], tool_source="local",

@@ -249,13 +249,22 @@ class RunState:
     specs: Sequence[ToolSpec] = ()
     """What the model is offered: the tools, and the final-answer tool."""
     tool_calls: list[Mapping[str, Any]] = field(default_factory=list)
-    """Every tool call of the case so far, as recorded (for the checks)."""
+    """The tool calls the attempts before this one recorded (for the checks)."""
+    cycles_sent: list[Event] = field(default_factory=list)
+    """This attempt's cycles as sent, when the agent has checks: their tool calls as
+    recorded are the events' own wire values, made once for the trail."""
     rejections: int = 0
     returns: int = 0
     """Times a reviewer returned the case to the model."""
 
     def remaining(self) -> float:
         return self.deadline - asyncio.get_running_loop().time()
+
+    def recorded_calls(self) -> list[Mapping[str, Any]]:
+        """Every tool call of the case so far, as recorded (what the checks see). The
+        cycles sent must be settled first: their values are then the signed ones."""
+        return self.tool_calls + [call for event in self.cycles_sent
+                                  for call in event.wire_values()["payload"]["toolCalls"]]
 
     def add(self, *messages: ChatMessage) -> None:
         self.messages.extend(messages)

@@ -268,13 +268,13 @@ class ReactEngine:
             cycle_index=state.cycles, reasoning_text=question.reasoning_text,
             tool_calls=tuple(calls), token_usage=question.token_usage, model=question.model,
             finish_reason=question.finish_reason, model_retries=question.model_retries)
-        await self._emit(state, payload)
-        state.add(*cycle_messages(payload.model_dump(mode="json", by_alias=True)))
+        event = await self._emit(state, payload)
+        state.add(*cycle_messages(event.wire_values()["payload"]))
         state.usage = state.usage + question.token_usage
         state.cycles += 1
         state.watch.cycle(ZERO_USAGE)  # its tokens were counted when the model asked
         if state.spec.answering is not None and state.spec.answering.checks:
-            state.tool_calls.extend(c.model_dump(mode="json", by_alias=True) for c in calls)
+            state.cycles_sent.append(event)
 
     async def _ask(self, state: RunState, turn: AssistantTurn, model: ChatModel,
                    questions: Sequence[ToolCallRequest], outcomes: Sequence[ToolOutcome],
@@ -325,16 +325,13 @@ class ReactEngine:
             key = f"{state.spec.case_id}:{state.cycles}"
             outcomes = await self._guard(state, cancel, tools.run_all(calls, key))
             state.add(*(o.observation for o in outcomes))
-            if answering is not None and answering.checks:
-                state.tool_calls.extend(o.record.model_dump(mode="json", by_alias=True)
-                                        for o in outcomes)
         if questions:  # a person answers first; the turn is recorded with the answer
             return await self._ask(state, turn, model, questions, outcomes, asked_in)
         answer, rejected = None, None
         if answering is not None:
             answer, rejected = self._answer_of(state, answering, turn, calls, finals)
         reasoning = turn.text if not turn.thinking else f"{turn.thinking}\n\n{turn.text}".strip()
-        await self._send(
+        sent = await self._send(
             state,
             ReactCyclePayload(
                 cycle_index=state.cycles,
@@ -352,6 +349,8 @@ class ReactEngine:
         state.retries = []
         state.cycles += 1
         state.watch.cycle(turn.usage)
+        if answering is not None and answering.checks and outcomes:
+            state.cycles_sent.append(sent)  # its calls, for the checks
         if answering is not None:
             if answer is not None:
                 return await self._decide(state, answering, answer)
@@ -510,7 +509,8 @@ class ReactEngine:
         the tenant reviews every case), or the answer stands, or a blocking check
         refused it and the case fails ``policy_check_failed`` (never an automated
         decision)."""
-        checks = answering.judge(state.spec.input, state.tool_calls, answer)
+        await self._settle(state)  # the cycles the checks read are signed and sent
+        checks = answering.judge(state.spec.input, state.recorded_calls(), answer)
         reasons: list[ReviewReason] = [] if answering.review is None else \
             answering.review.reasons(answer, checks)
         if state.spec.review_every_case:
@@ -599,15 +599,14 @@ class ReactEngine:
         state.seq += 1
         return event
 
-    async def _send(self, state: RunState, payload: Payload) -> None:
+    async def _send(self, state: RunState, payload: Payload) -> Event:
         """Publish an event that a model turn follows. When turns take time (a real
         model), go on at once and let the next ``_settle`` await the confirm, so the
         turn hides the broker's latency; when they take none, an overlap has nothing
         to hide and costs a task, so wait here. Either way the previous event is
         confirmed first, so at most one is ever in flight."""
         if state.model_seconds is not None and state.model_seconds < OVERLAP_MIN_MODEL_SECONDS:
-            await self._emit(state, payload)
-            return
+            return await self._emit(state, payload)
         await self._settle(state)
         event = make_event(state.spec.case_id, state.spec.attempt, state.seq, payload,
                            tenant_id=state.spec.tenant_id)
@@ -616,6 +615,7 @@ class ReactEngine:
         # abandoned attempt's failure from being reported as never retrieved.
         state.in_flight.add_done_callback(_retrieve)
         state.seq += 1
+        return event
 
     @staticmethod
     async def _settle(state: RunState) -> None:
