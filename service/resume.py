@@ -21,10 +21,12 @@ returned case's note becomes part of the conversation, as the model was told it)
 from __future__ import annotations
 
 import dataclasses
+import logging
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from service.engine.answers import returned_note
 from service.engine.case import Parked, Resumption
@@ -39,7 +41,14 @@ from service.events import (
     ResumedFrom,
     TokenUsage,
 )
+from service.evidence import trail_events
 from service.sensitive import restore
+from service.verification import verify_trail
+
+if TYPE_CHECKING:
+    from service.store import CaseStore, KeyRegistry
+
+log = logging.getLogger("casetrail.worker")
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,7 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
     steps = _steps(by_attempt, attempt)
     cycles = [restore(dict(s.payload), values) if values else s.payload for s in steps
               if s.event_type == "REACT_CYCLE"]
+    opened = iter(cycles)  # each cycle's values restored once
     if not cycles and not any(s.event_type == PARKING_EVENT_TYPE for s in steps):
         return None
     usage = ZERO_USAGE
@@ -143,7 +153,7 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
     answer: Any = None
     for step in steps:
         if step.event_type == "REACT_CYCLE":
-            cycle = restore(dict(step.payload), values) if values else step.payload
+            cycle = next(opened)
             usage = usage + TokenUsage.model_validate(cycle["tokenUsage"])
             messages.extend(cycle_messages(cycle))
             parked, answer = None, cycle.get("answer")
@@ -171,3 +181,30 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
         rejections=sum(1 for cycle in cycles if cycle.get("answerRejected")),
         answer=answer if isinstance(answer, dict) else None,
         parked=parked, returns=returns)
+
+
+async def record_so_far(store: CaseStore, keys: KeyRegistry, case_id: uuid.UUID, attempt: int,
+                        values: dict[str, str], deadline_seconds: float
+                        ) -> tuple[Resumption | None, datetime | None]:
+    """What the earlier attempts left in the record: the cycles to resume from (when
+    their chains and signatures verify), and when the case's deadline passes (from the
+    first attempt's start, not counting the time it waited for people)."""
+    stored = [e for e in await store.find_by_case_and_types(case_id, with_body=True)
+              if e.attempt < attempt]
+    recorded = [RecordedEvent(e.attempt, e.seq, e.event_type, e.payload, e.occurred_at)
+                for e in stored]
+    report = verify_trail(str(case_id), trail_events(stored),
+                          {k.key_id: k for k in await keys.all()})
+    started = first_start(recorded)
+    deadline_at = None if started is None else started + timedelta(
+        seconds=deadline_seconds) + waited_for_people(recorded, datetime.now(UTC))
+    if not report.verified:
+        log.error("case %s: the record of earlier attempts does not verify (%s); "
+                  "attempt %d starts from the beginning", case_id,
+                  report.first_problem(), attempt)
+        return None, deadline_at
+    found = resumption(recorded, values)
+    if found is not None:
+        log.info("case %s attempt %d resumes from attempt %d after %d recorded cycles",
+                 case_id, attempt, found.resumed_from.attempt, found.cycles)
+    return found, deadline_at

@@ -56,7 +56,7 @@ from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand, EraseCommand, InvalidCommand
 from service.config import ReviewPolicy, Settings, get_settings
-from service.engine.case import CancelSignal, CaseSpec, GivenAnswer, Resumption
+from service.engine.case import CancelSignal, CaseSpec, GivenAnswer
 from service.engine.chat import ChatModel
 from service.engine.loop import ReactEngine
 from service.engine.tools import ToolBox, WorkerCallResult, WorkerRuntime, mcp_capability
@@ -78,12 +78,11 @@ from service.events import (
     describe_validation_error,
     make_event,
 )
-from service.evidence import trail_events
 from service.integrity import Signer
 from service.keyfile import worker_signer
 from service.mcptools import Catalogs
 from service.providers import ModelFactory
-from service.resume import RecordedEvent, first_start, resumption, waited_for_people
+from service.resume import record_so_far
 from service.runtime import component
 from service.sealing import CapabilityKeys
 from service.sensitive import Redaction, Vault, restore
@@ -100,7 +99,6 @@ from service.supervisor import run_until_signal
 from service.sweeper import StrandedCaseSweeper
 from service.telemetry import metrics, tracing
 from service.telemetry.observer import TELEMETRY
-from service.verification import verify_trail
 
 log = logging.getLogger("casetrail.worker")
 
@@ -439,8 +437,8 @@ class CaseWorker:
         values = {} if case.sealed is None else self.secrets.vault.open(case_id, case.sealed)
         resumption, deadline_at, review, given = None, None, None, None
         if attempt > 1:
-            resumption, deadline_at = await self._record_so_far(case_id, attempt, values,
-                                                                limits.deadline_seconds)
+            resumption, deadline_at = await record_so_far(
+                self.store, self.keys, case_id, attempt, values, limits.deadline_seconds)
         parked = None if resumption is None else resumption.parked
         if parked is not None and parked.review is None:
             # Waiting for a person: go on only with what one did about this wait, or a
@@ -496,32 +494,6 @@ class CaseWorker:
             await self._note(lambda: self.store.mark_parked(case_id, attempt, due))
         else:
             await self._mark_ended(case_id)
-
-    async def _record_so_far(self, case_id: uuid.UUID, attempt: int, values: dict[str, str],
-                             deadline_seconds: float
-                             ) -> tuple[Resumption | None, datetime | None]:
-        """What the earlier attempts left in the record: the cycles to resume from (when
-        their chains and signatures verify), and when the case's deadline passes (from
-        the first attempt's start, not counting the time it waited for people)."""
-        stored = [e for e in await self.store.find_by_case_and_types(case_id, with_body=True)
-                  if e.attempt < attempt]
-        recorded = [RecordedEvent(e.attempt, e.seq, e.event_type, e.payload, e.occurred_at)
-                    for e in stored]
-        report = verify_trail(str(case_id), trail_events(stored),
-                              {k.key_id: k for k in await self.keys.all()})
-        started = first_start(recorded)
-        deadline_at = None if started is None else started + timedelta(
-            seconds=deadline_seconds) + waited_for_people(recorded, datetime.now(UTC))
-        if not report.verified:
-            log.error("case %s: the record of earlier attempts does not verify (%s); "
-                      "attempt %d starts from the beginning", case_id,
-                      report.first_problem(), attempt)
-            return None, deadline_at
-        found = resumption(recorded, values)
-        if found is not None:
-            log.info("case %s attempt %d resumes from attempt %d after %d recorded cycles",
-                     case_id, attempt, found.resumed_from.attempt, found.cycles)
-        return found, deadline_at
 
     async def _record_erasure(self, message: Delivery) -> None:
         """Append the signed CASE_ERASED after the case's last event, once Postgres
