@@ -1,6 +1,7 @@
 """How the cost of a durable cycle grows with the work (the end-to-end scenario of
 bench/e2e.py, every feature on): cases of 10, 50 and 200 cycles, and tool results of 1,
-10 and 100 KB. Each row: cycles/s and CPU-µs per cycle, in total and per process.
+10 and 100 KB. Each row: cycles/s and CPU-µs per cycle, in total and per process. The
+same against a long history: bench/history.py; resuming long cases: bench/resume.py.
 
     python -m bench.growth
 """

@@ -90,9 +90,10 @@ class Processes:
 
 
 @asynccontextmanager
-async def namespace(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
+async def namespace(settings: Settings, keep: bool = False) -> AsyncIterator[asyncpg.Pool]:
     """A private database and bus namespace, set up as ``casetrail setup`` does (every
-    component under its own identity), removed afterwards."""
+    component under its own identity), removed afterwards (unless ``keep``: a cached
+    database the next run uses again)."""
     await setup(settings)
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
     assert pool is not None
@@ -103,7 +104,8 @@ async def namespace(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
         yield pool
     finally:
         await pool.close()
-        await remove(settings)
+        if not keep:
+            await remove(settings)
 
 
 async def wait_ready(base_url: str, timeout: float = 60) -> None:

@@ -21,11 +21,13 @@ import orjson
 from bench import (
     cluster,
     growth,
+    history,
     ledger,
     models,
     operations,
     raw,
     replay,
+    resume,
     review,
     scenarios,
     viewer,
@@ -184,6 +186,11 @@ async def run(quick: bool, everything: bool = False) -> dict[str, Any]:
     results["integrity"] = integrity_costs(int(5000 * scale) or 1000)
     print("how a cycle's cost grows with the work ...", flush=True)
     results["growth"] = await growth.measure(scale)
+    print("the same against an event_log of 10,000,000 and 25,000,000 events (seeded "
+          "once) ...", flush=True)
+    results["history"] = await history.measure(scale)
+    print("resuming cases of 10, 50 and 200 cycles ...", flush=True)
+    results["resume"] = await resume.resume_costs()
     print("POST /cases ...", flush=True)
     results["api"] = await scenarios.api_posts(bench_settings(api_port=8797),
                                                requests=int(3000 * scale) or 300)
@@ -272,6 +279,7 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         *_replay_rows(r),
         *_review_rows(r),
         *_growth_rows(r),
+        *_resume_rows(r),
         *_ledger_rows(r),
         *_scale_out_rows(r),
     ]
@@ -316,7 +324,7 @@ def _growth_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """How a durable cycle's cost grows with cycles a case and tool-result size
     (bench/growth.py)."""
     rows = []
-    for x in r.get("growth", []):
+    for x in [*r.get("growth", []), *r.get("history", [])]:
         cpu = x["cpuSeconds"]
         rows.append((f"CPU per cycle, {x['work']}",
                      f"{sum(cpu.values()) / x['cycles'] * 1e6:,.0f} µs", "",
@@ -324,6 +332,15 @@ def _growth_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                      + ", ".join(f"{name} {seconds / x['cycles'] * 1e6:,.0f}"
                                  for name, seconds in cpu.items())))
     return rows
+
+
+def _resume_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Taking up a case from its record, by its length (bench/resume.py)."""
+    return [(f"resuming a case of {x['cycles']} cycles", f"{x['wallP50Ms']:.1f} ms", "",
+             f"p50 (p99 {x['wallP99Ms']:.1f} ms) to read its {x['events']} events, check "
+             f"their chain and signatures and rebuild the conversation; worker CPU "
+             f"{x['workerCpuP50Ms']:.1f} ms, {x['workerCpuPerCycleUs']} µs a cycle")
+            for x in r.get("resume", [])]
 
 
 def _review_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:

@@ -70,3 +70,25 @@ def test_growth_rows_give_the_cpu_of_a_cycle_for_each_shape_of_work() -> None:
                                          ("CPU per cycle, tool results of 100 KB", "3,530 µs")]
     assert "worker-0 421" in rows[0][3] and "postgres 3,305" in rows[1][3]
     assert _growth_rows({}) == []
+
+
+def test_growth_history_and_resume_rows_read_their_figures() -> None:
+    """The rows of how a cycle's cost grows (work, a long history, resuming) come from
+    their own figures, per process and in total."""
+    figures: dict[str, Any] = orjson.loads(THREE_ROUNDS.read_bytes())
+    run = {"cycles": 10_000, "cyclesPerSecond": 900.0,
+           "cpuSeconds": {"api": 1.0, "worker-0": 3.0, "postgres": 2.0}}
+    figures["growth"] = [{"work": "200 cycles a case", **run}]
+    figures["history"] = [{"work": "an event_log holding 25,000,000 events",
+                           "eventsBefore": 25_000_000, **run}]
+    figures["resume"] = [{"cycles": 200, "cases": 20, "events": 202, "wallP50Ms": 23.1,
+                          "wallP99Ms": 56.9, "workerCpuP50Ms": 21.3,
+                          "workerCpuPerCycleUs": 107}]
+    rows = {name.strip(): (value, note) for name, value, _, note in table(figures)}
+    for work in ("200 cycles a case", "an event_log holding 25,000,000 events"):
+        value, note = rows[f"CPU per cycle, {work}"]
+        assert value == "600 µs"
+        assert "api 100, worker-0 300, postgres 200" in note
+    value, note = rows["resuming a case of 200 cycles"]
+    assert value == "23.1 ms"
+    assert "202 events" in note and "107 µs a cycle" in note
