@@ -273,7 +273,10 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         *_integrity_rows(r),
         ("POST /cases (1 uvicorn worker)", f"{r['api']['requestsPerSecond']:,.0f} req/s",
          f"≥ {TARGETS['apiRps']}", f"p99 {r['api']['p99Ms']:.0f} ms at concurrency "
-         f"{r['api']['concurrency']}"),
+         f"{r['api']['concurrency']}" + (
+             "; CPU-µs a POST: " + ", ".join(
+                 f"{name} {value:,}" for name, value in r["api"]["cpuMicrosecondsPerPost"].items())
+             if "cpuMicrosecondsPerPost" in r["api"] else "")),
         *_model_rows(r),
         *_reading_rows(r),
         *_replay_rows(r),

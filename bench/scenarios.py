@@ -16,9 +16,11 @@ from bench.e2e import ab_post
 from bench.harness import (
     Processes,
     api_key,
+    cpu_seconds,
     namespace,
     peak_rss_mb,
     percentiles,
+    service_cpu,
     wait_ready,
     wait_rows,
 )
@@ -194,11 +196,16 @@ async def api_posts(settings: Settings, requests: int = 3000, concurrency: int =
         stack.spawn("api", "api", "--port", str(settings.api_port))
         try:
             await wait_ready(f"http://127.0.0.1:{settings.api_port}")
+            api = stack.children["api"].pid
+            before = {"api": cpu_seconds(api)} | service_cpu()
             # Every request's key is checked (a cached lookup and one SHA-256).
             figures = await asyncio.to_thread(
                 ab_post, f"http://127.0.0.1:{settings.api_port}/cases",
                 {"agent": "throughput-probe", "input": {"cycles": 3}}, requests, concurrency,
                 key)
+            after = {"api": cpu_seconds(api)} | service_cpu()
         finally:
             stack.stop()
-    return {"requests": requests, "concurrency": concurrency, **figures}
+    return {"requests": requests, "concurrency": concurrency, **figures,
+            "cpuMicrosecondsPerPost": {name: round((after[name] - before[name]) / requests * 1e6)
+                                       for name in after}}

@@ -263,36 +263,42 @@ class CaseStore:
 
         Returns ``(row, created)``.
         """
-        async with translate_errors(), self._pool.acquire() as conn, conn.transaction():
-            insert = """INSERT INTO cases (case_id, agent, input, model, limits, request_digest,
-                                           idempotency_key, tenant_id, started_by)
-                        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-                        ON CONFLICT (tenant_id, idempotency_key)
-                            WHERE idempotency_key IS NOT NULL DO NOTHING
-                        RETURNING *"""
-            args: list[Any] = [case.case_id, case.agent, case.input, case.model, case.limits,
-                               case.request_digest, case.idempotency_key, case.tenant_id,
-                               case.started_by]
-            if case.keys:  # the keys in the same statement: no round trip more
-                insert = f"""WITH inserted AS ({insert}), keyed AS (
-                    INSERT INTO case_keys (case_id, tenant_id, field, value, digest, created_at)
-                    SELECT i.case_id, i.tenant_id, k.field, k.value, k.digest, i.created_at
-                    FROM inserted i, unnest($10::text[], $11::text[], $12::boolean[])
-                                     AS k(field, value, digest))
-                    SELECT * FROM inserted"""
-                args += [[k[0] for k in case.keys], [k[1] for k in case.keys],
-                         [k[2] for k in case.keys]]
-            row = await conn.fetchrow(insert, *args)
+        # One statement whatever the case carries (its keys, its sealed values): atomic
+        # on its own, so no BEGIN and COMMIT round trips (17 % of the API's CPU).
+        insert = """INSERT INTO cases (case_id, agent, input, model, limits, request_digest,
+                                       idempotency_key, tenant_id, started_by)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                    ON CONFLICT (tenant_id, idempotency_key)
+                        WHERE idempotency_key IS NOT NULL DO NOTHING
+                    RETURNING *"""
+        args: list[Any] = [case.case_id, case.agent, case.input, case.model, case.limits,
+                           case.request_digest, case.idempotency_key, case.tenant_id,
+                           case.started_by]
+        also: list[str] = []
+        if case.keys:
+            n = len(args)
+            also.append(f"""keyed AS (
+                INSERT INTO case_keys (case_id, tenant_id, field, value, digest, created_at)
+                SELECT i.case_id, i.tenant_id, k.field, k.value, k.digest, i.created_at
+                FROM inserted i, unnest(${n + 1}::text[], ${n + 2}::text[], ${n + 3}::boolean[])
+                                 AS k(field, value, digest))""")
+            args += [[k[0] for k in case.keys], [k[1] for k in case.keys],
+                     [k[2] for k in case.keys]]
+        if case.sealed is not None:
+            n = len(args)
+            also.append(f"""sealed AS (
+                INSERT INTO case_secrets (case_id, master_key_id, wrapped_key, ciphertext,
+                                          placeholders)
+                SELECT i.case_id, ${n + 1}, ${n + 2}, ${n + 3}, ${n + 4} FROM inserted i)""")
+            args += [case.sealed.master_key_id, case.sealed.wrapped_key,
+                     case.sealed.ciphertext, list(case.placeholders)]
+        if also:
+            insert = f"WITH inserted AS ({insert}), {', '.join(also)} SELECT * FROM inserted"
+        async with translate_errors():
+            row = await self._pool.fetchrow(insert, *args)
             if row is not None:
-                if case.sealed is not None:
-                    await conn.execute(
-                        """INSERT INTO case_secrets (case_id, master_key_id, wrapped_key,
-                                                     ciphertext, placeholders)
-                           VALUES ($1, $2, $3, $4, $5)""",
-                        case.case_id, case.sealed.master_key_id, case.sealed.wrapped_key,
-                        case.sealed.ciphertext, list(case.placeholders))
                 return dict(row), True
-            existing = await conn.fetchrow(
+            existing = await self._pool.fetchrow(
                 "SELECT * FROM cases WHERE tenant_id = $1 AND idempotency_key = $2",
                 case.tenant_id, case.idempotency_key,
             )
