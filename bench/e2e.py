@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,19 @@ def sample(pid: int, out: Path) -> subprocess.Popen[bytes]:
         [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid),
          "--rate", "100", "--nonblocking", "--format", "raw", "--output", str(out)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@contextmanager
+def sampled(pid: int, out: Path | None) -> Iterator[None]:
+    """py-spy sampling ``pid`` into ``out`` while the block runs (nothing if ``out`` is
+    None)."""
+    sampler = None if out is None else sample(pid, out)
+    try:
+        yield
+    finally:
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)
+            sampler.wait(60)
 
 
 async def end_to_end(cases: int, cycles: int, workers: int = 1,

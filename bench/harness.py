@@ -163,6 +163,28 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+class CpuTrace:
+    """A process's CPU seconds read every few milliseconds, to tell how much it had
+    spent at a given moment (its start-up done, say)."""
+
+    def __init__(self, pid: int, interval: float = 0.005) -> None:
+        self.pid, self.interval = pid, interval
+        self.readings: list[tuple[float, float]] = []
+        self._task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            self.readings.append((time.time(), cpu_seconds(self.pid)))
+            await asyncio.sleep(self.interval)
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+    def at(self, moment: float) -> float:
+        """CPU seconds by ``moment`` (the last reading before it)."""
+        return max((cpu for t, cpu in self.readings if t <= moment), default=0.0)
+
+
 def service_cpu() -> dict[str, float]:
     """CPU seconds so far of the broker (beam) and of every Postgres process."""
     totals = {"rabbitmq": 0.0, "postgres": 0.0}

@@ -20,13 +20,15 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 
-from bench.e2e import post_cases
+from bench.e2e import post_cases, sampled
 from bench.harness import (
+    CpuTrace,
     Processes,
     api_key,
     bench_settings,
@@ -114,47 +116,10 @@ async def server_ceiling(provider: Provider, concurrency: int, seconds: float = 
     return done / elapsed, cpu / elapsed
 
 
-async def run_cases(provider: Provider, cases: int, concurrency: int) -> dict[str, Any]:
-    pool_size = max(256, concurrency)
-    async with slow_model(provider) as server:
-        settings = bench_settings(
-            api_port=free_port(), worker_concurrency=concurrency, model_pool_size=pool_size,
-            model_endpoints=[ModelEndpoint(name="slow", provider=provider,
-                                           base_url=server.base_url)])
-        async with namespace(settings) as pool:
-            key = await api_key(pool, "models:override")
-            stack = Processes(settings)
-            stack.spawn("api", "api", "--port", str(settings.api_port))
-            stack.spawn("consumer", "consumer")
-            stack.spawn("ledger", "ledger")  # every feature on: the transparency log too
-            try:
-                base = f"http://127.0.0.1:{settings.api_port}"
-                await wait_ready(base)
-                body = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0],
-                        "model": {"provider": provider, "name": "fake", "endpoint": "slow"}}
-                # Every case is queued before the worker starts: what is measured is the
-                # worker carrying them at the model's pace, not this script posting them.
-                await post_cases(base, body, cases, key)
-                worker = stack.spawn("worker", "worker")
-                cpu_before = cpu_seconds(worker.pid)
-                server_cpu = cpu_seconds(server.process.pid)
-                # The model's refer waits for a person (the loan officer's review): the
-                # model's part of the case ends there, as it does with a terminal event.
-                await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type IN "
-                                "('CASE_COMPLETED', 'CASE_FAILED', 'CASE_TIMED_OUT', "
-                                "'CASE_AWAITING_REVIEW')", cases, timeout=600)
-                cpu = cpu_seconds(worker.pid) - cpu_before
-                server_cpu = cpu_seconds(server.process.pid) - server_cpu
-                rss = peak_rss_mb(worker.pid)
-                rows = await pool.fetch(
-                    "SELECT case_id, event_type, extract(epoch FROM occurred_at) AS t "
-                    "FROM event_log ORDER BY case_id, attempt, seq")
-                answered = await pool.fetchval(
-                    "SELECT count(*) FROM cases WHERE status IN ('completed', "
-                    "'awaiting_review')")
-            finally:
-                stack.stop()
-        served = await server.stats()
+def _timeline(rows: list[Any], slots: int
+              ) -> tuple[int, list[float], float, float, list[float]]:
+    """From the stored events: model turns, the gaps between a case's turns (ms), the
+    run's span (s), the slot-seconds cases held, and the slots' hand-overs (ms)."""
     turns, gaps = 0, []
     previous: dict[Any, float] = {}
     starts, ends = [], []
@@ -178,9 +143,63 @@ async def run_cases(provider: Provider, cases: int, concurrency: int) -> dict[st
     busy = sum(decided[c] - first[c] for c in decided)
     # A slot's hand-over: from a case's last turn to the start of the case that took its
     # place (the k-th start after the first wave follows the k-th freed slot).
-    slots = min(concurrency, cases)
     handovers = [(b - a) * 1000 for a, b in zip(sorted(decided.values()),
                                                  sorted(first.values())[slots:], strict=False)]
+    return turns, gaps, span, busy, handovers
+
+
+async def run_cases(provider: Provider, cases: int, concurrency: int,
+                    profile: Path | None = None) -> dict[str, Any]:
+    """``profile``: a directory where py-spy writes the worker's sampled stacks
+    (``worker.txt``) while the cases run (``python -m bench.profile models``)."""
+    pool_size = max(256, concurrency)
+    async with slow_model(provider) as server:
+        settings = bench_settings(
+            api_port=free_port(), worker_concurrency=concurrency, model_pool_size=pool_size,
+            model_endpoints=[ModelEndpoint(name="slow", provider=provider,
+                                           base_url=server.base_url)])
+        async with namespace(settings) as pool:
+            key = await api_key(pool, "models:override")
+            stack = Processes(settings)
+            stack.spawn("api", "api", "--port", str(settings.api_port))
+            stack.spawn("consumer", "consumer")
+            stack.spawn("ledger", "ledger")  # every feature on: the transparency log too
+            try:
+                base = f"http://127.0.0.1:{settings.api_port}"
+                await wait_ready(base)
+                body = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[0],
+                        "model": {"provider": provider, "name": "fake", "endpoint": "slow"}}
+                # Every case is queued before the worker starts: what is measured is the
+                # worker carrying them at the model's pace, not this script posting them.
+                await post_cases(base, body, cases, key)
+                worker = stack.spawn("worker", "worker")
+                trace = CpuTrace(worker.pid)
+                server_cpu = cpu_seconds(server.process.pid)
+                # The model's refer waits for a person (the loan officer's review): the
+                # model's part of the case ends there, as it does with a terminal event.
+                with sampled(worker.pid, profile and profile / "worker.txt"):
+                    await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type "
+                                    "IN ('CASE_COMPLETED', 'CASE_FAILED', 'CASE_TIMED_OUT', "
+                                    "'CASE_AWAITING_REVIEW')", cases, timeout=600)
+                trace.stop()
+                # The worker's CPU from its first case on: its start-up (imports, ~0.3
+                # CPU-s) is no model turn's.
+                first = await pool.fetchval("SELECT extract(epoch FROM min(occurred_at)) "
+                                            "FROM event_log")
+                cpu = cpu_seconds(worker.pid) - trace.at(float(first))
+                server_cpu = cpu_seconds(server.process.pid) - server_cpu
+                rss = peak_rss_mb(worker.pid)
+                rows = await pool.fetch(
+                    "SELECT case_id, event_type, extract(epoch FROM occurred_at) AS t "
+                    "FROM event_log ORDER BY case_id, attempt, seq")
+                answered = await pool.fetchval(
+                    "SELECT count(*) FROM cases WHERE status IN ('completed', "
+                    "'awaiting_review')")
+            finally:
+                stack.stop()
+        served = await server.stats()
+    turns, gaps, span, busy, handovers = _timeline(rows, min(concurrency, cases))
+    slots = min(concurrency, cases)
     ideal = min(concurrency, cases) / TURN_SECONDS
     latency = percentiles(gaps)
     ceiling, ceiling_cpu = await server_ceiling(provider, min(concurrency, cases))

@@ -4,6 +4,8 @@ costliest functions by the share of its samples spent in them (self) and under t
 (inclusive, casetrail's own code only).
 
     python -m bench.profile [cases] [cycles]      # default 2000 cases of 10 cycles
+    python -m bench.profile models [provider] [concurrency]   # the worker alone, with a
+                                  # real provider's SDK against the 300 ms model (bench/models.py)
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from bench import models
 from bench.e2e import end_to_end
+from bench.slow_model import Provider
 
 OURS = ("service/", "consumers/")
 ENTRY = ("service/cli", "service/supervisor.py", "service/bus/probe.py", "service/runtime.py")
@@ -50,13 +54,8 @@ def summary(raw: Path, top: int = 12) -> tuple[int, list[tuple[str, float]],
     return total, share(own), share(inclusive)
 
 
-async def main(cases: int, cycles: int) -> None:
-    directory = Path(tempfile.mkdtemp(prefix="casetrail-profile-"))
-    figures = await end_to_end(cases, cycles, profile=directory)
-    per_cycle = {n: round(1e6 * s / figures["cycles"]) for n, s in figures["cpuSeconds"].items()}
-    print(f"{figures['cycles']} cycles, {figures['cyclesPerSecond']} cycles/s; CPU-µs per "
-          f"cycle: {per_cycle} (total {sum(per_cycle.values())})")
-    for name in ("api", "worker-0", "consumer"):
+def report(directory: Path, names: tuple[str, ...]) -> None:
+    for name in names:
         raw = directory / f"{name}.txt"
         if not raw.exists():
             print(f"\n{name}: no samples (py-spy could not attach)")
@@ -71,6 +70,29 @@ async def main(cases: int, cycles: int) -> None:
     print(f"\nraw stacks: {directory}")
 
 
+async def end_to_end_profile(cases: int, cycles: int) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="casetrail-profile-"))
+    figures = await end_to_end(cases, cycles, profile=directory)
+    per_cycle = {n: round(1e6 * s / figures["cycles"]) for n, s in figures["cpuSeconds"].items()}
+    print(f"{figures['cycles']} cycles, {figures['cyclesPerSecond']} cycles/s; CPU-µs per "
+          f"cycle: {per_cycle} (total {sum(per_cycle.values())})")
+    report(directory, ("api", "worker-0", "consumer"))
+
+
+async def models_profile(provider: Provider, concurrency: int) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="casetrail-profile-"))
+    run = await models.run_cases(provider, 1000, concurrency, profile=directory)
+    print(f"{provider}, 1,000 loan cases at concurrency {concurrency}: "
+          f"{run['shareOfIdeal']:.0%} of ideal; worker {run['workerCpuSeconds']} CPU-s, "
+          f"{run['workerCpuSeconds'] / max(run.get('turns') or 1, 1) * 1e6:,.0f} µs a model "
+          "turn")
+    report(directory, ("worker",))
+
+
 if __name__ == "__main__":
-    arguments = [int(a) for a in sys.argv[1:3]]
-    asyncio.run(main(*(arguments + [2000, 10][len(arguments):])))
+    if sys.argv[1:2] == ["models"]:
+        provider: Provider = "anthropic" if sys.argv[2:3] == ["anthropic"] else "openai"
+        asyncio.run(models_profile(provider, int(sys.argv[3]) if len(sys.argv) > 3 else 256))
+    else:
+        arguments = [int(a) for a in sys.argv[1:3]]
+        asyncio.run(end_to_end_profile(*(arguments + [2000, 10][len(arguments):])))
