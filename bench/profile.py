@@ -4,8 +4,10 @@ costliest functions by the share of its samples spent in them (self) and under t
 (inclusive, casetrail's own code only).
 
     python -m bench.profile [cases] [cycles]      # default 2000 cases of 10 cycles
-    python -m bench.profile models [provider] [concurrency]   # the worker alone, with a
-                                  # real provider's SDK against the 300 ms model (bench/models.py)
+    python -m bench.profile models [provider] [concurrency]
+
+The second samples the worker alone while 1,000 loan cases speak a real provider's wire
+format to the 300 ms model (bench/models.py).
 """
 
 from __future__ import annotations
