@@ -100,11 +100,26 @@ async def test_a_plugin_author_tests_the_agent_in_process_with_the_packages_help
     run = await run_case(AGENT, REQUEST)
     assert run.status == "completed"
     assert run.answer == {"decision": "approve", "bouncedPayments12m": 0, "monthlyFee": 10}
-    assert [c["name"] for c in run.checks] == ["history-consulted"]
+    assert [c["name"] for c in run.checks] == ["history-consulted", "history-of-the-holder"]
+    assert all(c["passed"] for c in run.checks), run.checks
     assert [call["toolName"] for cycle in run.cycles for call in cycle["toolCalls"]] == [
         "overdraft-history", "monthly-fee"]
     referred = await run_case(AGENT, {**REQUEST, "accountId": "ACC-1231"})  # one bounce
     assert referred.answer is not None and referred.answer["decision"] == "refer"
+
+
+def test_the_holder_check_refuses_another_holders_history_and_names_it() -> None:
+    from casetrail import CheckContext
+    from tests.plugins.overdraft import history_of_the_holder
+
+    def looked_up(name: str) -> CheckContext:
+        return CheckContext(input=REQUEST, answer={"decision": "approve"}, tool_calls=(
+            {"toolName": "overdraft-history",
+             "toolArgs": {"accountId": "ACC-1230", "holderName": name}},))
+
+    assert history_of_the_holder(looked_up("Jo Bloggs")) == (True, "the holder's own history")
+    passed, detail = history_of_the_holder(looked_up("[pii:holderName]"))
+    assert not passed and "[pii:holderName]" in detail
 
 
 class Args(BaseModel):
@@ -166,7 +181,9 @@ async def test_a_plugin_agent_runs_end_to_end_with_its_worker_tool_on_the_bus(
     trail = (await client.get(f"/cases/{case_id}/events")).json()["events"]
     assert trail[-1]["payload"]["checks"] == [{
         "name": "history-consulted", "version": "1", "passed": True, "blocking": True,
-        "detail": "the history was consulted"}]
+        "detail": "the history was consulted"}, {
+        "name": "history-of-the-holder", "version": "1", "passed": True, "blocking": True,
+        "detail": "the holder's own history"}]
     calls = await pool.fetch(
         "SELECT tool_name, tool_source, tool_args::text AS args FROM react_tool_calls "
         "WHERE case_id = $1 ORDER BY cycle_index, call_index", uuid.UUID(case_id))

@@ -51,7 +51,9 @@ ASK_A_PERSON_SPEC = ToolSpec(
 @dataclass(frozen=True)
 class CheckContext:
     """What a check sees: the case input, every tool call of the case so far as
-    recorded (``toolName``, ``toolArgs``, ``toolResult`` or ``error``), and the answer."""
+    recorded (``toolName``, ``toolArgs``, ``toolResult`` or ``error``), and the answer;
+    a case's sensitive values appear as themselves, not as the signed record's
+    placeholders. Read only: the calls are the recorded events' own values."""
 
     input: JsonObject
     tool_calls: tuple[Mapping[str, Any], ...]

@@ -261,8 +261,9 @@ class RunState:
         return self.deadline - asyncio.get_running_loop().time()
 
     def recorded_calls(self) -> list[Mapping[str, Any]]:
-        """Every tool call of the case so far, as recorded (what the checks see). The
-        cycles sent must be settled first: their values are then the signed ones."""
+        """Every tool call of the case so far, as recorded (what the checks see), with
+        the case's sensitive values themselves, not their placeholders. Read once the
+        cycles sent are settled: they are then in the trail, whatever a check does."""
         return self.tool_calls + [call for event in self.cycles_sent
                                   for call in event.wire_values()["payload"]["toolCalls"]]
 

@@ -62,6 +62,15 @@ def history_consulted(case: CheckContext) -> tuple[bool, str]:
         else "refer: a person decides"
 
 
+def history_of_the_holder(case: CheckContext) -> tuple[bool, str]:
+    """The history looked up is the requester's: the check sees the holder's name itself,
+    though the signed record holds its placeholder."""
+    names = {call["toolArgs"]["holderName"] for call in case.calls_to("overdraft-history")}
+    if names - {case.input["holderName"]}:
+        return False, f"the history of another holder: {sorted(names)}"
+    return True, "the holder's own history" if names else "no history looked up"
+
+
 @capability("overdraft-history")
 async def overdraft_history(args: HistoryArgs) -> dict[str, Any]:
     """The bank's record of the account's past overdrafts (here: from its number)."""
@@ -99,7 +108,8 @@ OVERDRAFT = Agent(
                  "then approve or refer.",
     input=OverdraftRequest,
     answer=OverdraftDecision,
-    checks=[Check("history-consulted", "1", history_consulted)],
+    checks=[Check("history-consulted", "1", history_consulted),
+            Check("history-of-the-holder", "1", history_of_the_holder)],
     keys=["accountId"],
     tools=[WorkerTool("overdraft-history", args=HistoryArgs,
                       description="Past overdrafts of the account."),
