@@ -110,7 +110,11 @@ Milliseconds = Annotated[
 
 
 def _utc_to_wire(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat, not strftime: a third of the time, for every timestamp of every event;
+    # the same text ("+00:00", always there for an aware UTC time, becomes "Z").
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return value.isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 UtcTimestamp = Annotated[AwareDatetime, PlainSerializer(_utc_to_wire, return_type=str)]
@@ -633,9 +637,13 @@ class EventBase(ContractModel):
         """The envelope as JSON values, the wire form before it is made canonical: made
         once (the event is immutable), so whoever else reads the sent event's values (the
         checks read its tool calls) costs nothing more. Not to be changed by a reader."""
-        if self._wire is None:
-            self._wire = self.model_dump(mode="json", by_alias=True)
-        return self._wire
+        # Kept in the private attributes' dict, read and written directly: pydantic's
+        # attribute access to a private attribute costs microseconds each time.
+        private: dict[str, Any] = self.__pydantic_private__  # type: ignore[assignment]
+        wire: dict[str, Any] | None = private["_wire"]
+        if wire is None:
+            wire = private["_wire"] = self.model_dump(mode="json", by_alias=True)
+        return wire
 
     def __eq__(self, other: object) -> bool:
         """Events are equal when their fields are (the values made for the wire aside)."""
@@ -649,7 +657,7 @@ class EventBase(ContractModel):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False
                    ) -> Self:
         copy = super().model_copy(update=update, deep=deep)
-        copy._wire = None  # the copy's values are its own
+        copy.__pydantic_private__["_wire"] = None  # type: ignore[index]  # its own values
         return copy
 
     @property

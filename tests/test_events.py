@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.events import (
     EVENT_ID_NAMESPACE,
@@ -190,3 +192,19 @@ def test_one_vocabulary_of_statuses_in_python_sql_and_the_migrations() -> None:
     assert {status_for(t) for t in TERMINAL_EVENT_TYPES} == set(ENDED_STATUSES)
     assert status_for("CASE_TIMED_OUT") is CaseStatus.TIMED_OUT
     assert status_for("REACT_CYCLE") is None
+
+
+@given(when=st.datetimes(min_value=datetime(1000, 1, 1), timezones=st.timezones()))
+@settings(max_examples=500, deadline=None)
+def test_a_timestamp_is_written_in_utc_with_microseconds_and_z_from_any_zone(
+    when: datetime,
+) -> None:
+    """The wire form of every timestamp: ISO 8601 in UTC, microseconds always, ``Z``,
+    the same text as ``strftime("%Y-%m-%dT%H:%M:%S.%fZ")`` of the same instant."""
+    payload = CaseCompletedPayload(
+        cycles_completed=1, token_totals=TokenUsage(input_tokens=1, output_tokens=1),
+        answer={"decision": "approve"})
+    event = make_event(CASE, 1, 1, payload, occurred_at=when)
+    written = event.wire_values()["occurredAt"]
+    assert written == when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert event_from_json(event.to_json()).occurred_at == when.astimezone(UTC)
