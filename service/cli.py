@@ -160,6 +160,7 @@ def api(
         uvicorn.run(
             application, host=host or settings.api_host, port=port or settings.api_port,
             log_level="warning", access_log=False,
+            timeout_keep_alive=settings.api_keep_alive_seconds,
             # Live streams (a case waiting for a person keeps its stream open) would
             # hold a graceful stop forever: they get this long, then are closed.
             timeout_graceful_shutdown=STREAMS_CLOSE_SECONDS,

@@ -311,6 +311,12 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     max_body_bytes: int = Field(default=256 * 1024, description="Larger request bodies get 413.")
+    api_keep_alive_seconds: int = Field(
+        default=65, gt=0,
+        description="How long the API keeps an idle HTTP connection open. Longer than "
+        "the idle expiry of the clients and proxies in front of it (httpx 5 s, load "
+        "balancers commonly 60 s): a server that closes first can close a connection just "
+        "as a client sends on it, and the client sees the request fail.")
     stream_ping_seconds: float = Field(default=15.0, gt=0, description="A comment line on "
                                        "an idle event stream this often (keeps proxies from "
                                        "closing it; a revoked key's stream ends at one).")

@@ -63,6 +63,7 @@ async def serve_api(settings: Settings) -> AsyncIterator[str]:
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="on",
+                                           timeout_keep_alive=settings.api_keep_alive_seconds,
                                            timeout_graceful_shutdown=STREAMS_CLOSE_SECONDS))
     task = asyncio.create_task(server.serve())
     while not server.started:

@@ -306,3 +306,28 @@ async def test_sigterm_lets_the_worker_finish_the_case_it_holds(
     # waiting for a person (no worker holds it).
     assert case["status"] == "awaiting_review" and case["attempts"] == 1
     assert case["answer"]["decision"] == "refer"
+
+
+async def test_the_api_keeps_an_idle_connection_longer_than_its_clients_do(
+    processes: dict[str, Any],
+) -> None:
+    """An idle connection outlives the client's own expiry (httpx drops its idle
+    connections after 5 s): the API must not be the one to close it, or a request sent
+    as it closes fails. Two requests on one socket, 6 s apart."""
+    host, port = processes["base_url"].removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    request = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    try:
+        for pause in (0, 6):
+            await asyncio.sleep(pause)
+            writer.write(request)
+            await writer.drain()
+            status = await asyncio.wait_for(reader.readline(), 10)
+            assert status.startswith(b"HTTP/1.1 200"), (pause, status)
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            await reader.readexactly(length)
+    finally:
+        writer.close()
