@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,7 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
         for i in range(consumers):
             stack.spawn("consumer" if i == 0 else f"consumer-{i}", "consumer")
         stack.spawn("ledger", "ledger")  # every feature on: the transparency log too
+        sampling = ExitStack()  # py-spy on three of them, when profiling
         try:
             await wait_ready(f"http://127.0.0.1:{settings.api_port}")
             body: dict[str, Any] = {"agent": "throughput-probe", "input": {"cycles": cycles}}
@@ -119,9 +120,9 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
                 body["input"]["resultBytes"] = result_bytes
             if cycles > 50:  # the agent's own limit; the bench's cap allows more
                 body["limits"] = {"maxCycles": cycles, "deadlineSeconds": 600}
-            samplers = [] if profile is None else [
-                sample(stack.children[name].pid, profile / f"{name}.txt")
-                for name in ("api", "worker-0", "consumer")]
+            for name in ("api", "worker-0", "consumer"):
+                sampling.enter_context(sampled(stack.children[name].pid,
+                                               profile and profile / f"{name}.txt"))
             tree = await pool.fetchval(TREE_SIZE_SQL)
             since = await pool.fetchval("SELECT clock_timestamp()")
             before = {n: cpu_seconds(c.pid) for n, c in stack.children.items()} | service_cpu()
@@ -133,14 +134,13 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
             assert counted is not None
             last, total_cycles, events = counted
             after = {n: cpu_seconds(c.pid) for n, c in stack.children.items()} | service_cpu()
-            for sampler in samplers:
-                sampler.send_signal(signal.SIGINT)
-                sampler.wait(60)
+            sampling.close()
             # The log keeps up: a checkpoint holding every stored event, how long after.
             await wait_rows(pool, "SELECT count(*) FROM ledger_checkpoints "
                             "WHERE tree_size >= $1", 1, 120, tree + events)
             logged = time.time()
         finally:
+            sampling.close()
             stack.stop()
     elapsed = float(last) - started
     return {
