@@ -24,8 +24,10 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 WORKDIR /app
 COPY migrations ./migrations
-# Mount point of the worker's signing-key volume, owned by the user that writes it.
-RUN mkdir /keys && chown casetrail /keys
+# Mount points of the key volumes (the worker's signing key, the API's action key) and
+# of their public halves, owned by the user that writes them (a new named volume takes
+# its owner from the image's directory).
+RUN mkdir /keys /public /action-public && chown casetrail /keys /public /action-public
 USER casetrail
 # The API, and each component's metrics port (api, worker, consumer, capability worker).
 EXPOSE 8000 9101 9102 9103 9104 9105

@@ -43,11 +43,14 @@ def bench_settings(**overrides: object) -> Settings:
     url = base.database_url.rsplit("/", 1)[0] + f"/casetrail_bench_{suffix}"
     key_file = Path(_KEYS.name) / f"casetrail-bench-{suffix}.signing-key.pem"
     write_signer(key_file, Signer.generate())
+    action_key = Path(_KEYS.name) / f"casetrail-bench-{suffix}.action-key.pem"
+    write_signer(action_key, Signer.generate())
     log_key = Path(_KEYS.name) / f"casetrail-bench-{suffix}.log-key"
     write_log_key(log_key, NoteSigner.generate(LOG_ORIGIN))
     return base.model_copy(update={
         "database_url": url, "namespace": f"casetrail-bench-{suffix}",
-        "signing_key_file": str(key_file), "bench_mode": True, "max_cycles_cap": 200,
+        "signing_key_file": str(key_file), "action_key_file": str(action_key),
+        "bench_mode": True, "max_cycles_cap": 200,
         "log_key_file": str(log_key), "log_origin": LOG_ORIGIN,
         # A load generator is one tenant starting thousands of cases a second.
         "tenant_max_active_cases": 1_000_000, "tenant_max_starts_per_minute": 10_000_000,

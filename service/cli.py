@@ -143,6 +143,7 @@ def api(
     from service.api import create_app
     from service.api.streams import STREAMS_CLOSE_SECONDS
     from service.errors import PermanentError
+    from service.keyfile import action_signer
     from service.runtime import prepare
     from service.telemetry import tracing
 
@@ -150,6 +151,7 @@ def api(
     settings = get_settings()
     try:
         registry()  # every plugin loaded, or one clear error before anything starts
+        action_signer(settings)  # it signs every person's action: none, no API
         prepare(settings, "api")
     except PermanentError as exc:
         typer.echo(f"casetrail api: {exc}", err=True)

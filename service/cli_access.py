@@ -333,15 +333,20 @@ def signer_public(key_file: Annotated[Path, typer.Argument(help="The PEM key fil
 def signer_register(
     key_file: Annotated[Path, typer.Argument(
         help="The worker's PEM key file, or its public key (base64) in a file.")],
+    actions: Annotated[bool, typer.Option(
+        "--actions", help="The key is the API's action key (CASETRAIL_ACTION_KEY_FILE), "
+        "which signs persons' actions, not a worker's.")] = False,
 ) -> None:
     """Register a worker's key, as the operator (bootstrap URL): events it signs are
     admitted from then on. A worker refuses to start with a key not registered, and no
-    component may register one (setup registers CASETRAIL_SIGNING_KEY_FILE)."""
+    component may register one (setup registers CASETRAIL_SIGNING_KEY_FILE, and
+    CASETRAIL_ACTION_KEY_FILE as an action key)."""
     from service.errors import CasetrailError
     from service.setup import register_signing_key
 
     try:
-        key = run(register_signing_key(get_settings(), key_file))
+        key = run(register_signing_key(get_settings(), key_file,
+                                       "action_keys" if actions else "signing_keys"))
     except CasetrailError as exc:
         typer.echo(f"casetrail signer register: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -350,14 +355,18 @@ def signer_register(
 
 
 @signer_app.command("list")
-def signer_list() -> None:
+def signer_list(
+    actions: Annotated[bool, typer.Option(
+        "--actions", help="The registered action keys instead of the workers' keys.")] = False,
+) -> None:
     """The registered keys, one a line: key id, created, retired, not valid after."""
     from service.store import KeyRegistry, create_pool
 
     async def describe(settings: Settings) -> list[dict[str, Any]]:
         pool = await create_pool(settings.database_url, max_size=1)
         try:
-            return await KeyRegistry(pool).describe()
+            return await KeyRegistry(pool, "action_keys" if actions else "signing_keys"
+                                     ).describe()
         finally:
             await pool.close()
 

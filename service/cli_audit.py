@@ -170,6 +170,9 @@ def _report(report: Any, raw: bool) -> None:
                            f"{reviewer.get('subject')} (via {via}) at {review['reviewedAt']}")
             if report.log is not None:
                 typer.echo(_log_summary(report.log))
+            for warning in report.warnings:
+                typer.echo(f"warning: attempt {warning.attempt} seq {warning.seq}: "
+                           f"{warning.code}: {warning.message}")
         return
     typer.echo(f"NOT verified: {report.first_problem()}"
                + (f" (+{len(report.problems) - 1} more)" if len(report.problems) > 1 else ""),
@@ -256,6 +259,11 @@ def verify_bundle_command(
     trust_witness: Annotated[list[str] | None, typer.Option(
         "--trust-witness", help="A witness's verifier key (cosignature/v1) or a file with "
         "one; its cosignature is then required. Repeatable.")] = None,
+    trust_action: Annotated[list[str] | None, typer.Option(
+        "--trust-action", help="An action key you trust (base64, or a trust file of "
+        "such lines; repeatable): every person's action the trail records (reviews, "
+        "answers) must be signed by one. Without it their signatures are not checked, "
+        "and the report says so.")] = None,
     log: Annotated[str | None, typer.Option(
         "--log", help="The log's base URL (the API's): also check that the log today still "
         "extends the bundle's checkpoint (nothing removed or rewritten since).")] = None,
@@ -273,7 +281,9 @@ def verify_bundle_command(
         log_keys = [verifier_key(t) for t in trust_log or []]
         witnesses = [verifier_key(t) for t in trust_witness or []]
         bundle = orjson.loads(bundle_file.read_bytes())
-        report = verify_bundle(bundle, keys, log_keys, witnesses)
+        actions = None if trust_action is None else [
+            key.public_key for t in trust_action for key in trusted_keys(t)]
+        report = verify_bundle(bundle, keys, log_keys, witnesses, actions)
         if log is not None:
             if not log_keys:
                 raise BundleError("--log needs --trust-log: the log's answers are checked "

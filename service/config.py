@@ -263,6 +263,19 @@ class Settings(BaseSettings):
         "for `casetrail setup` to register where it must not read the private key; "
         "otherwise setup registers CASETRAIL_SIGNING_KEY_FILE's.",
     )
+    action_key_file: str | None = Field(
+        default=None,
+        description="The API's Ed25519 action key (PEM, from `casetrail signer generate`): "
+        "it signs every action of a person's (a review, an answer, a cancel of a waiting "
+        "case), and the worker acts only on actions signed by a registered action key. The "
+        "API refuses to start without one. Its own file, never the secrets file.",
+    )
+    action_public_key_file: str | None = Field(
+        default=None,
+        description="The public half of the API's action key, for `casetrail setup` to "
+        "register where it must not read the private key; otherwise setup registers "
+        "CASETRAIL_ACTION_KEY_FILE's.",
+    )
 
     rabbitmq_node: str | None = Field(
         default=None, description="The node `casetrail setup` runs rabbitmqctl against "

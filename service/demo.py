@@ -22,7 +22,7 @@ from service.config import LOCAL_DIR, Settings
 from service.events import EVENT_TYPES, PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES
 from service.evidence import Evidence, verify_bundle
 from service.integrity import public_key_text
-from service.keyfile import ensure_local_signer, worker_signer
+from service.keyfile import ensure_local_action_key, ensure_local_signer, worker_signer
 from service.ledger.sequencer import ensure_local_log_key, log_signer
 from service.ledger.store import LedgerStore
 from service.ledger.witness import LogClient, LogMisbehaved, LogUnreachable, Witness
@@ -72,7 +72,7 @@ async def _wait_ready(base_url: str, stack: Stack, timeout: float = 60.0) -> Non
 
 async def run_stack(settings: Settings) -> int:
     """``casetrail up``: the whole stack as child processes until Ctrl-C or SIGTERM."""
-    settings = ensure_local_log_key(ensure_local_signer(settings))
+    settings = ensure_local_action_key(ensure_local_log_key(ensure_local_signer(settings)))
     report = await setup(settings)
     _say(f"migrations: {', '.join(report.migrations) or 'up to date'}; components run as "
          f"their own identities ({report.secrets_file})")
@@ -199,7 +199,7 @@ async def _prepare(settings: Settings) -> tuple[Settings, str, str]:
     """A signing key for the worker, the identities and schema (``casetrail setup``), an
     API key for the demo's requests (tenant ``default``, the scopes a case needs), and
     one for the person who reviews what waits for one (another person: four eyes)."""
-    settings = ensure_local_log_key(ensure_local_signer(settings))
+    settings = ensure_local_action_key(ensure_local_log_key(ensure_local_signer(settings)))
     await setup(settings)
     pool = await create_pool(settings.database_url, max_size=1)
     try:

@@ -516,6 +516,16 @@ class CaseAwaitingReviewPayload(CaseTotals):
         return data
 
 
+class SignedPersonAction(ContractModel):
+    """A person's action as the API signed it: the object (digests of its free text,
+    never the text), the action key's id and the Ed25519 signature over
+    ``casetrail/person-action/v1\n`` followed by the object's RFC 8785 bytes."""
+
+    signed: JsonObject
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    sig: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+
+
 class Reviewer(ContractModel):
     """A person as authenticated: the OIDC subject, or the person an API key was made
     for. Never an email: events cannot be erased."""
@@ -549,12 +559,17 @@ class CaseReviewedPayload(ContractModel):
         "agent's answer schema.")
     reason: str = Field(min_length=1, description="Why, in the reviewer's words.")
     reviewed_at: UtcTimestamp
+    action: SignedPersonAction | None = Field(
+        default=None, description="What the API signed with its action key when it kept "
+        "the review (docs/bundle.md, \"A person's action\"); absent on reviews recorded "
+        "before actions were signed.")
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
-        if data.get("decision") is None:
-            data.pop("decision", None)
+        for key in ("decision", "action"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
 

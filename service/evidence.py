@@ -75,8 +75,10 @@ class Evidence:
             return report
         stored = await self.store.find_by_case_and_types(case_id, with_body=True)
         keys = {k.key_id: k for k in await self.keys.all()}
+        action_keys = {k.key_id: k for k in await self.keys.sibling("action_keys").all()}
         report = verify_trail(str(case_id), trail_events(stored), keys,
-                              case_ended=row["status"] in ENDED_STATUSES)
+                              case_ended=row["status"] in ENDED_STATUSES,
+                              action_keys=action_keys)
         gone = logged.keys() - {e.event_id for e in stored}
         if gone:
             report.problems.append(Problem(None, None, "removed_after_logging",
@@ -167,11 +169,14 @@ class TrustedKey:
 
 def verify_bundle(bundle: Any, trusted: Sequence[bytes | TrustedKey],
                   log_keys: Sequence[Verifier] = (),
-                  witnesses: Sequence[Verifier] = ()) -> Report:
+                  witnesses: Sequence[Verifier] = (),
+                  action_keys: Sequence[bytes] | None = None) -> Report:
     """Check a bundle against ``trusted`` public keys alone: nothing the bundle says of
     its keys (a ``notValidAfter`` included) counts. Its log proofs are always checked
     against its checkpoint; with ``log_keys`` the checkpoint must be signed by one and
-    every event logged, with ``witnesses`` cosigned by each.
+    every event logged, with ``witnesses`` cosigned by each; with ``action_keys`` every
+    person's action must be signed by one of them (without, their signatures are not
+    checked and the report warns so).
 
     An event signed with a key the auditor trusts only until a time verifies only when a
     trusted witness cosigned a checkpoint that includes it before that time (C2SP
@@ -207,7 +212,9 @@ def verify_bundle(bundle: Any, trusted: Sequence[bytes | TrustedKey],
                                   integrity.hash if integrity else None,
                                   proof if isinstance(proof, str) else None))
     status = (bundle.get("case") or {}).get("status")
-    report = verify_trail(case_id, trail, keys, case_ended=status in ENDED_STATUSES)
+    report = verify_trail(case_id, trail, keys, case_ended=status in ENDED_STATUSES,
+                          action_keys=None if action_keys is None else {
+                              key_id(k): PublicKey(key_id(k), k) for k in action_keys})
     log = bundle.get("log")
     checkpoint = log.get("checkpoint") if isinstance(log, dict) else None
     checkpoint = checkpoint if isinstance(checkpoint, str) else None

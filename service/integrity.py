@@ -220,6 +220,16 @@ def signature_valid(public_key: bytes, hash_hex: str, sig: str) -> bool:
     return True
 
 
+def message_signature_valid(public_key: bytes, message: bytes, sig: str) -> bool:
+    """Whether ``sig`` is the Ed25519 signature by ``public_key`` of ``message`` itself
+    (a person's action: service/person_actions.py), checked by libsodium as above."""
+    try:
+        VerifyKey(public_key).verify(message, _unb64url(sig))
+    except (BadSignatureError, ValueError, TypeError, binascii.Error):
+        return False
+    return True
+
+
 class Signer:
     """An Ed25519 signing key: signs chain hashes as the worker emits."""
 
@@ -253,6 +263,10 @@ class Signer:
 
     def sign(self, hash_hex: str) -> str:
         return _b64url(self._sodium.sign(bytes.fromhex(hash_hex)).signature)
+
+    def sign_message(self, message: bytes) -> str:
+        """The signature of ``message`` itself (base64url, no padding)."""
+        return _b64url(self._sodium.sign(message).signature)
 
     def seal(self, prev_hash: str, body: bytes) -> Integrity:
         """The integrity of ``body`` chained after ``prev_hash``."""

@@ -1,4 +1,5 @@
-"""Signing keys on disk: the worker's Ed25519 key as a PEM file only its owner reads."""
+"""Signing keys on disk: the worker's Ed25519 key and the API's action key, each a PEM
+file only its owner reads."""
 
 from __future__ import annotations
 
@@ -71,3 +72,27 @@ def ensure_local_signer(settings: Settings) -> Settings:
         write_signer(path, Signer.generate())
     os.environ["CASETRAIL_SIGNING_KEY_FILE"] = str(path.resolve())
     return settings.model_copy(update={"signing_key_file": str(path.resolve())})
+
+
+def action_signer(settings: Settings) -> Signer:
+    """The API's action key, from ``CASETRAIL_ACTION_KEY_FILE``; without one the API must
+    not run (it signs every person's action it keeps)."""
+    if not settings.action_key_file:
+        raise PermanentError(
+            "CASETRAIL_ACTION_KEY_FILE is not set: the API signs every action of a person's "
+            "(reviews, answers, cancels of a waiting case). Create a key with `casetrail "
+            "signer generate -o FILE`, register it with `casetrail signer register --actions "
+            "FILE` (setup does it for CASETRAIL_ACTION_KEY_FILE) and point the variable at it.")
+    return read_signer(Path(settings.action_key_file))
+
+
+def ensure_local_action_key(settings: Settings) -> Settings:
+    """For a developer stack (``up``, ``demo``): the configured action key, or one made and
+    kept under ``.casetrail/`` for this namespace, beside (never inside) the secrets file."""
+    if settings.action_key_file:
+        return settings
+    path = LOCAL_DIR / f"{settings.namespace}.action-key.pem"
+    if not path.exists():
+        write_signer(path, Signer.generate())
+    os.environ["CASETRAIL_ACTION_KEY_FILE"] = str(path.resolve())
+    return settings.model_copy(update={"action_key_file": str(path.resolve())})

@@ -150,6 +150,7 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
     messages: list[ChatMessage] = []
     parked: Parked | None = None
     returns = 0
+    reviewers: list[str] = []
     answer: Any = None
     for step in steps:
         if step.event_type == "REACT_CYCLE":
@@ -169,6 +170,7 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
             review = CaseReviewedPayload.model_validate(
                 restore(dict(step.payload), values) if values else step.payload)
             parked = dataclasses.replace(parked, review=review)
+            reviewers.append(review.reviewer.subject)
             if review.verdict == "return":  # the model answers again
                 returns += 1
                 messages.append(returned_note(messages, review.reason))
@@ -180,7 +182,7 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
         tool_calls=tuple(call for cycle in cycles for call in cycle.get("toolCalls") or ()),
         rejections=sum(1 for cycle in cycles if cycle.get("answerRejected")),
         answer=answer if isinstance(answer, dict) else None,
-        parked=parked, returns=returns)
+        parked=parked, returns=returns, reviewers=tuple(reviewers))
 
 
 async def record_so_far(store: CaseStore, keys: KeyRegistry, case_id: uuid.UUID, attempt: int,

@@ -59,6 +59,7 @@ from service.migrate import (
 )
 from service.sensitive import Vault
 from service.store import CapabilityKeyRegistry, KeyRegistry, create_pool
+from service.store.keys import KeyTable
 from service.verification import PublicKey
 
 log = logging.getLogger("casetrail.setup")
@@ -196,7 +197,7 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at, "
         f"start_confirmed_at, start_publishing_until) ON cases TO {api}",
         f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls, "
-        f"case_decisions, case_reviews "
+        f"case_decisions, case_reviews, action_keys "
         f"TO {api}",
         # ... keeps what a person did about a case waiting for one (a review, a cancel),
         # once per wait: the worker records it in the trail.
@@ -212,9 +213,17 @@ def grants(settings: Settings) -> list[str]:
         # start command. It emits events on the bus only, and never writes
         # signing_keys: keys are registered by an operator (`signer register`).
         f"GRANT SELECT ON cases, event_log, signing_keys, case_secrets, capability_keys, "
-        f"case_actions TO {worker}",
+        f"case_actions, action_keys TO {worker}",
         f"GRANT UPDATE (attempts_claimed, lease_owner, lease_expires_at, terminal_published, "
-        f"start_resent_at, parked_attempt, parked_at, review_due_at) ON cases TO {worker}",
+        f"start_resent_at, parked_attempt, parked_at, review_due_at, wait_kind, "
+        f"wait_call_id, wait_excludes) ON cases TO {worker}",
+        # ... and moves an action it refuses to act on (no action key signed it, or it
+        # breaks the wait's rules) out of the wait's way, kept for the investigation.
+        f"GRANT DELETE ON case_actions TO {worker}",
+        # ... and knows the person behind the key that started a case (four eyes),
+        # never a key's hash or scopes.
+        f"GRANT SELECT (key_id, person) ON api_keys TO {worker}",
+        f"GRANT INSERT ON case_actions_refused TO {worker}",
         # The consumer appends to the log and folds each batch into the case row; no
         # UPDATE, DELETE or TRUNCATE on the log (and the triggers refuse them anyway).
         f"GRANT SELECT, INSERT ON event_log TO {consumer}",
@@ -569,6 +578,10 @@ async def setup(settings: Settings) -> SetupReport:
     key_file = settings.signing_public_key_file or settings.signing_key_file
     if key_file:
         await register_signing_key(settings, Path(key_file))
+    # The API's action key, likewise: no component may register one.
+    action_file = settings.action_public_key_file or settings.action_key_file
+    if action_file:
+        await register_signing_key(settings, Path(action_file), "action_keys")
     await register_capability_keys(settings, identities)
     apply_broker_definitions(settings, broker_definitions(settings, identities))
     await declare_topology(settings)
@@ -578,14 +591,15 @@ async def setup(settings: Settings) -> SetupReport:
                        namespace_users(settings), settings.secrets_path())
 
 
-async def register_signing_key(settings: Settings, key_file: Path) -> PublicKey:
-    """``casetrail signer register``: record the public key of ``key_file`` (a worker's
-    PEM key, or its public half) in ``signing_keys``, on the bootstrap connection;
-    idempotent."""
+async def register_signing_key(settings: Settings, key_file: Path,
+                               table: KeyTable = "signing_keys") -> PublicKey:
+    """``casetrail signer register [--actions]``: record the public key of ``key_file``
+    (a worker's PEM key or the API's action key, or its public half) in ``signing_keys``
+    (or ``action_keys``), on the bootstrap connection; idempotent."""
     public_key = read_public_key(key_file)
     pool = await create_pool(settings.database_url, max_size=1)
     try:
-        return await KeyRegistry(pool).register(key_id(public_key), public_key)
+        return await KeyRegistry(pool, table).register(key_id(public_key), public_key)
     finally:
         await pool.close()
 

@@ -19,6 +19,14 @@ Each problem names the attempt and seq it was found at and a machine-readable co
     after_terminal    an event other than an administrative one (CASE_ERASED) after it
     after_parked      an event after CASE_AWAITING_REVIEW in the same attempt (the attempt
                       that waits for a person ends there; the next one goes on)
+    bad_action        a person's action (a review, an answer) carries a malformed signed
+                      action, or one for another case, person, verdict or text
+    bad_action_signature  the action's signature does not hold under the action keys
+                      (registered, or trusted: ``--trust-action``)
+
+Warnings, which do not fail a trail: ``unsigned_action`` (a review or answer recorded
+before persons' actions were signed), ``action_unchecked`` (no action keys were given
+to check its signature against).
 
 An attempt that ends with ``CASE_AWAITING_REVIEW`` is parked, not cut short: the case
 waits for a person (``parked``), and its trail is complete so far.
@@ -34,7 +42,13 @@ from typing import Any
 import orjson
 
 from service.events import ADMINISTRATIVE_EVENT_TYPES, PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES
-from service.integrity import GENESIS, Integrity, chain_hash, signature_valid
+from service.integrity import GENESIS, Integrity, IntegrityError, chain_hash, signature_valid
+from service.person_actions import (
+    SignedAction,
+    answer_problem,
+    review_problem,
+    signature_problem,
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,8 @@ class Report:
     reviews: list[dict[str, Any]] = field(default_factory=list)
     """Who reviewed the case, from the signed ``CASE_REVIEWED`` events: reviewer,
     verdict, decision, when."""
+    warnings: list[Problem] = field(default_factory=list)
+    """What was not checked, or was recorded before it could be (never a failure)."""
 
     @property
     def verified(self) -> bool:
@@ -98,6 +114,8 @@ class Report:
                 "problems": [p.as_json() for p in self.problems],
                 **({"parked": True} if self.parked else {}),
                 **({"reviews": self.reviews} if self.reviews else {}),
+                **({"warnings": [w.as_json() for w in self.warnings]}
+                   if self.warnings else {}),
                 **({"log": self.log} if self.log is not None else {})}
 
     def first_problem(self) -> str:
@@ -166,9 +184,12 @@ def _check_signed(event: TrailEvent, prev_hash: str, keys: Mapping[str, PublicKe
 
 
 def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, PublicKey],
-                 *, case_ended: bool = False) -> Report:
+                 *, case_ended: bool = False,
+                 action_keys: Mapping[str, PublicKey] | None = None) -> Report:
     """Check ``events`` (any order) of one case; ``case_ended`` when the case's own record
-    says it ended, so a missing terminal event is a problem even on a short trail."""
+    says it ended, so a missing terminal event is a problem even on a short trail.
+    Persons' actions are checked against ``action_keys`` (``None``: their signatures are
+    not checked, and the report says so)."""
     report = Report(case_id)
     by_attempt: dict[int, list[TrailEvent]] = {}
     for event in events:
@@ -197,6 +218,8 @@ def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, 
                 event_type = (envelope or {}).get("eventType") or event.columns.get("eventType")
                 if event_type == "CASE_REVIEWED" and envelope is not None:
                     report.reviews.append(_review_of(attempt, event.seq, envelope))
+                if envelope is not None and event_type in ("CASE_REVIEWED", "REACT_CYCLE"):
+                    _check_actions(report, (attempt, event.seq), envelope, action_keys)
                 prev_hash = event.integrity.hash
                 head = prev_hash
             if ended and event_type not in ADMINISTRATIVE_EVENT_TYPES:
@@ -231,6 +254,45 @@ def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, 
                                        "terminal event"))
     report.problems.sort(key=lambda p: (p.attempt or 0, -1 if p.seq is None else p.seq))
     return report
+
+
+def _check_actions(report: Report, at: tuple[int, int], envelope: Mapping[str, Any],
+                   action_keys: Mapping[str, PublicKey] | None) -> None:
+    """The persons' actions an event records (a review, or answers to the model's
+    questions): each the one its signed action says, signed by an action key."""
+    payload = envelope.get("payload") or {}
+    if not isinstance(payload, Mapping):
+        return
+    found: list[tuple[Any, Any]] = []  # (signed action or None, how it is compared)
+    if envelope.get("eventType") == "CASE_REVIEWED":
+        found.append((payload.get("action"), lambda a: review_problem(
+            report.case_id, envelope.get("tenantId"), at[0], payload, a)))
+    for call in payload.get("toolCalls") or ():
+        result = call.get("toolResult") if isinstance(call, Mapping) else None
+        if isinstance(result, Mapping) and "answeredBy" in result:
+            found.append((result.get("action"), lambda a, c=call, r=result: answer_problem(
+                report.case_id, envelope.get("tenantId"), at[0], c.get("toolCallId"), r, a)))
+    for raw, compare in found:
+        if raw is None:
+            report.warnings.append(Problem(*at, "unsigned_action", "a person's action "
+                                           "recorded before actions were signed"))
+            continue
+        try:
+            action = SignedAction.from_json(raw)
+        except IntegrityError as exc:
+            report.problems.append(Problem(*at, "bad_action", str(exc)))
+            continue
+        mismatch = compare(action)
+        if mismatch is not None:
+            report.problems.append(Problem(*at, "bad_action", mismatch))
+        if action_keys is None:
+            report.warnings.append(Problem(*at, "action_unchecked", f"the signature of a "
+                                           f"person's action (action key {action.key_id}) "
+                                           "was not checked: no action keys given"))
+            continue
+        problem = signature_problem(action, action_keys)
+        if problem is not None:
+            report.problems.append(Problem(*at, "bad_action_signature", problem))
 
 
 def _review_of(attempt: int, seq: int, envelope: Mapping[str, Any]) -> dict[str, Any]:

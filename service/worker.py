@@ -56,7 +56,7 @@ from service.bus.rpc import BusWorkerRuntime, RetryPolicy
 from service.bus.topology import Topology
 from service.commands import CancelCommand, CaseStartCommand, EraseCommand, InvalidCommand
 from service.config import ReviewPolicy, Settings, get_settings
-from service.engine.case import CancelSignal, CaseSpec, GivenAnswer
+from service.engine.case import CancelSignal, CaseSpec, GivenAnswer, Parked
 from service.engine.chat import ChatModel
 from service.engine.loop import ReactEngine
 from service.engine.tools import ToolBox, WorkerCallResult, WorkerRuntime, mcp_capability
@@ -81,6 +81,7 @@ from service.events import (
 from service.integrity import Signer
 from service.keyfile import worker_signer
 from service.mcptools import Catalogs
+from service.person_actions import PersonAction, WaitKind, vet_action
 from service.providers import ModelFactory
 from service.resume import record_so_far
 from service.runtime import component
@@ -94,6 +95,7 @@ from service.store import (
     KeyRegistry,
     ParkedAction,
     RecordedCase,
+    Wait,
 )
 from service.supervisor import run_until_signal
 from service.sweeper import StrandedCaseSweeper
@@ -184,6 +186,9 @@ class CaseWorker:
     secrets: CaseSecrets
     keys: KeyRegistry
     """The registered signing keys: a resumed attempt checks the record it resumes."""
+    action_keys: KeyRegistry = field(init=False)
+    """The registered action keys: a person's action is recorded only when one signed
+    it."""
     caps: Caps = field(default_factory=lambda: Caps.from_settings(get_settings()))
     models: Callable[[ModelRef, AgentProfile], ChatModel] = field(
         default_factory=lambda: ModelFactory(get_settings())
@@ -224,6 +229,7 @@ class CaseWorker:
         return sum(1 for live in self._live.values() if live.slot)
 
     def __post_init__(self) -> None:
+        self.action_keys = self.keys.sibling("action_keys")
         self._claims = Coalescer(
             lambda ids: self.store.claim_many(ids, self.owner, self.lease_seconds)
         )
@@ -440,27 +446,13 @@ class CaseWorker:
             resumption, deadline_at = await record_so_far(
                 self.store, self.keys, case_id, attempt, values, limits.deadline_seconds)
         parked = None if resumption is None else resumption.parked
+        reviewers = () if resumption is None else resumption.reviewers
         if parked is not None and parked.review is None:
-            # Waiting for a person: go on only with what one did about this wait, or a
-            # cancel (a review taken before the cancel is recorded first).
-            action = claim.action if claim.action is not None \
-                and claim.action.parked_attempt == parked.attempt else None
-            cancelled = claim.cancel_reason is not None or (
-                action is not None and action.kind == "cancel")
-            if action is not None and action.kind == "review" and parked.question is None:
-                review, restart_reason = _recorded_review(action), "review"
-            if action is not None and action.kind == "answer" and parked.question is not None:
-                given, restart_reason = _given_answer(action), "answer"
-            if cancelled:
-                restart_reason = "cancel" if review is None else restart_reason
-                if not live.signal.is_set:
-                    live.signal.cancel(claim.cancel_reason, claim.cancelled_by)
-            elif review is None and given is None:
-                log.info("case %s still waits for a person (attempt %d)", case_id,
-                         parked.attempt)
-                due = self._review_due(agent, case.tenant_id, parked.asked_at)
-                await self._note(lambda: self.store.mark_parked(case_id, parked.attempt, due))
+            went_on = await self._after_wait(case_id, claim, case, agent, parked, reviewers,
+                                             live)
+            if went_on is None:
                 return
+            review, given, restart_reason = went_on
         policy = self.review_policy(case.tenant_id)
         spec = CaseSpec(
             case_id=case_id, attempt=attempt, agent=agent.name,
@@ -491,9 +483,101 @@ class CaseWorker:
             self._sink.redactions.pop(case_id, None)
         if isinstance(ended, CaseAwaitingReview):
             due = self._review_due(agent, case.tenant_id, ended.occurred_at)
-            await self._note(lambda: self.store.mark_parked(case_id, attempt, due))
+            waiting = ended.payload
+            asked = None if waiting.question is None else waiting.question.call_id
+            so_far = (*reviewers, *(() if review is None else (review.reviewer.subject,)))
+            await self._note(lambda: self._mark_parked(
+                case_id, case, attempt, asked, waiting.review_reasons, so_far, due))
         else:
             await self._mark_ended(case_id)
+
+    async def _after_wait(self, case_id: uuid.UUID, claim: Claim, case: RecordedCase,
+                          agent: AgentProfile, parked: Parked, reviewers: tuple[str, ...],
+                          live: LiveCase
+                          ) -> tuple[CaseReviewedPayload | None, GivenAnswer | None,
+                                     str | None] | None:
+        """A case waiting for a person goes on only with what one did about this wait,
+        or a cancel (a review taken before the cancel is recorded first): the review or
+        answer to record and why the attempt runs; ``None`` when it still waits (noted
+        again). An action the worker cannot check is refused, and the wait re-opens."""
+        review, given, restart_reason = None, None, claim.restart_reason
+        action = claim.action if claim.action is not None \
+            and claim.action.parked_attempt == parked.attempt else None
+        if action is not None and not await self._acceptable(case_id, case, agent, parked,
+                                                             reviewers, action):
+            action = None
+        cancelled = claim.cancel_reason is not None or (
+            action is not None and action.kind == "cancel")
+        if action is not None and action.kind == "review" and parked.question is None:
+            review, restart_reason = _recorded_review(action), "review"
+        if action is not None and action.kind == "answer" and parked.question is not None:
+            given, restart_reason = _given_answer(action), "answer"
+        if cancelled:
+            restart_reason = "cancel" if review is None else restart_reason
+            if not live.signal.is_set:
+                live.signal.cancel(claim.cancel_reason, claim.cancelled_by)
+        elif review is None and given is None:
+            log.info("case %s still waits for a person (attempt %d)", case_id, parked.attempt)
+            due = self._review_due(agent, case.tenant_id, parked.asked_at)
+            asked = None if parked.question is None else parked.question.call_id
+            await self._note(lambda: self._mark_parked(
+                case_id, case, parked.attempt, asked, parked.reasons, reviewers, due))
+            return None
+        return review, given, restart_reason
+
+    async def _mark_parked(self, case_id: uuid.UUID, case: RecordedCase, attempt: int,
+                           asked: str | None, reasons: Sequence[str],
+                           reviewers: Sequence[str], due: datetime) -> None:
+        """Note the wait beside the parked attempt: what it waits for, and the persons
+        it excludes (the starter; on a second review, whoever reviewed the case)."""
+        kind: WaitKind = "question" if asked is not None else \
+            "second_review" if "second_review" in reasons else "review"
+        starter = await self.store.person_of(case.started_by)
+        excludes = {*(() if starter is None else (starter,)),
+                    *(reviewers if kind == "second_review" else ())}
+        await self.store.mark_parked(case_id, Wait(attempt, kind, asked,
+                                                   tuple(sorted(excludes))), due)
+
+    async def _acceptable(self, case_id: uuid.UUID, case: RecordedCase, agent: AgentProfile,
+                          parked: Parked, reviewers: tuple[str, ...],
+                          action: ParkedAction) -> bool:
+        """Whether the kept ``action`` may be recorded: signed by a registered action
+        key, for the wait this worker's trail records, four eyes kept, an override
+        within the answer schema. Otherwise it is moved out of the wait's way (kept in
+        ``case_actions_refused``), logged and counted, and the case waits again."""
+        kind: WaitKind = "question" if parked.question is not None else \
+            "second_review" if "second_review" in parked.reasons else "review"
+        given = action.decision or {}
+        answered = action.kind == "answer"
+        expected = PersonAction(
+            case_id, case.tenant_id, parked.attempt, kind, action.kind, action.acted_at,
+            person=action.reviewer,
+            by=action.signed.signed.get("by") if action.signed and action.kind == "cancel"
+            else None,
+            verdict=action.verdict, reason=action.reason,
+            decision=action.decision if action.kind == "review" else None,
+            call_id=given.get("callId") if answered else None,
+            answer=given.get("answer") if answered else None)
+        errors: tuple[str, ...] = ()
+        if action.verdict == "override":
+            checked = None if agent.answering is None else agent.answering.validate(
+                action.decision)
+            errors = ("the agent declares no answer schema",) if checked is None else \
+                tuple(checked[1]) if checked[0] is None else ()
+        keys = {k.key_id: k for k in await self.action_keys.all()}
+        refusal = vet_action(
+            expected, action.signed, keys,
+            asked=None if parked.question is None else parked.question.call_id,
+            starter=await self.store.person_of(case.started_by), reviewers=reviewers,
+            decision_errors=errors)
+        if refusal is None:
+            return True
+        log.error("case %s: the %s kept for its wait (attempt %d) is refused (%s: %s); it "
+                  "is kept in case_actions_refused and the case waits for a person again",
+                  case_id, action.kind, parked.attempt, refusal.code, refusal.message)
+        metrics.PERSON_ACTIONS_REFUSED.labels(refusal.code).inc()
+        await self.store.refuse_action(case_id, parked.attempt, refusal.message, refusal.code)
+        return False
 
     async def _record_erasure(self, message: Delivery) -> None:
         """Append the signed CASE_ERASED after the case's last event, once Postgres
@@ -624,14 +708,16 @@ async def run_worker(settings: Settings) -> None:
 
 
 def _recorded_review(action: ParkedAction) -> CaseReviewedPayload:
-    """The review the API kept, as ``CASE_REVIEWED`` records it."""
+    """The review the API kept, as ``CASE_REVIEWED`` records it, with what it signed."""
     return CaseReviewedPayload.model_validate({
         "reviewer": action.reviewer, "verdict": action.verdict, "decision": action.decision,
-        "reason": action.reason, "reviewedAt": action.acted_at})
+        "reason": action.reason, "reviewedAt": action.acted_at,
+        "action": None if action.signed is None else action.signed.as_json()})
 
 
 def _given_answer(action: ParkedAction) -> GivenAnswer:
     """A person's answer to the model's question, as the API kept it."""
     given = action.decision or {}
     return GivenAnswer(str(given.get("callId")), str(given.get("answer")),
-                       dict(action.reviewer or {}), action.acted_at)
+                       dict(action.reviewer or {}), action.acted_at,
+                       None if action.signed is None else action.signed.as_json())

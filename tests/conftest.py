@@ -77,6 +77,8 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     key_file = tmp_path_factory.mktemp("keys") / "worker-signing-key.pem"
     write_signer(key_file, Signer.generate())  # the tests make their own keys
     namespace = f"casetrail-test-{suffix}"
+    action_key = key_file.parent / "api-action-key.pem"
+    write_signer(action_key, Signer.generate())  # the API's: it signs persons' actions
     log_key = key_file.parent / "log-key"
     write_log_key(log_key, NoteSigner.generate(LOG_ORIGIN))
     return Settings(
@@ -90,6 +92,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         lease_seconds=3.0,
         tool_timeout_seconds=2.0,
         signing_key_file=str(key_file),
+        action_key_file=str(action_key),
         secrets_file=str(key_file.parent / "identities.json"),
         bench_mode=True,  # the tests use slow scripted models (latencyMs)
         # Any free port for each component's metrics: beside a demo stack, and beside

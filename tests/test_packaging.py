@@ -141,8 +141,9 @@ def test_compose_is_hardened() -> None:
 @pytest.mark.parametrize(("component", "maker", "variable"), [
     ("worker", "signing-key", "CASETRAIL_SIGNING_KEY_FILE"),
     ("ledger", "log-key", "CASETRAIL_LOG_KEY_FILE"),
+    ("api", "action-key", "CASETRAIL_ACTION_KEY_FILE"),
 ])
-def test_the_worker_and_the_ledger_sign_with_keys_only_they_mount(
+def test_the_worker_the_ledger_and_the_api_sign_with_keys_only_they_mount(
     component: str, maker: str, variable: str,
 ) -> None:
     service = OURS[component]

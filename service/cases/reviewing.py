@@ -14,18 +14,20 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from service.agents import AGENTS
 from service.auth import REVIEW_SCOPE, Principal
 from service.bus.start_commands import send_start
-from service.cases.errors import Conflict, Forbidden, Invalid, Issue, NotFound
+from service.cases.errors import Conflict, Forbidden, Invalid, Issue, NotAccepted, NotFound
 from service.cases.reading import owned
 from service.cases.services import CaseServices
 from service.cases.text import refuse_unstorable
 from service.errors import BusUnavailable, PublishRejected
 from service.events import ENDED_STATUSES, CaseStatus
-from service.store import principal_names, utc_text
+from service.person_actions import PersonAction, sign_action
+from service.store import Wait, principal_names, utc_text
 
 log = logging.getLogger("casetrail.cases")
 
@@ -54,31 +56,67 @@ async def review(services: CaseServices, principal: Principal, case_id: uuid.UUI
                  ) -> Reviewed:
     """Confirm the agent's decision, override it with ``decision`` (valid for the
     agent's answer schema), or return the case to the model with ``reason`` as its note.
-    ``Forbidden`` for whoever started the case; ``Conflict`` when it is not waiting for
-    review or somebody already reviewed this wait."""
+    ``Forbidden`` for whoever started the case (and, on a second review, whoever
+    reviewed it before); ``Conflict`` when it is not waiting for review or somebody
+    already reviewed this wait."""
     reviewer = _reviewer_of(principal)
     _text(reason, "reason")
     row = await _four_eyes(services, principal, case_id)
     decided = _decision(row, verdict, decision)
-    wait = await services.store.latest_wait(case_id)
-    if wait is not None and wait[1].get("question") is not None:
+    wait = await _current_wait(services, case_id)
+    if wait.kind == "question":
         raise Conflict(f"case {case_id} waits for an answer to the model's question "
-                       f"{wait[1]['question']['callId']} (POST /cases/{case_id}/answer), not "
-                       "for a review")
-    if wait is not None and "second_review" in wait[1].get("reviewReasons", ()) \
-            and await services.store.earlier_reviewer(case_id, wait[0]) == principal.person:
-        raise Forbidden(f"{principal.person} overrode case {case_id}'s decision: a second "
-                        "person confirms, changes or returns it (four eyes)")
-    kept = await services.store.record_action(case_id, "review", verdict=verdict,
-                                              reason=reason, decision=decided,
-                                              reviewer=reviewer)
-    if kept == "taken":
-        raise Conflict(f"case {case_id} has already been reviewed; it goes on from that "
-                       "review")
-    if kept == "not_parked":
-        raise Conflict(f"case {case_id} is not awaiting review")
+                       f"{wait.call_id} (POST /cases/{case_id}/answer), not for a review")
+    _not_excluded(principal, case_id, wait)
+    await _keep(services, PersonAction(
+        case_id, row["tenant_id"], wait.attempt, wait.kind, "review", datetime.now(UTC),
+        person=reviewer, verdict=verdict, reason=reason, decision=decided),
+        reviewer, decided, principal.person)
     await _go_on(services, row)
     return Reviewed(case_id, verdict, reviewer)
+
+
+async def _current_wait(services: CaseServices, case_id: uuid.UUID) -> Wait:
+    """The wait the worker noted; ``Conflict`` when there is none, or it has been
+    acted on."""
+    wait = await services.store.current_wait(case_id)
+    if wait is None:
+        raise Conflict(f"case {case_id} is not awaiting review")
+    if wait.acted:
+        raise Conflict(f"case {case_id} has already been reviewed (or answered); it goes "
+                       "on from that")
+    return wait
+
+
+def _not_excluded(principal: Principal, case_id: uuid.UUID, wait: Wait) -> None:
+    """Four eyes, as the wait was noted: ``Forbidden`` for a person it excludes."""
+    if principal.person in wait.excludes:
+        if wait.kind == "second_review":
+            raise Forbidden(f"{principal.person} reviewed case {case_id} before: a second "
+                            "person confirms, changes or returns the override (four eyes)")
+        raise Forbidden(f"{principal.person} started case {case_id}: another person reviews "
+                        "it (four eyes)")
+
+
+async def _keep(services: CaseServices, action: PersonAction,
+                reviewer: dict[str, str] | None, decision: dict[str, Any] | None,
+                person: str | None) -> None:
+    """Sign ``action`` with the API's action key and keep it, checked again in the same
+    statement against the wait it answers."""
+    if services.action_signer is None:
+        raise NotAccepted("this process holds no action key (CASETRAIL_ACTION_KEY_FILE): a "
+                          "person's action is kept only signed")
+    signed = sign_action(services.action_signer, action)
+    kept = await services.store.record_action(action, signed, reviewer, decision, person)
+    if kept == "taken":
+        raise Conflict(f"case {action.case_id} has already been "
+                       f"{'answered' if action.kind == 'answer' else 'reviewed'}; it goes on "
+                       "from that")
+    if kept == "moved":
+        raise Conflict(f"case {action.case_id}'s wait changed while this was kept; look at "
+                       "the case again")
+    if kept == "not_parked":
+        raise Conflict(f"case {action.case_id} is not waiting for a person")
 
 
 def _text(value: str, field: str) -> None:
@@ -111,19 +149,19 @@ async def answer(services: CaseServices, principal: Principal, case_id: uuid.UUI
     reviewer = _reviewer_of(principal)
     _text(text, "answer")
     row = await _four_eyes(services, principal, case_id)
-    wait = await services.store.latest_wait(case_id)
-    asked = None if wait is None else wait[1].get("question")
-    if asked is None:
+    wait = await services.store.current_wait(case_id)
+    if wait is None or wait.kind != "question":
         raise Conflict(f"case {case_id} waits for no answer to a question")
-    if asked["callId"] != call_id:
+    if wait.call_id != call_id:
         raise Invalid(Issue(("body", "callId"), f"the case waits on question "
-                                                f"{asked['callId']!r}, not {call_id!r}"))
-    kept = await services.store.record_action(case_id, "answer", reviewer=reviewer,
-                                              decision={"callId": call_id, "answer": text})
-    if kept == "taken":
+                                                f"{wait.call_id!r}, not {call_id!r}"))
+    if wait.acted:
         raise Conflict(f"the question {call_id} of case {case_id} has already been answered")
-    if kept == "not_parked":
-        raise Conflict(f"case {case_id} is not waiting for a person")
+    _not_excluded(principal, case_id, wait)
+    await _keep(services, PersonAction(
+        case_id, row["tenant_id"], wait.attempt, wait.kind, "answer", datetime.now(UTC),
+        person=reviewer, call_id=call_id, answer=text), reviewer,
+        {"callId": call_id, "answer": text}, principal.person)
     await _go_on(services, row)
     return Reviewed(case_id, "answer", reviewer)
 
@@ -162,13 +200,24 @@ async def _go_on(services: CaseServices, row: dict[str, Any]) -> None:
                     "sends it again", row["case_id"], exc)
 
 
-async def cancel_parked(services: CaseServices, row: dict[str, Any]) -> bool:
-    """Keep a cancel of a case waiting for a person as what was done about its wait
-    (the next attempt records ``CASE_CANCELLED``); ``False`` when it is not waiting (it
-    runs, or goes on from a review: then it is cancelled as a running case is)."""
+async def cancel_parked(services: CaseServices, row: dict[str, Any], by: str | None
+                        ) -> bool:
+    """Keep a cancel of a case waiting for a person (by ``by``), signed, as what was
+    done about its wait (the next attempt records ``CASE_CANCELLED``); ``False`` when it
+    is not waiting (it runs, or goes on from a review: then it is cancelled as a running
+    case is)."""
     if row["status"] != CaseStatus.AWAITING_REVIEW and row["parked_attempt"] is None:
         return False
-    return await services.store.record_action(row["case_id"], "cancel") == "recorded"
+    wait = await services.store.current_wait(row["case_id"])
+    if wait is None or wait.acted:
+        return False
+    try:
+        await _keep(services, PersonAction(
+            row["case_id"], row["tenant_id"], wait.attempt, wait.kind, "cancel",
+            datetime.now(UTC), by=by), None, None, None)
+    except Conflict:
+        return False
+    return True
 
 
 async def after_cancel(services: CaseServices, row: dict[str, Any]) -> None:
@@ -180,14 +229,20 @@ async def open_reviews(services: CaseServices, principal: Principal, *,
                        checks_failed: bool | None = None, overdue: bool | None = None,
                        limit: int = 100) -> list[dict[str, Any]]:
     """The caller's tenant's cases waiting for a person, oldest wait first."""
-    if not (principal.allows(REVIEW_SCOPE) or principal.allows("cases:read")):
-        raise Forbidden("listing reviews needs the scope 'cases:review' or 'cases:read'")
+    _may_read_reviews(principal)
     tenant = None if principal.tenant == "*" else principal.tenant
     rows = await services.store.open_reviews(tenant, agent, decision, checks_failed, limit,
                                              overdue=overdue)
     names = await principal_names(services.pool, (row["started_by"] for row in rows))
     return [review_item(row) | {"startedByName": names.get(row["started_by"])}
             for row in rows]
+
+
+def _may_read_reviews(principal: Principal) -> None:
+    """The review queue shows a case's answer, checks and starter: for those who review
+    or may read cases, never for a key that may only cancel or override models."""
+    if not (principal.allows(REVIEW_SCOPE) or principal.allows("cases:read")):
+        raise Forbidden("reading reviews needs the scope 'cases:review' or 'cases:read'")
 
 
 def review_item(row: dict[str, Any]) -> dict[str, Any]:
@@ -216,6 +271,7 @@ def review_item(row: dict[str, Any]) -> dict[str, Any]:
 async def one_review(services: CaseServices, principal: Principal, case_id: uuid.UUID
                   ) -> dict[str, Any]:
     """One case of the queue; ``NotFound`` when it is not waiting for review."""
+    _may_read_reviews(principal)
     row = await owned(services, principal, case_id)
     found = await services.store.open_reviews(row["tenant_id"], None, None, None, 1, case_id)
     if not found:

@@ -24,6 +24,8 @@ from service.bus.topology import Topology
 from service.config import Settings
 from service.errors import CasetrailError
 from service.evidence import Evidence
+from service.integrity import Signer
+from service.keyfile import action_signer
 from service.ledger.store import LedgerStore
 from service.search import CaseIndex
 from service.sensitive import Vault
@@ -83,6 +85,9 @@ class CaseServices:
     evidence: Evidence
     quotas: TenantLoads
     confirmed_starts: Coalescer[uuid.UUID, Any]
+    action_signer: Signer | None = None
+    """The API's action key (CASETRAIL_ACTION_KEY_FILE): it signs every action of a
+    person's it keeps; without one, no such action is kept."""
     _noting: set[asyncio.Task[None]] = field(default_factory=set)
 
     def note_start_confirmed(self, case_id: uuid.UUID) -> None:
@@ -130,7 +135,8 @@ async def case_services(settings: Settings, *, pool_size: int = 20, patience: fl
                 CaseSecrets(pool, Vault.from_text(settings.master_key_text())), ledger,
                 Evidence(store, KeyRegistry(pool), ledger),
                 TenantLoads(lambda *args: tenant_counts(pool, *args)),
-                Coalescer(store.mark_starts_confirmed))
+                Coalescer(store.mark_starts_confirmed),
+                action_signer(settings) if settings.action_key_file else None)
             try:
                 yield services
             finally:

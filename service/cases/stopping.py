@@ -26,7 +26,7 @@ async def cancel(services: CaseServices, principal: Principal, case_id: uuid.UUI
     row = await owned(services, principal, case_id)
     # A case waiting for a person runs on no worker: the cancel is kept as what was
     # done about its wait, and its next attempt records CASE_CANCELLED.
-    parked = await cancel_parked(services, row)
+    parked = await cancel_parked(services, row, principal.subject)
     outcome = await services.store.request_cancel(case_id, reason, principal.subject)
     if outcome == "unknown":
         raise NotFound(f"no case {case_id}")

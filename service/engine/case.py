@@ -123,6 +123,9 @@ class GivenAnswer:
     answer: str
     answered_by: JsonObject
     answered_at: datetime
+    action: JsonObject | None = None
+    """What the API signed (docs/bundle.md, "A person's action"); the question's
+    result carries it."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,9 @@ class Resumption:
     """The last wait for a person, when the record ends in one (or in its review)."""
     returns: int = 0
     """Times a reviewer returned the case to the model (each allows ``maxCycles`` more)."""
+    reviewers: tuple[str, ...] = ()
+    """The persons who reviewed the case so far, in order (four eyes on a second
+    review)."""
 
 
 @dataclass(frozen=True)

@@ -259,7 +259,8 @@ class ReactEngine:
         asked = parked.asked_at or given.answered_at
         record = ToolCallRecord(
             tool_name=ASK_A_PERSON, tool_args={"question": question.question},
-            tool_result={"answer": given.answer, "answeredBy": given.answered_by},
+            tool_result={"answer": given.answer, "answeredBy": given.answered_by,
+                         **({} if given.action is None else {"action": given.action})},
             tool_source="local", duration=max(given.answered_at - asked, timedelta(0)),
             tool_call_id=question.call_id)
         calls = list(question.tool_calls)

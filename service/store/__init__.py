@@ -15,6 +15,7 @@ from service.store.cases import (
     RecordedCase,
     StoredEvent,
     TrailHead,
+    Wait,
     locked_cases_cte,
 )
 from service.store.keys import (
@@ -56,6 +57,7 @@ __all__ = [
     "StoredEvent",
     "TenantReaders",
     "TrailHead",
+    "Wait",
     "component_pool",
     "create_pool",
     "locked_cases_cte",

@@ -18,6 +18,7 @@ from service.events import (
     CaseStatus,
 )
 from service.integrity import Integrity
+from service.person_actions import PersonAction, SignedAction, WaitKind
 from service.sensitive import SealedValues
 from service.store.pool import _ACTIVE, _ENDED, translate_errors
 
@@ -42,7 +43,9 @@ def _claim_from_row(row: asyncpg.Record) -> Claim:
         )
     action = None if row["action_kind"] is None else ParkedAction(
         row["action_attempt"], row["action_kind"], row["verdict"], row["action_reason"],
-        row["decision"], row["reviewer"], row["acted_at"])
+        row["decision"], row["reviewer"], row["acted_at"],
+        None if row["action_signed"] is None else SignedAction(
+            row["action_signed"], row["action_key_id"], row["action_sig"]))
     return Claim(
         "run", attempt=attempt, cancel_reason=row["cancel_reason"], restart_reason=restart,
         cancelled_by=row["cancelled_by"], case=recorded, action=action,
@@ -144,7 +147,8 @@ WITH current AS MATERIALIZED (
 ), decided AS (
     SELECT c.*, a.parked_attempt AS action_attempt, a.kind AS action_kind, a.verdict,
            a.reason AS action_reason, a.decision,
-           a.reviewer, a.acted_at, CASE
+           a.reviewer, a.acted_at, a.signed AS action_signed, a.key_id AS action_key_id,
+           a.sig AS action_sig, CASE
         WHEN c.terminal_published
              OR c.status IN ({_ENDED})
              OR EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = c.case_id
@@ -171,7 +175,8 @@ WITH current AS MATERIALIZED (
 SELECT d.case_id, d.outcome, d.cancel_reason, d.cancelled_by,
        d.agent, d.tenant_id, d.input, d.model, d.limits, d.started_by,
        d.lease_owner AS previous_owner, d.action_attempt, d.action_kind, d.verdict,
-       d.action_reason, d.decision, d.reviewer, d.acted_at,
+       d.action_reason, d.decision, d.reviewer, d.acted_at, d.action_signed,
+       d.action_key_id, d.action_sig,
        c.attempts_claimed AS attempt,
        s.master_key_id, s.wrapped_key, s.ciphertext
 FROM decided d LEFT JOIN claimed c USING (case_id)
@@ -232,6 +237,22 @@ class ParkedAction:
     decision: dict[str, Any] | None
     reviewer: dict[str, Any] | None
     acted_at: datetime
+    signed: SignedAction | None = None
+    """What the API signed (``None``: a row no action key signed)."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What a parked attempt waits for, as the worker noted it beside ``parked_attempt``:
+    a review, a second person's review of an override, or the answer to the model's
+    question ``call_id``; and the persons who may not act on it."""
+
+    attempt: int
+    kind: WaitKind
+    call_id: str | None = None
+    excludes: tuple[str, ...] = ()
+    acted: bool = False
+    """Somebody already acted on this wait."""
 
 
 @dataclass(frozen=True)
@@ -480,18 +501,53 @@ class CaseStore:
                 lock_name, lapsed_seconds, resend_seconds, limit)
         return [(row["case_id"], row["tenant_id"], row["agent"]) for row in rows]
 
-    async def mark_parked(self, case_id: uuid.UUID, attempt: int, due_at: datetime) -> None:
-        """The worker's note that ``attempt`` ended waiting for a person (its
-        ``CASE_AWAITING_REVIEW`` confirmed): the case holds no lease while it waits,
-        and its review is overdue from ``due_at``. Noting the same wait again keeps
-        when it began."""
+    async def mark_parked(self, case_id: uuid.UUID, wait: Wait, due_at: datetime) -> None:
+        """The worker's note that ``wait.attempt`` ended waiting for a person (its
+        ``CASE_AWAITING_REVIEW`` confirmed), with what it waits for and whom it excludes:
+        the case holds no lease while it waits, and its review is overdue from
+        ``due_at``. Noting the same wait again keeps when it began."""
         async with translate_errors():
             await self._pool.execute(
                 """UPDATE cases SET parked_at = CASE WHEN parked_attempt IS NOT DISTINCT
                                                      FROM $2 THEN parked_at ELSE now() END,
                                     parked_attempt = $2, review_due_at = $3,
+                                    wait_kind = $4, wait_call_id = $5, wait_excludes = $6,
                                     lease_owner = NULL, lease_expires_at = NULL
-                   WHERE case_id = $1""", case_id, attempt, due_at)
+                   WHERE case_id = $1""", case_id, wait.attempt, due_at, wait.kind,
+                wait.call_id, list(wait.excludes))
+
+    async def current_wait(self, case_id: uuid.UUID) -> Wait | None:
+        """The wait the worker noted, when the case has not ended; ``None`` when it waits
+        for nobody (or its wait is not noted yet)."""
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                f"""SELECT parked_attempt, wait_kind, wait_call_id, wait_excludes,
+                           EXISTS (SELECT 1 FROM case_actions a WHERE a.case_id = c.case_id
+                                   AND a.parked_attempt >= c.parked_attempt) AS acted
+                    FROM cases c WHERE case_id = $1 AND NOT terminal_published
+                      AND status NOT IN ({_ENDED}) AND parked_attempt IS NOT NULL
+                      AND wait_kind IS NOT NULL""", case_id)
+        return None if row is None else Wait(row["parked_attempt"], row["wait_kind"],
+                                             row["wait_call_id"], tuple(row["wait_excludes"]),
+                                             row["acted"])
+
+    async def refuse_action(self, case_id: uuid.UUID, parked_attempt: int, why: str,
+                            code: str) -> bool:
+        """Move the action kept for ``parked_attempt`` out of the wait's way into
+        ``case_actions_refused`` (kept for the investigation), so the wait re-opens;
+        ``False`` when there was none."""
+        async with translate_errors():
+            moved = await self._pool.fetchval(
+                """WITH gone AS (DELETE FROM case_actions WHERE case_id = $1
+                                 AND parked_attempt = $2 RETURNING *),
+                        kept AS (INSERT INTO case_actions_refused (case_id, parked_attempt,
+                                     kind, verdict, reason, decision, reviewer, acted_at,
+                                     signed, key_id, sig, why, why_code)
+                                 SELECT case_id, parked_attempt, kind, verdict, reason,
+                                        decision, reviewer, acted_at, signed, key_id, sig,
+                                        $3, $4 FROM gone RETURNING 1)
+                   SELECT count(*) FROM kept""", case_id, parked_attempt, why, code)
+        return bool(moved)
 
     async def mark_terminal_published(self, *case_ids: uuid.UUID) -> None:
         """The worker's note that these cases' terminal events are confirmed by the broker."""
@@ -517,55 +573,48 @@ class CaseStore:
                                                   row["event_type"], row["tenant_id"],
                                                   row["erased"])
 
-    async def record_action(self, case_id: uuid.UUID, kind: str, *, verdict: str | None = None,
-                            reason: str | None = None, decision: dict[str, Any] | None = None,
-                            reviewer: dict[str, Any] | None = None
-                            ) -> Literal["recorded", "taken", "not_parked"]:
-        """Keep what a person did about the case's wait (once per wait, atomically):
-        ``taken`` when somebody already acted on this wait, ``not_parked`` when the case
-        is not waiting (or has ended)."""
+    async def record_action(self, action: PersonAction, signed: SignedAction,
+                            reviewer: dict[str, Any] | None, decision: dict[str, Any] | None,
+                            excluded: str | None
+                            ) -> Literal["recorded", "taken", "moved", "not_parked"]:
+        """Keep what a person did about the case's wait, with what the API signed, in one
+        statement that checks it against the same parked attempt the API read: that
+        attempt still waits, for this kind of action (and question), the person
+        (``excluded``) is not one it excludes, and nobody acted on it yet. ``taken``
+        when somebody did, ``moved`` when the wait is no longer the one read (or now
+        excludes the person), ``not_parked`` when the case waits for nobody."""
         async with translate_errors():
-            # The wait is the latest: as the worker noted it, or as the consumer stored
-            # its CASE_AWAITING_REVIEW (whichever is further along).
             row = await self._pool.fetchrow(
                 f"""WITH waiting AS (
-                        SELECT case_id, greatest(parked_attempt, (
-                            SELECT max(e.attempt) FROM event_log e WHERE e.case_id = $1
-                              AND e.event_type = '{PARKING_EVENT_TYPE}')) AS parked_attempt
-                        FROM cases
+                        SELECT case_id, parked_attempt, wait_kind, wait_call_id,
+                               wait_excludes FROM cases
                         WHERE case_id = $1 AND NOT terminal_published
-                          AND status NOT IN ({_ENDED})),
+                          AND status NOT IN ({_ENDED}) AND parked_attempt IS NOT NULL
+                          AND wait_kind IS NOT NULL),
+                    fits AS (
+                        SELECT case_id, parked_attempt FROM waiting
+                        WHERE parked_attempt = $2 AND wait_kind = $3
+                          AND wait_call_id IS NOT DISTINCT FROM $4
+                          AND ($5::text IS NULL OR NOT ($5::text = ANY(wait_excludes)))),
                     kept AS (
                         INSERT INTO case_actions (case_id, parked_attempt, kind, verdict,
-                                                  reason, decision, reviewer)
-                        SELECT case_id, parked_attempt, $2, $3, $4, $5, $6 FROM waiting
-                        WHERE parked_attempt IS NOT NULL
+                                                  reason, decision, reviewer, acted_at,
+                                                  signed, key_id, sig)
+                        SELECT case_id, parked_attempt, $6, $7, $8, $9, $10, $11, $12, $13,
+                               $14 FROM fits
                         ON CONFLICT DO NOTHING RETURNING parked_attempt)
-                    SELECT (SELECT count(*) FROM waiting WHERE parked_attempt IS NOT NULL)
-                               AS waiting,
+                    SELECT (SELECT count(*) FROM waiting) AS waiting,
+                           (SELECT count(*) FROM fits) AS fits,
                            (SELECT count(*) FROM kept) AS kept""",
-                case_id, kind, verdict, reason, decision, reviewer)
-        assert row is not None  # an aggregate: always one row
-        return "not_parked" if not row["waiting"] else "recorded" if row["kept"] else "taken"
-
-    async def latest_wait(self, case_id: uuid.UUID) -> tuple[int, dict[str, Any]] | None:
-        """``(attempt, payload)`` of the case's latest ``CASE_AWAITING_REVIEW``."""
-        async with translate_errors():
-            row = await self._pool.fetchrow(
-                f"""SELECT attempt, payload FROM event_log
-                    WHERE case_id = $1 AND event_type = '{PARKING_EVENT_TYPE}'
-                    ORDER BY attempt DESC LIMIT 1""", case_id)
-        return None if row is None else (row["attempt"], row["payload"])
-
-    async def earlier_reviewer(self, case_id: uuid.UUID, wait: int) -> str | None:
-        """The person whose review, kept for a wait before ``wait``, is the latest: the
-        override a ``second_review`` wait holds."""
-        async with translate_errors():
-            person: str | None = await self._pool.fetchval(
-                """SELECT reviewer ->> 'subject' FROM case_actions
-                   WHERE case_id = $1 AND parked_attempt < $2 AND kind = 'review'
-                   ORDER BY parked_attempt DESC LIMIT 1""", case_id, wait)
-        return person
+                action.case_id, action.wait, action.wait_kind, action.call_id, excluded,
+                action.kind, action.verdict, action.reason, decision, reviewer,
+                action.acted_at, signed.signed, signed.key_id, signed.sig)
+        assert row is not None  # aggregates: always one row
+        if not row["waiting"]:
+            return "not_parked"
+        if not row["fits"]:
+            return "moved"
+        return "recorded" if row["kept"] else "taken"
 
     async def review_counts(self) -> list[tuple[str, int, int, datetime | None]]:
         """Per agent: ``(agent, waiting, overdue, oldest wait began)`` of the cases

@@ -37,11 +37,21 @@ class CapabilityKeyRegistry:
         return {r["capability"]: bytes(r["public_key"]) for r in rows}
 
 
-class KeyRegistry:
-    """The public keys events are signed with (``signing_keys``)."""
+KeyTable = Literal["signing_keys", "action_keys"]
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+
+class KeyRegistry:
+    """The public keys events are signed with (``signing_keys``), or, as
+    ``KeyRegistry(pool, "action_keys")``, those persons' actions are signed with (the
+    API's action keys); both registered by an operator alone."""
+
+    def __init__(self, pool: asyncpg.Pool, table: KeyTable = "signing_keys") -> None:
         self._pool = pool
+        self._table = table
+
+    def sibling(self, table: KeyTable) -> KeyRegistry:
+        """The registry of ``table`` on the same pool."""
+        return KeyRegistry(self._pool, table)
 
     async def register(self, key_id: str, public_key: bytes) -> PublicKey:
         """Record a worker's key (idempotent); the key as registered, retired or not.
@@ -52,7 +62,7 @@ class KeyRegistry:
         own (docs/security.md)."""
         async with translate_errors():
             await self._pool.execute(
-                """INSERT INTO signing_keys (key_id, public_key) VALUES ($1, $2)
+                f"""INSERT INTO {self._table} (key_id, public_key) VALUES ($1, $2)
                    ON CONFLICT (key_id) DO NOTHING""", key_id, public_key)
         registered = await self.registered(key_id, public_key)
         assert registered is not None
@@ -63,7 +73,7 @@ class KeyRegistry:
         registered with another public key is a ``PermanentError``."""
         async with translate_errors():
             row = await self._pool.fetchrow(
-                "SELECT key_id, public_key, not_valid_after FROM signing_keys WHERE key_id = $1",
+                f"SELECT key_id, public_key, not_valid_after FROM {self._table} WHERE key_id = $1",
                 key_id)
         if row is None:
             return None
@@ -74,7 +84,8 @@ class KeyRegistry:
     async def all(self) -> list[PublicKey]:
         async with translate_errors():
             rows = await self._pool.fetch(
-                "SELECT key_id, public_key, not_valid_after FROM signing_keys ORDER BY created_at")
+                f"SELECT key_id, public_key, not_valid_after FROM {self._table} "
+                "ORDER BY created_at")
         return [PublicKey(r["key_id"], bytes(r["public_key"]), r["not_valid_after"])
                 for r in rows]
 
@@ -82,8 +93,8 @@ class KeyRegistry:
         """Every key as ``GET /signing-keys`` shows it."""
         async with translate_errors():
             rows = await self._pool.fetch(
-                """SELECT key_id, public_key, created_at, retired_at, not_valid_after
-                   FROM signing_keys ORDER BY created_at""")
+                f"""SELECT key_id, public_key, created_at, retired_at, not_valid_after
+                    FROM {self._table} ORDER BY created_at""")
         return [{"keyId": r["key_id"], "publicKey": public_key_text(bytes(r["public_key"])),
                  "createdAt": utc_text(r["created_at"]), "retiredAt": utc_text(r["retired_at"]),
                  "notValidAfter": utc_text(r["not_valid_after"])} for r in rows]
@@ -93,7 +104,7 @@ class KeyRegistry:
         """From ``not_valid_after`` (default now) on, nothing this key signed verifies."""
         async with translate_errors():
             row = await self._pool.fetchrow(
-                """UPDATE signing_keys SET retired_at = coalesce(retired_at, now()),
+                f"""UPDATE {self._table} SET retired_at = coalesce(retired_at, now()),
                           not_valid_after = coalesce($2, now())
                    WHERE key_id = $1 RETURNING key_id""", key_id, not_valid_after)
         return "retired" if row is not None else "unknown"

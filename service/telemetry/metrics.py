@@ -62,6 +62,12 @@ REVIEWS_OVERDUE = Gauge(
 REVIEW_OLDEST_WAIT_SECONDS = Gauge(
     "casetrail_review_oldest_wait_seconds", "How long the longest-waiting case has waited "
     "for a person, by agent.", ["agent"])
+PERSON_ACTIONS_REFUSED = Counter(
+    "casetrail_person_actions_refused", "Actions kept for a case waiting for a person that "
+    "the worker refused to act on, by reason (unsigned, bad_signature, mismatch, "
+    "wrong_wait, four_eyes, invalid_decision): written without the API's action key, or "
+    "breaking the wait's rules. Each is moved to case_actions_refused and the wait "
+    "re-opens.", ["reason"])
 MODEL_REQUEST_SECONDS = Histogram(
     "casetrail_model_request_duration_seconds", "One model request as the worker saw it, "
     "by provider, model and outcome (ok, retryable, error).",
