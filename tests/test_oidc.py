@@ -130,3 +130,32 @@ async def test_without_oidc_configured_a_jwt_is_just_an_unknown_key(
         reply = await http.get("/agents",
                                headers={"Authorization": f"Bearer {token(signing_key)}"})
     assert reply.status_code == 401
+
+
+async def test_a_token_is_held_to_the_key_rules_and_its_subject_to_plain_text(
+    settings: Settings, stack: InProcessStack, jwks_url: str, signing_key: rsa.RSAPrivateKey,
+) -> None:
+    """``cases:review`` never beside ``cases:start`` (or admin) in one token; a subject
+    with a NUL or another control character, or over 200 characters, is a 401 naming
+    the reason, never a 500 and never stored; a subject as an IdP writes it
+    (``auth0|…``) is accepted as given."""
+    configured = settings.model_copy(update={
+        "oidc_issuer": ISSUER, "oidc_audience": AUDIENCE, "oidc_jwks_url": jwks_url})
+    refused = {
+        "review beside start": (token(signing_key, scope="cases:start cases:read cases:review",
+                                      sub="u-sam-123"), "four eyes"),
+        "review beside admin": (token(signing_key, scope="admin cases:review"), "four eyes"),
+        "NUL in sub": (token(signing_key, sub="sam\u0000"), "control character"),
+        "newline in sub": (token(signing_key, sub="sam\nadmin"), "control character"),
+        "long sub": (token(signing_key, sub="s" * 201), "1 to 200"),
+    }
+    async with serve_api(configured) as base_url, httpx.AsyncClient(base_url=base_url) as http:
+        for why, (bad, reason) in refused.items():
+            reply = await http.post("/cases", headers={"Authorization": f"Bearer {bad}"},
+                                    json={"agent": "loan-officer",
+                                          "input": SAMPLE_APPLICATIONS[0]})
+            assert reply.status_code == 401, (why, reply.text)
+            assert reason in reply.json()["detail"], (why, reply.text)
+        idp = {"Authorization": f"Bearer {token(signing_key, sub='auth0|64f1c2ab9e')}"}
+        me = await http.get("/me", headers=idp)
+        assert me.status_code == 200 and me.json()["person"] == "auth0|64f1c2ab9e", me.text

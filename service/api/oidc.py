@@ -6,13 +6,17 @@ refused. The tenant and the scopes come from configurable claims."""
 from __future__ import annotations
 
 import asyncio
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
 import jwt
 
-from service.auth import SCOPES, TENANT_PATTERN, Principal
+from service.auth import REVIEW_SCOPE, SCOPES, TENANT_PATTERN, AuthError, Principal
 from service.config import Settings
+
+MAX_SUBJECT = 200
+"""The longest ``sub`` kept (a reviewer's subject in the trail holds at most this)."""
 
 ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "PS256", "EdDSA")
 """Asymmetric only: a symmetric algorithm would let the public key sign."""
@@ -41,7 +45,8 @@ class OidcVerifier:
                    settings.oidc_tenant_claim, settings.oidc_scopes_claim)
 
     async def principal(self, token: str) -> Principal | None:
-        """The principal of a valid token, else ``None`` (any reason: 401)."""
+        """The principal of a valid token, else ``None`` (any reason: 401); ``AuthError``
+        naming the reason for a valid token that breaks casetrail's rules (401 too)."""
         try:
             # The JWKS client fetches with urllib: off the event loop.
             signing_key = await asyncio.to_thread(self._jwks.get_signing_key_from_jwt, token)
@@ -56,5 +61,20 @@ class OidcVerifier:
         granted = claims.get(self.scopes_claim, "")
         names = granted.split() if isinstance(granted, str) else \
             [s for s in granted if isinstance(s, str)] if isinstance(granted, list) else []
-        return Principal(tenant, frozenset(s for s in names if s in SCOPES),
-                         f"oidc:{claims['sub']}", str(claims["sub"]))
+        scopes = frozenset(s for s in names if s in SCOPES)
+        if REVIEW_SCOPE in scopes and scopes & {"cases:start", "admin"}:
+            raise AuthError(f"a token may not hold {REVIEW_SCOPE} beside cases:start or admin "
+                            "(four eyes): the identity provider must issue them apart")
+        subject = person_subject(claims["sub"])
+        return Principal(tenant, scopes, f"oidc:{subject}", subject)
+
+
+def person_subject(sub: Any) -> str:
+    """An OIDC ``sub`` as the identity provider wrote it (``auth0|…``, an e-mail, a
+    UUID), stored as given; ``AuthError`` for one that is not text, is empty or over
+    long, or holds a control character (a NUL included)."""
+    if not isinstance(sub, str) or not 1 <= len(sub) <= MAX_SUBJECT:
+        raise AuthError(f"the token's sub must be text of 1 to {MAX_SUBJECT} characters")
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in sub):
+        raise AuthError("the token's sub holds a control character")
+    return sub

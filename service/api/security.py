@@ -22,7 +22,7 @@ from fastapi import HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.api.oidc import OidcVerifier
-from service.auth import ApiKeyRecord, Principal, key_id_of
+from service.auth import ApiKeyRecord, AuthError, Principal, key_id_of
 from service.store import ApiKeyStore
 
 CACHE_SECONDS = 1.0
@@ -75,7 +75,10 @@ def requires(*scopes: str) -> CallerDependency:
         caller: Caller = request.app.state.caller
         if credentials is None:
             raise _unauthorized("an Authorization: Bearer API key is required")
-        principal = await caller.principal(credentials.credentials)
+        try:
+            principal = await caller.principal(credentials.credentials)
+        except AuthError as exc:
+            raise _unauthorized(str(exc)) from None
         if principal is None:
             raise _unauthorized("the API key is unknown, revoked or expired")
         for scope in scopes:

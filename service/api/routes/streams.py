@@ -25,6 +25,7 @@ from service.api.streams import (
     parse_event_id,
     tenant_stream,
 )
+from service.auth import AuthError
 from service.cases.reading import owned, sensitive_values
 from service.config import Settings
 from service.events import ENDED_STATUSES
@@ -39,7 +40,10 @@ def _still_valid(request: Request) -> Callable[[], Awaitable[bool]]:
     caller: Caller = request.app.state.caller
 
     async def check() -> bool:
-        return await caller.principal(token) is not None
+        try:
+            return await caller.principal(token) is not None
+        except AuthError:
+            return False
     return check
 
 
