@@ -32,7 +32,7 @@ from pydantic import BaseModel
 
 from service.agents.profile import AgentProfile
 from service.engine import tools as engine_tools
-from service.engine.answers import Check, Review
+from service.engine.answers import ENGINE_TOOLS, Check, Review
 from service.engine.scripted import ScriptFn
 from service.engine.tools import Capability, ToolSource
 from service.errors import PermanentError
@@ -167,6 +167,10 @@ class Agent:
         names = [tool.name for tool in self.tools]
         if len(set(names)) != len(names):
             raise DeclarationError(f"agent {self.name!r} names a tool twice: {names}")
+        if reserved := sorted(set(names) & ENGINE_TOOLS):
+            raise DeclarationError(f"agent {self.name!r}: the engine offers {reserved} itself "
+                                   "(the answer, a question to a person); give the tool "
+                                   "another name")
         model = self.model or ModelRef(provider="scripted", name=f"{self.name}-scripted")
         if model.provider == "scripted" and self.script is None:
             raise DeclarationError(f"agent {self.name!r}: its model is the scripted provider "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -78,7 +79,6 @@ class ReviewPolicy:
     """The tenant's review deadline; ``None``: the agent's, else the deployment's."""
 
 
-_LOOPBACK = {"localhost", "::1"}
 
 
 def amqp_nodes(url: str) -> list[str]:
@@ -108,12 +108,23 @@ class ModelEndpoint(BaseModel):
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
 
+def _loopback(host: str) -> bool:
+    """``localhost``, or an IP literal of a loopback address (127.0.0.0/8, ::1); never a
+    name that merely starts like one (``127.attacker.example``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _https_or_loopback(value: str, what: str) -> str:
     parts = urlsplit(value)
     host = (parts.hostname or "").lower()
     if parts.scheme == "https" and host:
         return value.rstrip("/")
-    if parts.scheme == "http" and (host in _LOOPBACK or host.startswith("127.")):
+    if parts.scheme == "http" and _loopback(host):
         return value.rstrip("/")
     raise ValueError(f"{what} must be https://, or plain http:// to a loopback address "
                      "only (a key must not cross a network in clear)")

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from pydantic import BaseModel
 
-from casetrail import Agent, DeclarationError, LocalTool, ModelRef, capability
+from casetrail import Agent, DeclarationError, LocalTool, McpTool, ModelRef, capability
 from service.agents import PluginError, discover
 from service.config import Settings
 from tests.helpers import ended
@@ -136,6 +136,15 @@ def test_a_declaration_that_cannot_run_is_refused_with_the_reason() -> None:
     with pytest.raises(DeclarationError, match="answer must be a pydantic model"):
         Agent(name="no-answer", version="1", description="d", instructions="i", input=Args,
               answer=dict, model=ModelRef(provider="openai", name="m")).profile()  # type: ignore[arg-type]
+    brain = ModelRef(provider="openai", name="m")
+    def echo(args: Args) -> str:
+        return args.text
+
+    for reserved in (McpTool("final", "answer"), McpTool("ask", "a_person"),
+                     LocalTool(echo, name="final_answer", description="d")):
+        with pytest.raises(DeclarationError, match="the engine offers"):
+            Agent(name="shadowing", version="1", description="d", instructions="i",
+                  input=Args, answer=Args, model=brain, tools=[reserved]).profile()
     with pytest.raises(DeclarationError, match="one argument annotated with a pydantic model"):
         LocalTool(lambda text: text, name="echo", description="echo")
     with pytest.raises(DeclarationError, match="needs a description"):

@@ -322,7 +322,8 @@ async def test_a_case_on_the_openai_provider_runs_through_the_whole_stack(
     ("https://llm.example.com/v1", True), ("http://127.0.0.1:11434/v1", True),
     ("http://localhost:8080", True), ("http://[::1]:8080/v1", True),
     ("http://10.0.0.7:8080/v1", False), ("http://llm.internal/v1", False),
-    ("ftp://127.0.0.1/v1", False),
+    ("ftp://127.0.0.1/v1", False), ("http://127.attacker.example/v1", False),
+    ("http://127.0.0.1.nip.io/v1", False), ("http://127.8.9.10:8080/v1", True),
 ])
 def test_an_endpoint_is_https_or_loopback(url: str, accepted: bool) -> None:
     """A key must not cross a network in clear: plain http only to this machine."""

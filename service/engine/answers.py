@@ -39,6 +39,8 @@ DEFAULT_ANSWER_RETRIES = 2
 ASK_A_PERSON = "ask_a_person"
 """The tool an agent that asks people questions offers the model: the case waits for a
 person's answer, which is the call's result."""
+ENGINE_TOOLS = frozenset({FINAL_ANSWER, ASK_A_PERSON})
+"""The tools the engine itself offers: no agent's tool may take their names."""
 ASK_A_PERSON_SPEC = ToolSpec(
     ASK_A_PERSON, "Ask a person (a reviewer) one question you cannot answer with your "
     "tools; the case waits until they answer, and their answer is this call's result.",
