@@ -103,6 +103,8 @@ async def running_stack(tmp_path: Path, **overrides: Any) -> AsyncIterator[Stack
     key_file = tmp_path / "worker-signing-key.pem"
     signer = Signer.generate()
     write_signer(key_file, signer)
+    action_key = tmp_path / "api-action-key.pem"
+    write_signer(action_key, Signer.generate())  # the API's: setup registers it
     log_key = tmp_path / "log-key"
     write_log_key(log_key, NoteSigner.generate("casetrail.faults/log"))
     settings = base.model_copy(update={
@@ -110,7 +112,7 @@ async def running_stack(tmp_path: Path, **overrides: Any) -> AsyncIterator[Stack
         "namespace": f"casetrail-faults-{suffix}",
         "lease_seconds": 15.0,
         "tool_timeout_seconds": 2.0,
-        "signing_key_file": str(key_file),
+        "signing_key_file": str(key_file), "action_key_file": str(action_key),
         "log_key_file": str(log_key), "log_origin": "casetrail.faults/log",
         "checkpoint_seconds": 0.5,
         "secrets_file": str(tmp_path / "identities.json"),
