@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service import gc_tuning
 from service.errors import PermanentError
+from service.events import MAX_EVENT_BYTES
 from service.model_providers import RemoteProvider
 
 Component = Literal["api", "worker", "consumer", "capability", "ledger", "witness"]
@@ -354,6 +355,12 @@ class Settings(BaseSettings):
                             "viewer links `casetrail demo` prints); http://<host>:<port> "
                             "when empty.")
     max_cycles_cap: int = Field(default=50, description="Highest maxCycles a case may ask for.")
+    max_event_bytes: int = Field(
+        default=MAX_EVENT_BYTES, ge=65_536, le=MAX_EVENT_BYTES,
+        description="The largest event the worker publishes, in bytes (at most 1 MiB, what "
+        "a consumer accepts): a tool result whose event would be larger is recorded as a "
+        "tool error naming its size and SHA-256, and the model sees that error. Lower it "
+        "for a broker whose max_message_size is smaller.")
     max_deadline_seconds: float = Field(
         default=600.0,
         description="Highest deadline a case may ask for; well below RabbitMQ's 30 min "

@@ -21,6 +21,8 @@ A tool failure is *not* an error here: it is an observation the model sees
 
 from __future__ import annotations
 
+import re
+
 
 class CasetrailError(Exception):
     """Base of every error casetrail raises on purpose."""
@@ -70,3 +72,15 @@ class Reject(PermanentError):
         self.reason = reason
         self.code = code
         """The reason's class, a word (the dead-letter metric's label)."""
+
+
+MAX_MESSAGE = 500
+_CREDENTIAL = re.compile(
+    r"(?i)\b(?:sk|pk|rk|ak|key|token|secret|bearer)[-_ :=]+[A-Za-z0-9*._\-]{6,}")
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")  # http://user:password@proxy
+
+
+def scrub(text: str) -> str:
+    """``text`` with anything shaped like a credential replaced, at most 500 characters."""
+    cleaned = _USERINFO.sub("[redacted]@", _CREDENTIAL.sub("[redacted]", text))
+    return cleaned if len(cleaned) <= MAX_MESSAGE else cleaned[:MAX_MESSAGE] + "…"

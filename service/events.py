@@ -810,7 +810,8 @@ def sql_list(types: Iterable[str]) -> str:
         raise ValueError(f"not event types: {sorted(unknown)}")
     return ", ".join(f"'{t}'" for t in types)
 MAX_EVENT_BYTES = 1_048_576
-"""Events larger than this are refused by the consumer (and never produced)."""
+"""Events larger than this are refused by the consumer, and never produced: the worker
+records a tool result that would make one as a tool error (service/engine/budget.py)."""
 
 
 _ENVELOPE_FIELDS = frozenset(EventBase.model_fields) | {"payload"}

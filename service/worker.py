@@ -68,6 +68,7 @@ from service.errors import (
     TransientError,
 )
 from service.events import (
+    MAX_EVENT_BYTES,
     TERMINAL_EVENT_TYPES,
     CaseAwaitingReview,
     CaseErasedPayload,
@@ -127,10 +128,12 @@ class Caps:
     max_cycles: int = 50
     max_deadline_seconds: float = 600.0
     bench_mode: bool = False
+    max_event_bytes: int = MAX_EVENT_BYTES
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Caps:
-        return cls(settings.max_cycles_cap, settings.max_deadline_seconds, settings.bench_mode)
+        return cls(settings.max_cycles_cap, settings.max_deadline_seconds, settings.bench_mode,
+                   settings.max_event_bytes)
 
     def vet(self, case_id: uuid.UUID, case: RecordedCase) -> tuple[Limits, ModelRef]:
         """The case's limits and model, held to the caps."""
@@ -257,7 +260,8 @@ class CaseWorker:
         await self.topology.require(channel)
         publisher = self._publisher = await Publisher.open(
             self.connection, retry_seconds=self.publish_retry_seconds)
-        self._sink = EventPublisher(publisher, self.topology, self.signer)
+        self._sink = EventPublisher(publisher, self.topology, self.signer,
+                                    max_event_bytes=self.caps.max_event_bytes)
         self._engine = ReactEngine(self._sink, self._sink.redact, TELEMETRY)
         cancel_exchange = await channel.get_exchange(self.topology.cancel_exchange, ensure=False)
         cancel_queue = await channel.declare_queue(
@@ -465,6 +469,7 @@ class CaseWorker:
             agent_digest=agent.digest, review=review, given=given,
             asks_people=agent.asks_people,
             review_every_case=policy.every_case,
+            max_event_bytes=self.caps.max_event_bytes,
             override_reviewers=policy.override_reviewers,
         )
         redaction = Redaction.of(values) if values else None

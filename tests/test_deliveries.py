@@ -108,7 +108,8 @@ async def test_what_a_handler_raises_decides_how_its_message_is_settled(
     topology: Topology,
 ) -> None:
     """Returning acks; ``Reject`` dead-letters with the reason; a ``TransientError``
-    hands the message back, and the broker delivers it again."""
+    hands the message back, and the broker delivers it again; anything else (a bug) is
+    dead-lettered with the exception as its reason, never left unsettled."""
     queue = await private_queue(channel, topology)
     seen: list[tuple[str | None, bool]] = []
 
@@ -118,29 +119,32 @@ async def test_what_a_handler_raises_decides_how_its_message_is_settled(
             raise Reject("poison: cannot be read")
         if delivery.message_id == "flaky" and not delivery.raw.redelivered:
             raise TransientError("database away")
+        if delivery.message_id == "buggy":
+            raise KeyError("choices")
 
     publisher = await Publisher.open(amqp)
     running = TaskPerDelivery(handle, publisher, topology)
     subscription = Subscription(channel, queue, running)
     await subscription.start()
-    for message_id in ("fine", "poison", "flaky"):
+    for message_id in ("fine", "poison", "flaky", "buggy"):
         await publisher.publish("", queue, b"{}", message_id=message_id)
     await wait_for(lambda: ("flaky", True) in seen)
     await running.drain(5)
-    assert sorted(seen) == [("fine", False), ("flaky", False), ("flaky", True),
-                            ("poison", False)]
+    assert sorted(seen) == [("buggy", False), ("fine", False), ("flaky", False),
+                            ("flaky", True), ("poison", False)]
     dead = await channel.get_queue(topology.dead_letter_queue, ensure=False)
     reasons = {}
     for _ in range(100):
         message = await dead.get(no_ack=False, fail=False)
         if message is None:
             break
-        if message.message_id == "poison":
+        if message.message_id in ("poison", "buggy"):
             reasons[message.message_id] = (message.headers or {}).get(REASON_HEADER)
             await message.ack()
         else:
             await message.nack(requeue=True)
-    assert reasons == {"poison": "poison: cannot be read"}
+    assert reasons == {"poison": "poison: cannot be read",
+                       "buggy": "the handler raised KeyError: 'choices'"}
     await subscription.cancel()
     # Nothing is left unsettled: the queue is empty once the consumer is gone.
     declared = await channel.declare_queue(queue, passive=True)

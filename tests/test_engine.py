@@ -241,6 +241,17 @@ async def test_permanent_model_error_fails_the_case() -> None:
     assert "401" in sink.events[-1].payload.message  # type: ignore[union-attr]
 
 
+async def test_a_model_adapter_that_raises_ends_the_case_saying_why() -> None:
+    """A bug in a model adapter or a team's script (here: a KeyError) fails the case as
+    internal_error with the exception, the same on every attempt, instead of leaving the
+    attempt without an end (its start command unsettled, the case stalled)."""
+    sink = await run(Flaky([KeyError("choices")]))
+    assert sink.types == ["CASE_STARTED", "CASE_FAILED"]
+    failed = sink.events[-1].payload
+    assert failed.reason_code == "internal_error"  # type: ignore[union-attr]
+    assert "KeyError" in failed.message and "choices" in failed.message  # type: ignore[union-attr]
+
+
 def test_answer_extraction() -> None:
     assert extract_answer('{"a": 1}') == {"a": 1}
     assert extract_answer('text\n```json\n{"a": 2}\n```') == {"a": 2}

@@ -160,7 +160,8 @@ async def test_401_fails_the_case_with_a_fixed_text_never_the_key(
 
 
 def test_credentials_in_other_provider_messages_are_scrubbed() -> None:
-    from service.providers._errors import scrub, status_error
+    from service.errors import scrub
+    from service.providers._errors import status_error
 
     error = status_error("openai", 400, None, {"error": {"message": (
         "bad request for key sk-live-ABCDEF123456 and token=eyJhbGciOi.abc; " + "x" * 900)}},

@@ -32,10 +32,9 @@ from service.bus.deliveries import Subscription
 from service.bus.publisher import Publisher
 from service.config import Settings
 from service.engine.chat import UserMessage
-from service.errors import ModelUnavailable
+from service.errors import ModelUnavailable, scrub
 from service.migrate import migrate
 from service.providers import ModelFactory
-from service.providers._errors import scrub
 from service.providers.clients import ModelClients, PoolSettings
 from service.providers.openai_compat import OpenAIChatModel
 from service.store import create_pool

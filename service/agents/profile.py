@@ -134,14 +134,19 @@ def case_input(messages: Sequence[ChatMessage]) -> dict[str, Any]:
 
 
 def observed(messages: Sequence[ChatMessage]) -> dict[str, Any]:
-    """Tool results seen so far, by tool name: the parsed JSON, or an ``Exception`` for errors."""
+    """Tool results seen so far, by tool name: the parsed JSON, an ``Exception`` for
+    errors, or the text itself when it is not JSON (an observation shortened to fit the
+    context budget keeps its first characters and says how many it hides)."""
     seen: dict[str, Any] = {}
     for message in messages:
         if isinstance(message, ToolResultMessage):
             if message.is_error:
                 seen[message.tool_name] = RuntimeError(message.content.removeprefix("ERROR: "))
             else:
-                seen[message.tool_name] = orjson.loads(message.content)
+                try:
+                    seen[message.tool_name] = orjson.loads(message.content)
+                except orjson.JSONDecodeError:
+                    seen[message.tool_name] = message.content
     return seen
 
 

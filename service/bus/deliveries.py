@@ -15,7 +15,9 @@ handler touching the channel (:func:`settled`):
 - ``Reject(reason)``: the message goes to the dead-letter exchange with the reason
   in its headers, then ack;
 - a ``TransientError`` (or the task being cancelled on shutdown): nack with
-  requeue, so the broker hands it out again.
+  requeue, so the broker hands it out again;
+- anything else (a bug): logged, then dead-lettered with the exception as its reason
+  (code ``internal_error``) and acked: never left unsettled, holding its place.
 
 The event-log consumer settles its batches itself (one ``multiple`` ack per batch,
 after the commit), with the same dead-letter path for the messages it rejects.
@@ -40,7 +42,7 @@ from service.bus import fastpath
 from service.bus.dead_letter import dead_letter
 from service.bus.publisher import Publisher
 from service.bus.topology import Topology
-from service.errors import BusUnavailable, Reject, TransientError
+from service.errors import BusUnavailable, Reject, TransientError, scrub
 
 log = logging.getLogger("casetrail.bus")
 
@@ -188,6 +190,12 @@ async def settle(delivery: Delivery, outcome: Awaitable[None], *,
             with contextlib.suppress(BusUnavailable):
                 await delivery.nack(requeue=True)
             raise
+        except Exception as exc:  # a bug: set aside with the reason, never left unsettled
+            log.exception("handling message %s raised", delivery.message_id)
+            await dead_letter(dead_letters, topology, delivery,
+                              scrub(f"the handler raised {type(exc).__name__}: {exc}"),
+                              "internal_error")
+            await delivery.ack()
         else:
             await delivery.ack()
     except BusUnavailable as exc:

@@ -40,7 +40,7 @@ from service.bus import fastpath
 from service.bus.properties import Properties
 from service.bus.topology import Topology
 from service.errors import BusUnavailable, CasetrailError, PublishRejected
-from service.events import Event
+from service.events import MAX_EVENT_BYTES, Event
 from service.integrity import GENESIS, Integrity, Signer, canonical
 from service.integrity import HEADER as INTEGRITY_HEADER
 from service.sensitive import Redaction
@@ -216,6 +216,9 @@ class EventPublisher:
     redactions: dict[uuid.UUID, Redaction] = field(default_factory=dict)
     """Per running case with sensitive input: its values, replaced by placeholders in
     every event before it is signed (service/sensitive.py)."""
+    max_event_bytes: int = MAX_EVENT_BYTES
+    """Never published larger (the engine keeps a turn's results within it; this is the
+    last guard)."""
     _heads: dict[tuple[uuid.UUID, int], tuple[int, str]] = field(default_factory=dict)
 
     async def emit(self, event: Event) -> None:
@@ -232,6 +235,10 @@ class EventPublisher:
         redaction = self.redactions.get(event.case_id)
         body = event.to_json() if redaction is None \
             else canonical(redaction.replace_in(event.wire_values()))
+        if len(body) > self.max_event_bytes:
+            raise PublishRejected(f"event {event.seq} of case {event.case_id} is {len(body):,} "
+                                  f"bytes, over the {self.max_event_bytes:,} byte limit: not "
+                                  "published")
         integrity = self.signer.seal(prev_hash, body)
         if event.is_terminal:
             self._heads.pop(chain, None)

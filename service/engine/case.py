@@ -30,6 +30,7 @@ from service.engine.chat import (
 from service.engine.observing import AttemptWatch
 from service.events import (
     DEFAULT_TENANT,
+    MAX_EVENT_BYTES,
     ZERO_USAGE,
     CaseAwaitingReview,
     CaseReviewedPayload,
@@ -190,6 +191,9 @@ class CaseSpec:
     """The model is offered ``ask_a_person``: a question parks the case until answered."""
     given: GivenAnswer | None = None
     """A person's answer to the question the parked case waits on."""
+    max_event_bytes: int = MAX_EVENT_BYTES
+    """The largest event the attempt may emit: a tool result that would make a larger
+    one is recorded as a tool error (service/engine/budget.py)."""
 
 
 KEEP_OF_TRIMMED_OBSERVATION = 200

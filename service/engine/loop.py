@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -46,6 +47,7 @@ from service.engine.answers import (
     refused,
     returned_note,
 )
+from service.engine.budget import within_budget
 from service.engine.case import (
     AttemptEnd,
     CancelSignal,
@@ -70,7 +72,7 @@ from service.engine.chat import (
 from service.engine.observing import NO_OBSERVER, AttemptWatch, Observer
 from service.engine.recorded import cycle_messages
 from service.engine.tools import ToolBox, ToolOutcome, schema_digest
-from service.errors import ModelRejected, ModelUnavailable
+from service.errors import CasetrailError, ModelRejected, ModelUnavailable, scrub
 from service.events import (
     ZERO_USAGE,
     AnswerRejection,
@@ -109,6 +111,8 @@ MODEL_RETRY_ATTEMPTS = 6
 
 OVERLAP_MIN_MODEL_SECONDS = 0.002
 """A model turn at least this long runs while the previous event's confirm is on its way."""
+
+log = logging.getLogger("casetrail.engine")
 
 
 class _Interrupted(Exception):
@@ -221,6 +225,15 @@ class ReactEngine:
                 return await self._failed(
                     state, "model_error", f"provider unavailable after retries: {exc}"
                 )
+            except CasetrailError:
+                raise  # the bus or the store: the attempt is handed back and runs again
+            except Exception as exc:  # a bug in a model adapter, a script or a tool's code
+                # It would fail again on every attempt: the case ends, saying why, instead
+                # of stalling with its start command unsettled.
+                log.exception("case %s attempt %d: a cycle raised", spec.case_id,
+                              spec.attempt)
+                return await self._failed(state, "internal_error", scrub(
+                    f"cycle {state.cycles} raised {type(exc).__name__}: {exc}"))
             if terminal is not None:
                 return terminal
 
@@ -285,7 +298,7 @@ class ReactEngine:
         first = questions[0]
         records = [o.record for o in outcomes]
         text = (first.arguments or {}).get("question")
-        reasoning = turn.text if not turn.thinking else f"{turn.thinking}\n\n{turn.text}".strip()
+        reasoning = _reasoning(turn)
         pending = PendingQuestion(
             call_id=first.id, question=str(text), question_index=list(asked_in).index(first),
             reasoning_text=reasoning, tool_calls=tuple(records), token_usage=turn.usage,
@@ -324,14 +337,16 @@ class ReactEngine:
             # The same key on every attempt: a capability worker that already answered
             # this cycle's call (before its worker died) answers again from memory.
             key = f"{state.spec.case_id}:{state.cycles}"
-            outcomes = await self._guard(state, cancel, tools.run_all(calls, key))
+            outcomes = within_budget(
+                await self._guard(state, cancel, tools.run_all(calls, key)),
+                state.spec.max_event_bytes, _reasoning(turn))
             state.add(*(o.observation for o in outcomes))
         if questions:  # a person answers first; the turn is recorded with the answer
             return await self._ask(state, turn, model, questions, outcomes, asked_in)
         answer, rejected = None, None
         if answering is not None:
             answer, rejected = self._answer_of(state, answering, turn, calls, finals)
-        reasoning = turn.text if not turn.thinking else f"{turn.thinking}\n\n{turn.text}".strip()
+        reasoning = _reasoning(turn)
         sent = await self._send(
             state,
             ReactCyclePayload(
@@ -625,6 +640,11 @@ class ReactEngine:
         pending, state.in_flight = state.in_flight, None
         if pending is not None:
             await pending
+
+
+def _reasoning(turn: AssistantTurn) -> str:
+    """A turn's reasoning as its cycle records it: the model's thinking, then its text."""
+    return turn.text if not turn.thinking else f"{turn.thinking}\n\n{turn.text}".strip()
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

@@ -12,28 +12,16 @@ is replaced, before the message is cut to a bounded length.
 from __future__ import annotations
 
 import email.utils
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from service.errors import ModelRejected, ModelUnavailable
+from service.errors import ModelRejected, ModelUnavailable, scrub
 
 FIXED_TEXTS = {
     401: "authentication failed: the provider refused the configured API key",
     403: "permission denied: the configured API key may not use this model or endpoint",
 }
-MAX_MESSAGE = 500
-_CREDENTIAL = re.compile(
-    r"(?i)\b(?:sk|pk|rk|ak|key|token|secret|bearer)[-_ :=]+[A-Za-z0-9*._\-]{6,}")
-_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")  # http://user:password@proxy
-
-
-def scrub(text: str) -> str:
-    """``text`` with anything shaped like a credential replaced, at most 500 characters."""
-    cleaned = _USERINFO.sub("[redacted]@", _CREDENTIAL.sub("[redacted]", text))
-    return cleaned if len(cleaned) <= MAX_MESSAGE else cleaned[:MAX_MESSAGE] + "…"
-
 TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
 
 

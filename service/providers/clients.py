@@ -41,9 +41,9 @@ import aiohttp
 import orjson
 
 from service import CASETRAIL_VERSION
-from service.errors import ModelUnavailable
+from service.errors import ModelUnavailable, scrub
 from service.model_providers import PROVIDERS
-from service.providers._errors import scrub, status_error
+from service.providers._errors import status_error
 
 log = logging.getLogger("casetrail.models")
 
