@@ -74,6 +74,14 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return []
 
 
+def sensitive_field(model: type[BaseModel], name: str) -> bool:
+    """Whether ``model``'s top-level field ``name`` (its JSON name) is marked sensitive."""
+    for key, field in model.model_fields.items():
+        if (field.alias or key) == name:
+            return any(isinstance(m, Sensitive) for m in field.metadata)
+    return False
+
+
 def sensitive_fields(model: type[BaseModel]) -> bool:
     """Whether ``model`` (or a model inside it) marks any field sensitive."""
     for field in model.model_fields.values():

@@ -288,6 +288,8 @@ async def setup_database(settings: Settings, identities: Identities) -> list[str
     the names of the migration files applied now."""
     owner = settings.database_role("owner")
     database = database_name(settings.database_url)
+    # Everything that could refuse is checked before anything is created.
+    await _check_not_others(settings, "set up")
     admin = await asyncpg.connect(with_database(settings.database_url, "postgres"))
     try:
         await _ensure_role(admin, owner, None)
@@ -361,12 +363,17 @@ async def _refuse_others(conn: asyncpg.Connection, settings: Settings, doing: st
 async def check_removable(settings: Settings) -> None:
     """``PermanentError`` when the namespace's database holds another namespace's
     objects (checked before anything of the namespace is taken down)."""
+    await _check_not_others(settings, "remove a database")
+
+
+async def _check_not_others(settings: Settings, doing: str) -> None:
+    """``_refuse_others`` on the namespace's database, when it exists."""
     try:
         conn = await asyncpg.connect(settings.database_url)
     except asyncpg.InvalidCatalogNameError:
-        return  # no database: only roles and broker objects may be left
+        return  # no database yet (or any more): nobody else's objects in it
     try:
-        await _refuse_others(conn, settings, "remove a database")
+        await _refuse_others(conn, settings, doing)
     finally:
         await conn.close()
 
@@ -375,14 +382,30 @@ async def remove_database(settings: Settings) -> None:
     """Drop the namespace's database and roles; refused (``PermanentError``) when the
     database holds another namespace's objects."""
     await check_removable(settings)
+    readers = await _reader_roles(settings)
     await drop_database(settings.database_url)
     admin = await asyncpg.connect(with_database(settings.database_url, "postgres"))
     try:
-        for role in [*(settings.database_role(c) for c in DATABASE_COMPONENTS),
+        for role in [*readers, *(settings.database_role(c) for c in DATABASE_COMPONENTS),
                      settings.database_role("owner")]:
             await admin.execute(f"DROP ROLE IF EXISTS {quote_ident(role)}")
     finally:
         await admin.close()
+
+
+async def _reader_roles(settings: Settings) -> list[str]:
+    """The tenants' SQL reader roles made in the namespace's database (``casetrail
+    readers create``): login roles of the cluster, which dropping the database leaves."""
+    try:
+        conn = await asyncpg.connect(settings.database_url)
+    except asyncpg.InvalidCatalogNameError:
+        return []
+    try:
+        return [r["role_name"] for r in await conn.fetch("SELECT role_name FROM tenant_readers")]
+    except asyncpg.UndefinedTableError:
+        return []
+    finally:
+        await conn.close()
 
 
 # -- RabbitMQ ----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.cli_access import reader_role as reader_role_of
 from service.config import DATABASE_COMPONENTS, Settings
 from service.errors import PermanentError
 from service.keyfile import worker_signer
@@ -130,6 +131,11 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
 
 async def _removal_asks_then_leaves_nothing(ns: Settings, components: list[str],
                                             pool: asyncpg.Pool) -> None:
+    reader = await asyncio.to_thread(_casetrail, ns, "sql-role", "create", "--tenant", "acme")
+    assert reader.returncode == 0, reader.stderr
+    reader_role = reader_role_of(ns.namespace, "acme")
+    assert await pool.fetchval("SELECT count(*) FROM pg_roles WHERE rolname = $1",
+                               reader_role) == 1
     kept = await asyncio.to_thread(_casetrail, ns, "setup", "--remove")  # asks first
     assert kept.returncode == 1 and "Remove namespace" in kept.stdout  # no answer: no
     assert ns.secrets_path().exists()
@@ -143,6 +149,8 @@ async def _removal_asks_then_leaves_nothing(ns: Settings, components: list[str],
         u["user"] for u in _rabbitmqctl_json("list_users")}
     assert not await pool.fetchval("SELECT count(*) FROM pg_roles WHERE rolname LIKE $1",
                                    ns.namespace + "\\_%")
+    assert not await pool.fetchval("SELECT count(*) FROM pg_roles WHERE rolname = $1",
+                                   reader_role)  # a tenant's reader login goes too
 
 
 @pytest.fixture
@@ -290,6 +298,9 @@ async def test_another_namespace_neither_takes_over_nor_removes_this_ones_databa
     try:
         with pytest.raises(PermanentError, match="holds objects of another namespace"):
             await setup(intruder)
+        made = await pool.fetchval("SELECT count(*) FROM pg_roles WHERE rolname LIKE $1",
+                                   f"{intruder.namespace}%")
+        assert made == 0  # refused before anything was created
         with pytest.raises(PermanentError, match="holds objects of another namespace"):
             await remove(intruder)
         refused = await asyncio.to_thread(_casetrail, intruder, "setup", "--remove", "--yes")

@@ -12,13 +12,13 @@ from typing import Any
 
 from service.agents import AGENTS
 from service.auth import Principal
-from service.cases.errors import Invalid, Issue, NotFound
+from service.cases.errors import Forbidden, Invalid, Issue, NotFound
 from service.cases.services import CaseServices
 from service.cases.text import refuse_unstorable
 from service.errors import PermanentError
 from service.events import EVENT_TYPES, CaseStatus
 from service.search import CaseFilter, Cursor, case_summary
-from service.sensitive import restore
+from service.sensitive import restore, sensitive_field
 from service.store import principal_names, utc_text
 from service.verification import Report
 
@@ -129,7 +129,7 @@ async def search(services: CaseServices, principal: Principal, *, agent: str | N
         raise Invalid(Issue(("query", "checks"), "only 'failed' (cases where a check failed)"))
     wanted = CaseFilter(principal.tenant, agent, status, decision, instant(since, "since"),
                         instant(until, "until"), checks_failed=checks == "failed" or None,
-                        keys=_key_filters(services, key, keyed or {}))
+                        keys=_key_filters(services, principal, key, keyed or {}))
     items, following = await services.index.search(wanted, limit, after)
     return {"items": items, "nextCursor": following.encode() if following else None}
 
@@ -138,11 +138,16 @@ MAX_KEY_LENGTH = 300
 """The longest business key kept or searched (``case_keys.value``)."""
 
 
-def _key_filters(services: CaseServices, key: str | None, keyed: Mapping[str, str]
-                 ) -> tuple[tuple[str | None, tuple[str, ...]], ...]:
+def _key_filters(services: CaseServices, principal: Principal, key: str | None,
+                 keyed: Mapping[str, str]) -> tuple[tuple[str | None, tuple[str, ...]], ...]:
     """What a case's kept keys must hold: the value itself, or the keyed digest a
-    sensitive field's value is kept as."""
+    sensitive field's value is kept as. Searching a sensitive field needs ``pii:read``
+    (else a caller who sees only placeholders could probe which case holds a value);
+    without it a bare ``key`` searches the other fields alone."""
     fields = sorted({field for agent in AGENTS.values() for field in agent.keys})
+    sensitive = {field for agent in AGENTS.values() for field in agent.keys
+                 if sensitive_field(agent.input_model, field)}
+    reads_pii = principal.allows("pii:read")
     vault = services.secrets.vault
     found: list[tuple[str | None, tuple[str, ...]]] = []
     for name, value in keyed.items():
@@ -152,9 +157,13 @@ def _key_filters(services: CaseServices, key: str | None, keyed: Mapping[str, st
         if name not in fields:
             raise Invalid(Issue(("query", f"key.{name}"), f"no agent has a key {name!r}; the "
                                 f"keys are: {', '.join(fields) or 'none'}"))
+        if name in sensitive and not reads_pii:
+            raise Forbidden(f"searching by key.{name} needs the scope 'pii:read': {name} is "
+                            "a sensitive field")
         found.append((name, (value, vault.key_digest(name, value))))
     if key is not None:
-        found.append((None, (key, *(vault.key_digest(f, key) for f in fields))))
+        found.append((None, (key, *(vault.key_digest(f, key) for f in fields
+                                    if reads_pii or f not in sensitive))))
     for name, value in [*keyed.items(), *([("key", key)] if key is not None else [])]:
         refuse_unstorable(value, "query", name if name == "key" else f"key.{name}")
     return tuple(found)
