@@ -32,6 +32,7 @@ from service.cli_cases import cases_app, report, reviews_app
 from service.cli_common import configure_logging as _logging
 from service.cli_common import run as _run
 from service.cli_common import with_evidence
+from service.cli_persons import persons_app
 from service.config import get_settings
 
 T = TypeVar("T")
@@ -461,6 +462,7 @@ app.add_typer(dead_letters_app, name="dead-letters")
 app.add_typer(sql_role_app, name="sql-role")
 app.add_typer(subscribers_app, name="subscribers")
 app.add_typer(signer_app, name="signer")
+app.add_typer(persons_app, name="persons")
 
 app.registered_commands.extend(audit_app.registered_commands)
 

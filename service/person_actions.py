@@ -229,12 +229,14 @@ class Refusal:
 
 def vet_action(expected: PersonAction, signed: SignedAction | None, keys: Mapping[str, Any],
                *, asked: str | None, starter: str | None, reviewers: tuple[str, ...],
-               decision_errors: tuple[str, ...] = ()) -> Refusal | None:
+               person: str | None = None, decision_errors: tuple[str, ...] = ()
+               ) -> Refusal | None:
     """The worker's checks before it records an action: ``expected`` is the action as
     the kept row and the worker's own trail describe it (the wait its trail records,
     ``asked``: the question's call id when it waits for an answer). It must be what a
     registered action key signed, fit the wait, keep four eyes (not the ``starter``; on a
-    second review, none of the ``reviewers`` so far) and, for an override, hold to the
+    second review, none of the ``reviewers`` so far; ``person``: who acts, as four eyes
+    compares persons, default the action's subject) and, for an override, hold to the
     answer schema (``decision_errors`` empty)."""
     if signed is None:
         return Refusal("unsigned", "no action key signed it (written to the database "
@@ -250,7 +252,7 @@ def vet_action(expected: PersonAction, signed: SignedAction | None, keys: Mappin
     if not fits or (expected.kind == "answer" and expected.call_id != asked):
         return Refusal("wrong_wait", f"a {expected.kind} does not answer a "
                                      f"{expected.wait_kind} wait")
-    subject = (expected.person or {}).get("subject")
+    subject = person or (expected.person or {}).get("subject")
     if subject is None:
         return Refusal("wrong_wait", f"a {expected.kind} names no person")
     if starter is not None and subject == starter:

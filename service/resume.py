@@ -150,7 +150,7 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
     messages: list[ChatMessage] = []
     parked: Parked | None = None
     returns = 0
-    reviewers: list[str] = []
+    reviewers: list[tuple[str, str]] = []
     answer: Any = None
     for step in steps:
         if step.event_type == "REACT_CYCLE":
@@ -170,7 +170,7 @@ def resumption(events: Sequence[RecordedEvent], values: Mapping[str, str]
             review = CaseReviewedPayload.model_validate(
                 restore(dict(step.payload), values) if values else step.payload)
             parked = dataclasses.replace(parked, review=review)
-            reviewers.append(review.reviewer.subject)
+            reviewers.append((review.reviewer.via, review.reviewer.subject))
             if review.verdict == "return":  # the model answers again
                 returns += 1
                 messages.append(returned_note(messages, review.reason))

@@ -197,7 +197,7 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at, "
         f"start_confirmed_at, start_publishing_until) ON cases TO {api}",
         f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls, "
-        f"case_decisions, case_reviews, action_keys "
+        f"case_decisions, case_reviews, action_keys, person_identities "
         f"TO {api}",
         # ... keeps what a person did about a case waiting for one (a review, a cancel),
         # once per wait: the worker records it in the trail.
@@ -213,7 +213,7 @@ def grants(settings: Settings) -> list[str]:
         # start command. It emits events on the bus only, and never writes
         # signing_keys: keys are registered by an operator (`signer register`).
         f"GRANT SELECT ON cases, event_log, signing_keys, case_secrets, capability_keys, "
-        f"case_actions, action_keys TO {worker}",
+        f"case_actions, action_keys, person_identities TO {worker}",
         f"GRANT UPDATE (attempts_claimed, lease_owner, lease_expires_at, terminal_published, "
         f"start_resent_at, parked_attempt, parked_at, review_due_at, wait_kind, "
         f"wait_call_id, wait_excludes) ON cases TO {worker}",

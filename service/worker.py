@@ -490,15 +490,16 @@ class CaseWorker:
             due = self._review_due(agent, case.tenant_id, ended.occurred_at)
             waiting = ended.payload
             asked = None if waiting.question is None else waiting.question.call_id
-            so_far = (*reviewers, *(() if review is None else (review.reviewer.subject,)))
+            so_far = (*reviewers, *(() if review is None else (
+                (review.reviewer.via, review.reviewer.subject),)))
             await self._note(lambda: self._mark_parked(
                 case_id, case, attempt, asked, waiting.review_reasons, so_far, due))
         else:
             await self._mark_ended(case_id)
 
     async def _after_wait(self, case_id: uuid.UUID, claim: Claim, case: RecordedCase,
-                          agent: AgentProfile, parked: Parked, reviewers: tuple[str, ...],
-                          live: LiveCase
+                          agent: AgentProfile, parked: Parked,
+                          reviewers: tuple[tuple[str, str], ...], live: LiveCase
                           ) -> tuple[CaseReviewedPayload | None, GivenAnswer | None,
                                      str | None] | None:
         """A case waiting for a person goes on only with what one did about this wait,
@@ -532,19 +533,21 @@ class CaseWorker:
 
     async def _mark_parked(self, case_id: uuid.UUID, case: RecordedCase, attempt: int,
                            asked: str | None, reasons: Sequence[str],
-                           reviewers: Sequence[str], due: datetime) -> None:
+                           reviewers: Sequence[tuple[str, str]], due: datetime) -> None:
         """Note the wait beside the parked attempt: what it waits for, and the persons
-        it excludes (the starter; on a second review, whoever reviewed the case)."""
+        it excludes (the starter; on a second review, whoever reviewed the case), each
+        as four eyes compares persons (identities an operator linked are one)."""
         kind: WaitKind = "question" if asked is not None else \
             "second_review" if "second_review" in reasons else "review"
         starter = await self.store.person_of(case.started_by)
         excludes = {*(() if starter is None else (starter,)),
-                    *(reviewers if kind == "second_review" else ())}
+                    *(await self.store.persons(reviewers) if kind == "second_review"
+                      else ())}
         await self.store.mark_parked(case_id, Wait(attempt, kind, asked,
                                                    tuple(sorted(excludes))), due)
 
     async def _acceptable(self, case_id: uuid.UUID, case: RecordedCase, agent: AgentProfile,
-                          parked: Parked, reviewers: tuple[str, ...],
+                          parked: Parked, reviewers: tuple[tuple[str, str], ...],
                           action: ParkedAction) -> bool:
         """Whether the kept ``action`` may be recorded: signed by a registered action
         key, for the wait this worker's trail records, four eyes kept, an override
@@ -570,10 +573,16 @@ class CaseWorker:
             errors = ("the agent declares no answer schema",) if checked is None else \
                 tuple(checked[1]) if checked[0] is None else ()
         keys = {k.key_id: k for k in await self.action_keys.all()}
+        acting = action.reviewer or {}
+        persons = await self.store.persons([
+            *reviewers, *([(str(acting.get("via")), str(acting["subject"]))]
+                          if acting.get("subject") else [])])
         refusal = vet_action(
             expected, action.signed, keys,
             asked=None if parked.question is None else parked.question.call_id,
-            starter=await self.store.person_of(case.started_by), reviewers=reviewers,
+            starter=await self.store.person_of(case.started_by),
+            reviewers=tuple(persons[:len(reviewers)]),
+            person=persons[len(reviewers)] if acting.get("subject") else None,
             decision_errors=errors)
         if refusal is None:
             return True

@@ -4,13 +4,17 @@ unknown key id, ``alg: none`` and HS256 "signed" with the public key are refused
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import asyncpg
 import httpx
 import jwt
 import pytest
@@ -19,6 +23,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from service.config import Settings
+from service.store import ApiKeyStore
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack, serve_api
 
@@ -159,3 +164,52 @@ async def test_a_token_is_held_to_the_key_rules_and_its_subject_to_plain_text(
         idp = {"Authorization": f"Bearer {token(signing_key, sub='auth0|64f1c2ab9e')}"}
         me = await http.get("/me", headers=idp)
         assert me.status_code == 200 and me.json()["person"] == "auth0|64f1c2ab9e", me.text
+
+
+async def test_four_eyes_compares_persons_across_linked_tokens_and_keys(
+    settings: Settings, stack: InProcessStack, jwks_url: str, signing_key: rsa.RSAPrivateKey,
+    pool: asyncpg.Pool,
+) -> None:
+    """Sam starts a case with his identity provider's token (sub u-sam-123) and holds a
+    reviewer's key made for person "sam". Once an operator links the two
+    (`casetrail persons link oidc:u-sam-123 sam`), neither that key nor another token
+    linked to sam reviews his case (403, four eyes); Rita's does."""
+    configured = settings.model_copy(update={
+        "oidc_issuer": ISSUER, "oidc_audience": AUDIENCE, "oidc_jwks_url": jwks_url})
+    linked = await asyncio.to_thread(_cli, settings, "persons", "link", "oidc:u-sam-123", "sam")
+    assert linked.returncode == 0, linked.stderr
+    also = await asyncio.to_thread(_cli, settings, "persons", "link", "oidc:u-sam-456", "sam")
+    assert also.returncode == 0, also.stderr
+    listed = await asyncio.to_thread(_cli, settings, "persons", "list")
+    assert "oidc:u-sam-123\tsam" in listed.stdout
+    refused = await asyncio.to_thread(_cli, settings, "persons", "link", "sam", "sam")
+    assert refused.returncode == 2 and "oidc:<sub> or key:<person id>" in refused.stderr
+    keys = ApiKeyStore(pool)
+    sams_key = (await keys.create("stark", ("cases:review", "cases:read"), None, None, "sam"))[1]
+    ritas_key = (await keys.create("stark", ("cases:review", "cases:read"), None, None,
+                                   "rita"))[1]
+    starter = token(signing_key, sub="u-sam-123")
+    other_sam = token(signing_key, sub="u-sam-456", scope="cases:review cases:read")
+    async with serve_api(configured) as base_url, httpx.AsyncClient(base_url=base_url) as http:
+        started = await http.post("/cases", headers={"Authorization": f"Bearer {starter}"},
+                                  json={"agent": "loan-officer",
+                                        "input": SAMPLE_APPLICATIONS[1]})  # referred
+        assert started.status_code == 202, started.text
+        case_id = started.json()["caseId"]
+        http.headers["Authorization"] = f"Bearer {starter}"
+        assert (await ended(http, case_id))["status"] == "awaiting_review"
+        confirm = {"verdict": "confirm", "reason": "Referred rightly."}
+        for credential in (sams_key, other_sam):
+            own = await http.post(f"/cases/{case_id}/review", json=confirm,
+                                  headers={"Authorization": f"Bearer {credential}"})
+            assert own.status_code == 403 and "four eyes" in own.text, own.text
+        rita = await http.post(f"/cases/{case_id}/review", json=confirm,
+                               headers={"Authorization": f"Bearer {ritas_key}"})
+        assert rita.status_code == 202, rita.text
+        case = await ended(http, case_id, statuses=("awaiting_review",))
+    assert case["status"] == "completed", case
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
+                          text=True, env=settings.environment(), timeout=60, check=False)

@@ -61,17 +61,18 @@ async def review(services: CaseServices, principal: Principal, case_id: uuid.UUI
     already reviewed this wait."""
     reviewer = _reviewer_of(principal)
     _text(reason, "reason")
-    row = await _four_eyes(services, principal, case_id)
+    person = await _person(services, reviewer)
+    row = await _four_eyes(services, principal, case_id, person)
     decided = _decision(row, verdict, decision)
     wait = await _current_wait(services, case_id)
     if wait.kind == "question":
         raise Conflict(f"case {case_id} waits for an answer to the model's question "
                        f"{wait.call_id} (POST /cases/{case_id}/answer), not for a review")
-    _not_excluded(principal, case_id, wait)
+    _not_excluded(person, case_id, wait)
     await _keep(services, PersonAction(
         case_id, row["tenant_id"], wait.attempt, wait.kind, "review", datetime.now(UTC),
         person=reviewer, verdict=verdict, reason=reason, decision=decided),
-        reviewer, decided, principal.person)
+        reviewer, decided, person)
     await _go_on(services, row)
     return Reviewed(case_id, verdict, reviewer)
 
@@ -88,13 +89,19 @@ async def _current_wait(services: CaseServices, case_id: uuid.UUID) -> Wait:
     return wait
 
 
-def _not_excluded(principal: Principal, case_id: uuid.UUID, wait: Wait) -> None:
+async def _person(services: CaseServices, reviewer: dict[str, str]) -> str:
+    """The person four eyes compares: the one an operator linked this identity to (an
+    OIDC subject, or a key's person id), else the identity's own subject."""
+    return (await services.store.persons([(reviewer["via"], reviewer["subject"])]))[0]
+
+
+def _not_excluded(person: str, case_id: uuid.UUID, wait: Wait) -> None:
     """Four eyes, as the wait was noted: ``Forbidden`` for a person it excludes."""
-    if principal.person in wait.excludes:
+    if person in wait.excludes:
         if wait.kind == "second_review":
-            raise Forbidden(f"{principal.person} reviewed case {case_id} before: a second "
+            raise Forbidden(f"{person} reviewed case {case_id} before: a second "
                             "person confirms, changes or returns the override (four eyes)")
-        raise Forbidden(f"{principal.person} started case {case_id}: another person reviews "
+        raise Forbidden(f"{person} started case {case_id}: another person reviews "
                         "it (four eyes)")
 
 
@@ -127,14 +134,14 @@ def _text(value: str, field: str) -> None:
     refuse_unstorable(value, "body", field)
 
 
-async def _four_eyes(services: CaseServices, principal: Principal, case_id: uuid.UUID
-                     ) -> dict[str, Any]:
-    """The case, when the caller may act on it as a person: not the one who started it
-    (whichever credential either used), and it has not ended."""
+async def _four_eyes(services: CaseServices, principal: Principal, case_id: uuid.UUID,
+                     person: str) -> dict[str, Any]:
+    """The case, when the caller (``person``) may act on it: not the person who started
+    it (whichever credential or linked identity either used), and it has not ended."""
     row = await owned(services, principal, case_id)
     starter = await services.store.person_of(row["started_by"])
-    if starter is not None and starter == principal.person:
-        raise Forbidden(f"{principal.person} started case {case_id}: another person reviews "
+    if starter is not None and starter == person:
+        raise Forbidden(f"{person} started case {case_id}: another person reviews "
                         "it (four eyes)")
     if row["status"] in ENDED_STATUSES:
         raise Conflict(f"case {case_id} is {row['status']}, not awaiting review")
@@ -148,7 +155,8 @@ async def answer(services: CaseServices, principal: Principal, case_id: uuid.UUI
     question's result (``answeredBy``: the caller) and goes on."""
     reviewer = _reviewer_of(principal)
     _text(text, "answer")
-    row = await _four_eyes(services, principal, case_id)
+    person = await _person(services, reviewer)
+    row = await _four_eyes(services, principal, case_id, person)
     wait = await services.store.current_wait(case_id)
     if wait is None or wait.kind != "question":
         raise Conflict(f"case {case_id} waits for no answer to a question")
@@ -157,11 +165,11 @@ async def answer(services: CaseServices, principal: Principal, case_id: uuid.UUI
                                                 f"{wait.call_id!r}, not {call_id!r}"))
     if wait.acted:
         raise Conflict(f"the question {call_id} of case {case_id} has already been answered")
-    _not_excluded(principal, case_id, wait)
+    _not_excluded(person, case_id, wait)
     await _keep(services, PersonAction(
         case_id, row["tenant_id"], wait.attempt, wait.kind, "answer", datetime.now(UTC),
         person=reviewer, call_id=call_id, answer=text), reviewer,
-        {"callId": call_id, "answer": text}, principal.person)
+        {"callId": call_id, "answer": text}, person)
     await _go_on(services, row)
     return Reviewed(case_id, "answer", reviewer)
 

@@ -149,9 +149,9 @@ class Resumption:
     """The last wait for a person, when the record ends in one (or in its review)."""
     returns: int = 0
     """Times a reviewer returned the case to the model (each allows ``maxCycles`` more)."""
-    reviewers: tuple[str, ...] = ()
-    """The persons who reviewed the case so far, in order (four eyes on a second
-    review)."""
+    reviewers: tuple[tuple[str, str], ...] = ()
+    """Who reviewed the case so far, in order, as ``(via, subject)`` (four eyes on a
+    second review)."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from service.store.keys import (
 )
 from service.store.people import (
     ApiKeyStore,
+    PersonIdentities,
     principal_names,
 )
 from service.store.pool import (
@@ -52,6 +53,7 @@ __all__ = [
     "KeyRegistry",
     "NewCase",
     "ParkedAction",
+    "PersonIdentities",
     "RecordedCase",
     "SecretState",
     "StoredEvent",

@@ -630,17 +630,33 @@ class CaseStore:
 
     async def person_of(self, subject: str | None) -> str | None:
         """The person behind a recorded ``started_by`` (``key:<id>`` of a key made for
-        one, or ``oidc:<sub>``); ``None`` for a service's key or the operator."""
+        one, or ``oidc:<sub>``), as four eyes compares persons: the person an operator
+        linked its identity to, else its sub or the key's person id; ``None`` for a
+        service's key or the operator."""
         if subject is None:
             return None
         if subject.startswith("oidc:"):
-            return subject[5:]
+            return (await self.persons([("oidc", subject[5:])]))[0]
         if subject.startswith("key:"):
             async with translate_errors():
                 person: str | None = await self._pool.fetchval(
                     "SELECT person FROM api_keys WHERE key_id = $1", subject[4:])
-            return person
+            return None if person is None else (await self.persons([("key", person)]))[0]
         return None
+
+    async def persons(self, identities: Sequence[tuple[str, str]]) -> list[str]:
+        """Each ``(via, subject)`` identity (``oidc`` and a sub, ``key`` and a person id)
+        as the person it belongs to: the one an operator linked it to, else ``subject``."""
+        if not identities:
+            return []
+        names = [f"{via}:{subject}" for via, subject in identities]
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                "SELECT identity, person FROM person_identities WHERE identity = ANY($1)",
+                names)
+        linked = {r["identity"]: r["person"] for r in rows}
+        return [linked.get(name, subject) for name, (_, subject) in zip(names, identities,
+                                                                         strict=True)]
 
     async def open_reviews(self, tenant: str | None, agent: str | None, decision: str | None,
                            checks_failed: bool | None, limit: int,

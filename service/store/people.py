@@ -76,3 +76,31 @@ def _key_record(row: asyncpg.Record) -> ApiKeyRecord:
     return ApiKeyRecord(row["key_id"], row["key_hash"], row["tenant_id"], tuple(row["scopes"]),
                         row["name"], row["created_at"], row["expires_at"], row["revoked_at"],
                         row["person"])
+
+
+class PersonIdentities:
+    """Identities linked to a person (``person_identities``): an operator's step, on the
+    bootstrap connection (no component writes them)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def link(self, identity: str, person: str) -> None:
+        """``identity`` (``oidc:<sub>`` or ``key:<person id>``) belongs to ``person``."""
+        async with translate_errors():
+            await self._pool.execute(
+                """INSERT INTO person_identities (identity, person) VALUES ($1, $2)
+                   ON CONFLICT (identity) DO UPDATE SET person = EXCLUDED.person,
+                       linked_at = now()""", identity, person)
+
+    async def unlink(self, identity: str) -> bool:
+        async with translate_errors():
+            done = await self._pool.fetchval(
+                "DELETE FROM person_identities WHERE identity = $1 RETURNING 1", identity)
+        return done is not None
+
+    async def all(self) -> list[tuple[str, str]]:
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                "SELECT identity, person FROM person_identities ORDER BY person, identity")
+        return [(r["identity"], r["person"]) for r in rows]
