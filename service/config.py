@@ -305,6 +305,10 @@ class Settings(BaseSettings):
     tenant_max_starts_per_minute: int = Field(
         default=600, ge=1, description="Cases one tenant may start in any minute; beyond it "
         "429 with Retry-After.")
+    tenant_max_key_searches_per_minute: int = Field(
+        default=120, ge=1, description="Searches by business key (GET /cases?key=…) one "
+        "tenant may make in any minute, per API process; beyond it 429 with Retry-After "
+        "(a key search tells whether a case holds a value).")
     tenant_quotas: dict[str, TenantQuota] = Field(
         default_factory=dict,
         description='Per-tenant overrides, JSON: {"acme": {"maxActiveCases": 50, '

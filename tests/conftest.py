@@ -101,7 +101,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         capability_metrics_port=0, ledger_metrics_port=0,
         # The suite starts many cases in a minute as one tenant (schemathesis alone
         # hundreds); two tenants keep small limits for the quota tests.
-        tenant_max_starts_per_minute=100_000,
+        tenant_max_starts_per_minute=100_000, tenant_max_key_searches_per_minute=100_000,
         # One key reads many streams at once in the stream tests (the per-key limit has
         # its own test, on an API with a limit of 2).
         stream_max_per_key=200,

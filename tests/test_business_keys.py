@@ -10,9 +10,10 @@ import asyncpg
 import httpx
 
 from service.agents.loan_officer import SAMPLE_APPLICATIONS
+from service.config import Settings
 from service.store import ApiKeyStore
 from tests.helpers import ended
-from tests.stack import InProcessStack, module_stack
+from tests.stack import InProcessStack, module_stack, serve_api
 from tests.test_sensitive import SUSPECT, key_with
 
 stack = module_stack(worker_concurrency=4)
@@ -105,3 +106,20 @@ async def test_an_unknown_query_parameter_is_a_422_naming_it_on_every_route(
         assert ["query", named] in [e["loc"] for e in reply.json()["errors"]], path
     events = await client.get(f"/cases/{case_id}/events", params={"types": "CASE_STARTED"})
     assert events.status_code == 200  # a parameter the route reads itself is known
+
+
+async def test_key_searches_count_against_the_tenants_limit(
+    settings: Settings, stack: InProcessStack, client: httpx.AsyncClient,
+) -> None:
+    """An API allowing three key searches a minute: the fourth is a 429 with
+    Retry-After, for a search by any key field; a search without a key is not counted."""
+    strict = settings.model_copy(update={"tenant_max_key_searches_per_minute": 3})
+    async with serve_api(strict) as base_url, httpx.AsyncClient(
+            base_url=base_url, headers=client.headers) as limited:
+        for value in ("A-1", "A-2", "A-3"):
+            assert (await limited.get("/cases", params={"key": value})).status_code == 200
+        over = await limited.get("/cases", params={"key.applicantId": "A-4"})
+        assert over.status_code == 429, over.text
+        assert 1 <= int(over.headers["Retry-After"]) <= 60
+        assert (await limited.get("/cases", params={"agent": "loan-officer"})).status_code \
+            == 200

@@ -12,7 +12,7 @@ from typing import Any
 
 from service.agents import AGENTS
 from service.auth import Principal
-from service.cases.errors import Forbidden, Invalid, Issue, NotFound
+from service.cases.errors import Forbidden, Invalid, Issue, NotFound, OverQuota
 from service.cases.services import CaseServices
 from service.cases.text import refuse_unstorable
 from service.errors import PermanentError
@@ -127,6 +127,12 @@ async def search(services: CaseServices, principal: Principal, *, agent: str | N
         raise Invalid(Issue(("query", "cursor"), f"not a cursor of this API: {exc}")) from None
     if checks not in (None, "failed"):
         raise Invalid(Issue(("query", "checks"), "only 'failed' (cases where a check failed)"))
+    if key is not None or keyed:
+        wait = services.key_searches.admit(principal.tenant)
+        if wait is not None:
+            raise OverQuota(f"tenant {principal.tenant!r} searched by key "
+                            f"{services.settings.tenant_max_key_searches_per_minute} times in "
+                            "the last minute", wait)
     wanted = CaseFilter(principal.tenant, agent, status, decision, instant(since, "since"),
                         instant(until, "until"), checks_failed=checks == "failed" or None,
                         keys=_key_filters(services, principal, key, keyed or {}))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,6 +16,9 @@ from typing import Any
 
 import asyncpg
 from aio_pika.abc import AbstractRobustConnection
+from limits import RateLimitItemPerMinute
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
 
 from service.batching import Coalescer
 from service.bus import fastpath
@@ -69,6 +73,21 @@ class TenantLoads:
         return load
 
 
+class KeySearches:
+    """Each tenant's searches by business key within a moving minute, in this process."""
+
+    def __init__(self, per_minute: int) -> None:
+        self._limiter = MovingWindowRateLimiter(MemoryStorage())
+        self._item = RateLimitItemPerMinute(per_minute)
+
+    def admit(self, tenant: str) -> int | None:
+        """``None`` when the tenant may search now (counted), else seconds to wait."""
+        if self._limiter.hit(self._item, tenant):
+            return None
+        reset = self._limiter.get_window_stats(self._item, tenant).reset_time
+        return max(1, math.ceil(reset - time.time()))
+
+
 @dataclass
 class CaseServices:
     """The adapters the operations use (service/cases/)."""
@@ -88,6 +107,7 @@ class CaseServices:
     action_signer: Signer | None = None
     """The API's action key (CASETRAIL_ACTION_KEY_FILE): it signs every action of a
     person's it keeps; without one, no such action is kept."""
+    key_searches: KeySearches = field(default_factory=lambda: KeySearches(120))
     _noting: set[asyncio.Task[None]] = field(default_factory=set)
 
     def note_start_confirmed(self, case_id: uuid.UUID) -> None:
@@ -136,7 +156,8 @@ async def case_services(settings: Settings, *, pool_size: int = 20, patience: fl
                 Evidence(store, KeyRegistry(pool), ledger),
                 TenantLoads(lambda *args: tenant_counts(pool, *args)),
                 Coalescer(store.mark_starts_confirmed),
-                action_signer(settings) if settings.action_key_file else None)
+                action_signer(settings) if settings.action_key_file else None,
+                KeySearches(settings.tenant_max_key_searches_per_minute))
             try:
                 yield services
             finally:

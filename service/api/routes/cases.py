@@ -138,7 +138,7 @@ get_events.casetrail_query = ("types",)  # type: ignore[attr-defined]
 
 @router.get("/cases", summary="Search the tenant's cases, newest first", response_model=CaseList,
             responses=responses(200, CaseList, "A page of cases and the next page's cursor",
-                                401, 403, 422, 503))
+                                401, 403, 422, 429, 503))
 async def search_cases(
     principal: Reader, services: Cases, request: Request,
     agent: Annotated[str | None, Query(max_length=100)] = None,
