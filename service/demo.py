@@ -22,7 +22,12 @@ from service.config import LOCAL_DIR, Settings
 from service.events import EVENT_TYPES, PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES
 from service.evidence import Evidence, verify_bundle
 from service.integrity import public_key_text
-from service.keyfile import ensure_local_action_key, ensure_local_signer, worker_signer
+from service.keyfile import (
+    action_signer,
+    ensure_local_action_key,
+    ensure_local_signer,
+    worker_signer,
+)
 from service.ledger.sequencer import ensure_local_log_key, log_signer
 from service.ledger.store import LedgerStore
 from service.ledger.witness import LogClient, LogMisbehaved, LogUnreachable, Witness
@@ -356,15 +361,17 @@ async def _show_bundle(settings: Settings, evidence: Evidence, names: dict[str, 
     path = LOCAL_DIR / f"{settings.namespace}-{first}.bundle.json"
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(orjson.dumps(bundle, option=orjson.OPT_INDENT_2))
-    signer = worker_signer(settings)
+    signer, actions = worker_signer(settings), action_signer(settings)
     log_key = log_signer(settings).verifier
-    offline = verify_bundle(orjson.loads(path.read_bytes()), [signer.public_key], [log_key])
+    offline = verify_bundle(orjson.loads(path.read_bytes()), [signer.public_key], [log_key],
+                            action_keys=[actions.public_key])
     logged = (offline.log or {}).get("eventsInLog", 0)
     _say(f"\n  bundle of {names[first]}: {path} -> verify-bundle: "
          + (f"verified, {logged} events proven in the log" if offline.verified
             else f"NOT verified: {offline.first_problem()}"))
     _say(f"  check it yourself: casetrail verify-bundle {path} --trust "
-         f"{public_key_text(signer.public_key)} --trust-log {log_key.text()}")
+         f"{public_key_text(signer.public_key)} --trust-action "
+         f"{public_key_text(actions.public_key)} --trust-log {log_key.text()}")
     return offline.verified
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from service.config import LOCAL_DIR, Settings
 from service.errors import PermanentError
@@ -65,13 +66,22 @@ def worker_signer(settings: Settings) -> Signer:
 def ensure_local_signer(settings: Settings) -> Settings:
     """For a developer stack (``up``, ``demo``): the configured key, or one made and kept
     under ``.casetrail/`` for this namespace. Children started later inherit it."""
-    if settings.signing_key_file:
+    return _ensure_local_key(settings, "signing_key_file", "signing-key")
+
+
+def _ensure_local_key(settings: Settings, setting: Literal["signing_key_file",
+                                                            "action_key_file"],
+                      kind: str) -> Settings:
+    """``settings`` with ``setting`` naming a key file: the configured one, or one made
+    and kept as ``.casetrail/<namespace>.<kind>.pem`` (and in the environment, so that
+    children started later inherit it)."""
+    if getattr(settings, setting):
         return settings
-    path = LOCAL_DIR / f"{settings.namespace}.signing-key.pem"
+    path = LOCAL_DIR / f"{settings.namespace}.{kind}.pem"
     if not path.exists():
         write_signer(path, Signer.generate())
-    os.environ["CASETRAIL_SIGNING_KEY_FILE"] = str(path.resolve())
-    return settings.model_copy(update={"signing_key_file": str(path.resolve())})
+    os.environ[f"CASETRAIL_{setting.upper()}"] = str(path.resolve())
+    return settings.model_copy(update={setting: str(path.resolve())})
 
 
 def action_signer(settings: Settings) -> Signer:
@@ -89,10 +99,4 @@ def action_signer(settings: Settings) -> Signer:
 def ensure_local_action_key(settings: Settings) -> Settings:
     """For a developer stack (``up``, ``demo``): the configured action key, or one made and
     kept under ``.casetrail/`` for this namespace, beside (never inside) the secrets file."""
-    if settings.action_key_file:
-        return settings
-    path = LOCAL_DIR / f"{settings.namespace}.action-key.pem"
-    if not path.exists():
-        write_signer(path, Signer.generate())
-    os.environ["CASETRAIL_ACTION_KEY_FILE"] = str(path.resolve())
-    return settings.model_copy(update={"action_key_file": str(path.resolve())})
+    return _ensure_local_key(settings, "action_key_file", "action-key")

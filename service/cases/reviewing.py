@@ -82,7 +82,8 @@ async def _current_wait(services: CaseServices, case_id: uuid.UUID) -> Wait:
     acted on."""
     wait = await services.store.current_wait(case_id)
     if wait is None:
-        raise Conflict(f"case {case_id} is not awaiting review")
+        raise Conflict(f"case {case_id} is not awaiting review (one that has just begun to "
+                       "wait is noted by its worker within moments: try again)")
     if wait.acted:
         raise Conflict(f"case {case_id} has already been reviewed (or answered); it goes "
                        "on from that")
