@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import aio_pika
@@ -30,7 +31,8 @@ from service.bus.topology import Topology
 from service.commands import CaseStartCommand
 from service.config import Settings
 from service.events import Limits, ModelRef, make_event
-from service.keyfile import worker_signer
+from service.keyfile import action_signer, worker_signer
+from service.person_actions import sign_object, start_object
 
 
 async def latency_at(settings: Settings, rates: list[int], seconds: float = 8.0
@@ -87,11 +89,17 @@ async def submit_direct(settings: Settings, pool: asyncpg.Pool, cases: int, cycl
     model = ModelRef(provider="scripted", name="probe-slow", latency_ms=latency_ms)
     limits = Limits(max_cycles=cycles + 1, deadline_seconds=300)
     ids = [uuid.uuid4() for _ in range(cases)]
+    # Signed as the API signs a start (a worker runs no case whose start is not).
+    signer, now = action_signer(settings), datetime.now(UTC)
     await pool.executemany(
-        "INSERT INTO cases (case_id, agent, input, model, limits, request_digest) "
-        "VALUES ($1, 'throughput-probe', $2::jsonb, $3::jsonb, $4::jsonb, 'bench')",
+        "INSERT INTO cases (case_id, agent, input, model, limits, request_digest, "
+        "start_action) VALUES ($1, 'throughput-probe', $2::jsonb, $3::jsonb, $4::jsonb, "
+        "'bench', $5::jsonb)",
         [(i, orjson.dumps({"cycles": cycles}).decode(),
-          model.model_dump_json(by_alias=True), limits.model_dump_json(by_alias=True))
+          model.model_dump_json(by_alias=True), limits.model_dump_json(by_alias=True),
+          orjson.dumps(sign_object(signer, start_object(
+              i, "default", "throughput-probe", None, {"cycles": cycles}, now)).as_json()
+          ).decode())
          for i in ids])
     # Published as the API would (the worker takes start commands from it alone).
     connection = await aio_pika.connect_robust(settings.identity("api").amqp_url)

@@ -385,6 +385,16 @@ class ResumedFrom(ContractModel):
                         "cycleIndex continues from here.")
 
 
+class SignedPersonAction(ContractModel):
+    """A person's action as the API signed it: the object (digests of its free text,
+    never the text), the action key's id and the Ed25519 signature over
+    ``casetrail/person-action/v1\n`` followed by the object's RFC 8785 bytes."""
+
+    signed: JsonObject
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    sig: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+
+
 class CaseStartedPayload(ContractModel):
     """The first event of every attempt: who runs the case, with what, on what input."""
 
@@ -414,12 +424,16 @@ class CaseStartedPayload(ContractModel):
     resumed_from: ResumedFrom | None = Field(
         default=None, description="On an attempt that resumed the recorded cycles of an "
         "earlier one; absent when the attempt started from the beginning.")
+    start_action: SignedPersonAction | None = Field(
+        default=None, description="The case's start as the API signed it with its action "
+        "key (docs/bundle.md, \"A person's action\"); absent on cases accepted before "
+        "starts were signed.")
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
         for key in ("trace", "resumedFrom", "resumed_from", "answerSchemaDigest",
-                    "agentDigest"):
+                    "agentDigest", "startAction"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
@@ -514,16 +528,6 @@ class CaseAwaitingReviewPayload(CaseTotals):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
-
-
-class SignedPersonAction(ContractModel):
-    """A person's action as the API signed it: the object (digests of its free text,
-    never the text), the action key's id and the Ed25519 signature over
-    ``casetrail/person-action/v1\n`` followed by the object's RFC 8785 bytes."""
-
-    signed: JsonObject
-    key_id: str = Field(pattern=r"^[0-9a-f]{16}$")
-    sig: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
 
 
 class Reviewer(ContractModel):

@@ -262,3 +262,56 @@ def vet_action(expected: PersonAction, signed: SignedAction | None, keys: Mappin
     if decision_errors:
         return Refusal("invalid_decision", "; ".join(decision_errors))
     return None
+
+
+def start_object(case_id: uuid.UUID, tenant_id: str, agent: str, started_by: str | None,
+                 case_input: Mapping[str, Any], acted_at: datetime) -> dict[str, Any]:
+    """What the API signs when it accepts a case: the case, its tenant and agent, who
+    started it and the digest of its input as recorded (sensitive values as their
+    placeholders)."""
+    signed: dict[str, Any] = {"caseId": str(case_id), "tenantId": tenant_id, "kind": "start",
+                              "agent": agent, "inputSha256": json_digest(dict(case_input)),
+                              "actedAt": acted_at_text(acted_at)}
+    if started_by is not None:
+        signed["by"] = started_by
+    return signed
+
+
+def sign_object(signer: Signer, signed: dict[str, Any]) -> SignedAction:
+    return SignedAction(signed, signer.key_id, signer.sign_message(action_bytes(signed)))
+
+
+def start_refusal(action: SignedAction | None, keys: Mapping[str, Any], *,
+                  case_id: uuid.UUID, tenant_id: str, agent: str, started_by: str | None,
+                  case_input: Mapping[str, Any]) -> Refusal | None:
+    """The worker's check of a case row before it runs it: the start an action key
+    signed is this case's, as its row has it (a row written with a component's
+    database password alone, or changed since, is refused)."""
+    if action is None:
+        return Refusal("unsigned", "no action key signed the case's start")
+    signed = action.signed
+    expected = start_object(case_id, tenant_id, agent, started_by, case_input,
+                            _time(signed.get("actedAt")) or datetime.min.replace(tzinfo=UTC))
+    if signed != expected:
+        return Refusal("mismatch", "the signed start is not this case's row (another "
+                                   "agent, starter or input)")
+    problem = signature_problem(action, keys)
+    return None if problem is None else Refusal("bad_signature", problem)
+
+
+def started_problem(case_id: str, tenant_id: str | None, payload: Mapping[str, Any],
+                    action: SignedAction) -> str | None:
+    """Whether a recorded ``CASE_STARTED`` is the start its signed action says (the
+    input compared unless it holds placeholders). Signature not checked."""
+    signed = action.signed
+    checks: list[tuple[bool, str]] = [
+        (signed.get("caseId") == case_id, "another case"),
+        (tenant_id is None or signed.get("tenantId") == tenant_id, "another tenant"),
+        (signed.get("kind") == "start", f"a {signed.get('kind')!r}, not a start"),
+        (signed.get("agent") == payload.get("agent"), "another agent"),
+        (signed.get("by") == payload.get("startedBy"), "another starter"),
+    ]
+    for ok, what in checks:
+        if not ok:
+            return f"the signed start is for {what}"
+    return _digest_agrees(payload.get("input"), signed.get("inputSha256"), "input")

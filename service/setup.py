@@ -213,7 +213,7 @@ def grants(settings: Settings) -> list[str]:
         # start command. It emits events on the bus only, and never writes
         # signing_keys: keys are registered by an operator (`signer register`).
         f"GRANT SELECT ON cases, event_log, signing_keys, case_secrets, capability_keys, "
-        f"case_actions, action_keys, person_identities TO {worker}",
+        f"case_actions, action_keys, person_identities, starts_before_signing TO {worker}",
         f"GRANT UPDATE (attempts_claimed, lease_owner, lease_expires_at, terminal_published, "
         f"start_resent_at, parked_attempt, parked_at, review_due_at, wait_kind, "
         f"wait_call_id, wait_excludes) ON cases TO {worker}",

@@ -24,8 +24,8 @@ Each problem names the attempt and seq it was found at and a machine-readable co
     bad_action_signature  the action's signature does not hold under the action keys
                       (registered, or trusted: ``--trust-action``)
 
-Warnings, which do not fail a trail: ``unsigned_action`` (a review or answer recorded
-before persons' actions were signed), ``action_unchecked`` (no action keys were given
+Warnings, which do not fail a trail: ``unsigned_action`` (a start, review or answer
+recorded before persons' actions were signed), ``action_unchecked`` (no action keys were given
 to check its signature against).
 
 An attempt that ends with ``CASE_AWAITING_REVIEW`` is parked, not cut short: the case
@@ -48,6 +48,7 @@ from service.person_actions import (
     answer_problem,
     review_problem,
     signature_problem,
+    started_problem,
 )
 
 
@@ -218,7 +219,8 @@ def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, 
                 event_type = (envelope or {}).get("eventType") or event.columns.get("eventType")
                 if event_type == "CASE_REVIEWED" and envelope is not None:
                     report.reviews.append(_review_of(attempt, event.seq, envelope))
-                if envelope is not None and event_type in ("CASE_REVIEWED", "REACT_CYCLE"):
+                if envelope is not None and event_type in ("CASE_STARTED", "CASE_REVIEWED",
+                                                           "REACT_CYCLE"):
                     _check_actions(report, (attempt, event.seq), envelope, action_keys)
                 prev_hash = event.integrity.hash
                 head = prev_hash
@@ -264,6 +266,9 @@ def _check_actions(report: Report, at: tuple[int, int], envelope: Mapping[str, A
     if not isinstance(payload, Mapping):
         return
     found: list[tuple[Any, Any]] = []  # (signed action or None, how it is compared)
+    if envelope.get("eventType") == "CASE_STARTED":
+        found.append((payload.get("startAction"), lambda a: started_problem(
+            report.case_id, envelope.get("tenantId"), payload, a)))
     if envelope.get("eventType") == "CASE_REVIEWED":
         found.append((payload.get("action"), lambda a: review_problem(
             report.case_id, envelope.get("tenantId"), at[0], payload, a)))

@@ -35,6 +35,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,7 +83,13 @@ from service.events import (
 from service.integrity import Signer
 from service.keyfile import worker_signer
 from service.mcptools import Catalogs
-from service.person_actions import PersonAction, WaitKind, vet_action
+from service.person_actions import (
+    PersonAction,
+    SignedAction,
+    WaitKind,
+    start_refusal,
+    vet_action,
+)
 from service.providers import ModelFactory
 from service.resume import record_so_far
 from service.runtime import component
@@ -102,8 +109,13 @@ from service.supervisor import run_until_signal
 from service.sweeper import StrandedCaseSweeper
 from service.telemetry import metrics, tracing
 from service.telemetry.observer import TELEMETRY
+from service.verification import PublicKey
 
 log = logging.getLogger("casetrail.worker")
+
+ACTION_KEYS_SECONDS = 60.0
+"""How long the worker's copy of the registered action keys is used before it is read
+again (sooner when an action names a key the copy lacks)."""
 
 
 
@@ -192,6 +204,8 @@ class CaseWorker:
     action_keys: KeyRegistry = field(init=False)
     """The registered action keys: a person's action is recorded only when one signed
     it."""
+    _action_key_copy: tuple[float, dict[str, PublicKey]] | None = field(default=None,
+                                                                       init=False)
     caps: Caps = field(default_factory=lambda: Caps.from_settings(get_settings()))
     models: Callable[[ModelRef, AgentProfile], ChatModel] = field(
         default_factory=lambda: ModelFactory(get_settings())
@@ -421,6 +435,7 @@ class CaseWorker:
                     continue
                 case "cancel_queued":
                     assert claim.case is not None
+                    await self._started_by_the_api(command.case_id, claim.case)
                     for event in cancelled_while_queued(command.case_id, claim.cancel_reason,
                                                         claim.cancelled_by, claim.case.tenant_id):
                         await self._sink.emit(event)
@@ -437,6 +452,7 @@ class CaseWorker:
     async def _run(self, case_id: uuid.UUID, claim: Claim, live: LiveCase) -> None:
         case, attempt, restart_reason = claim.case, claim.attempt, claim.restart_reason
         assert case is not None
+        await self._started_by_the_api(case_id, case)  # before anything reads the row
         agent = AGENTS.get(case.agent)
         if agent is None:
             raise Reject(f"case {case_id} names an agent this worker does not have: "
@@ -470,6 +486,7 @@ class CaseWorker:
             asks_people=agent.asks_people,
             review_every_case=policy.every_case,
             max_event_bytes=self.caps.max_event_bytes,
+            start_action=None if case.start_action is None else case.start_action.as_json(),
             override_reviewers=policy.override_reviewers,
         )
         redaction = Redaction.of(values) if values else None
@@ -496,6 +513,36 @@ class CaseWorker:
                 case_id, case, attempt, asked, waiting.review_reasons, so_far, due))
         else:
             await self._mark_ended(case_id)
+
+    async def _started_by_the_api(self, case_id: uuid.UUID, case: RecordedCase) -> None:
+        """A case runs only when its row is the one the API signed (an action key's
+        signature over its tenant, agent, starter and input): a row written with a
+        component's database password alone is refused, never run and never signed,
+        and set aside (its start command dead-lettered, the sweeper told it ended)."""
+        if case.legacy_start:
+            return
+        keys = await self._action_keys_for(case.start_action)
+        refusal = start_refusal(case.start_action, keys, case_id=case_id,
+                                tenant_id=case.tenant_id, agent=case.agent,
+                                started_by=case.started_by, case_input=case.input)
+        if refusal is None:
+            return
+        log.error("case %s is refused: %s (%s); it never runs", case_id, refusal.message,
+                  refusal.code)
+        metrics.PERSON_ACTIONS_REFUSED.labels(f"start_{refusal.code}").inc()
+        await self._mark_ended(case_id)
+        raise Reject(f"case {case_id}: {refusal.message}", "forged_start")
+
+    async def _action_keys_for(self, action: SignedAction | None) -> dict[str, PublicKey]:
+        """The registered action keys, read again when ``action`` names one not known
+        here or the copy is over a minute old (a retirement is seen within a minute)."""
+        now = time.monotonic()
+        known = self._action_key_copy
+        if known is None or now - known[0] > ACTION_KEYS_SECONDS or (
+                action is not None and action.key_id not in known[1]):
+            known = self._action_key_copy = (
+                now, {k.key_id: k for k in await self.action_keys.all()})
+        return known[1]
 
     async def _after_wait(self, case_id: uuid.UUID, claim: Claim, case: RecordedCase,
                           agent: AgentProfile, parked: Parked,
@@ -572,7 +619,7 @@ class CaseWorker:
                 action.decision)
             errors = ("the agent declares no answer schema",) if checked is None else \
                 tuple(checked[1]) if checked[0] is None else ()
-        keys = {k.key_id: k for k in await self.action_keys.all()}
+        keys = await self._action_keys_for(action.signed)
         acting = action.reviewer or {}
         persons = await self.store.persons([
             *reviewers, *([(str(acting.get("via")), str(acting["subject"]))]

@@ -8,6 +8,7 @@ import base64
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -19,7 +20,11 @@ from service.person_actions import (
     action_bytes,
     review_problem,
     sign_action,
+    sign_object,
     signature_problem,
+    start_object,
+    start_refusal,
+    started_problem,
     vet_action,
 )
 from service.verification import PublicKey
@@ -125,3 +130,28 @@ def test_a_recorded_review_is_compared_with_what_was_signed() -> None:
     # a reason whose sensitive values the trail holds as placeholders cannot be compared
     redacted = recorded | {"reason": "Spoke with [pii:applicant.name] by phone."}
     assert review_problem(str(CASE), "acme", 2, redacted, signed) is None
+
+
+def test_a_case_runs_only_from_the_start_the_api_signed() -> None:
+    """The worker's check of a case row, and the verifier's of CASE_STARTED."""
+    started = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    given = {"applicantId": "A-1", "name": "[pii:name]"}
+    row: dict[str, Any] = {"case_id": CASE, "tenant_id": "acme", "agent": "loan-officer",
+                           "started_by": "key:k1", "case_input": given}
+    signed = sign_object(VECTOR_KEY, start_object(CASE, "acme", "loan-officer", "key:k1",
+                                                  given, started))
+    assert start_refusal(signed, KEYS, **row) is None
+    assert start_refusal(None, KEYS, **row).code == "unsigned"  # type: ignore[union-attr]
+    for change in ({"agent": "aml-screening"}, {"started_by": "oidc:ceo"},
+                   {"case_input": {"applicantId": "A-2"}}, {"case_id": uuid.uuid4()},
+                   {"tenant_id": "other"}):
+        found = start_refusal(signed, KEYS, **(row | change))
+        assert found is not None and found.code == "mismatch", change
+    theirs = sign_object(Signer.generate(), signed.signed)
+    assert start_refusal(theirs, KEYS, **row).code == "bad_signature"  # type: ignore[union-attr]
+    recorded = {"agent": "loan-officer", "startedBy": "key:k1", "input": given}
+    assert started_problem(str(CASE), "acme", recorded, signed) is None
+    assert started_problem(str(CASE), "acme", recorded | {"startedBy": "oidc:ceo"},
+                           signed) is not None
+    assert started_problem(str(CASE), "acme", recorded | {"input": {"applicantId": "A-9"}},
+                           signed) is not None

@@ -318,3 +318,45 @@ async def test_the_review_queue_is_read_only_with_cases_review_or_cases_read(
     assert queue.status_code == 403, queue.text
     async with as_(stack, keys, "rita") as rita:  # a reviewer does see it
         assert (await rita.get(f"/reviews/{case_id}")).status_code == 200
+
+
+@pytest.mark.parametrize("signature", ["unsigned", "replayed"])
+async def test_a_case_row_forged_with_the_apis_database_password_never_runs(
+    stack: InProcessStack, keys: dict[str, str], settings: Settings, pool: asyncpg.Pool,
+    signature: str,
+) -> None:
+    """As the API's role: a case row "started by" the CEO, claimed once with a lapsed
+    lease so that a worker's sweeper sends its start command. Unsigned, or carrying a
+    genuine case's signed start (another case id, agent and input), the worker refuses
+    it: no event of it is signed, the refusal is counted, and the sweeper lets it be."""
+    label = f"start_{'unsigned' if signature == 'unsigned' else 'mismatch'}"
+    before = refused(label)
+    signed = None
+    if signature == "replayed":
+        genuine = await waiting_case(stack, keys, "sam")
+        signed = (await pool.fetchval("SELECT start_action FROM cases WHERE case_id = $1",
+                                      uuid.UUID(genuine)))
+        assert signed["signed"]["caseId"] == genuine
+    forged = uuid.uuid4()
+    api = await component_pool(settings.identity("api"), 1)
+    try:
+        await api.execute(
+            """INSERT INTO cases (case_id, agent, input, model, limits, request_digest,
+                                  tenant_id, started_by, start_action, attempts_claimed,
+                                  lease_expires_at)
+               VALUES ($1, 'loan-officer', $2,
+                       '{"provider": "scripted", "name": "loan-officer-scripted"}',
+                       '{"maxCycles": 5, "deadlineSeconds": 60}', 'forged', $3, 'oidc:ceo',
+                       $4, 1, now() - interval '1 hour')""",
+            forged, REFERRED, TENANT, signed)
+    finally:
+        await api.close()
+
+    async def refused_once() -> bool:
+        return refused(label) >= before + 1
+
+    await wait_until(refused_once, 30)  # the sweeper sent it; the worker refused it
+    assert await pool.fetchval("SELECT count(*) FROM event_log WHERE case_id = $1",
+                               forged) == 0
+    assert await pool.fetchval("SELECT terminal_published FROM cases WHERE case_id = $1",
+                               forged) is True  # set aside: not sent again

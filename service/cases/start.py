@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -24,6 +25,7 @@ from service.config import Settings
 from service.engine.answers import DEFAULT_ANSWER_RETRIES
 from service.errors import BusUnavailable, PublishRejected
 from service.events import CaseStatus, Limits
+from service.person_actions import sign_object, start_object
 from service.providers import model_problem
 from service.sensitive import placeholder, split
 from service.store import NewCase, rate_wait
@@ -126,6 +128,7 @@ async def start(services: CaseServices, principal: Principal, request: CaseReque
         request_digest=digest, idempotency_key=idempotency_key,
         tenant_id=principal.tenant, started_by=principal.subject,
         keys=_keys(services, agent, case_input, values),
+        start_action=_signed_start(services, case_id, principal, agent.name, stored_input),
     )
     if idempotency_key is None or not await services.store.idempotency_key_used(
             principal.tenant, idempotency_key):
@@ -147,6 +150,18 @@ async def start(services: CaseServices, principal: Principal, request: CaseReque
         if await services.store.take_start_resend(row["case_id"], START_PUBLISHING_SECONDS):
             await _publish_start(services, row, forget_on_failure=False)
     return Started(row, False)
+
+
+def _signed_start(services: CaseServices, case_id: uuid.UUID, principal: Principal,
+                  agent: str, stored_input: dict[str, Any]) -> dict[str, Any]:
+    """The case's start, signed with the API's action key: a worker runs only a case
+    whose row this signature holds for."""
+    if services.action_signer is None:
+        raise NotAccepted("this process holds no action key (CASETRAIL_ACTION_KEY_FILE): a "
+                          "case is accepted only with its start signed")
+    return sign_object(services.action_signer, start_object(
+        case_id, principal.tenant, agent, principal.subject, stored_input,
+        datetime.now(UTC))).as_json()
 
 
 def _keys(services: CaseServices, agent: AgentProfile, case_input: dict[str, Any],

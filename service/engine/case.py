@@ -191,6 +191,8 @@ class CaseSpec:
     """The model is offered ``ask_a_person``: a question parks the case until answered."""
     given: GivenAnswer | None = None
     """A person's answer to the question the parked case waits on."""
+    start_action: JsonObject | None = None
+    """The case's start as the API signed it; ``CASE_STARTED`` carries it."""
     max_event_bytes: int = MAX_EVENT_BYTES
     """The largest event the attempt may emit: a tool result that would make a larger
     one is recorded as a tool error (service/engine/budget.py)."""

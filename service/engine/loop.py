@@ -485,6 +485,7 @@ class ReactEngine:
             agent_digest=spec.agent_digest,
             answer_schema_digest=None if spec.answering is None
             else spec.answering.schema_digest,
+            start_action=spec.start_action,
         )
 
     def _redactor(self, case_id: uuid.UUID) -> Callable[[str], str]:

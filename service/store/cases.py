@@ -17,7 +17,7 @@ from service.events import (
     TERMINAL_EVENT_TYPES,
     CaseStatus,
 )
-from service.integrity import Integrity
+from service.integrity import Integrity, IntegrityError
 from service.person_actions import PersonAction, SignedAction, WaitKind
 from service.sensitive import SealedValues
 from service.store.pool import _ACTIVE, _ENDED, translate_errors
@@ -30,7 +30,8 @@ def _claim_from_row(row: asyncpg.Record) -> Claim:
     sealed = None if row["wrapped_key"] is None else SealedValues(
         row["master_key_id"], bytes(row["wrapped_key"]), bytes(row["ciphertext"]))
     recorded = RecordedCase(row["agent"], row["tenant_id"], row["input"], row["model"],
-                            row["limits"], row["started_by"], sealed)
+                            row["limits"], row["started_by"], sealed,
+                            _signed_or_none(row["start_action"]), row["legacy_start"])
     if outcome == "cancel_queued":
         return Claim("cancel_queued", attempt=1, cancel_reason=row["cancel_reason"],
                      cancelled_by=row["cancelled_by"], case=recorded)
@@ -50,6 +51,17 @@ def _claim_from_row(row: asyncpg.Record) -> Claim:
         "run", attempt=attempt, cancel_reason=row["cancel_reason"], restart_reason=restart,
         cancelled_by=row["cancelled_by"], case=recorded, action=action,
     )
+
+
+def _signed_or_none(value: Any) -> SignedAction | None:
+    """A stored signed action; ``None`` for none, or one that is not even well formed
+    (the worker then refuses it as unsigned)."""
+    if value is None:
+        return None
+    try:
+        return SignedAction.from_json(value)
+    except IntegrityError:
+        return None
 
 
 _EVENT_COLUMNS = ("event_id, case_id, tenant_id, attempt, seq, event_type, occurred_at, "
@@ -130,6 +142,8 @@ class NewCase:
     placeholders: tuple[str, ...] = ()
     keys: tuple[tuple[str, str, bool], ...] = ()
     """Its business keys: ``(field, value or digest, is a digest)``."""
+    start_action: dict[str, Any] | None = None
+    """Its start as the API signed it (service/person_actions.py)."""
 
 
 ClaimOutcome = Literal["run", "ended", "busy", "cancel_queued", "parked", "unknown"]
@@ -141,7 +155,9 @@ _CLAIM = f"""
 WITH current AS MATERIALIZED (
     SELECT case_id, status, attempts_claimed, lease_owner, terminal_published,
            cancel_requested_at, cancel_reason, cancelled_by,
-           agent, tenant_id, input, model, limits, started_by, parked_attempt,
+           agent, tenant_id, input, model, limits, started_by, parked_attempt, start_action,
+           EXISTS (SELECT 1 FROM starts_before_signing s WHERE s.case_id = cases.case_id)
+               AS legacy_start,
            lease_expires_at > now() AS lease_live
     FROM cases WHERE case_id = ANY($1::uuid[]) ORDER BY case_id FOR UPDATE
 ), decided AS (
@@ -173,7 +189,8 @@ WITH current AS MATERIALIZED (
     RETURNING cases.case_id, cases.attempts_claimed
 )
 SELECT d.case_id, d.outcome, d.cancel_reason, d.cancelled_by,
-       d.agent, d.tenant_id, d.input, d.model, d.limits, d.started_by,
+       d.agent, d.tenant_id, d.input, d.model, d.limits, d.started_by, d.start_action,
+       d.legacy_start,
        d.lease_owner AS previous_owner, d.action_attempt, d.action_kind, d.verdict,
        d.action_reason, d.decision, d.reviewer, d.acted_at, d.action_signed,
        d.action_key_id, d.action_sig,
@@ -209,6 +226,10 @@ class RecordedCase:
     started_by: str | None
     sealed: SealedValues | None = None
     """Its sensitive values, sealed (read with the claim: one round trip, not two)."""
+    start_action: SignedAction | None = None
+    """Its start as the API signed it."""
+    legacy_start: bool = False
+    """Accepted before starts were signed (``starts_before_signing``): runs unsigned."""
 
 
 @dataclass(frozen=True)
@@ -287,14 +308,14 @@ class CaseStore:
         # One statement whatever the case carries (its keys, its sealed values): atomic
         # on its own, so no BEGIN and COMMIT round trips (17 % of the API's CPU).
         insert = """INSERT INTO cases (case_id, agent, input, model, limits, request_digest,
-                                       idempotency_key, tenant_id, started_by)
-                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                                       idempotency_key, tenant_id, started_by, start_action)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
                     ON CONFLICT (tenant_id, idempotency_key)
                         WHERE idempotency_key IS NOT NULL DO NOTHING
                     RETURNING *"""
         args: list[Any] = [case.case_id, case.agent, case.input, case.model, case.limits,
                            case.request_digest, case.idempotency_key, case.tenant_id,
-                           case.started_by]
+                           case.started_by, case.start_action]
         also: list[str] = []
         if case.keys:
             n = len(args)
