@@ -74,11 +74,11 @@ class Evidence:
                                            "case is not stored"))
             return report
         stored = await self.store.find_by_case_and_types(case_id, with_body=True)
-        keys = {k.key_id: k for k in await self.keys.all()}
-        action_keys = {k.key_id: k for k in await self.keys.sibling("action_keys").all()}
-        report = verify_trail(str(case_id), trail_events(stored), keys,
+        signing, actions = await self.keys.with_action_keys()
+        report = verify_trail(str(case_id), trail_events(stored),
+                              {k.key_id: k for k in signing},
                               case_ended=row["status"] in ENDED_STATUSES,
-                              action_keys=action_keys)
+                              action_keys={k.key_id: k for k in actions})
         gone = logged.keys() - {e.event_id for e in stored}
         if gone:
             report.problems.append(Problem(None, None, "removed_after_logging",

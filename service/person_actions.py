@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -34,6 +34,14 @@ never be taken for a signature over anything else."""
 
 WaitKind = Literal["review", "second_review", "question"]
 ActionKind = Literal["review", "answer", "cancel"]
+
+
+def wait_kind(question: str | None, reasons: Sequence[str]) -> WaitKind:
+    """What a parked attempt waits for: the answer to the question ``question`` (its call
+    id), a second person's review of an override, or a review."""
+    if question is not None:
+        return "question"
+    return "second_review" if "second_review" in reasons else "review"
 
 
 def _sha256(data: bytes) -> str:
@@ -124,8 +132,7 @@ class SignedAction:
 
 
 def sign_action(signer: Signer, action: PersonAction) -> SignedAction:
-    signed = action.signed_object()
-    return SignedAction(signed, signer.key_id, signer.sign_message(action_bytes(signed)))
+    return sign_object(signer, action.signed_object())
 
 
 def signature_problem(action: SignedAction, keys: Mapping[str, Any]) -> str | None:
@@ -172,27 +179,35 @@ def _digest_agrees(text: Any, digest: Any, of: str) -> str | None:
     return f"the recorded {of} is not the one signed"
 
 
+def _same_case(signed: Mapping[str, Any], case_id: str, tenant_id: str | None,
+               kind: str, also: Sequence[tuple[bool, str]]) -> str | None:
+    """The first way ``signed`` is not this case's ``kind`` (case, tenant, kind, then
+    ``also``: each ``(holds, what it is for otherwise)``), or ``None``."""
+    checks = [(signed.get("caseId") == case_id, "another case"),
+              (tenant_id is None or signed.get("tenantId") == tenant_id, "another tenant"),
+              (signed.get("kind") == kind, f"a {signed.get('kind')!r} action"), *also]
+    return next((f"the signed {kind} is for {what}" for ok, what in checks if not ok), None)
+
+
+def _before(signed: Mapping[str, Any], attempt: int) -> tuple[bool, str]:
+    wait = signed.get("wait")
+    return (isinstance(wait, int) and 1 <= wait < attempt,
+            "a wait that is not before this attempt")
+
+
 def review_problem(case_id: str, tenant_id: str | None, attempt: int,
                    payload: Mapping[str, Any], action: SignedAction) -> str | None:
     """Whether a recorded ``CASE_REVIEWED`` (``payload``, in ``attempt`` of ``case_id``)
     is the review its signed action says: the same case, tenant, person, verdict,
     reason, decision and time, on a wait before this attempt. Signature not checked."""
     signed = action.signed
-    checks: list[tuple[bool, str]] = [
-        (signed.get("caseId") == case_id, "another case"),
-        (tenant_id is None or signed.get("tenantId") == tenant_id, "another tenant"),
-        (signed.get("kind") == "review", f"a {signed.get('kind')!r}, not a review"),
+    return _same_case(signed, case_id, tenant_id, "review", [
         (signed.get("waitKind") in ("review", "second_review"), "not a review's wait"),
-        (isinstance(signed.get("wait"), int) and 1 <= signed["wait"] < attempt,
-         "a wait that is not before this attempt"),
+        _before(signed, attempt),
         (signed.get("verdict") == payload.get("verdict"), "another verdict"),
         (signed.get("person") == payload.get("reviewer"), "another person"),
         (_time(signed.get("actedAt")) == _time(payload.get("reviewedAt")), "another time"),
-    ]
-    for ok, what in checks:
-        if not ok:
-            return f"the signed action is for {what}"
-    return _digest_agrees(payload.get("reason"), signed.get("reasonSha256"), "reason") or \
+    ]) or _digest_agrees(payload.get("reason"), signed.get("reasonSha256"), "reason") or \
         _digest_agrees(payload.get("decision"), signed.get("decisionSha256"), "decision")
 
 
@@ -202,20 +217,12 @@ def answer_problem(case_id: str, tenant_id: str | None, attempt: int, call_id: A
     its call ``call_id``, in ``attempt`` of ``case_id``) is the answer its signed action
     says. Signature not checked."""
     signed = action.signed
-    checks: list[tuple[bool, str]] = [
-        (signed.get("caseId") == case_id, "another case"),
-        (tenant_id is None or signed.get("tenantId") == tenant_id, "another tenant"),
-        (signed.get("kind") == "answer" and signed.get("waitKind") == "question",
-         "not an answer to a question"),
-        (isinstance(signed.get("wait"), int) and 1 <= signed["wait"] < attempt,
-         "a wait that is not before this attempt"),
+    return _same_case(signed, case_id, tenant_id, "answer", [
+        (signed.get("waitKind") == "question", "not an answer to a question"),
+        _before(signed, attempt),
         (signed.get("callId") == call_id, "another question"),
         (signed.get("person") == result.get("answeredBy"), "another person"),
-    ]
-    for ok, what in checks:
-        if not ok:
-            return f"the signed action is for {what}"
-    return _digest_agrees(result.get("answer"), signed.get("answerSha256"), "answer")
+    ]) or _digest_agrees(result.get("answer"), signed.get("answerSha256"), "answer")
 
 
 @dataclass(frozen=True)
@@ -304,14 +311,7 @@ def started_problem(case_id: str, tenant_id: str | None, payload: Mapping[str, A
     """Whether a recorded ``CASE_STARTED`` is the start its signed action says (the
     input compared unless it holds placeholders). Signature not checked."""
     signed = action.signed
-    checks: list[tuple[bool, str]] = [
-        (signed.get("caseId") == case_id, "another case"),
-        (tenant_id is None or signed.get("tenantId") == tenant_id, "another tenant"),
-        (signed.get("kind") == "start", f"a {signed.get('kind')!r}, not a start"),
+    return _same_case(signed, case_id, tenant_id, "start", [
         (signed.get("agent") == payload.get("agent"), "another agent"),
         (signed.get("by") == payload.get("startedBy"), "another starter"),
-    ]
-    for ok, what in checks:
-        if not ok:
-            return f"the signed start is for {what}"
-    return _digest_agrees(payload.get("input"), signed.get("inputSha256"), "input")
+    ]) or _digest_agrees(payload.get("input"), signed.get("inputSha256"), "input")

@@ -395,17 +395,8 @@ async def remove_database(settings: Settings) -> None:
 
 async def _reader_roles(settings: Settings) -> list[str]:
     """The tenants' SQL reader roles made in the namespace's database (``casetrail
-    readers create``): login roles of the cluster, which dropping the database leaves."""
-    try:
-        conn = await asyncpg.connect(settings.database_url)
-    except asyncpg.InvalidCatalogNameError:
-        return []
-    try:
-        return [r["role_name"] for r in await conn.fetch("SELECT role_name FROM tenant_readers")]
-    except asyncpg.UndefinedTableError:
-        return []
-    finally:
-        await conn.close()
+    sql-role create``): login roles of the cluster, which dropping the database leaves."""
+    return await _names_in(settings, "SELECT role_name FROM tenant_readers")
 
 
 # -- RabbitMQ ----------------------------------------------------------------------------
@@ -665,12 +656,18 @@ async def remove(settings: Settings) -> None:
 
 async def _subscribers(settings: Settings) -> list[str]:
     """The namespace's subscribers (none when its database is gone or never had them)."""
+    return await _names_in(settings, "SELECT name FROM subscribers")
+
+
+async def _names_in(settings: Settings, query: str) -> list[str]:
+    """The first column of ``query`` in the namespace's database; none when the
+    database is gone (or unreachable) or never had the table."""
     try:
         conn = await asyncpg.connect(settings.database_url)
     except (OSError, asyncpg.PostgresError):
         return []
     try:
-        return [r["name"] for r in await conn.fetch("SELECT name FROM subscribers")]
+        return [r[0] for r in await conn.fetch(query)]
     except asyncpg.PostgresError:
         return []
     finally:

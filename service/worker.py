@@ -86,9 +86,9 @@ from service.mcptools import Catalogs
 from service.person_actions import (
     PersonAction,
     SignedAction,
-    WaitKind,
     start_refusal,
     vet_action,
+    wait_kind,
 )
 from service.providers import ModelFactory
 from service.resume import record_so_far
@@ -584,8 +584,7 @@ class CaseWorker:
         """Note the wait beside the parked attempt: what it waits for, and the persons
         it excludes (the starter; on a second review, whoever reviewed the case), each
         as four eyes compares persons (identities an operator linked are one)."""
-        kind: WaitKind = "question" if asked is not None else \
-            "second_review" if "second_review" in reasons else "review"
+        kind = wait_kind(asked, reasons)
         starter = await self.store.person_of(case.started_by)
         excludes = {*(() if starter is None else (starter,)),
                     *(await self.store.persons(reviewers) if kind == "second_review"
@@ -600,8 +599,8 @@ class CaseWorker:
         key, for the wait this worker's trail records, four eyes kept, an override
         within the answer schema. Otherwise it is moved out of the wait's way (kept in
         ``case_actions_refused``), logged and counted, and the case waits again."""
-        kind: WaitKind = "question" if parked.question is not None else \
-            "second_review" if "second_review" in parked.reasons else "review"
+        kind = wait_kind(None if parked.question is None else parked.question.call_id,
+                         parked.reasons)
         given = action.decision or {}
         answered = action.kind == "answer"
         expected = PersonAction(

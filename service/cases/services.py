@@ -104,10 +104,12 @@ class CaseServices:
     evidence: Evidence
     quotas: TenantLoads
     confirmed_starts: Coalescer[uuid.UUID, Any]
+    key_searches: KeySearches
+    """Each tenant's searches by business key this minute (CASETRAIL_TENANT_MAX_KEY_
+    SEARCHES_PER_MINUTE)."""
     action_signer: Signer | None = None
     """The API's action key (CASETRAIL_ACTION_KEY_FILE): it signs every action of a
     person's it keeps; without one, no such action is kept."""
-    key_searches: KeySearches = field(default_factory=lambda: KeySearches(120))
     _noting: set[asyncio.Task[None]] = field(default_factory=set)
 
     def note_start_confirmed(self, case_id: uuid.UUID) -> None:
@@ -156,8 +158,8 @@ async def case_services(settings: Settings, *, pool_size: int = 20, patience: fl
                 Evidence(store, KeyRegistry(pool), ledger),
                 TenantLoads(lambda *args: tenant_counts(pool, *args)),
                 Coalescer(store.mark_starts_confirmed),
-                action_signer(settings) if settings.action_key_file else None,
-                KeySearches(settings.tenant_max_key_searches_per_minute))
+                KeySearches(settings.tenant_max_key_searches_per_minute),
+                action_signer(settings) if settings.action_key_file else None)
             try:
                 yield services
             finally:

@@ -213,29 +213,36 @@ class ReactEngine:
                 return await self._failed(
                     state, "max_cycles", f"no answer after {state.cycles} cycles"
                 )
-            try:
-                terminal = await self._cycle(state, model, tools, cancel)
-            except _Interrupted as stop:
-                if stop.kind == "cancelled":
-                    return await self._cancelled(state, cancel)
-                return await self._timed_out(state)
-            except ModelRejected as exc:
-                return await self._failed(state, "model_error", str(exc))
-            except ModelUnavailable as exc:
-                return await self._failed(
-                    state, "model_error", f"provider unavailable after retries: {exc}"
-                )
-            except CasetrailError:
-                raise  # the bus or the store: the attempt is handed back and runs again
-            except Exception as exc:  # a bug in a model adapter, a script or a tool's code
-                # It would fail again on every attempt: the case ends, saying why, instead
-                # of stalling with its start command unsettled.
-                log.exception("case %s attempt %d: a cycle raised", spec.case_id,
-                              spec.attempt)
-                return await self._failed(state, "internal_error", scrub(
-                    f"cycle {state.cycles} raised {type(exc).__name__}: {exc}"))
+            terminal = await self._cycle_or_end(state, model, tools, cancel)
             if terminal is not None:
                 return terminal
+
+    async def _cycle_or_end(
+        self, state: RunState, model: ChatModel, tools: ToolBox, cancel: CancelSignal
+    ) -> AttemptEnd | None:
+        """One cycle, or how the attempt ends when the cycle cannot go on: interrupted
+        (cancel, deadline), the model refused or away, or a foreign exception."""
+        try:
+            return await self._cycle(state, model, tools, cancel)
+        except _Interrupted as stop:
+            if stop.kind == "cancelled":
+                return await self._cancelled(state, cancel)
+            return await self._timed_out(state)
+        except ModelRejected as exc:
+            return await self._failed(state, "model_error", str(exc))
+        except ModelUnavailable as exc:
+            return await self._failed(
+                state, "model_error", f"provider unavailable after retries: {exc}"
+            )
+        except CasetrailError:
+            raise  # the bus or the store: the attempt is handed back and runs again
+        except Exception as exc:  # a bug in a model adapter, a script or a tool's code
+            # It would fail again on every attempt: the case ends, saying why, instead
+            # of stalling with its start command unsettled.
+            log.exception("case %s attempt %d: a cycle raised", state.spec.case_id,
+                          state.spec.attempt)
+            return await self._failed(state, "internal_error", scrub(
+                f"cycle {state.cycles} raised {type(exc).__name__}: {exc}"))
 
     async def _reviewed(self, state: RunState, parked: Parked) -> AttemptEnd | None:
         """Take up a case a person reviewed: record their review (unless an earlier

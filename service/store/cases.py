@@ -661,8 +661,10 @@ class CaseStore:
         if subject.startswith("key:"):
             async with translate_errors():
                 person: str | None = await self._pool.fetchval(
-                    "SELECT person FROM api_keys WHERE key_id = $1", subject[4:])
-            return None if person is None else (await self.persons([("key", person)]))[0]
+                    """SELECT coalesce(p.person, k.person) FROM api_keys k
+                       LEFT JOIN person_identities p ON p.identity = 'key:' || k.person
+                       WHERE k.key_id = $1""", subject[4:])
+            return person
         return None
 
     async def persons(self, identities: Sequence[tuple[str, str]]) -> list[str]:

@@ -89,6 +89,22 @@ class KeyRegistry:
         return [PublicKey(r["key_id"], bytes(r["public_key"]), r["not_valid_after"])
                 for r in rows]
 
+    async def with_action_keys(self) -> tuple[list[PublicKey], list[PublicKey]]:
+        """``(signing keys, action keys)``, read in one statement (what verifying a
+        trail needs)."""
+        async with translate_errors():
+            rows = await self._pool.fetch(
+                """SELECT 'signing' AS kind, key_id, public_key, not_valid_after, created_at
+                   FROM signing_keys
+                   UNION ALL
+                   SELECT 'action', key_id, public_key, not_valid_after, created_at
+                   FROM action_keys ORDER BY created_at""")
+        found: dict[str, list[PublicKey]] = {"signing": [], "action": []}
+        for r in rows:
+            found[r["kind"]].append(PublicKey(r["key_id"], bytes(r["public_key"]),
+                                              r["not_valid_after"]))
+        return found["signing"], found["action"]
+
     async def describe(self) -> list[dict[str, Any]]:
         """Every key as ``GET /signing-keys`` shows it."""
         async with translate_errors():
