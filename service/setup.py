@@ -37,8 +37,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+import aiormq
 import asyncpg
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from service import sealing
 from service.agents import CAPABILITIES
@@ -640,6 +642,29 @@ async def remove(settings: Settings) -> None:
     objects is refused before anything is removed."""
     await check_removable(settings)
     subscribers = await _subscribers(settings)
+    async for attempt in AsyncRetrying(retry=retry_if_exception(_queue_recovering),
+                                       stop=stop_after_delay(REMOVE_WAIT_SECONDS),
+                                       wait=wait_fixed(1.0), reraise=True):
+        with attempt:
+            await _remove_from_bus(settings, subscribers)
+    await remove_database(settings)
+    remove_broker_users(settings, [f"{settings.namespace}-subscriber-{n}" for n in subscribers])
+    settings.secrets_path().unlink(missing_ok=True)
+
+
+# A cluster that has just got its majority back takes a few seconds to restart a queue's
+# leader; until then deleting that queue answers NOT_FOUND "... is down or inaccessible".
+REMOVE_WAIT_SECONDS = 90.0
+
+
+def _queue_recovering(error: BaseException) -> bool:
+    return (isinstance(error, aiormq.exceptions.ChannelNotFoundEntity)
+            and "down or inaccessible" in str(error))
+
+
+async def _remove_from_bus(settings: Settings, subscribers: list[str]) -> None:
+    """Delete the namespace's queues and exchanges (deleting what is gone is no error,
+    so a retry after a queue that was still recovering starts again from the top)."""
     connection = await connect(settings.amqp_url, "casetrail-setup")
     try:
         channel = await connection.channel()
@@ -649,9 +674,6 @@ async def remove(settings: Settings) -> None:
                                        if_unused=False, if_empty=False)
     finally:
         await connection.close()
-    await remove_database(settings)
-    remove_broker_users(settings, [f"{settings.namespace}-subscriber-{n}" for n in subscribers])
-    settings.secrets_path().unlink(missing_ok=True)
 
 
 async def _subscribers(settings: Settings) -> list[str]:
