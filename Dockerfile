@@ -9,7 +9,6 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY service ./service
 COPY consumers ./consumers
-COPY casetrail ./casetrail
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11.11-slim-bookworm
@@ -17,7 +16,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     CASETRAIL_MIGRATIONS_DIR=/app/migrations \
     CASETRAIL_API_HOST=0.0.0.0
-# fonts-dejavu-core: the case report's fonts (all of Unicode; service/report.py).
+# fonts-dejavu-core: the case report's fonts (all of Unicode; service/audit/report.py).
 RUN apt-get update && apt-get install -y --no-install-recommends fonts-dejavu-core \
     && rm -rf /var/lib/apt/lists/* && useradd --create-home --uid 10001 casetrail
 COPY --from=build /wheels /wheels

@@ -25,8 +25,8 @@ from bench.harness import (
     wait_ready,
     wait_rows,
 )
-from service.config import Settings
-from service.ledger.sequencer import TREE_SIZE_SQL
+from casetrail.components.sequencer import TREE_SIZE_SQL
+from casetrail.config import Settings
 
 PORT = 8790
 _RUN_CASES = ("SELECT count(*) FROM cases WHERE tenant_id = 'default' "

@@ -18,14 +18,14 @@ from pathlib import Path
 import asyncpg
 import httpx
 
-from service.config import Settings
-from service.integrity import Signer
-from service.keyfile import worker_signer, write_signer
-from service.ledger.note import NoteSigner
-from service.ledger.sequencer import write_log_key
-from service.setup import remove, setup
-from service.store import ApiKeyStore
-from service.supervisor import component_command
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.components.sequencer import write_log_key
+from casetrail.components.supervisor import component_command
+from casetrail.config import Settings
+from casetrail.contract.integrity import Signer
+from casetrail.ledger.note import NoteSigner
+from casetrail.ops.setup import remove, setup
+from casetrail.trail.keyfile import worker_signer, write_signer
 
 ROOT = Path(__file__).resolve().parent.parent
 

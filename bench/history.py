@@ -25,9 +25,9 @@ import asyncpg
 
 from bench.e2e import end_to_end
 from bench.harness import bench_settings
-from service.config import Settings
-from service.migrate import database_name
-from service.setup import setup
+from casetrail.config import Settings
+from casetrail.ops.migrate import database_name
+from casetrail.ops.setup import setup
 
 SIZES = (10_000_000, 25_000_000)
 EVENTS_A_CASE = 10

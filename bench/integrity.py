@@ -12,10 +12,10 @@ from typing import Any
 import orjson
 
 from bench.raw import sample_cycles
-from consumers.admission import Admission, KeyRing, Refused
-from service.integrity import GENESIS, HEADER, Signer, chain_hash, signature_valid
-from service.sensitive import Redaction
-from service.verification import PublicKey
+from casetrail.consumers.admission import Admission, KeyRing, Refused
+from casetrail.contract.integrity import GENESIS, HEADER, Signer, chain_hash, signature_valid
+from casetrail.privacy.sensitive import Redaction
+from casetrail.trail.verification import PublicKey
 
 
 def _per_event(seconds: float, count: int) -> float:

@@ -37,11 +37,11 @@ from bench.harness import (
     wait_ready,
     wait_rows,
 )
-from service.ledger import merkle
-from service.ledger.note import Checkpoint, NoteSigner, sign
-from service.ledger.sequencer import TREE_SIZE_SQL
-from service.migrate import database_name
-from service.setup import setup
+from casetrail.components.sequencer import TREE_SIZE_SQL
+from casetrail.ledger import merkle
+from casetrail.ledger.note import Checkpoint, NoteSigner, sign
+from casetrail.ops.migrate import database_name
+from casetrail.ops.setup import setup
 
 PROOF_PORT = 8799
 

@@ -40,8 +40,8 @@ from bench.harness import (
     wait_rows,
 )
 from bench.slow_model import TURN_SECONDS, Provider
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import ModelEndpoint
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import ModelEndpoint
 
 
 def free_port() -> int:

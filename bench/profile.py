@@ -23,7 +23,8 @@ from bench.e2e import end_to_end
 from bench.slow_model import Provider
 
 OURS = ("service/", "consumers/")
-ENTRY = ("service/cli", "service/supervisor.py", "service/bus/probe.py", "service/runtime.py")
+ENTRY = ("service/cli/main.py", "service/components/supervisor.py",
+         "service/adapters/bus/probe.py", "service/components/runtime.py")
 """Frames every sample passes through (the command, its supervisor): not worth a row."""
 
 

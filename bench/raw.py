@@ -12,10 +12,10 @@ from typing import Any
 import aiormq
 import asyncpg
 
-from service.bus.fastpath import ConfirmedChannel
-from service.bus.properties import Properties
-from service.config import Settings
-from service.events import (
+from casetrail.adapters.bus.fastpath import ConfirmedChannel
+from casetrail.adapters.bus.properties import Properties
+from casetrail.config import Settings
+from casetrail.contract.events import (
     Event,
     ReactCyclePayload,
     TokenUsage,

@@ -20,9 +20,9 @@ import asyncpg
 import httpx
 
 from bench.harness import Processes, api_key, bench_settings, namespace, wait_ready, wait_rows
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.store import ApiKeyStore
-from service.supervisor import component_command
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.components.supervisor import component_command
 
 PORT = 8798
 

@@ -1,6 +1,6 @@
 """What taking up a case costs as its record grows: a worker that resumes a case reads
 its earlier attempts' events, checks their chains and signatures and rebuilds the
-conversation (``service.resume.record_so_far``, the worker's own code) before it asks
+conversation (``casetrail.audit.resume.record_so_far``, the worker's own code) before it asks
 the model anything. Cases of 10, 50 and 200 cycles run through the pipeline to
 completion first; then each is read back as the next attempt would read it.
 
@@ -26,9 +26,9 @@ from bench.harness import (
     wait_ready,
     wait_rows,
 )
-from service.resume import record_so_far
-from service.store import CaseStore, KeyRegistry
-from service.store.pool import create_pool
+from casetrail.adapters.store import CaseStore, KeyRegistry
+from casetrail.adapters.store.pool import create_pool
+from casetrail.audit.resume import record_so_far
 
 PORT = 8791
 SHAPES = ((10, 20), (50, 20), (200, 20))

@@ -27,9 +27,9 @@ from bench.harness import (
     wait_ready,
     wait_rows,
 )
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
-from service.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
 
 PORT = 8794
 REFERRED = SAMPLE_APPLICATIONS[1]  # the scripted loan officer refers it: it waits

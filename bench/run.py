@@ -35,8 +35,8 @@ from bench import (
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, namespace
 from bench.integrity import integrity_costs
-from service.config import Settings
-from service.migrate import drop_database, ensure_database
+from casetrail.config import Settings
+from casetrail.ops.migrate import drop_database, ensure_database
 
 PEER_PYTHON = ROOT / "bench" / ".venv-peer" / "bin" / "python"
 TARGETS: dict[str, Any] = {

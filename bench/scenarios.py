@@ -26,13 +26,13 @@ from bench.harness import (
     wait_rows,
 )
 from bench.raw import sample_cycles
-from service.bus.publisher import EventPublisher, Publisher
-from service.bus.topology import Topology
-from service.commands import CaseStartCommand
-from service.config import Settings
-from service.events import Limits, ModelRef, make_event
-from service.keyfile import action_signer, worker_signer
-from service.person_actions import sign_object, start_object
+from casetrail.adapters.bus.publisher import EventPublisher, Publisher
+from casetrail.adapters.bus.topology import Topology
+from casetrail.config import Settings
+from casetrail.contract.commands import CaseStartCommand
+from casetrail.contract.events import Limits, ModelRef, make_event
+from casetrail.trail.keyfile import action_signer, worker_signer
+from casetrail.trail.person_actions import sign_object, start_object
 
 
 async def latency_at(settings: Settings, rates: list[int], seconds: float = 8.0

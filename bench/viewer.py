@@ -31,7 +31,7 @@ from bench.harness import (
     service_cpu,
     wait_ready,
 )
-from service.config import Settings
+from casetrail.config import Settings
 
 SEED_SQL = """
 INSERT INTO cases (case_id, tenant_id, agent, status, input, model, limits, request_digest,

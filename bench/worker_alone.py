@@ -17,7 +17,7 @@ import aio_pika
 
 from bench.harness import Processes, bench_settings, cpu_seconds, namespace, service_cpu
 from bench.scenarios import submit_direct
-from service.bus.topology import Topology
+from casetrail.adapters.bus.topology import Topology
 
 CYCLES = 10
 EVENTS_PER_CASE = CYCLES + 2

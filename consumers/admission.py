@@ -1,9 +1,9 @@
 """What the event-log consumer lets into the trail: only events the worker signed.
 
-The checks live in ``service.admission``, shared with the API's live streams (which
+The checks live in ``casetrail.trail.admission``, shared with the API's live streams (which
 must not show what the record would refuse); the consumer uses them from here.
 """
 
-from service.admission import KEY_REFRESH_SECONDS, Admission, KeyRing, Refused
+from casetrail.trail.admission import KEY_REFRESH_SECONDS, Admission, KeyRing, Refused
 
 __all__ = ["KEY_REFRESH_SECONDS", "Admission", "KeyRing", "Refused"]

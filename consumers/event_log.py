@@ -7,7 +7,7 @@ batch. Nothing is acknowledged before it is committed.
 
 - A message that is not a genuine event (not published by the worker's identity,
   unsigned, a hash or signature that does not verify, an unknown or retired key:
-  ``consumers.admission``) or that it cannot read (bad JSON, an old or unknown
+  ``casetrail.consumers.admission``) or that it cannot read (bad JSON, an old or unknown
   schema version, a missing field, an unknown type, oversized) goes to the
   dead-letter exchange with the reason in its headers, and never touches
   ``cases``; its neighbours are stored.
@@ -33,21 +33,21 @@ import asyncpg
 from aio_pika.abc import AbstractRobustConnection
 from tenacity import wait_exponential_jitter
 
-from consumers.admission import Admission, KeyRing, Refused
-from consumers.writer import BatchOutcome, EventLogWriter
-from service.backoff import backoff_delay
-from service.bus.dead_letter import REASON_HEADER, dead_letter
-from service.bus.deliveries import Delivery, Subscription
-from service.bus.probe import DEAD_LETTERS, QueueProbe
-from service.bus.publisher import Publisher
-from service.bus.topology import Topology
-from service.config import Settings
-from service.errors import BusUnavailable, StoreUnavailable
-from service.events import SignedEvent
-from service.runtime import component
-from service.store import KeyRegistry
-from service.supervisor import run_until_signal
-from service.telemetry import metrics, tracing
+from casetrail.adapters.bus.dead_letter import REASON_HEADER, dead_letter
+from casetrail.adapters.bus.deliveries import Delivery, Subscription
+from casetrail.adapters.bus.probe import DEAD_LETTERS, QueueProbe
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import KeyRegistry
+from casetrail.components.runtime import component
+from casetrail.components.supervisor import run_until_signal
+from casetrail.config import Settings
+from casetrail.consumers.admission import Admission, KeyRing, Refused
+from casetrail.consumers.writer import BatchOutcome, EventLogWriter
+from casetrail.contract.events import SignedEvent
+from casetrail.engine.backoff import backoff_delay
+from casetrail.errors import BusUnavailable, StoreUnavailable
+from casetrail.telemetry import metrics, tracing
 
 log = logging.getLogger("casetrail.consumer")
 

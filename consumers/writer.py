@@ -15,7 +15,8 @@ from typing import Any
 
 import asyncpg
 
-from service.events import (
+from casetrail.adapters.store import locked_cases_cte, translate_errors
+from casetrail.contract.events import (
     ENDED_STATUSES,
     PARKING_EVENT_TYPE,
     RUNNING_EVENT_TYPES,
@@ -26,7 +27,6 @@ from service.events import (
     sql_statuses,
     status_for,
 )
-from service.store import locked_cases_cte, translate_errors
 
 _LOCK_RETRIES = 5
 

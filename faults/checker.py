@@ -32,8 +32,8 @@ import aio_pika
 import asyncpg
 import orjson
 
-from service.bus.topology import Topology
-from service.events import PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES
+from casetrail.adapters.bus.topology import Topology
+from casetrail.contract.events import PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES
 
 
 def witness_name(topology: Topology) -> str:

@@ -17,16 +17,16 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from casetrail.adapters.bus.connection import connect
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import ApiKeyStore, KeyRegistry, create_pool
+from casetrail.components.sequencer import write_log_key
+from casetrail.config import Settings
+from casetrail.contract.integrity import Signer
+from casetrail.ledger.note import NoteSigner
+from casetrail.ops.setup import remove, setup
+from casetrail.trail.keyfile import write_signer
 from faults.checker import Report, declare_witness, table, witness_name
-from service.bus.connection import connect
-from service.bus.topology import Topology
-from service.config import Settings
-from service.integrity import Signer
-from service.keyfile import write_signer
-from service.ledger.note import NoteSigner
-from service.ledger.sequencer import write_log_key
-from service.setup import remove, setup
-from service.store import ApiKeyStore, KeyRegistry, create_pool
 from tests.helpers import wait_until
 from tests.stack import free_port, spawn
 

@@ -10,7 +10,7 @@ whether one or two nodes die in turn; ``CASETRAIL_FAULT_RUNS`` runs (3 by defaul
 soak, ``make test-faults-soak``, runs 20), each checked by the same checker.
 
 Every component gets all three nodes' URLs (``CASETRAIL_AMQP_URL``, comma-separated) and
-fails over from one to the next (service/bus/connection.py).
+fails over from one to the next (service/adapters/bus/connection.py).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import asyncpg
 import httpx
 import pytest
 
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from faults import cluster
 from faults.conftest import Stack, running_stack
 from faults.test_faults import all_ended, settle_and_check, submit
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
 from tests.helpers import wait_until
 
 # The suite-wide 120 s counts fixture setup too: the first scenario here also starts the

@@ -18,17 +18,17 @@ import httpx
 import orjson
 
 from bench.harness import unacked
+from casetrail.adapters.bus.connection import connect
+from casetrail.adapters.bus.dead_letter import REASON_HEADER
+from casetrail.adapters.bus.publisher import EventPublisher, Publisher
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.contract.events import make_event, seal_chain
+from casetrail.contract.integrity import canonical
+from casetrail.trail.keyfile import worker_signer
 from faults.checker import check, drain_witness
 from faults.conftest import REPORTS, Stack, pg_cluster, rabbit
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.bus.connection import connect
-from service.bus.dead_letter import REASON_HEADER
-from service.bus.publisher import EventPublisher, Publisher
-from service.bus.topology import Topology
-from service.events import make_event, seal_chain
-from service.integrity import canonical
-from service.keyfile import worker_signer
-from service.store import ApiKeyStore
 from tests.helpers import wait_until
 from tests.test_pipeline import cycle, started
 

@@ -16,7 +16,7 @@ decides by *kind*, never by library:
         └── Reject          a message that cannot be processed: dead-letter it
 
 A tool failure is *not* an error here: it is an observation the model sees
-(see ``service.engine.tools``).
+(see ``casetrail.engine.tools``).
 """
 
 from __future__ import annotations

@@ -20,17 +20,17 @@ import httpx
 import pytest
 from playwright.async_api import Browser, async_playwright
 
-from consumers.admission import Admission, KeyRing
-from service.agents import CAPABILITIES
-from service.bus import fastpath
-from service.bus.topology import Topology
-from service.config import Component, Settings, TenantQuota
-from service.integrity import Signer
-from service.keyfile import worker_signer, write_signer
-from service.ledger.note import NoteSigner
-from service.ledger.sequencer import write_log_key
-from service.setup import remove, setup
-from service.store import ApiKeyStore, KeyRegistry, component_pool, create_pool
+from casetrail.adapters.bus import fastpath
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import ApiKeyStore, KeyRegistry, component_pool, create_pool
+from casetrail.agents import CAPABILITIES
+from casetrail.components.sequencer import write_log_key
+from casetrail.config import Component, Settings, TenantQuota
+from casetrail.consumers.admission import Admission, KeyRing
+from casetrail.contract.integrity import Signer
+from casetrail.ledger.note import NoteSigner
+from casetrail.ops.setup import remove, setup
+from casetrail.trail.keyfile import worker_signer, write_signer
 from tests.helpers import CapabilityConnections
 from tests.stack import InProcessStack
 

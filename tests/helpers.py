@@ -12,12 +12,12 @@ from typing import Any
 
 import aio_pika
 
-from service.agents import AGENTS, CAPABILITIES, registry
-from service.bus.dead_letter import REASON_HEADER
-from service.bus.topology import Topology
-from service.engine.case import CaseSpec
-from service.engine.tools import InProcessWorkerRuntime, ToolBox, ToolSource
-from service.events import Event, Limits, ModelRef
+from casetrail.adapters.bus.dead_letter import REASON_HEADER
+from casetrail.adapters.bus.topology import Topology
+from casetrail.agents import AGENTS, CAPABILITIES, registry
+from casetrail.contract.events import Event, Limits, ModelRef
+from casetrail.engine.case import CaseSpec
+from casetrail.engine.tools import InProcessWorkerRuntime, ToolBox, ToolSource
 
 CapabilityConnections = Callable[[str], Awaitable[aio_pika.abc.AbstractRobustConnection]]
 """The ``capability_as`` fixture: a broker connection as one capability's own user."""

@@ -20,24 +20,11 @@ import httpx
 import pytest
 import uvicorn
 
-from consumers.admission import Admission, KeyRing
-from consumers.event_log import EventLogConsumer
-from consumers.writer import EventLogWriter
-from service.agents import CAPABILITIES
-from service.api import create_app
-from service.api.streams import STREAMS_CLOSE_SECONDS
-from service.bus.connection import connect
-from service.bus.publisher import Publisher
-from service.bus.rpc import BusWorkerRuntime, RetryPolicy
-from service.bus.topology import Topology
-from service.capability_worker import CapabilityWorker
-from service.config import Settings
-from service.keyfile import worker_signer
-from service.providers import ModelFactory
-from service.sealing import CapabilityKeys, private_key
-from service.sensitive import Vault
-from service.setup import remove, setup
-from service.store import (
+from casetrail.adapters.bus.connection import connect
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.rpc import BusWorkerRuntime, RetryPolicy
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import (
     ApiKeyStore,
     CapabilityKeyRegistry,
     CaseSecrets,
@@ -46,8 +33,21 @@ from service.store import (
     component_pool,
     create_pool,
 )
-from service.supervisor import component_command
-from service.worker import Caps, CaseWorker
+from casetrail.agents import CAPABILITIES
+from casetrail.api import create_app
+from casetrail.api.streams import STREAMS_CLOSE_SECONDS
+from casetrail.components.capability_worker import CapabilityWorker
+from casetrail.components.supervisor import component_command
+from casetrail.components.worker import Caps, CaseWorker
+from casetrail.config import Settings
+from casetrail.consumers.admission import Admission, KeyRing
+from casetrail.consumers.event_log import EventLogConsumer
+from casetrail.consumers.writer import EventLogWriter
+from casetrail.ops.setup import remove, setup
+from casetrail.privacy.sealing import CapabilityKeys, private_key
+from casetrail.privacy.sensitive import Vault
+from casetrail.providers import ModelFactory
+from casetrail.trail.keyfile import worker_signer
 
 
 def free_port() -> int:
@@ -174,7 +174,7 @@ def module_stack(worker_concurrency: int) -> Any:
 def other_namespace(settings: Settings, suffix: str) -> Settings:
     """Settings for a second stack beside the tests' own: its own namespace, database
     and secrets file (``casetrail setup`` makes its identities; remove it afterwards
-    with ``service.setup.remove``)."""
+    with ``casetrail.ops.setup.remove``)."""
     secrets_file = Path(settings.secrets_path()).with_name(f"{suffix}.identities.json")
     return settings.model_copy(update={
         "namespace": f"{settings.namespace}-{suffix}",

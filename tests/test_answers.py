@@ -18,16 +18,16 @@ import httpx
 import orjson
 import pytest
 
-from service.agents import AGENTS
-from service.agents.loan_officer import SAMPLE_APPLICATIONS, think
-from service.config import ModelEndpoint, Settings
-from service.engine.answers import FINAL_ANSWER, feedback
-from service.engine.chat import AssistantTurn, ToolResultMessage, UserMessage
-from service.engine.loop import ReactEngine
-from service.engine.scripted import ScriptedModel, call
-from service.integrity import public_key_text
-from service.keyfile import worker_signer
-from service.resume import RecordedEvent, resumption
+from casetrail.agents import AGENTS
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS, think
+from casetrail.audit.resume import RecordedEvent, resumption
+from casetrail.config import ModelEndpoint, Settings
+from casetrail.contract.integrity import public_key_text
+from casetrail.engine.answers import FINAL_ANSWER, feedback
+from casetrail.engine.chat import AssistantTurn, ToolResultMessage, UserMessage
+from casetrail.engine.loop import ReactEngine
+from casetrail.engine.scripted import ScriptedModel, call
+from casetrail.trail.keyfile import worker_signer
 from tests.fake_llm import FakeLLM, fake_llm, openai_turn
 from tests.helpers import ListSink, ended, spec_for, toolbox
 from tests.stack import in_process_stack

@@ -15,8 +15,8 @@ import httpx
 import orjson
 import pytest
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
 from tests.helpers import ended, wait_until
 from tests.stack import InProcessStack, module_stack
 

@@ -14,11 +14,11 @@ import asyncpg
 import httpx
 import pytest
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.api import create_app
-from service.api.routes import api_routes
-from service.config import Settings
-from service.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.api import create_app
+from casetrail.api.routes import api_routes
+from casetrail.config import Settings
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack, serve_api
 
@@ -191,7 +191,7 @@ async def test_bench_only_features_are_refused_outside_bench_mode(
 
 
 def run_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "casetrail.cli", *args], capture_output=True,
                           text=True, env=settings.environment(), timeout=60, check=False)
 
 

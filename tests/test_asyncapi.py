@@ -14,10 +14,10 @@ import httpx
 import jsonschema_rs
 import pytest
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.asyncapi import asyncapi_document
-from service.config import Settings
-from service.events import EVENT_TYPES
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
+from casetrail.contract.events import EVENT_TYPES
+from casetrail.ops.asyncapi import asyncapi_document
 from tests.helpers import drain, ended
 from tests.stack import InProcessStack, module_stack
 
@@ -41,7 +41,7 @@ def test_the_document_is_valid_asyncapi_3() -> None:
 
 
 def test_docs_asyncapi_json_is_the_generated_document() -> None:
-    """Regenerate with `python -m service.asyncapi > docs/asyncapi.json` after changing an
+    """Regenerate with `python -m casetrail.ops.asyncapi > docs/asyncapi.json` after changing an
     event, a command or the topology."""
     kept = json.loads((ROOT / "docs" / "asyncapi.json").read_text())
     assert kept == json.loads(json.dumps(asyncapi_document("casetrail")))

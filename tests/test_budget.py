@@ -10,10 +10,10 @@ from typing import Any
 
 import orjson
 
-from service.engine.budget import ENVELOPE_ROOM, within_budget
-from service.engine.chat import ToolResultMessage
-from service.engine.tools import ToolOutcome
-from service.events import MAX_EVENT_BYTES, ToolCallRecord
+from casetrail.contract.events import MAX_EVENT_BYTES, ToolCallRecord
+from casetrail.engine.budget import ENVELOPE_ROOM, within_budget
+from casetrail.engine.chat import ToolResultMessage
+from casetrail.engine.tools import ToolOutcome
 
 
 def outcome(call_id: str, result: Any) -> ToolOutcome:

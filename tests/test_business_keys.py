@@ -9,9 +9,9 @@ from typing import Any
 import asyncpg
 import httpx
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
-from service.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack, serve_api
 from tests.test_sensitive import SUSPECT, key_with

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.integrity import Signer, _representable, canonical, signature_valid
+from casetrail.contract.integrity import Signer, _representable, canonical, signature_valid
 
 
 def reference(value: Any) -> bytes:

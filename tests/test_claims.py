@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import asyncpg
 import pytest
 
-from service.batching import Coalescer
-from service.store import CaseStore, NewCase
+from casetrail.adapters.store import CaseStore, NewCase
+from casetrail.adapters.store.batching import Coalescer
 
 
 async def new_case(store: CaseStore) -> uuid.UUID:

@@ -13,9 +13,9 @@ from pathlib import Path
 import asyncpg
 import orjson
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
-from service.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
 from tests.helpers import wait_for_sql
 from tests.stack import InProcessStack, module_stack
 
@@ -28,7 +28,7 @@ def cli(settings: Settings, *args: str, key: str | None = None
     env.pop("CASETRAIL_API_KEY", None)
     if key is not None:
         env["CASETRAIL_API_KEY"] = key
-    return subprocess.run([sys.executable, "-m", "service.cli", "cases", *args], env=env,
+    return subprocess.run([sys.executable, "-m", "casetrail.cli", "cases", *args], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
 
 

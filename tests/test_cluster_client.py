@@ -7,10 +7,10 @@ import aio_pika
 import pytest
 from yarl import URL
 
-from service.bus.connection import ClusterConnection, connect
-from service.config import Settings, amqp_nodes
-from service.errors import BusUnavailable
-from service.setup import _with_user
+from casetrail.adapters.bus.connection import ClusterConnection, connect
+from casetrail.config import Settings, amqp_nodes
+from casetrail.errors import BusUnavailable
+from casetrail.ops.setup import _with_user
 from tests.stack import free_port
 
 

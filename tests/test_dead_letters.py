@@ -16,13 +16,13 @@ import aio_pika
 import asyncpg
 import httpx
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.bus.publisher import Publisher
-from service.bus.topology import Topology
-from service.config import Settings
-from service.events import CaseErasedPayload, make_event
-from service.integrity import GENESIS, HEADER, Signer
-from service.store import KeyRegistry
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import KeyRegistry
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
+from casetrail.contract.events import CaseErasedPayload, make_event
+from casetrail.contract.integrity import GENESIS, HEADER, Signer
 from tests.helpers import CapabilityConnections, ended, wait_until
 from tests.stack import module_stack
 from tests.test_streams import read_stream
@@ -31,7 +31,7 @@ stack = module_stack(worker_concurrency=4)
 
 
 def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", "dead-letters", *args],
+    return subprocess.run([sys.executable, "-m", "casetrail.cli", "dead-letters", *args],
                           capture_output=True, text=True, env=settings.environment(),
                           timeout=60, check=False)
 

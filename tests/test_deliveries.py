@@ -12,11 +12,11 @@ import aio_pika
 import pytest
 from aiormq.abc import DeliveredMessage
 
-from service.bus.dead_letter import REASON_HEADER
-from service.bus.deliveries import Delivery, Subscription, TaskPerDelivery
-from service.bus.publisher import Publisher
-from service.bus.topology import Topology
-from service.errors import Reject, TransientError
+from casetrail.adapters.bus.dead_letter import REASON_HEADER
+from casetrail.adapters.bus.deliveries import Delivery, Subscription, TaskPerDelivery
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.topology import Topology
+from casetrail.errors import Reject, TransientError
 from tests.helpers import wait_until
 
 

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from service.agents import loan_officer
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.engine.case import CancelSignal, extract_answer
-from service.engine.chat import (
+from casetrail.agents import loan_officer
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.contract.events import ZERO_USAGE, ReactCycle
+from casetrail.engine.case import CancelSignal, extract_answer
+from casetrail.engine.chat import (
     AssistantTurn,
     ChatMessage,
     SystemMessage,
@@ -22,11 +23,10 @@ from service.engine.chat import (
     count_tokens,
     message_text,
 )
-from service.engine.loop import ReactEngine
-from service.engine.scripted import ScriptedModel, call
-from service.engine.tools import InProcessWorkerRuntime, LocalTool, ToolBox, WorkerTool
-from service.errors import ModelRejected, ModelUnavailable
-from service.events import ZERO_USAGE, ReactCycle
+from casetrail.engine.loop import ReactEngine
+from casetrail.engine.scripted import ScriptedModel, call
+from casetrail.engine.tools import InProcessWorkerRuntime, LocalTool, ToolBox, WorkerTool
+from casetrail.errors import ModelRejected, ModelUnavailable
 from tests.helpers import ListSink, spec_for, toolbox
 
 

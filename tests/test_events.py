@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.events import (
+from casetrail.contract.events import (
     EVENT_ID_NAMESPACE,
     CaseCompletedPayload,
     InvalidEvent,
@@ -179,7 +179,12 @@ def test_one_vocabulary_of_statuses_in_python_sql_and_the_migrations() -> None:
     import re
     from pathlib import Path
 
-    from service.events import ENDED_STATUSES, TERMINAL_EVENT_TYPES, CaseStatus, status_for
+    from casetrail.contract.events import (
+        ENDED_STATUSES,
+        TERMINAL_EVENT_TYPES,
+        CaseStatus,
+        status_for,
+    )
 
     # The latest migration that sets the CHECK holds every status (017 added
     # awaiting_review).

@@ -15,10 +15,10 @@ import pytest
 from aiormq.abc import ChannelFrame
 from pamqp.heartbeat import Heartbeat
 
-from service.bus import fastpath
-from service.bus.deliveries import Delivery, Subscription
-from service.bus.properties import Properties
-from service.bus.publisher import Publisher
+from casetrail.adapters.bus import fastpath
+from casetrail.adapters.bus.deliveries import Delivery, Subscription
+from casetrail.adapters.bus.properties import Properties
+from casetrail.adapters.bus.publisher import Publisher
 from tests.helpers import drain, wait_until
 
 
@@ -57,8 +57,8 @@ def test_importing_the_bus_switches_nothing_on() -> None:
     import subprocess
     import sys
 
-    code = ("import service.bus.publisher, service.bus.deliveries, service.bus.fastpath as f, "
-            "aiormq.connection as c; "
+    code = ("import casetrail.adapters.bus.publisher, casetrail.adapters.bus.deliveries, "
+            "casetrail.adapters.bus.fastpath as f, aiormq.connection as c; "
             "print(f.enabled(), c.FrameReceiver.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()

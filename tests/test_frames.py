@@ -10,8 +10,8 @@ from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from service.bus.frames import FRAME_OVERHEAD, publish_frames
-from service.bus.properties import Properties
+from casetrail.adapters.bus.frames import FRAME_OVERHEAD, publish_frames
+from casetrail.adapters.bus.properties import Properties
 
 FRAME_MAX = 131_072
 

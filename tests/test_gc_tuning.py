@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from service import gc_tuning
-from service.config import Settings
+from casetrail.components import gc_tuning
+from casetrail.config import Settings
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ async def _frozen() -> int:
 
 
 def test_only_long_running_commands_tune_the_collector(restore_gc: None) -> None:
-    from service.cli_common import run
+    from casetrail.cli.common import run
 
     assert run(_frozen()) == 0
     assert run(_frozen(), long_running=True) > 1000

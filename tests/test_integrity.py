@@ -24,14 +24,14 @@ import httpx
 import orjson
 import pytest
 
-from consumers.admission import Admission, KeyRing, Refused
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.bus.publisher import Publisher
-from service.bus.topology import Topology
-from service.config import Settings
-from service.events import CaseCompletedPayload, TokenUsage, make_event
-from service.integrity import GENESIS, HEADER, Signer, canonical, public_key_text
-from service.store import KeyRegistry
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import KeyRegistry
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
+from casetrail.consumers.admission import Admission, KeyRing, Refused
+from casetrail.contract.events import CaseCompletedPayload, TokenUsage, make_event
+from casetrail.contract.integrity import GENESIS, HEADER, Signer, canonical, public_key_text
 from tests.helpers import dead_letter_for, ended
 from tests.stack import module_stack
 
@@ -240,7 +240,7 @@ async def test_a_retired_key_signs_nothing_more(
 
 
 def run_cli(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "casetrail.cli", *args], capture_output=True,
                           text=True, env={**settings.environment(), **env}, timeout=60,
                           check=False)
 

@@ -17,20 +17,20 @@ PRODUCTION = [*sorted((ROOT / "service").rglob("*.py")),
 def test_the_api_process_loads_no_worker_capability_worker_or_consumer_code() -> None:
     code = (
         "import sys\n"
-        "from service.api import create_app\n"
-        "from service.config import Settings\n"
+        "from casetrail.api import create_app\n"
+        "from casetrail.config import Settings\n"
         "create_app(Settings())\n"
-        "print('\\n'.join(m for m in sys.modules if m.startswith(('service', 'consumers'))))\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith('casetrail')))\n"
     )
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 check=True, cwd=ROOT).stdout.split())
-    assert "service.api.app" in loaded  # the probe really built the app
-    # (service.bus.deliveries is allowed: the API consumes its own queue of live events
-    # for the streams through it, the one way casetrail consumes a queue.)
-    forbidden = {"service.worker", "service.capability_worker", "service.bus.rpc",
-                 "service.engine.loop", "service.demo"}
+    assert "casetrail.api.app" in loaded  # the probe really built the app
+    # (casetrail.adapters.bus.deliveries is allowed: the API consumes its own queue of live
+    # events for the streams through it, the one way casetrail consumes a queue.)
+    forbidden = {"casetrail.components.worker", "casetrail.components.capability_worker",
+                 "casetrail.adapters.bus.rpc", "casetrail.engine.loop", "casetrail.cli.demo"}
     assert not loaded & forbidden, sorted(loaded & forbidden)
-    assert not any(m == "consumers" or m.startswith("consumers.") for m in loaded)
+    assert not any(m.startswith("casetrail.consumers") for m in loaded)
 
 
 def test_no_private_aiormq_member_is_used_outside_the_fast_path_module() -> None:

@@ -19,24 +19,24 @@ import httpx
 import orjson
 import pytest
 
-from service.agents import CAPABILITIES
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.bus.publisher import Publisher
-from service.bus.rpc import BusWorkerRuntime, RetryPolicy
-from service.bus.topology import Topology
-from service.capability_worker import CapabilityWorker
-from service.commands import (
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.rpc import BusWorkerRuntime, RetryPolicy
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import component_pool
+from casetrail.agents import CAPABILITIES
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.components.capability_worker import CapabilityWorker
+from casetrail.config import Settings
+from casetrail.contract.commands import (
     CancelCommand,
     CaseStartCommand,
     EraseCommand,
     ToolReply,
     ToolRequest,
 )
-from service.config import Settings
-from service.errors import PublishRejected
-from service.integrity import Signer
-from service.keyfile import write_signer
-from service.store import component_pool
+from casetrail.contract.integrity import Signer
+from casetrail.errors import PublishRejected
+from casetrail.trail.keyfile import write_signer
 from tests.helpers import CapabilityConnections, dead_letter_for, ended, wait_until
 from tests.stack import InProcessStack, kill_leftovers, module_stack, spawn
 from tests.test_pipeline import started
@@ -180,7 +180,7 @@ async def test_only_the_api_may_send_cancels(
     settings: Settings, worker_amqp: aio_pika.abc.AbstractRobustConnection,
 ) -> None:
     """(The worker may send start commands: its sweeper re-sends a stranded case's,
-    service/sweeper.py. A start command only names a case; an erase command from it is
+    service/components/sweeper.py. A start command only names a case; an erase command from it is
     refused by the worker that receives it, below.)"""
     topology = Topology(settings.namespace)
     publisher = await Publisher.open(worker_amqp)

@@ -24,13 +24,16 @@ import orjson
 import pytest
 from playwright.async_api import Browser, Route, expect
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
-from service.evidence import Evidence, TrustedKey, verify_bundle
-from service.integrity import GENESIS, Signer, canonical
-from service.keyfile import worker_signer
-from service.ledger import merkle
-from service.ledger.note import (
+from casetrail.adapters.store import ApiKeyStore, CaseStore, KeyRegistry
+from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.audit.evidence import Evidence, TrustedKey, verify_bundle
+from casetrail.components.sequencer import log_signer, write_log_key
+from casetrail.components.supervisor import component_command
+from casetrail.config import Settings
+from casetrail.contract.integrity import GENESIS, Signer, canonical
+from casetrail.ledger import merkle
+from casetrail.ledger.note import (
     COSIGNATURE_V1,
     Note,
     NoteSigner,
@@ -38,10 +41,7 @@ from service.ledger.note import (
     cosign,
     open_checkpoint,
 )
-from service.ledger.sequencer import log_signer, write_log_key
-from service.ledger.store import LedgerStore
-from service.store import ApiKeyStore, CaseStore, KeyRegistry
-from service.supervisor import component_command
+from casetrail.trail.keyfile import worker_signer
 from tests.browser import DOCS, signed_in
 from tests.helpers import ended, wait_until
 from tests.stack import (

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from service.ledger import merkle
-from service.ledger.note import (
+from casetrail.ledger import merkle
+from casetrail.ledger.note import (
     COSIGNATURE_V1,
     Checkpoint,
     Note,
@@ -28,7 +28,7 @@ from service.ledger.note import (
     open_checkpoint,
     sign,
 )
-from service.ledger.proofs import LoggedEvent, check_log
+from casetrail.ledger.proofs import LoggedEvent, check_log
 
 GO_SOURCE = Path(__file__).parent / "interop" / "tlogcheck.go"
 GOPATH = "/usr/share/gocode"

@@ -23,10 +23,10 @@ import httpx
 import pytest
 from pypdf import PdfReader
 
-from service.config import McpServer, Settings
-from service.engine.chat import ToolCallRequest
-from service.engine.tools import InProcessWorkerRuntime, ToolBox, WorkerTool, mcp_tool_name
-from service.mcptools import Catalogs, mcp_capabilities
+from casetrail.config import McpServer, Settings
+from casetrail.engine.chat import ToolCallRequest
+from casetrail.engine.tools import InProcessWorkerRuntime, ToolBox, WorkerTool, mcp_tool_name
+from casetrail.mcp import Catalogs, mcp_capabilities
 from tests.helpers import ended, wait_until
 from tests.stack import (
     component_processes,
@@ -333,7 +333,7 @@ def test_an_operator_checks_the_configured_servers_with_the_cli(
                McpServer(name="gone", transport="http", url=f"http://127.0.0.1:{free_port()}/mcp",
                          timeout_seconds=2)]
     done = subprocess.run(
-        [sys.executable, "-m", "service.cli", "mcp-tools"],
+        [sys.executable, "-m", "casetrail.cli", "mcp-tools"],
         env=settings.model_copy(update={"mcp_servers": servers}).environment(
             PYTHONPATH=str(example)),
         capture_output=True, text=True, timeout=60, check=False)

@@ -21,9 +21,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
-from service.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack, serve_api
 
@@ -211,5 +211,5 @@ async def test_four_eyes_compares_persons_across_linked_tokens_and_keys(
 
 
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "casetrail.cli", *args], capture_output=True,
                           text=True, env=settings.environment(), timeout=60, check=False)

@@ -15,10 +15,10 @@ import asyncpg
 import httpx
 import pytest
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
-from service.ledger.sequencer import Sequencer, log_signer
-from service.store import ApiKeyStore, component_pool
+from casetrail.adapters.store import ApiKeyStore, component_pool
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.components.sequencer import Sequencer, log_signer
+from casetrail.config import Settings
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack
 

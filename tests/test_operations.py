@@ -13,10 +13,10 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-import service.telemetry.metrics  # noqa: F401 - registers every casetrail_ metric
-from service.bus.probe import DEAD_LETTERS, QueueProbe
-from service.config import Settings
-from service.telemetry import metrics
+import casetrail.telemetry.metrics  # noqa: F401 - registers every casetrail_ metric
+from casetrail.adapters.bus.probe import DEAD_LETTERS, QueueProbe
+from casetrail.config import Settings
+from casetrail.telemetry import metrics
 
 OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations"
 ALERTS = OPERATIONS / "prometheus-alerts.yml"
@@ -132,7 +132,7 @@ def test_a_taken_default_metrics_port_falls_back_and_a_taken_chosen_one_is_refus
     a port set explicitly that is taken is a clear error, not a silent move."""
     import socket
 
-    from service.errors import PermanentError
+    from casetrail.errors import PermanentError
 
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,8 @@ import pytest
 import yaml
 from typer.main import get_command
 
-from service.agents import CAPABILITIES
-from service.cli import app
+from casetrail.agents import CAPABILITIES
+from casetrail.cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -53,7 +54,7 @@ def test_each_compose_service_runs_a_real_documented_subcommand(name: str) -> No
     # A command group (``signer``, ``ledger``) names its subcommand next, if any.
     path = command[:2] if command[0] in GROUPS else command[:1]
     assert f"casetrail {' '.join(path)}" in README
-    shown = subprocess.run([sys.executable, "-m", "service.cli", *path, "--help"],
+    shown = subprocess.run([sys.executable, "-m", "casetrail.cli", *path, "--help"],
                            capture_output=True, text=True, timeout=60, check=False)
     assert shown.returncode == 0, shown.stderr
     for option in (a for a in command[1:] if a.startswith("--")):
@@ -180,7 +181,24 @@ def test_the_wheel_the_image_installs_carries_the_viewer(tmp_path: Path) -> None
     (wheel,) = tmp_path.glob("casetrail-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     ui = {p.name for p in (ROOT / "service" / "api" / "ui").iterdir()}
-    assert {f"service/api/ui/{name}" for name in ui} <= names
-    # ... and the public authoring API that plugins import.
-    assert {"casetrail/__init__.py", "casetrail/py.typed"} <= names
-    assert "COPY casetrail ./casetrail" in (ROOT / "Dockerfile").read_text()
+    assert {f"casetrail/api/ui/{name}" for name in ui} <= names
+    # ... the public authoring API that plugins import, and the event-log consumer ...
+    assert {"casetrail/__init__.py", "casetrail/py.typed", "casetrail/testing.py",
+            "casetrail/consumers/event_log.py"} <= names
+    # ... and nothing else at the top level: one package, ``casetrail``.
+    assert {name.split("/")[0] for name in names} == {
+        "casetrail", "casetrail-0.1.0.dist-info"}
+    top_level = next(n for n in names if n.endswith("dist-info/top_level.txt"))
+    assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["casetrail"]
+
+
+def test_every_package_folder_is_installed() -> None:
+    """pyproject.toml lists the packages (service/ and consumers/ install as casetrail):
+    a new folder left out of the list would be missing from the wheel."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    folders = {"casetrail" + "".join(f".{part}" for part in p.parent.relative_to(
+        ROOT / "service").parts) for p in (ROOT / "service").rglob("__init__.py")}
+    folders |= {"casetrail.consumers" + "".join(f".{part}" for part in p.parent.relative_to(
+        ROOT / "consumers").parts) for p in (ROOT / "consumers").rglob("__init__.py")}
+    assert listed == folders

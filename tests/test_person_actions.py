@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from service.integrity import Signer, public_key_text
-from service.person_actions import (
+from casetrail.contract.integrity import Signer, public_key_text
+from casetrail.trail.person_actions import (
     PersonAction,
     SignedAction,
     action_bytes,
@@ -27,7 +27,7 @@ from service.person_actions import (
     started_problem,
     vet_action,
 )
-from service.verification import PublicKey
+from casetrail.trail.verification import PublicKey
 
 VECTOR_KEY = Signer(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
 CASE = uuid.UUID("0b6f1d7e-1c2a-4d5e-9f00-123456789abc")

@@ -14,13 +14,13 @@ import asyncpg
 import orjson
 import pytest
 
-from consumers.admission import Admission
-from consumers.event_log import REASON_HEADER, EventLogConsumer
-from consumers.writer import EventLogWriter
-from service.bus.publisher import EventPublisher, Publisher
-from service.bus.topology import Topology
-from service.errors import PublishRejected
-from service.events import (
+from casetrail.adapters.bus.publisher import EventPublisher, Publisher
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import CaseStore, NewCase
+from casetrail.consumers.admission import Admission
+from casetrail.consumers.event_log import REASON_HEADER, EventLogConsumer
+from casetrail.consumers.writer import EventLogWriter
+from casetrail.contract.events import (
     ZERO_USAGE,
     CaseAwaitingReviewPayload,
     CaseCancelledPayload,
@@ -39,8 +39,8 @@ from service.events import (
     make_event,
     seal_chain,
 )
-from service.integrity import Signer, canonical
-from service.store import CaseStore, NewCase
+from casetrail.contract.integrity import Signer, canonical
+from casetrail.errors import PublishRejected
 from tests.helpers import wait_until
 
 USAGE = TokenUsage(input_tokens=100, output_tokens=10)

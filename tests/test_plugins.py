@@ -17,8 +17,8 @@ import pytest
 from pydantic import BaseModel
 
 from casetrail import Agent, DeclarationError, LocalTool, McpTool, ModelRef, capability
-from service.agents import PluginError, discover
-from service.config import Settings
+from casetrail.agents import PluginError, discover
+from casetrail.config import Settings
 from tests.helpers import ended
 from tests.stack import (
     component_processes,
@@ -44,7 +44,7 @@ def installed(root: Path, name: str, entries: dict[str, list[str]]) -> Path:
 def casetrail(settings: Settings, *args: str, path: Path | None = None,
               **env: str) -> subprocess.CompletedProcess[str]:
     extra = {"PYTHONPATH": str(path)} if path is not None else {}
-    return subprocess.run([sys.executable, "-m", "service.cli", *args],
+    return subprocess.run([sys.executable, "-m", "casetrail.cli", *args],
                           env=settings.environment(**extra, **env), capture_output=True,
                           text=True, timeout=60, check=False)
 

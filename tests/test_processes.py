@@ -20,10 +20,10 @@ import httpx
 import orjson
 import pytest
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
-from service.keyfile import worker_signer
-from service.setup import remove
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
+from casetrail.ops.setup import remove
+from casetrail.trail.keyfile import worker_signer
 from tests.conftest import TESTS_APPLICATION
 from tests.helpers import ended, wait_for_sql, wait_until
 from tests.stack import api_ready, free_port, other_namespace, spawn, stop_cleanly
@@ -144,7 +144,7 @@ async def test_the_seed_integration_test_done_for_real(
 
     shown = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "service.cli", "trail", str(case_id)],
+        [sys.executable, "-m", "casetrail.cli", "trail", str(case_id)],
         env=settings.environment(), capture_output=True, text=True, timeout=30, check=True,
     )
     printed = shown.stdout
@@ -197,7 +197,7 @@ async def test_the_demo_runs_end_to_end(settings: Settings, database: str) -> No
     try:
         result = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "service.cli", "demo", "--port", str(free_port())],
+            [sys.executable, "-m", "casetrail.cli", "demo", "--port", str(free_port())],
             env=demo.environment(), capture_output=True, text=True, timeout=120,
         )
     finally:
@@ -225,7 +225,7 @@ async def test_up_runs_the_stack_and_sigterm_stops_every_child(settings: Setting
     stack = other_namespace(settings, "up")
     env = stack.environment()
     up = subprocess.Popen(  # noqa: ASYNC220 - a child that outlives this call, on purpose
-        [sys.executable, "-m", "service.cli", "up", "--port", str(port)], env=env,
+        [sys.executable, "-m", "casetrail.cli", "up", "--port", str(port)], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         async def ready() -> bool:
@@ -255,13 +255,13 @@ async def test_up_runs_the_stack_and_sigterm_stops_every_child(settings: Setting
 async def test_tail_prints_live_events_filtered_by_type(
     settings: Settings, worker_amqp: aio_pika.abc.AbstractRobustConnection
 ) -> None:
-    from service.bus.publisher import EventPublisher, Publisher
-    from service.bus.topology import Topology
+    from casetrail.adapters.bus.publisher import EventPublisher, Publisher
+    from casetrail.adapters.bus.topology import Topology
     from tests.test_pipeline import completed, cycle, started
 
     case_id = uuid.uuid4()
     tail = subprocess.Popen(  # noqa: ASYNC220 - runs beside the test until it is stopped
-        [sys.executable, "-m", "service.cli", "tail", "--types", "REACT_CYCLE", "--json"],
+        [sys.executable, "-m", "casetrail.cli", "tail", "--types", "REACT_CYCLE", "--json"],
         env=settings.environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert tail.stderr is not None and tail.stdout is not None

@@ -14,24 +14,24 @@ import orjson
 import pytest
 from pydantic import SecretStr
 
-from service.agents import AGENTS
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import ModelEndpoint, Settings
-from service.engine.case import fit_to_budget
-from service.engine.chat import (
+from casetrail.agents import AGENTS
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import ModelEndpoint, Settings
+from casetrail.contract.events import ModelRef
+from casetrail.engine.case import fit_to_budget
+from casetrail.engine.chat import (
     ChatMessage,
     SystemMessage,
     ToolResultMessage,
     ToolSpec,
     UserMessage,
 )
-from service.engine.loop import ReactEngine
-from service.errors import ModelRejected, ModelUnavailable
-from service.events import ModelRef
-from service.providers import ModelFactory
-from service.providers.anthropic_messages import AnthropicChatModel
-from service.providers.clients import ModelClients
-from service.providers.openai_compat import OpenAIChatModel
+from casetrail.engine.loop import ReactEngine
+from casetrail.errors import ModelRejected, ModelUnavailable
+from casetrail.providers import ModelFactory
+from casetrail.providers.anthropic_messages import AnthropicChatModel
+from casetrail.providers.clients import ModelClients
+from casetrail.providers.openai_compat import OpenAIChatModel
 from tests import conftest
 from tests.fake_llm import FakeLLM, Reply, anthropic_turn, error, fake_llm, openai_turn
 from tests.helpers import ListSink, ended, spec_for, toolbox
@@ -160,8 +160,8 @@ async def test_401_fails_the_case_with_a_fixed_text_never_the_key(
 
 
 def test_credentials_in_other_provider_messages_are_scrubbed() -> None:
-    from service.errors import scrub
-    from service.providers._errors import status_error
+    from casetrail.errors import scrub
+    from casetrail.providers._errors import status_error
 
     error = status_error("openai", 400, None, {"error": {"message": (
         "bad request for key sk-live-ABCDEF123456 and token=eyJhbGciOi.abc; " + "x" * 900)}},
@@ -409,14 +409,14 @@ async def test_a_request_cut_short_does_not_poison_the_shared_pool(
 
 
 def test_the_provider_registry_is_the_one_list_of_providers(settings: Settings) -> None:
-    """A provider is a module and a line in service/model_providers.py: the contract's
+    """A provider is a module and a line in service/contract/model_providers.py: the contract's
     ModelRef, the model endpoints, the OpenAPI document's choices and the factory all
     read that table."""
-    from service.api.openapi import _model_choice
-    from service.config import ModelEndpoint
-    from service.events import ModelRef
-    from service.model_providers import PROVIDERS, SCRIPTED
-    from service.providers import _chat_model
+    from casetrail.api.openapi import _model_choice
+    from casetrail.config import ModelEndpoint
+    from casetrail.contract.events import ModelRef
+    from casetrail.contract.model_providers import PROVIDERS, SCRIPTED
+    from casetrail.providers import _chat_model
 
     assert ModelRef.model_json_schema()["properties"]["provider"]["enum"] == [
         SCRIPTED, *PROVIDERS]

@@ -9,9 +9,9 @@ import uuid
 
 import aio_pika
 
-from service.bus.publisher import Publisher
-from service.bus.topology import Topology
-from service.errors import BusUnavailable, PublishRejected
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.topology import Topology
+from casetrail.errors import BusUnavailable, PublishRejected
 from tests.helpers import drain
 
 

@@ -15,12 +15,12 @@ import asyncpg
 import httpx
 import pytest
 
-from service.agents import AGENTS, loan_officer
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
-from service.engine.answers import Check, CheckContext
-from service.replay import recorded, replay_case, replay_many
-from service.store import CaseStore
+from casetrail.adapters.store import CaseStore
+from casetrail.agents import AGENTS, loan_officer
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.audit.replay import recorded, replay_case, replay_many
+from casetrail.config import Settings
+from casetrail.engine.answers import Check, CheckContext
 from tests.helpers import ended
 from tests.stack import module_stack
 
@@ -125,13 +125,13 @@ async def test_the_cli_replays_an_agents_cases_and_sums_them_up(
     decided: dict[uuid.UUID, Any], settings: Settings,
 ) -> None:
     done = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "service.cli", "replay", "--all", "--agent",
+        subprocess.run, [sys.executable, "-m", "casetrail.cli", "replay", "--all", "--agent",
                          "loan-officer", "--since", SINCE[0].isoformat()],
         env=settings.environment(), capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 cases replayed: 3 same, 0 diverged" in done.stdout, done.stdout
     one = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "service.cli", "replay",
+        subprocess.run, [sys.executable, "-m", "casetrail.cli", "replay",
                          str(next(iter(decided))), "--agent-version", "0.0.0-not-this"],
         env=settings.environment(), capture_output=True, text=True, timeout=60, check=False)
     assert one.returncode == 2 and "is not version 0.0.0-not-this" in one.stderr

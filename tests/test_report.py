@@ -18,12 +18,12 @@ import asyncpg
 import httpx
 import pypdf
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.cases import reporting
-from service.config import Settings
-from service.integrity import public_key_text
-from service.keyfile import worker_signer
-from service.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.cases import reporting
+from casetrail.config import Settings
+from casetrail.contract.integrity import public_key_text
+from casetrail.trail.keyfile import worker_signer
 from tests.browser import DOCS
 from tests.helpers import ended, wait_until
 from tests.stack import InProcessStack, module_stack

@@ -19,7 +19,7 @@ import httpx
 import orjson
 import pytest
 
-from service.config import ModelEndpoint, Settings
+from casetrail.config import ModelEndpoint, Settings
 from tests.fake_llm import FakeLLM, Reply, fake_llm, openai_turn
 from tests.helpers import ended, wait_until
 from tests.stack import (

@@ -33,13 +33,13 @@ from casetrail import (
     case_input,
     observed,
 )
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.auth import AuthError, check_key_scopes
-from service.config import Settings, TenantQuota
-from service.engine.answers import ASK_A_PERSON
-from service.integrity import public_key_text
-from service.keyfile import worker_signer
-from service.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings, TenantQuota
+from casetrail.contract.auth import AuthError, check_key_scopes
+from casetrail.contract.integrity import public_key_text
+from casetrail.engine.answers import ASK_A_PERSON
+from casetrail.trail.keyfile import worker_signer
 from tests.browser import DOCS, never_in_a_url, signed_in
 from tests.helpers import ended, registered, wait_until
 from tests.stack import InProcessStack, in_process_stack

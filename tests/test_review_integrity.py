@@ -25,12 +25,12 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings, TenantQuota
-from service.integrity import Signer, public_key_text
-from service.keyfile import action_signer, worker_signer
-from service.person_actions import PersonAction, sign_action
-from service.store import ApiKeyStore, component_pool
+from casetrail.adapters.store import ApiKeyStore, component_pool
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings, TenantQuota
+from casetrail.contract.integrity import Signer, public_key_text
+from casetrail.trail.keyfile import action_signer, worker_signer
+from casetrail.trail.person_actions import PersonAction, sign_action
 from tests.helpers import ended, wait_until
 from tests.stack import InProcessStack, in_process_stack
 
@@ -265,7 +265,7 @@ def verify_bundle_cli(settings: Settings, path: Path, *args: str
                       ) -> subprocess.CompletedProcess[str]:
     """``verify-bundle`` with the broker and the database out of reach."""
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", "verify-bundle", str(path), *args],
+        [sys.executable, "-m", "casetrail.cli", "verify-bundle", str(path), *args],
         capture_output=True, text=True, timeout=60, check=False,
         env={**settings.environment(), "CASETRAIL_AMQP_URL": "amqp://nobody:x@127.0.0.1:1/",
              "CASETRAIL_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})

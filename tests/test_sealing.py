@@ -15,15 +15,15 @@ import orjson
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from service.bus.publisher import Publisher
-from service.bus.rpc import BusWorkerRuntime, RetryPolicy
-from service.bus.topology import Topology
-from service.commands import ToolRequest
-from service.config import Settings
-from service.errors import PermanentError
-from service.sealing import CapabilityKeys, open_sealed, private_key
-from service.sensitive import Redaction
-from service.store import CapabilityKeyRegistry
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.rpc import BusWorkerRuntime, RetryPolicy
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import CapabilityKeyRegistry
+from casetrail.config import Settings
+from casetrail.contract.commands import ToolRequest
+from casetrail.errors import PermanentError
+from casetrail.privacy.sealing import CapabilityKeys, open_sealed, private_key
+from casetrail.privacy.sensitive import Redaction
 from tests.helpers import wait_until
 
 NAME = "Jane Roe"

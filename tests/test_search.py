@@ -13,12 +13,12 @@ import httpx
 import pytest
 
 from bench.viewer import SEED_SQL
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
-from service.demo import AML_SAMPLE
-from service.search import CaseFilter, Cursor
-from service.setup import remove, setup
-from service.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.adapters.store.search import CaseFilter, Cursor
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.cli.demo import AML_SAMPLE
+from casetrail.config import Settings
+from casetrail.ops.setup import remove, setup
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack, other_namespace
 

@@ -15,15 +15,15 @@ import httpx
 import orjson
 import pytest
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.bus.publisher import Publisher
-from service.bus.topology import Topology
-from service.commands import EraseCommand
-from service.errors import PermanentError
-from service.events import CaseCompletedPayload, TokenUsage, make_event
-from service.integrity import canonical
-from service.sensitive import Redaction, Vault
-from service.store import ApiKeyStore
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.contract.commands import EraseCommand
+from casetrail.contract.events import CaseCompletedPayload, TokenUsage, make_event
+from casetrail.contract.integrity import canonical
+from casetrail.errors import PermanentError
+from casetrail.privacy.sensitive import Redaction, Vault
 from tests.helpers import ended, wait_for_sql
 from tests.stack import InProcessStack, module_stack
 from tests.test_integrity import STANDALONE_VERIFIER
@@ -253,7 +253,7 @@ async def test_casetrail_erase_does_the_same_from_the_command_line(
     import sys
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "service.cli", *args],
+        return subprocess.run([sys.executable, "-m", "casetrail.cli", *args],
                               env=settings.environment(), capture_output=True, text=True,
                               timeout=60, check=False)
 
@@ -285,7 +285,7 @@ async def test_an_erased_case_bundle_verifies_offline(
     import subprocess
     import sys
 
-    from service.integrity import public_key_text
+    from casetrail.contract.integrity import public_key_text
 
     case_id = (await client.post("/cases", json={"agent": "loan-officer", "input": LOAN})
                ).json()["caseId"]
@@ -309,7 +309,7 @@ async def test_an_erased_case_bundle_verifies_offline(
                             "integrity": sealed.as_json()}]}))
     trusted = public_key_text(signer.public_key)
     standalone = STANDALONE_VERIFIER
-    for command in ([sys.executable, "-m", "service.cli", "verify-bundle"],
+    for command in ([sys.executable, "-m", "casetrail.cli", "verify-bundle"],
                     [sys.executable, str(standalone)]):
         ok, refused = [await asyncio.to_thread(
             subprocess.run, [*command, str(path), "--trust", trusted], env=settings.environment(),

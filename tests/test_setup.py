@@ -23,13 +23,13 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.cli_access import reader_role as reader_role_of
-from service.config import DATABASE_COMPONENTS, Settings
-from service.errors import PermanentError
-from service.keyfile import worker_signer
-from service.setup import remove, remove_broker_users, served_capabilities, setup
-from service.store import CapabilityKeyRegistry, create_pool
+from casetrail.adapters.store import CapabilityKeyRegistry, create_pool
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.cli.access import reader_role as reader_role_of
+from casetrail.config import DATABASE_COMPONENTS, Settings
+from casetrail.errors import PermanentError
+from casetrail.ops.setup import remove, remove_broker_users, served_capabilities, setup
+from casetrail.trail.keyfile import worker_signer
 from tests.helpers import ended
 from tests.stack import InProcessStack, module_stack, other_namespace
 
@@ -41,7 +41,7 @@ def _rabbitmqctl_json(*args: str) -> list[dict[str, Any]]:
 
 
 def _casetrail(settings: Settings, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args],
+    return subprocess.run([sys.executable, "-m", "casetrail.cli", *args],
                           env=settings.environment(**extra), capture_output=True, text=True,
                           timeout=120, check=False)
 
@@ -341,7 +341,7 @@ async def test_setup_replaces_a_capability_queue_of_the_old_shape(
     import aio_pika
     import aiormq
 
-    from service.bus.topology import CAPABILITY_DELIVERY_LIMIT, Topology
+    from casetrail.adapters.bus.topology import CAPABILITY_DELIVERY_LIMIT, Topology
 
     topology = Topology(settings.namespace)
     name = topology.capability_queue("old-shape")

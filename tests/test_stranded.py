@@ -18,10 +18,10 @@ import asyncpg
 import httpx
 import pytest
 
-from service.bus.publisher import Publisher
-from service.bus.topology import Topology
-from service.errors import PublishRejected
-from service.events import TERMINAL_EVENT_TYPES
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.topology import Topology
+from casetrail.contract.events import TERMINAL_EVENT_TYPES
+from casetrail.errors import PublishRejected
 from tests.helpers import ended, wait_until
 from tests.stack import (
     api_ready,

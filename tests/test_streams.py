@@ -16,9 +16,9 @@ import asyncpg
 import httpx
 import pytest
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
-from service.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
 from tests.helpers import ended, wait_until
 from tests.stack import InProcessStack, module_stack, serve_api
 from tests.test_integrity import tamper

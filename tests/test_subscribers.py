@@ -17,13 +17,13 @@ import orjson
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from service import subscribers
-from service.admission import Admission
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.bus.topology import Topology
-from service.config import Settings
-from service.integrity import Signer
-from service.store import ApiKeyStore
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
+from casetrail.contract.integrity import Signer
+from casetrail.ops import subscribers
+from casetrail.trail.admission import Admission
 from tests.helpers import ended, wait_until
 from tests.stack import InProcessStack, module_stack
 

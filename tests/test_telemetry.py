@@ -15,8 +15,8 @@ import pytest
 from playwright.async_api import Browser
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.config import Settings
 from tests.helpers import ended, wait_until
 from tests.otlp import ReceivedSpan, Receiver, otlp_receiver
 from tests.stack import (
@@ -267,9 +267,9 @@ def test_message_content_only_when_opted_in_and_then_redacted(
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from service.engine.chat import AssistantTurn, SystemMessage, UserMessage
-    from service.events import TokenUsage
-    from service.telemetry import genai, tracing
+    from casetrail.contract.events import TokenUsage
+    from casetrail.engine.chat import AssistantTurn, SystemMessage, UserMessage
+    from casetrail.telemetry import genai, tracing
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

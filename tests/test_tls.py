@@ -27,17 +27,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from service.bus.connection import connect
-from service.bus.deliveries import Subscription
-from service.bus.publisher import Publisher
-from service.config import Settings
-from service.engine.chat import UserMessage
-from service.errors import ModelUnavailable, scrub
-from service.migrate import migrate
-from service.providers import ModelFactory
-from service.providers.clients import ModelClients, PoolSettings
-from service.providers.openai_compat import OpenAIChatModel
-from service.store import create_pool
+from casetrail.adapters.bus.connection import connect
+from casetrail.adapters.bus.deliveries import Subscription
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.store import create_pool
+from casetrail.config import Settings
+from casetrail.engine.chat import UserMessage
+from casetrail.errors import ModelUnavailable, scrub
+from casetrail.ops.migrate import migrate
+from casetrail.providers import ModelFactory
+from casetrail.providers.clients import ModelClients, PoolSettings
+from casetrail.providers.openai_compat import OpenAIChatModel
 from tests.fake_llm import fake_llm, openai_turn
 from tests.helpers import wait_until
 from tests.stack import (

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from service.config import McpServer, Settings
+from casetrail.config import McpServer, Settings
 from tests.helpers import ended
 from tests.stack import component_processes, namespace_of_its_own
 

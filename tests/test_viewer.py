@@ -21,11 +21,11 @@ from playwright.async_api import Browser, Route, expect
 from pydantic import BaseModel, ConfigDict
 
 from casetrail import FINAL_ANSWER, Agent, AssistantTurn, ChatMessage, Limits, call
-from service.agents.loan_officer import SAMPLE_APPLICATIONS
-from service.config import Settings
-from service.evidence import verify_bundle
-from service.keyfile import worker_signer
-from service.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.audit.evidence import verify_bundle
+from casetrail.config import Settings
+from casetrail.trail.keyfile import worker_signer
 from tests.browser import DOCS, never_in_a_url, shown_in_full, signed_in
 from tests.helpers import ended, registered
 from tests.stack import InProcessStack, module_stack

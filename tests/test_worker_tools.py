@@ -12,14 +12,14 @@ import aio_pika
 import pytest
 from pydantic import BaseModel
 
-from service.agents import CAPABILITIES
-from service.bus.publisher import Publisher
-from service.bus.rpc import BusWorkerRuntime, RetryPolicy
-from service.bus.topology import Topology
-from service.capability_worker import CapabilityWorker
-from service.config import Settings
-from service.engine.chat import ToolCallRequest
-from service.engine.tools import Capability, ToolBox, WorkerTool
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.rpc import BusWorkerRuntime, RetryPolicy
+from casetrail.adapters.bus.topology import Topology
+from casetrail.agents import CAPABILITIES
+from casetrail.components.capability_worker import CapabilityWorker
+from casetrail.config import Settings
+from casetrail.engine.chat import ToolCallRequest
+from casetrail.engine.tools import Capability, ToolBox, WorkerTool
 from tests.helpers import CapabilityConnections
 
 

@@ -16,12 +16,12 @@ from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from service.agents.profile import AgentProfile
-from service.engine.tools import Capability
-from service.errors import PermanentError
+from casetrail.agents.profile import AgentProfile
+from casetrail.engine.tools import Capability
+from casetrail.errors import PermanentError
 
 if TYPE_CHECKING:
-    from service.config import McpServer
+    from casetrail.config import McpServer
 
 AGENT_GROUP = "casetrail.agents"
 CAPABILITY_GROUP = "casetrail.capabilities"
@@ -102,9 +102,9 @@ def _named(spec: str) -> object:
 def discover(named: Sequence[str] = (), mcp_servers: Sequence[McpServer] = ()) -> Registry:
     """Every agent and capability: built in, installed, or ``named`` (``module:attr``),
     and the capabilities of the configured MCP servers."""
-    from service.agents.aml_screening import AML_SCREENING
-    from service.agents.loan_officer import LOAN_OFFICER
-    from service.agents.throughput_probe import THROUGHPUT_PROBE
+    from casetrail.agents.aml_screening import AML_SCREENING
+    from casetrail.agents.loan_officer import LOAN_OFFICER
+    from casetrail.agents.throughput_probe import THROUGHPUT_PROBE
 
     registry = Registry()
     registry.add([LOAN_OFFICER, AML_SCREENING, THROUGHPUT_PROBE], BUILT_IN)
@@ -125,7 +125,7 @@ def discover(named: Sequence[str] = (), mcp_servers: Sequence[McpServer] = ()) -
         except PermanentError as exc:
             raise PluginError(f"CASETRAIL_AGENTS {spec}: {exc}") from exc
     if mcp_servers:
-        from service.mcptools import mcp_capabilities
+        from casetrail.mcp import mcp_capabilities
 
         for server, served in zip(mcp_servers, mcp_capabilities(mcp_servers), strict=True):
             registry.add(served, f"CASETRAIL_MCP_SERVERS {server.name}")
@@ -136,7 +136,7 @@ def discover(named: Sequence[str] = (), mcp_servers: Sequence[McpServer] = ()) -
 def registry() -> Registry:
     """This process's registry, found on first use (``CASETRAIL_AGENTS`` from its
     settings)."""
-    from service.config import get_settings
+    from casetrail.config import get_settings
 
     settings = get_settings()
     return discover(settings.agents, settings.mcp_servers)

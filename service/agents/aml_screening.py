@@ -13,13 +13,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from service.agents.profile import AgentProfile, CamelModel, case_input, errors_in, observed
-from service.engine.answers import FINAL_ANSWER, Check, CheckContext, Review
-from service.engine.chat import AssistantTurn, ChatMessage
-from service.engine.scripted import call
-from service.engine.tools import Capability, LocalTool, WorkerTool
-from service.events import Limits, ModelRef
-from service.sensitive import Sensitive
+from casetrail.agents.profile import AgentProfile, CamelModel, case_input, errors_in, observed
+from casetrail.contract.events import Limits, ModelRef
+from casetrail.engine.answers import FINAL_ANSWER, Check, CheckContext, Review
+from casetrail.engine.chat import AssistantTurn, ChatMessage
+from casetrail.engine.scripted import call
+from casetrail.engine.tools import Capability, LocalTool, WorkerTool
+from casetrail.privacy.sensitive import Sensitive
 
 HIGH_RISK_COUNTRIES = frozenset({"IR", "KP", "MM", "SY"})
 REPORTING_THRESHOLD = 10_000.0

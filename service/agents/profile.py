@@ -12,12 +12,12 @@ import orjson
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
-from service.engine.answers import Answering, Check, Review
-from service.engine.chat import ChatMessage, ToolResultMessage, UserMessage
-from service.engine.scripted import ScriptFn
-from service.engine.tools import Capability, ToolSource, WorkerTool, source_label
-from service.events import Limits, ModelRef, refuse_boolean_numbers
-from service.integrity import canonical
+from casetrail.contract.events import Limits, ModelRef, refuse_boolean_numbers
+from casetrail.contract.integrity import canonical
+from casetrail.engine.answers import Answering, Check, Review
+from casetrail.engine.chat import ChatMessage, ToolResultMessage, UserMessage
+from casetrail.engine.scripted import ScriptFn
+from casetrail.engine.tools import Capability, ToolSource, WorkerTool, source_label
 
 
 class CamelModel(BaseModel):

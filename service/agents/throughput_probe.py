@@ -12,12 +12,12 @@ from typing import Any
 
 from pydantic import Field
 
-from service.agents.profile import AgentProfile, CamelModel, case_input
-from service.engine.answers import FINAL_ANSWER
-from service.engine.chat import AssistantTurn, ChatMessage, ToolResultMessage
-from service.engine.scripted import call
-from service.engine.tools import LocalTool
-from service.events import Limits, ModelRef
+from casetrail.agents.profile import AgentProfile, CamelModel, case_input
+from casetrail.contract.events import Limits, ModelRef
+from casetrail.engine.answers import FINAL_ANSWER
+from casetrail.engine.chat import AssistantTurn, ChatMessage, ToolResultMessage
+from casetrail.engine.scripted import call
+from casetrail.engine.tools import LocalTool
 
 
 class ProbeInput(CamelModel):

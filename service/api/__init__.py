@@ -4,6 +4,6 @@
 bodies, ``middleware`` what wraps every request.
 """
 
-from service.api.app import create_app
+from casetrail.api.app import create_app
 
 __all__ = ["create_app"]

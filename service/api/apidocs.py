@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Response
 from swagger_ui_bundle import swagger_ui_path
 
-from service.auth import Principal
+from casetrail.contract.auth import Principal
 
 _ASSETS = {"swagger-ui.css": "text/css", "swagger-ui-bundle.js": "text/javascript",
            "favicon-32x32.png": "image/png"}
@@ -49,7 +49,7 @@ def api_docs_routes(app: FastAPI, public: Any) -> None:
     """Add ``/docs`` and its assets to ``app`` (create it with ``docs_url=None`` and
     ``redoc_url=None``)."""
     assets = {name: (swagger_ui_path / name).read_bytes() for name in _ASSETS}
-    assets["start.js"] = resources.files("service.api").joinpath("apidocs.js").read_bytes()
+    assets["start.js"] = resources.files("casetrail.api").joinpath("apidocs.js").read_bytes()
     types = {**_ASSETS, "start.js": "text/javascript"}
 
     @app.get("/docs", include_in_schema=False)

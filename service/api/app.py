@@ -13,26 +13,26 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI
 
-from service.admission import Admission, KeyRing
-from service.api import problems
-from service.api.apidocs import api_docs_routes
-from service.api.deps import known_query_only
-from service.api.ledger import ledger_routes
-from service.api.middleware import BodyLimit, Observed
-from service.api.oidc import OidcVerifier
-from service.api.openapi import exact_openapi
-from service.api.routes import cases, meta, reviews, streams
-from service.api.routes.cases import OrjsonResponse
-from service.api.security import Caller, anyone, requires
-from service.api.streams import StreamSlots
-from service.api.viewer import viewer_routes
-from service.asyncapi import asyncapi_document
-from service.bus.watch import EventWatch
-from service.cases import case_services
-from service.cases.reading import owned
-from service.config import Settings
-from service.ledger.note import Verifier
-from service.store import ApiKeyStore, KeyRegistry
+from casetrail.adapters.bus.watch import EventWatch
+from casetrail.adapters.store import ApiKeyStore, KeyRegistry
+from casetrail.api import problems
+from casetrail.api.apidocs import api_docs_routes
+from casetrail.api.deps import known_query_only
+from casetrail.api.ledger import ledger_routes
+from casetrail.api.middleware import BodyLimit, Observed
+from casetrail.api.oidc import OidcVerifier
+from casetrail.api.openapi import exact_openapi
+from casetrail.api.routes import cases, meta, reviews, streams
+from casetrail.api.routes.cases import OrjsonResponse
+from casetrail.api.security import Caller, anyone, requires
+from casetrail.api.streams import StreamSlots
+from casetrail.api.viewer import viewer_routes
+from casetrail.cases import case_services
+from casetrail.cases.reading import owned
+from casetrail.config import Settings
+from casetrail.ledger.note import Verifier
+from casetrail.ops.asyncapi import asyncapi_document
+from casetrail.trail.admission import Admission, KeyRing
 
 
 def create_app(settings: Settings) -> FastAPI:

@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.dependencies.models import Dependant
 
-from service.api.security import anyone, requires
-from service.auth import Principal
-from service.cases.errors import Invalid, Issue
-from service.cases.services import CaseServices
+from casetrail.api.security import anyone, requires
+from casetrail.cases.errors import Invalid, Issue
+from casetrail.cases.services import CaseServices
+from casetrail.contract.auth import Principal
 
 
 def _query_names(dependant: Dependant) -> frozenset[str]:

@@ -13,9 +13,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from service.auth import Principal
-from service.ledger.note import NoteError, TlogProof, Verifier
-from service.ledger.store import LedgerStore, StoredCheckpoint, UnknownCheckpoint, cosignature_for
+from casetrail.adapters.store.ledger import (
+    LedgerStore,
+    StoredCheckpoint,
+    UnknownCheckpoint,
+    cosignature_for,
+)
+from casetrail.contract.auth import Principal
+from casetrail.ledger.note import NoteError, TlogProof, Verifier
 
 TEXT = "text/plain; charset=utf-8"
 

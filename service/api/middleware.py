@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from service.telemetry import metrics, tracing
+from casetrail.telemetry import metrics, tracing
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

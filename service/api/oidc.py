@@ -12,8 +12,8 @@ from typing import Any
 
 import jwt
 
-from service.auth import REVIEW_SCOPE, SCOPES, TENANT_PATTERN, AuthError, Principal
-from service.config import Settings
+from casetrail.config import Settings
+from casetrail.contract.auth import REVIEW_SCOPE, SCOPES, TENANT_PATTERN, AuthError, Principal
 
 MAX_SUBJECT = 200
 """The longest ``sub`` kept (a reviewer's subject in the trail holds at most this)."""

@@ -25,11 +25,11 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from service.agents import AGENTS
-from service.api.problems import problem_media_types
-from service.config import Settings
-from service.events import EVENT_TYPES
-from service.model_providers import PROVIDERS
+from casetrail.agents import AGENTS
+from casetrail.api.problems import problem_media_types
+from casetrail.config import Settings
+from casetrail.contract.events import EVENT_TYPES
+from casetrail.contract.model_providers import PROVIDERS
 
 _REF = "#/components/schemas/{model}"
 

@@ -15,9 +15,9 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.api.routes import api_routes
-from service.api.schemas import Problem, ValidationProblem
-from service.cases.errors import (
+from casetrail.api.routes import api_routes
+from casetrail.api.schemas import Problem, ValidationProblem
+from casetrail.cases.errors import (
     CaseProblem,
     Conflict,
     Forbidden,
@@ -26,7 +26,7 @@ from service.cases.errors import (
     NotFound,
     OverQuota,
 )
-from service.errors import BusUnavailable, StoreUnavailable
+from casetrail.errors import BusUnavailable, StoreUnavailable
 
 MEDIA_TYPE = "application/problem+json"
 RETRY_LATER = {"Retry-After": "5"}

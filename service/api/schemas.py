@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.cases.requests import (
+from casetrail.cases.requests import (
     AnswerRequest,
     CancelRequest,
     CaseRequest,

@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from fastapi import HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.api.oidc import OidcVerifier
-from service.auth import ApiKeyRecord, AuthError, Principal, key_id_of
-from service.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.api.oidc import OidcVerifier
+from casetrail.contract.auth import ApiKeyRecord, AuthError, Principal, key_id_of
 
 CACHE_SECONDS = 1.0
 """How long a key's record is trusted without asking Postgres again (revocation delay)."""

@@ -39,10 +39,10 @@ from typing import Any
 import orjson
 from fastapi.sse import ServerSentEvent
 
-from service.bus.watch import EventWatch, LiveEvent, Watcher, case_key, tenant_key
-from service.events import TERMINAL_EVENT_TYPES
-from service.sensitive import restore
-from service.store import CaseStore
+from casetrail.adapters.bus.watch import EventWatch, LiveEvent, Watcher, case_key, tenant_key
+from casetrail.adapters.store import CaseStore
+from casetrail.contract.events import TERMINAL_EVENT_TYPES
+from casetrail.privacy.sensitive import restore
 
 log = logging.getLogger("casetrail.api")
 

@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, HTTPException, Response
 
-from service.auth import Principal
-from service.events import (
+from casetrail.contract.auth import Principal
+from casetrail.contract.events import (
     PARKING_EVENT_TYPE,
     RUNNING_EVENT_TYPES,
     TERMINAL_EVENT_TYPES,
@@ -46,7 +46,7 @@ _HEADERS = {
 
 
 def _read(name: str) -> bytes:
-    return resources.files("service.api").joinpath("ui", name).read_bytes()
+    return resources.files("casetrail.api").joinpath("ui", name).read_bytes()
 
 
 def viewer_routes(app: FastAPI, public: Any) -> None:

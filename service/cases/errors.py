@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.errors import CasetrailError
+from casetrail.errors import CasetrailError
 
 
 class CaseProblem(CasetrailError):

@@ -10,17 +10,17 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from service.agents import AGENTS
-from service.auth import Principal
-from service.cases.errors import Forbidden, Invalid, Issue, NotFound, OverQuota
-from service.cases.services import CaseServices
-from service.cases.text import refuse_unstorable
-from service.errors import PermanentError
-from service.events import EVENT_TYPES, CaseStatus
-from service.search import CaseFilter, Cursor, case_summary
-from service.sensitive import restore, sensitive_field
-from service.store import principal_names, utc_text
-from service.verification import Report
+from casetrail.adapters.store import principal_names, utc_text
+from casetrail.adapters.store.search import CaseFilter, Cursor, case_summary
+from casetrail.agents import AGENTS
+from casetrail.cases.errors import Forbidden, Invalid, Issue, NotFound, OverQuota
+from casetrail.cases.services import CaseServices
+from casetrail.cases.text import refuse_unstorable
+from casetrail.contract.auth import Principal
+from casetrail.contract.events import EVENT_TYPES, CaseStatus
+from casetrail.errors import PermanentError
+from casetrail.privacy.sensitive import restore, sensitive_field
+from casetrail.trail.verification import Report
 
 log = logging.getLogger("casetrail.cases")
 

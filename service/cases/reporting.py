@@ -1,5 +1,5 @@
 """The case report (``GET /cases/{id}/report``, ``casetrail report``): one PDF per case,
-made from the case's evidence bundle and the verdict on it (service/report.py). A
+made from the case's evidence bundle and the verdict on it (service/audit/report.py). A
 report is an export: logged like one, sensitive values in clear only for ``pii:read``.
 Rendering is CPU work: it runs off the event loop, a few at once, and beyond that the
 caller is told to come back (429 with Retry-After)."""
@@ -10,12 +10,12 @@ import asyncio
 import uuid
 from dataclasses import dataclass
 
-from service.auth import Principal
-from service.cases.errors import OverQuota
-from service.cases.reading import case_view, owned, sensitive_values
-from service.cases.services import CaseServices
-from service.report import render
-from service.store import principal_names
+from casetrail.adapters.store import principal_names
+from casetrail.audit.report import render
+from casetrail.cases.errors import OverQuota
+from casetrail.cases.reading import case_view, owned, sensitive_values
+from casetrail.cases.services import CaseServices
+from casetrail.contract.auth import Principal
 
 RENDERING_AT_ONCE = 2
 """Reports rendered at once per API process (each takes a core while it renders)."""

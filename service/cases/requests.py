@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from service.agents.profile import CamelModel
-from service.events import ModelRef
+from casetrail.agents.profile import CamelModel
+from casetrail.contract.events import ModelRef
 
 
 class LimitsRequest(CamelModel):

@@ -17,17 +17,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from service.agents import AGENTS
-from service.auth import REVIEW_SCOPE, Principal
-from service.bus.start_commands import send_start
-from service.cases.errors import Conflict, Forbidden, Invalid, Issue, NotAccepted, NotFound
-from service.cases.reading import owned
-from service.cases.services import CaseServices
-from service.cases.text import refuse_unstorable
-from service.errors import BusUnavailable, PublishRejected
-from service.events import ENDED_STATUSES, CaseStatus
-from service.person_actions import PersonAction, sign_action
-from service.store import Wait, principal_names, utc_text
+from casetrail.adapters.bus.start_commands import send_start
+from casetrail.adapters.store import Wait, principal_names, utc_text
+from casetrail.agents import AGENTS
+from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotAccepted, NotFound
+from casetrail.cases.reading import owned
+from casetrail.cases.services import CaseServices
+from casetrail.cases.text import refuse_unstorable
+from casetrail.contract.auth import REVIEW_SCOPE, Principal
+from casetrail.contract.events import ENDED_STATUSES, CaseStatus
+from casetrail.errors import BusUnavailable, PublishRejected
+from casetrail.trail.person_actions import PersonAction, sign_action
 
 log = logging.getLogger("casetrail.cases")
 
@@ -200,7 +200,7 @@ def _decision(row: dict[str, Any], verdict: Verdict, decision: dict[str, Any] | 
 
 async def _go_on(services: CaseServices, row: dict[str, Any]) -> None:
     """Send the case's start command: the claim finds what was kept. Unconfirmed, the
-    kept action stands and a worker's sweeper sends it again (service/sweeper.py)."""
+    kept action stands and a worker's sweeper sends it again (service/components/sweeper.py)."""
     try:
         await send_start(services.publisher, services.topology, row["case_id"],
                          row["tenant_id"], row["agent"])

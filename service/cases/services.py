@@ -20,20 +20,26 @@ from limits import RateLimitItemPerMinute
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
-from service.batching import Coalescer
-from service.bus import fastpath
-from service.bus.connection import connect_patiently
-from service.bus.publisher import Publisher
-from service.bus.topology import Topology
-from service.config import Settings
-from service.errors import CasetrailError
-from service.evidence import Evidence
-from service.integrity import Signer
-from service.keyfile import action_signer
-from service.ledger.store import LedgerStore
-from service.search import CaseIndex
-from service.sensitive import Vault
-from service.store import CaseSecrets, CaseStore, KeyRegistry, component_pool, tenant_counts
+from casetrail.adapters.bus import fastpath
+from casetrail.adapters.bus.connection import connect_patiently
+from casetrail.adapters.bus.publisher import Publisher
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import (
+    CaseSecrets,
+    CaseStore,
+    KeyRegistry,
+    component_pool,
+    tenant_counts,
+)
+from casetrail.adapters.store.batching import Coalescer
+from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.adapters.store.search import CaseIndex
+from casetrail.audit.evidence import Evidence
+from casetrail.config import Settings
+from casetrail.contract.integrity import Signer
+from casetrail.errors import CasetrailError
+from casetrail.privacy.sensitive import Vault
+from casetrail.trail.keyfile import action_signer
 
 log = logging.getLogger("casetrail.cases")
 

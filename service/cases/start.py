@@ -13,23 +13,23 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from service.agents import AGENTS
-from service.agents.profile import AgentProfile
-from service.auth import Principal
-from service.bus.start_commands import send_start
-from service.cases.errors import Conflict, Forbidden, Invalid, Issue, NotAccepted, OverQuota
-from service.cases.requests import CaseRequest, LimitsRequest
-from service.cases.services import CaseServices, TenantLoad
-from service.cases.text import refuse_unstorable
-from service.config import Settings
-from service.engine.answers import DEFAULT_ANSWER_RETRIES
-from service.errors import BusUnavailable, PublishRejected
-from service.events import CaseStatus, Limits
-from service.person_actions import sign_object, start_object
-from service.providers import model_problem
-from service.sensitive import placeholder, split
-from service.store import NewCase, rate_wait
-from service.telemetry import metrics
+from casetrail.adapters.bus.start_commands import send_start
+from casetrail.adapters.store import NewCase, rate_wait
+from casetrail.agents import AGENTS
+from casetrail.agents.profile import AgentProfile
+from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotAccepted, OverQuota
+from casetrail.cases.requests import CaseRequest, LimitsRequest
+from casetrail.cases.services import CaseServices, TenantLoad
+from casetrail.cases.text import refuse_unstorable
+from casetrail.config import Settings
+from casetrail.contract.auth import Principal
+from casetrail.contract.events import CaseStatus, Limits
+from casetrail.engine.answers import DEFAULT_ANSWER_RETRIES
+from casetrail.errors import BusUnavailable, PublishRejected
+from casetrail.privacy.sensitive import placeholder, split
+from casetrail.providers import model_problem
+from casetrail.telemetry import metrics
+from casetrail.trail.person_actions import sign_object, start_object
 
 log = logging.getLogger("casetrail.cases")
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import uuid
 
-from service.auth import Principal
-from service.cases.errors import Conflict, NotFound
-from service.cases.reading import owned
-from service.cases.reviewing import after_cancel, cancel_parked
-from service.cases.services import CaseServices
-from service.cases.text import refuse_unstorable
-from service.commands import CancelCommand
-from service.erasure import Erasure
-from service.erasure import erase as erase_values
+from casetrail.cases.erasing import Erasure
+from casetrail.cases.erasing import erase as erase_values
+from casetrail.cases.errors import Conflict, NotFound
+from casetrail.cases.reading import owned
+from casetrail.cases.reviewing import after_cancel, cancel_parked
+from casetrail.cases.services import CaseServices
+from casetrail.cases.text import refuse_unstorable
+from casetrail.contract.auth import Principal
+from casetrail.contract.commands import CancelCommand
 
 
 async def cancel(services: CaseServices, principal: Principal, case_id: uuid.UUID,

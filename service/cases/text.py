@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.cases.errors import Invalid, Issue
+from casetrail.cases.errors import Invalid, Issue
 
 UNSTORABLE = "text may not contain NUL characters or lone surrogates"
 

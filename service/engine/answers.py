@@ -23,15 +23,20 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from service.engine.chat import (
+from casetrail.contract.events import (
+    CheckResult,
+    JsonObject,
+    ReviewReason,
+    describe_validation_error,
+)
+from casetrail.contract.integrity import canonical
+from casetrail.engine.chat import (
     AssistantMessage,
     ChatMessage,
     ToolResultMessage,
     ToolSpec,
     UserMessage,
 )
-from service.events import CheckResult, JsonObject, ReviewReason, describe_validation_error
-from service.integrity import canonical
 
 FINAL_ANSWER = "final_answer"
 """The tool the model calls to give its answer."""

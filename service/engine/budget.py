@@ -19,8 +19,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from service.engine.chat import ToolResultMessage
-from service.engine.tools import ToolOutcome
+from casetrail.engine.chat import ToolResultMessage
+from casetrail.engine.tools import ToolOutcome
 
 ENVELOPE_ROOM = 64 * 1024
 """Room kept for the event's envelope, its other fields and the placeholders that

@@ -17,18 +17,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from service.engine.answers import (
-    Answering,
-)
-from service.engine.chat import (
-    ChatMessage,
-    ToolResultMessage,
-    ToolSpec,
-    count_tokens,
-    message_text,
-)
-from service.engine.observing import AttemptWatch
-from service.events import (
+from casetrail.contract.events import (
     DEFAULT_TENANT,
     MAX_EVENT_BYTES,
     ZERO_USAGE,
@@ -46,6 +35,17 @@ from service.events import (
     TerminalEvent,
     TokenUsage,
 )
+from casetrail.engine.answers import (
+    Answering,
+)
+from casetrail.engine.chat import (
+    ChatMessage,
+    ToolResultMessage,
+    ToolSpec,
+    count_tokens,
+    message_text,
+)
+from casetrail.engine.observing import AttemptWatch
 
 
 class EventSink(Protocol):

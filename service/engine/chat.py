@@ -4,7 +4,7 @@ One call: the conversation so far and the tools on offer go in, one assistant
 turn comes out. Providers (scripted, OpenAI-compatible, Anthropic) each live in
 their own module behind this protocol; the engine knows nothing else of them.
 
-Failures are typed (see ``service.errors``): ``ModelUnavailable`` may be
+Failures are typed (see ``casetrail.errors``): ``ModelUnavailable`` may be
 retried, ``ModelRejected`` ends the case with ``model_error``.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
-from service.events import ZERO_USAGE, TokenUsage
+from casetrail.contract.events import ZERO_USAGE, TokenUsage
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,45 +35,8 @@ from typing import Any, TypeVar
 
 from tenacity import wait_exponential_jitter
 
-from service import CASETRAIL_VERSION
-from service.backoff import backoff_delay
-from service.engine.answers import (
-    ASK_A_PERSON,
-    ASK_A_PERSON_SPEC,
-    DEFAULT_ANSWER_RETRIES,
-    FINAL_ANSWER,
-    Answering,
-    feedback,
-    refused,
-    returned_note,
-)
-from service.engine.budget import within_budget
-from service.engine.case import (
-    AttemptEnd,
-    CancelSignal,
-    CaseSpec,
-    EventSink,
-    Parked,
-    RunState,
-    extract_answer,
-    first_user_message,
-    fit_to_budget,
-    system_prompt_digest,
-)
-from service.engine.chat import (
-    AssistantTurn,
-    ChatMessage,
-    ChatModel,
-    SystemMessage,
-    ToolCallRequest,
-    ToolResultMessage,
-    UserMessage,
-)
-from service.engine.observing import NO_OBSERVER, AttemptWatch, Observer
-from service.engine.recorded import cycle_messages
-from service.engine.tools import ToolBox, ToolOutcome, schema_digest
-from service.errors import CasetrailError, ModelRejected, ModelUnavailable, scrub
-from service.events import (
+from casetrail import CASETRAIL_VERSION
+from casetrail.contract.events import (
     ZERO_USAGE,
     AnswerRejection,
     CaseAwaitingReview,
@@ -98,6 +61,43 @@ from service.events import (
     make_event,
     status_for,
 )
+from casetrail.engine.answers import (
+    ASK_A_PERSON,
+    ASK_A_PERSON_SPEC,
+    DEFAULT_ANSWER_RETRIES,
+    FINAL_ANSWER,
+    Answering,
+    feedback,
+    refused,
+    returned_note,
+)
+from casetrail.engine.backoff import backoff_delay
+from casetrail.engine.budget import within_budget
+from casetrail.engine.case import (
+    AttemptEnd,
+    CancelSignal,
+    CaseSpec,
+    EventSink,
+    Parked,
+    RunState,
+    extract_answer,
+    first_user_message,
+    fit_to_budget,
+    system_prompt_digest,
+)
+from casetrail.engine.chat import (
+    AssistantTurn,
+    ChatMessage,
+    ChatModel,
+    SystemMessage,
+    ToolCallRequest,
+    ToolResultMessage,
+    UserMessage,
+)
+from casetrail.engine.observing import NO_OBSERVER, AttemptWatch, Observer
+from casetrail.engine.recorded import cycle_messages
+from casetrail.engine.tools import ToolBox, ToolOutcome, schema_digest
+from casetrail.errors import CasetrailError, ModelRejected, ModelUnavailable, scrub
 
 T = TypeVar("T")
 

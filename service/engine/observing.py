@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
-from service.engine.chat import AssistantTurn, ChatMessage
-from service.events import TokenUsage
+from casetrail.contract.events import TokenUsage
+from casetrail.engine.chat import AssistantTurn, ChatMessage
 
 
 class ModelCallWatch(Protocol):

@@ -10,8 +10,8 @@ from typing import Any
 
 import orjson
 
-from service.engine.answers import FINAL_ANSWER, feedback
-from service.engine.chat import (
+from casetrail.engine.answers import FINAL_ANSWER, feedback
+from casetrail.engine.chat import (
     AssistantMessage,
     ChatMessage,
     ToolCallRequest,

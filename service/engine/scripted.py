@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
-from service.engine.chat import (
+from casetrail.contract.events import TokenUsage
+from casetrail.engine.chat import (
     AssistantTurn,
     ChatMessage,
     ToolCallRequest,
@@ -21,8 +22,7 @@ from service.engine.chat import (
     count_tokens,
     message_text,
 )
-from service.errors import ModelRejected
-from service.events import TokenUsage
+from casetrail.errors import ModelRejected
 
 ScriptFn = Callable[[Sequence[ChatMessage]], AssistantTurn]
 

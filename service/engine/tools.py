@@ -28,10 +28,15 @@ from jsonschema import validators as json_schema_validators
 from jsonschema.exceptions import SchemaError, best_match
 from pydantic import BaseModel, ValidationError
 
-from service.engine.chat import ToolCallRequest, ToolResultMessage, ToolSpec
-from service.engine.observing import NO_OBSERVER, Observer
-from service.events import McpCallRef, ToolAttempt, ToolCallRecord, describe_validation_error
-from service.integrity import canonical
+from casetrail.contract.events import (
+    McpCallRef,
+    ToolAttempt,
+    ToolCallRecord,
+    describe_validation_error,
+)
+from casetrail.contract.integrity import canonical
+from casetrail.engine.chat import ToolCallRequest, ToolResultMessage, ToolSpec
+from casetrail.engine.observing import NO_OBSERVER, Observer
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.ledger import merkle
-from service.ledger.note import (
+from casetrail.ledger import merkle
+from casetrail.ledger.note import (
     Checkpoint,
     Note,
     NoteError,
@@ -18,7 +18,7 @@ from service.ledger.note import (
     Verifier,
     open_with_any,
 )
-from service.verification import Problem
+from casetrail.trail.verification import Problem
 
 
 @dataclass

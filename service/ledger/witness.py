@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx
 
-from service.ledger import merkle
-from service.ledger.note import (
+from casetrail.ledger import merkle
+from casetrail.ledger.note import (
     Checkpoint,
     Note,
     NoteError,
@@ -39,8 +39,8 @@ from service.ledger.note import (
     open_checkpoint,
     open_with_any,
 )
-from service.telemetry import metrics
-from service.verification import Problem
+from casetrail.telemetry import metrics
+from casetrail.trail.verification import Problem
 
 log = logging.getLogger("casetrail.witness")
 

@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 
 from pydantic import SecretStr
 
-from service.agents.profile import AgentProfile
-from service.config import Settings
-from service.engine.chat import AssistantTurn, ChatMessage, ChatModel, ToolSpec
-from service.engine.scripted import ScriptedModel
-from service.errors import ModelRejected
-from service.events import ModelRef
-from service.model_providers import PROVIDERS, ProviderSpec
-from service.providers.clients import ModelClients, PoolSettings, ProviderClient
+from casetrail.agents.profile import AgentProfile
+from casetrail.config import Settings
+from casetrail.contract.events import ModelRef
+from casetrail.contract.model_providers import PROVIDERS, ProviderSpec
+from casetrail.engine.chat import AssistantTurn, ChatMessage, ChatModel, ToolSpec
+from casetrail.engine.scripted import ScriptedModel
+from casetrail.errors import ModelRejected
+from casetrail.providers.clients import ModelClients, PoolSettings, ProviderClient
 
 
 class UnavailableProvider:

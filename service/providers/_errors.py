@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from service.errors import ModelRejected, ModelUnavailable, scrub
+from casetrail.errors import ModelRejected, ModelUnavailable, scrub
 
 FIXED_TEXTS = {
     401: "authentication failed: the provider refused the configured API key",

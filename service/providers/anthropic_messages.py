@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from service.engine.chat import (
+from casetrail.contract.events import TokenUsage
+from casetrail.engine.chat import (
     AssistantMessage,
     AssistantTurn,
     ChatMessage,
@@ -20,8 +21,7 @@ from service.engine.chat import (
     ToolSpec,
     UserMessage,
 )
-from service.events import TokenUsage
-from service.providers.clients import RemoteChatModel
+from casetrail.providers.clients import RemoteChatModel
 
 DEFAULT_MAX_TOKENS = 4096
 

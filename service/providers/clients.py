@@ -40,15 +40,15 @@ from typing import Any
 import aiohttp
 import orjson
 
-from service import CASETRAIL_VERSION
-from service.errors import ModelUnavailable, scrub
-from service.model_providers import PROVIDERS
-from service.providers._errors import status_error
+from casetrail import CASETRAIL_VERSION
+from casetrail.contract.model_providers import PROVIDERS
+from casetrail.errors import ModelUnavailable, scrub
+from casetrail.providers._errors import status_error
 
 log = logging.getLogger("casetrail.models")
 
 Provider = str
-"""A remote provider's name (``service/model_providers.py``)."""
+"""A remote provider's name (``service/contract/model_providers.py``)."""
 
 
 @dataclass(frozen=True)

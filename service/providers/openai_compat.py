@@ -13,7 +13,8 @@ from typing import Any
 
 import orjson
 
-from service.engine.chat import (
+from casetrail.contract.events import TokenUsage
+from casetrail.engine.chat import (
     AssistantMessage,
     AssistantTurn,
     ChatMessage,
@@ -23,8 +24,7 @@ from service.engine.chat import (
     ToolSpec,
     UserMessage,
 )
-from service.events import TokenUsage
-from service.providers.clients import RemoteChatModel
+from casetrail.providers.clients import RemoteChatModel
 
 
 def parse_arguments(raw: str | None) -> dict[str, Any] | None:

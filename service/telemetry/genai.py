@@ -18,7 +18,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
-from service.engine.chat import (
+from casetrail.contract.events import CaseStatus
+from casetrail.engine.chat import (
     AssistantMessage,
     AssistantTurn,
     ChatMessage,
@@ -26,8 +27,7 @@ from service.engine.chat import (
     ToolResultMessage,
     message_text,
 )
-from service.events import CaseStatus
-from service.telemetry import tracing
+from casetrail.telemetry import tracing
 
 Redact = Callable[[str], str]
 

@@ -22,8 +22,8 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from service.config import Component, Settings
-from service.errors import PermanentError
+from casetrail.config import Component, Settings
+from casetrail.errors import PermanentError
 
 log = logging.getLogger("casetrail.metrics")
 
@@ -88,7 +88,7 @@ SLOTS_BUSY = Gauge("casetrail_worker_slots_busy", "Of this worker's slots "
                    "are, start commands wait in hand for one.")
 STRANDED_CASES_RESENT = Counter(
     "casetrail_stranded_cases_resent", "Start commands a worker's sweeper sent again for "
-    "cases stranded: claimed, not ended, their lease lapsed (service/sweeper.py).")
+    "cases stranded: claimed, not ended, their lease lapsed (service/components/sweeper.py).")
 
 # --- every publisher ---------------------------------------------------------------
 PUBLISH_CONFIRM_SECONDS = Histogram(

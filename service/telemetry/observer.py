@@ -9,10 +9,10 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from service.engine.chat import AssistantTurn, ChatMessage
-from service.events import TokenUsage
-from service.telemetry import genai, metrics, tracing
-from service.telemetry.genai import AttemptTrace
+from casetrail.contract.events import TokenUsage
+from casetrail.engine.chat import AssistantTurn, ChatMessage
+from casetrail.telemetry import genai, metrics, tracing
+from casetrail.telemetry.genai import AttemptTrace
 
 
 class _ModelCall:

@@ -31,7 +31,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from service.errors import PermanentError
+from casetrail.errors import PermanentError
 
 log = logging.getLogger("casetrail.tracing")
 

@@ -10,8 +10,10 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 
-from service import cases
-from service.api.deps import (
+from casetrail import cases
+from casetrail.adapters.store import utc_text
+from casetrail.adapters.store.search import CURSOR_PATTERN
+from casetrail.api.deps import (
     Administrator,
     Canceller,
     Cases,
@@ -19,8 +21,8 @@ from service.api.deps import (
     Starter,
     known_query_only,
 )
-from service.api.problems import error_responses, responses
-from service.api.schemas import (
+from casetrail.api.problems import error_responses, responses
+from casetrail.api.schemas import (
     Bundle,
     CancelAccepted,
     CancelRequest,
@@ -32,10 +34,8 @@ from service.api.schemas import (
     Trail,
     VerifyReport,
 )
-from service.cases import reporting
-from service.events import CaseStatus
-from service.search import CURSOR_PATTERN
-from service.store import utc_text
+from casetrail.cases import reporting
+from casetrail.contract.events import CaseStatus
 
 router = APIRouter(dependencies=[Depends(known_query_only)])
 

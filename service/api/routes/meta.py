@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from service.agents import AGENTS
-from service.api.deps import AnyKey, Cases, Public, known_query_only
-from service.api.problems import responses
-from service.api.routes.cases import OrjsonResponse
-from service.api.schemas import (
+from casetrail.agents import AGENTS
+from casetrail.api.deps import AnyKey, Cases, Public, known_query_only
+from casetrail.api.problems import responses
+from casetrail.api.routes.cases import OrjsonResponse
+from casetrail.api.schemas import (
     AgentList,
     AsyncApiDocument,
     Health,
@@ -17,8 +17,8 @@ from service.api.schemas import (
     Readiness,
     SigningKeys,
 )
-from service.cases import offered
-from service.errors import CasetrailError
+from casetrail.cases import offered
+from casetrail.errors import CasetrailError
 
 router = APIRouter(dependencies=[Depends(known_query_only)])
 

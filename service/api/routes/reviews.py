@@ -9,17 +9,17 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from service.api.deps import AnyKey, Cases, ReviewerKey, known_query_only
-from service.api.problems import responses
-from service.api.routes.cases import OrjsonResponse
-from service.api.schemas import (
+from casetrail.api.deps import AnyKey, Cases, ReviewerKey, known_query_only
+from casetrail.api.problems import responses
+from casetrail.api.routes.cases import OrjsonResponse
+from casetrail.api.schemas import (
     AnswerRequest,
     ReviewAccepted,
     ReviewItem,
     ReviewList,
     ReviewRequest,
 )
-from service.cases import reviewing
+from casetrail.cases import reviewing
 
 router = APIRouter(dependencies=[Depends(known_query_only)])
 

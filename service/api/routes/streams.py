@@ -12,11 +12,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from service.api.deps import Cases, Reader, known_query_only
-from service.api.problems import RETRY_LATER, responses
-from service.api.schemas import Health
-from service.api.security import Caller
-from service.api.streams import (
+from casetrail.api.deps import Cases, Reader, known_query_only
+from casetrail.api.problems import RETRY_LATER, responses
+from casetrail.api.schemas import Health
+from casetrail.api.security import Caller
+from casetrail.api.streams import (
     StreamSlots,
     StreamStart,
     StreamTicket,
@@ -25,10 +25,10 @@ from service.api.streams import (
     parse_event_id,
     tenant_stream,
 )
-from service.auth import AuthError
-from service.cases.reading import owned, sensitive_values
-from service.config import Settings
-from service.events import ENDED_STATUSES
+from casetrail.cases.reading import owned, sensitive_values
+from casetrail.config import Settings
+from casetrail.contract.auth import AuthError
+from casetrail.contract.events import ENDED_STATUSES
 
 router = APIRouter(dependencies=[Depends(known_query_only)])
 

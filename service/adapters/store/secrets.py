@@ -1,0 +1,72 @@
+"""A case's sealed sensitive values, and their erasure."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+import asyncpg
+
+from casetrail.adapters.store.pool import translate_errors
+from casetrail.privacy.sensitive import SealedValues, Vault
+
+
+@dataclass(frozen=True)
+class SecretState:
+    """What ``case_secrets`` says of a case: its sealed values, or who erased them."""
+
+    placeholders: tuple[str, ...]
+    sealed: SealedValues | None
+    erased_at: datetime | None
+    erased_by: str | None
+
+
+class CaseSecrets:
+    """A case's sensitive values: sealed on the way in, opened for ``pii:read`` callers
+    (the worker gets them sealed with its claim), shredded on erase; every read in
+    clear, export and erasure logged."""
+
+    def __init__(self, pool: asyncpg.Pool, vault: Vault) -> None:
+        self._pool = pool
+        self.vault = vault
+
+    async def state(self, case_id: uuid.UUID) -> SecretState | None:
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                """SELECT master_key_id, wrapped_key, ciphertext, placeholders, erased_at,
+                          erased_by FROM case_secrets WHERE case_id = $1""", case_id)
+        if row is None:
+            return None
+        sealed = None if row["wrapped_key"] is None else SealedValues(
+            row["master_key_id"], bytes(row["wrapped_key"]), bytes(row["ciphertext"]))
+        return SecretState(tuple(row["placeholders"]), sealed, row["erased_at"],
+                           row["erased_by"])
+
+    async def erase(self, case_id: uuid.UUID, by: str
+                    ) -> tuple[Literal["erased", "already", "nothing"], datetime | None]:
+        """Destroy the data key and the ciphertext (crypto-shredding), recording who;
+        the outcome and when the values were erased (now, or the first time)."""
+        async with translate_errors():
+            erased_at = await self._pool.fetchval(
+                """UPDATE case_secrets SET wrapped_key = NULL, ciphertext = NULL,
+                          erased_at = now(), erased_by = $2
+                   WHERE case_id = $1 AND erased_at IS NULL RETURNING erased_at""",
+                case_id, by)
+            if erased_at is not None:
+                # The digests of its sensitive business keys go too: nobody can test a
+                # guess of an erased value against them any more.
+                await self._pool.execute(
+                    "DELETE FROM case_keys WHERE case_id = $1 AND digest", case_id)
+                return "erased", erased_at
+            row = await self._pool.fetchrow(
+                "SELECT erased_at FROM case_secrets WHERE case_id = $1", case_id)
+        return ("already", row["erased_at"]) if row is not None else ("nothing", None)
+
+    async def log_access(self, principal: str, tenant: str, case_id: uuid.UUID,
+                         action: Literal["pii:read", "export", "erase"]) -> None:
+        async with translate_errors():
+            await self._pool.execute(
+                "INSERT INTO access_log (principal, tenant_id, case_id, action) "
+                "VALUES ($1, $2, $3, $4)", principal, tenant, case_id, action)

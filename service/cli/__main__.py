@@ -1,0 +1,5 @@
+"""``python -m casetrail.cli``: the ``casetrail`` command line."""
+
+from casetrail.cli.main import main
+
+main()

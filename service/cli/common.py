@@ -1,0 +1,50 @@
+"""What every ``casetrail`` command shares: how it runs its coroutine and how it logs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from casetrail.components import gc_tuning
+from casetrail.config import Settings, get_settings
+
+T = TypeVar("T")
+
+
+def run(main: Coroutine[Any, Any, T], *, long_running: bool = False) -> T:
+    """Run ``main`` on uvloop where it is installed (a faster event loop, same
+    semantics), else on asyncio's own. A long-running component first gets the
+    garbage collector tuned for it; a short command would only pay for the freeze."""
+    if long_running:
+        gc_tuning.tune(get_settings().gc_threshold)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def configure_logging(level: str | None = None) -> None:
+    level = level or get_settings().log_level
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("aio_pika").setLevel(logging.WARNING)
+    logging.getLogger("aiormq").setLevel(logging.WARNING)
+
+
+
+async def with_evidence(settings: Settings, work: Any) -> Any:
+    """``work`` given the evidence of the database ``settings`` name (as the operator)."""
+    from casetrail.adapters.store import CaseStore, KeyRegistry, create_pool
+    from casetrail.adapters.store.ledger import LedgerStore
+    from casetrail.audit.evidence import Evidence
+
+    pool = await create_pool(settings.database_url, max_size=2)
+    try:
+        return await work(Evidence(CaseStore(pool), KeyRegistry(pool), LedgerStore(pool)))
+    finally:
+        await pool.close()

@@ -1,0 +1,711 @@
+"""``casetrail setup``: every component's own identity, and what the broker needs that
+AMQP cannot declare, set up idempotently with the bootstrap (admin) URLs.
+
+- **Postgres**: a NOLOGIN owner role owns the schema (the migrations run as it); the
+  api, worker and consumer log in as roles of their own with the grants each needs
+  and nothing else (``GRANTS``). The consumer alone inserts into ``event_log`` and
+  nobody may update or delete it; the API cannot write it.
+- **RabbitMQ**: a user per component whose configure/write/read regexes allow exactly
+  what it does (``broker_definitions``), and topic permissions on ``<ns>.events`` so
+  that only the worker publishes ``case.*``. Users, permissions and the start queue's
+  length policy go to the broker as one *definitions* document: ``rabbitmqctl
+  import_definitions`` on this machine, or ``POST /api/definitions`` of the management
+  API (``CASETRAIL_RABBITMQ_MANAGEMENT_URL``, e.g. in docker-compose). Then the
+  topology is declared as the admin, since no component may declare shared queues.
+- Every name carries the namespace, so a test stack and a live one never share an
+  identity. Passwords come from the component URLs when the environment sets them
+  (docker-compose passes them in), else from the secrets file of an earlier run,
+  else they are generated; the secrets file (mode 0600) then holds each component's
+  URLs, and components read their own from it when no ``CASETRAIL_<C>_*_URL`` is set.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+import aiormq
+import asyncpg
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_fixed
+
+from casetrail.adapters.bus.connection import connect
+from casetrail.adapters.bus.topology import Topology
+from casetrail.adapters.store import CapabilityKeyRegistry, KeyRegistry, create_pool
+from casetrail.adapters.store.keys import KeyTable
+from casetrail.agents import CAPABILITIES
+from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings, amqp_nodes
+from casetrail.contract.integrity import key_id
+from casetrail.engine.tools import mcp_capability
+from casetrail.errors import PermanentError
+from casetrail.ops.migrate import (
+    database_name,
+    drop_database,
+    ensure_database,
+    migrate,
+    quote_ident,
+    with_database,
+)
+from casetrail.privacy import sealing
+from casetrail.privacy.sensitive import Vault
+from casetrail.trail.keyfile import read_public_key
+from casetrail.trail.verification import PublicKey
+
+log = logging.getLogger("casetrail.setup")
+
+
+# -- identities ------------------------------------------------------------------------
+
+def _with_user(url: str, user: str, password: str) -> str:
+    """``url`` (each URL of a comma-separated list: a cluster's nodes) as ``user``."""
+    def one(node: str) -> str:
+        parts = urlsplit(node)
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}:"
+                                                f"{quote(password, safe='')}@{host}"))
+
+    return ",".join(one(node) for node in amqp_nodes(url))
+
+
+def _given_password(url: str | None, expected_user: str, variable: str) -> str | None:
+    """The password of a component URL the environment sets, checked to name the user
+    setup creates."""
+    if url is None:
+        return None
+    parts = urlsplit(amqp_nodes(url)[0])
+    if unquote(parts.username or "") != expected_user or not parts.password:
+        raise PermanentError(f"{variable} must name the user {expected_user!r} with a password "
+                             "(setup creates that identity with it)")
+    return unquote(parts.password)
+
+
+def served_capabilities(settings: Settings) -> list[str]:
+    """Every capability setup gives a queue and a broker user: the installed agents',
+    one per configured MCP server (``mcp-<name>``) and the operator's
+    ``extra_capabilities``."""
+    return sorted({*CAPABILITIES, *(mcp_capability(s.name) for s in settings.mcp_servers),
+                   *settings.extra_capabilities})
+
+
+def _password_of(url: str) -> str:
+    return unquote(urlsplit(amqp_nodes(url)[0]).password or "")
+
+
+@dataclass(frozen=True)
+class Identities:
+    """The URLs every component connects with, as setup made them (each capability's
+    broker URL by its name), and the master key (kept here only when the environment
+    does not set one)."""
+
+    urls: dict[Component, dict[str, str]]
+    capabilities: dict[str, str]
+    sealing_keys: dict[str, str]
+    """Each capability's private sealing key, kept here only where the environment
+    does not set it."""
+    master_key: str | None = None
+
+    def password(self, component: Component, kind: str) -> str:
+        return _password_of(self.urls[component][kind])
+
+
+def plan_identities(settings: Settings) -> Identities:
+    """Each component's URLs: given in the environment, kept from an earlier run, or new."""
+    stored = settings.stored_secrets()
+    urls: dict[Component, dict[str, str]] = {}
+    for component in COMPONENTS:
+        kept = stored.get(component, {})
+        kinds = [("amqp_url", settings.amqp_url, settings.broker_user(component))]
+        if component in DATABASE_COMPONENTS:
+            kinds.append(("database_url", settings.database_url,
+                          settings.database_role(component)))
+        entry = {}
+        for kind, bootstrap, user in kinds:
+            given = getattr(settings, f"{component}_{kind}")
+            password = (_given_password(given, user, f"CASETRAIL_{component.upper()}_"
+                                                     f"{kind.upper()}")
+                        or _kept_password(kept.get(kind), user)
+                        or secrets.token_urlsafe(24))
+            entry[kind] = given or _with_user(bootstrap, user, password)
+        urls[component] = entry
+    capabilities, sealing_keys = {}, {}
+    kept_capabilities = stored.get("capabilities", {})
+    for name in served_capabilities(settings):
+        if name not in settings.capability_sealing_keys:
+            sealing_keys[name] = (kept_capabilities.get(name, {}).get("sealing_key")
+                                  or sealing.generate_text())
+        user, given = settings.capability_user(name), settings.capability_amqp_urls.get(name)
+        password = (_given_password(given, user, f"CASETRAIL_CAPABILITY_AMQP_URLS[{name!r}]")
+                    or _kept_password(kept_capabilities.get(name, {}).get("amqp_url"), user)
+                    or secrets.token_urlsafe(24))
+        capabilities[name] = given or _with_user(settings.amqp_url, user, password)
+    master = None if settings.master_key is not None else (
+        stored.get("master_key") or Vault.generate_text())
+    return Identities(urls, capabilities, sealing_keys, master)
+
+
+def _kept_password(url: str | None, user: str) -> str | None:
+    first = urlsplit(amqp_nodes(url)[0]) if url is not None else None
+    if first is None or unquote(first.username or "") != user:
+        return None
+    return unquote(first.password or "") or None
+
+
+def write_secrets(path: Path, identities: Identities) -> None:
+    """The secrets file: readable by its owner only, replaced atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".identities-")
+    contents: dict[str, Any] = {str(k): v for k, v in identities.urls.items()}
+    contents["capabilities"] = {
+        name: {"amqp_url": url} | ({"sealing_key": identities.sealing_keys[name]}
+                                   if name in identities.sealing_keys else {})
+        for name, url in identities.capabilities.items()}
+    if identities.master_key is not None:
+        contents["master_key"] = identities.master_key
+    with os.fdopen(descriptor, "w") as handle:  # mkstemp makes it 0600
+        json.dump(contents, handle, indent=2)
+    os.replace(temporary, path)
+
+
+# -- Postgres ----------------------------------------------------------------------------
+
+def grants(settings: Settings) -> list[str]:
+    """What each component may do, and nothing more (run by the owner's authority)."""
+    api, worker, consumer, ledger = (quote_ident(settings.database_role(c))
+                                     for c in DATABASE_COMPONENTS)
+    everyone = f"{api}, {worker}, {consumer}, {ledger}"
+    policy = quote_ident(f"{settings.namespace}_components")
+    statements = [
+        f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {everyone}",
+        # The API starts, reads and cancels cases (a case nobody claimed yet can be
+        # withdrawn when its start command could not be published); reads the log,
+        # the signing keys and API keys. It never writes the log.
+        f"GRANT SELECT, INSERT, DELETE ON cases TO {api}",
+        # ... its business keys (values, or digests of sensitive ones, which erasing
+        # deletes).
+        f"GRANT SELECT, INSERT, DELETE ON case_keys TO {api}",
+        f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at, "
+        f"start_confirmed_at, start_publishing_until) ON cases TO {api}",
+        f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls, "
+        f"case_decisions, case_reviews, action_keys, person_identities "
+        f"TO {api}",
+        # ... keeps what a person did about a case waiting for one (a review, a cancel),
+        # once per wait: the worker records it in the trail.
+        f"GRANT SELECT, INSERT ON case_actions TO {api}",
+        # ... seals a new case's sensitive values, opens them for pii:read callers,
+        # shreds them on erase; logs each such access (append-only).
+        f"GRANT SELECT, INSERT ON case_secrets TO {api}",
+        f"GRANT UPDATE (wrapped_key, ciphertext, erased_at, erased_by) ON case_secrets "
+        f"TO {api}",
+        f"GRANT INSERT ON access_log TO {api}",
+        # The worker claims and leases cases, reads whether one has ended and whether
+        # its key is registered, and notes when its sweeper re-sent a stranded case's
+        # start command. It emits events on the bus only, and never writes
+        # signing_keys: keys are registered by an operator (`signer register`).
+        f"GRANT SELECT ON cases, event_log, signing_keys, case_secrets, capability_keys, "
+        f"case_actions, action_keys, person_identities, starts_before_signing TO {worker}",
+        f"GRANT UPDATE (attempts_claimed, lease_owner, lease_expires_at, terminal_published, "
+        f"start_resent_at, parked_attempt, parked_at, review_due_at, wait_kind, "
+        f"wait_call_id, wait_excludes) ON cases TO {worker}",
+        # ... and moves an action it refuses to act on (no action key signed it, or it
+        # breaks the wait's rules) out of the wait's way, kept for the investigation.
+        f"GRANT DELETE ON case_actions TO {worker}",
+        # ... and knows the person behind the key that started a case (four eyes),
+        # never a key's hash or scopes.
+        f"GRANT SELECT (key_id, person) ON api_keys TO {worker}",
+        f"GRANT INSERT ON case_actions_refused TO {worker}",
+        # The consumer appends to the log and folds each batch into the case row; no
+        # UPDATE, DELETE or TRUNCATE on the log (and the triggers refuse them anyway).
+        f"GRANT SELECT, INSERT ON event_log TO {consumer}",
+        f"GRANT SELECT ON cases, signing_keys TO {consumer}",
+        f"GRANT UPDATE (status, cycles, input_tokens, output_tokens, answer, outcome, "
+        f"started_at, ended_at, updated_at, folded_attempt, folded_seq) ON cases "
+        f"TO {consumer}",
+        # (Each stored event enters ledger_queue through a trigger of the owner's.)
+        # The ledger alone builds the transparency log: takes stored events from the
+        # queue, appends leaves and tiles (tiles may only grow, leaves and checkpoints
+        # are never changed: the triggers refuse it), signs checkpoints.
+        f"GRANT SELECT, DELETE ON ledger_queue TO {ledger}",
+        f"GRANT SELECT, INSERT ON ledger_leaves, ledger_checkpoints, ledger_keys TO {ledger}",
+        f"GRANT SELECT ON ledger_cosignatures TO {ledger}",
+        f"GRANT SELECT, INSERT, UPDATE ON ledger_tiles TO {ledger}",
+        # The API serves the log (checkpoints, proofs) and keeps witnesses' checked
+        # cosignatures; it reads which leaves a case has for its verdicts.
+        f"GRANT SELECT ON ledger_leaves, ledger_tiles, ledger_checkpoints, ledger_keys, "
+        f"ledger_cosignatures TO {api}",
+        f"GRANT INSERT ON ledger_cosignatures TO {api}",
+    ]
+    # Row-level security (migration 004) shows a SQL reader its tenant's rows; the
+    # components serve every tenant and check tenancy themselves.
+    for table in ("cases", "event_log"):
+        statements += [f"DROP POLICY IF EXISTS {policy} ON {table}",
+                       f"CREATE POLICY {policy} ON {table} TO {everyone} "
+                       "USING (true) WITH CHECK (true)"]
+    return statements
+
+
+_TRANSFER_OWNERSHIP = """
+SELECT format('ALTER %s %s OWNER TO %I',
+              CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'S' THEN 'SEQUENCE'
+                             WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE 'TABLE' END,
+              c.oid::regclass, $1::text)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+  AND pg_get_userbyid(c.relowner) <> $1
+UNION ALL
+SELECT format('ALTER FUNCTION %s OWNER TO %I', p.oid::regprocedure, $1::text)
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'public' AND pg_get_userbyid(p.proowner) <> $1
+"""
+
+
+async def _ensure_role(admin: asyncpg.Connection, role: str, password: str | None) -> None:
+    verb = "ALTER" if await admin.fetchval(
+        "SELECT 1 FROM pg_roles WHERE rolname = $1", role) else "CREATE"
+    login = "NOLOGIN" if password is None else "LOGIN"
+    statement = (f"{verb} ROLE {quote_ident(role)} {login} NOSUPERUSER NOCREATEDB "
+                 "NOCREATEROLE NOREPLICATION NOBYPASSRLS")
+    if password is not None:  # a utility statement takes no parameters: quote it
+        statement += " PASSWORD " + await admin.fetchval("SELECT quote_literal($1)", password)
+    try:
+        await admin.execute(statement)
+    except asyncpg.DuplicateObjectError:  # another setup created it in between
+        await admin.execute(statement.replace("CREATE", "ALTER", 1))
+
+
+async def setup_database(settings: Settings, identities: Identities) -> list[str]:
+    """Roles, the database (owned by the owner role), migrations as the owner, grants;
+    the names of the migration files applied now."""
+    owner = settings.database_role("owner")
+    database = database_name(settings.database_url)
+    # Everything that could refuse is checked before anything is created.
+    await _check_not_others(settings, "set up")
+    admin = await asyncpg.connect(with_database(settings.database_url, "postgres"))
+    try:
+        await _ensure_role(admin, owner, None)
+        for component in DATABASE_COMPONENTS:
+            await _ensure_role(admin, settings.database_role(component),
+                               identities.password(component, "database_url"))
+    finally:
+        await admin.close()
+    await ensure_database(settings.database_url)
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await _refuse_others(conn, settings, "set up")
+        db = quote_ident(database)
+        await conn.execute(f"ALTER DATABASE {db} OWNER TO {quote_ident(owner)}")
+        await conn.execute(f"REVOKE ALL ON DATABASE {db} FROM PUBLIC")
+        for component in DATABASE_COMPONENTS:
+            await conn.execute(f"GRANT CONNECT ON DATABASE {db} TO "
+                               f"{quote_ident(settings.database_role(component))}")
+        # A schema made before the owner role existed (the bootstrap user owns it)
+        # passes to the owner.
+        for statement in await conn.fetch(_TRANSFER_OWNERSHIP, owner):
+            await conn.execute(statement[0])
+    finally:
+        await conn.close()
+    return await _migrate_and_grant(settings, owner)
+
+
+async def _migrate_and_grant(settings: Settings, owner: str) -> list[str]:
+    """Migrations as the owner role, then the grants (renewed for what they created)."""
+    applied = await migrate(settings.database_url, owner=owner)
+    await _grant(settings)
+    return applied
+
+
+async def _grant(settings: Settings) -> None:
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        async with conn.transaction():
+            for statement in grants(settings):
+                await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+_OTHER_OWNERS = """
+SELECT DISTINCT r.rolname FROM (
+    SELECT datdba AS owner FROM pg_database WHERE datname = current_database()
+    UNION ALL
+    SELECT c.relowner FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'public'
+) o JOIN pg_roles r ON r.oid = o.owner
+WHERE r.rolname LIKE '%\\_owner' AND r.rolname <> $1
+"""
+
+
+async def _refuse_others(conn: asyncpg.Connection, settings: Settings, doing: str) -> None:
+    """``PermanentError`` when the database holds another namespace's objects (owned by
+    another namespace's owner role): one namespace's setup never takes them over, and
+    its removal never drops them."""
+    others = [r["rolname"] for r in await conn.fetch(_OTHER_OWNERS,
+                                                      settings.database_role("owner"))]
+    if others:
+        names = ", ".join(sorted(o.removesuffix("_owner") for o in others))
+        raise PermanentError(
+            f"database {database_name(settings.database_url)!r} holds objects of another "
+            f"namespace ({names}): namespace {settings.namespace!r} will not {doing} there. "
+            "Leave CASETRAIL_DATABASE_URL unset (each namespace then gets a database named "
+            "after it) or point it at a database of this namespace's own.")
+
+
+async def check_removable(settings: Settings) -> None:
+    """``PermanentError`` when the namespace's database holds another namespace's
+    objects (checked before anything of the namespace is taken down)."""
+    await _check_not_others(settings, "remove a database")
+
+
+async def _check_not_others(settings: Settings, doing: str) -> None:
+    """``_refuse_others`` on the namespace's database, when it exists."""
+    try:
+        conn = await asyncpg.connect(settings.database_url)
+    except asyncpg.InvalidCatalogNameError:
+        return  # no database yet (or any more): nobody else's objects in it
+    try:
+        await _refuse_others(conn, settings, doing)
+    finally:
+        await conn.close()
+
+
+async def remove_database(settings: Settings) -> None:
+    """Drop the namespace's database and roles; refused (``PermanentError``) when the
+    database holds another namespace's objects."""
+    await check_removable(settings)
+    readers = await _reader_roles(settings)
+    await drop_database(settings.database_url)
+    admin = await asyncpg.connect(with_database(settings.database_url, "postgres"))
+    try:
+        for role in [*readers, *(settings.database_role(c) for c in DATABASE_COMPONENTS),
+                     settings.database_role("owner")]:
+            await admin.execute(f"DROP ROLE IF EXISTS {quote_ident(role)}")
+    finally:
+        await admin.close()
+
+
+async def _reader_roles(settings: Settings) -> list[str]:
+    """The tenants' SQL reader roles made in the namespace's database (``casetrail
+    sql-role create``): login roles of the cluster, which dropping the database leaves."""
+    return await _names_in(settings, "SELECT role_name FROM tenant_readers")
+
+
+# -- RabbitMQ ----------------------------------------------------------------------------
+
+def password_hash(password: str) -> str:
+    """RabbitMQ's stored form of a password (rabbit_password_hashing_sha256): base64 of a
+    4-byte salt followed by SHA-256(salt ‖ password)."""
+    salt = secrets.token_bytes(4)
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def start_limit_policy(settings: Settings) -> str:
+    """The name of the namespace's start-queue length policy."""
+    return f"{settings.namespace}-case-start-limit"
+
+
+def broker_permissions(settings: Settings) -> dict[str, tuple[str, str, str]]:
+    """``(configure, write, read)`` regexes per broker user. Binding a queue needs write
+    on the queue and read on the exchange; publishing needs write on the exchange."""
+    ns = re.escape(settings.namespace)
+    private = rf"{ns}\.(cancel|reply)\.[0-9a-f]{{32}}"  # the worker's exclusive queues
+    watch = rf"{ns}\.watch\.[0-9a-f]{{32}}"  # the API's exclusive queue for its streams
+    user = settings.broker_user
+    permissions = {
+        # Start commands and cancel broadcasts; its own queue of live events for the
+        # streams, bound to <ns>.events (binding needs read on the exchange).
+        user("api"): (rf"^{watch}$", rf"^({ns}\.(commands|cancel)|{watch})$",
+                      rf"^({ns}\.events|{watch})$"),
+        # Takes start commands, hears cancels, publishes events and tool requests,
+        # reads tool replies on its own queue; sets aside what it cannot process;
+        # re-sends the start command of a stranded case (service/components/sweeper.py).
+        user("worker"): (rf"^{private}$",
+                         rf"^({ns}\.(events|commands|capabilities|dead-letter)|{private})$",
+                         rf"^({ns}\.(case-start|cancel|replies)|{private})$"),
+        # Reads the event log queue; sets aside what it refuses.
+        user("consumer"): ("^$", rf"^{ns}\.dead-letter$", rf"^{ns}\.event-log$"),
+        # Publishes signed checkpoints on <ns>.events (ledger.checkpoint).
+        user("ledger"): ("^$", rf"^{ns}\.events$", "^$"),
+    }
+    for capability in served_capabilities(settings):
+        # Each capability's user reads its own queue, which setup declared, and no other
+        # (declares, binds and deletes nothing, so it cannot bind a spy queue to another
+        # capability's requests); replies through <ns>.replies, never the default
+        # exchange, which reaches every queue (the worker takes a reply only from the
+        # user of the capability it called).
+        permissions[settings.capability_user(capability)] = (
+            "^$", rf"^{ns}\.(replies|dead-letter)$",
+            rf"^{ns}\.capability\.{re.escape(capability)}$")
+    return permissions
+
+
+def broker_definitions(settings: Settings, identities: Identities) -> dict[str, Any]:
+    """Users, permissions, topic permissions and policies, as one definitions document
+    (the format of ``rabbitmqctl import_definitions`` and ``POST /api/definitions``)."""
+    vhost = settings.amqp_vhost()
+    topology = Topology(settings.namespace)
+    passwords = {settings.broker_user(c): identities.password(c, "amqp_url")
+                 for c in COMPONENTS}
+    passwords |= {settings.capability_user(name): _password_of(url)
+                  for name, url in identities.capabilities.items()}
+    # Only the worker publishes case events and the ledger checkpoints; only the API
+    # binds to case events (for its streams); other subscribers get users of their own.
+    topic_write = {settings.broker_user("worker"): r"^case\.",
+                   settings.broker_user("ledger"): r"^ledger\."}
+    users, permissions, topics = [], [], []
+    for user, (configure, write, read) in broker_permissions(settings).items():
+        users.append({"name": user, "tags": "",
+                      "password_hash": password_hash(passwords[user]),
+                      "hashing_algorithm": "rabbit_password_hashing_sha256"})
+        permissions.append({"user": user, "vhost": vhost, "configure": configure,
+                            "write": write, "read": read})
+        topics.append({"user": user, "vhost": vhost, "exchange": topology.events_exchange,
+                       "write": topic_write.get(user, "^$"),
+                       "read": r"^case\." if user == settings.broker_user("api") else "^$"})
+    policies = [{"vhost": vhost, "name": start_limit_policy(settings),
+                 "pattern": f"^{re.escape(topology.case_start_queue)}$", "apply-to": "queues",
+                 "priority": 0,
+                 "definition": {"max-length": settings.start_queue_max_length,
+                                "overflow": "reject-publish"}}]
+    return {"users": users, "permissions": permissions, "topic_permissions": topics,
+            "policies": policies}
+
+
+def _management(settings: Settings) -> tuple[str, tuple[str, str]]:
+    base = urlsplit(settings.rabbitmq_management_url or "")
+    auth = (unquote(base.username or ""), unquote(base.password or ""))
+    host = base.netloc.rpartition("@")[2]
+    return urlunsplit((base.scheme, host, base.path.rstrip("/"), "", "")), auth
+
+
+def _rabbitmqctl(settings: Settings, *args: str, stdin: str | None = None) -> str:
+    if shutil.which("rabbitmqctl") is None:
+        raise PermanentError(
+            "rabbitmqctl is not on this machine: set CASETRAIL_RABBITMQ_MANAGEMENT_URL to "
+            "the broker's management API, or run setup where the broker runs")
+    node = ["-n", settings.rabbitmq_node] if settings.rabbitmq_node else []
+    result = subprocess.run(["rabbitmqctl", "-q", *node, *args], capture_output=True, text=True,
+                            input=stdin, timeout=120, check=False)
+    if result.returncode != 0:
+        raise PermanentError(f"rabbitmqctl {args[0]} failed: "
+                             f"{result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
+
+
+def apply_broker_definitions(settings: Settings, definitions: dict[str, Any]) -> None:
+    """Import ``definitions`` (idempotent: an import replaces what it names)."""
+    if settings.rabbitmq_management_url:
+        root, auth = _management(settings)
+        try:
+            with httpx.Client(auth=auth, timeout=30, follow_redirects=False) as client:
+                reply = client.post(f"{root}/api/definitions", json=definitions)
+        except httpx.HTTPError as exc:
+            raise PermanentError(f"the management API did not answer: {exc}") from None
+        if reply.status_code not in (200, 201, 204):
+            raise PermanentError(f"importing definitions over HTTP failed: "
+                                 f"{reply.status_code} {reply.text[:200]}")
+        return
+    # On standard input: no file with password hashes is left anywhere.
+    _rabbitmqctl(settings, "import_definitions", "--format", "json",
+                 stdin=json.dumps(definitions))
+
+
+def namespace_users(settings: Settings) -> list[str]:
+    """The broker users setup makes for the namespace: its components' and those of the
+    capabilities it serves now or served when the secrets file was written."""
+    kept = settings.stored_secrets().get("capabilities", {})
+    capabilities = sorted({*served_capabilities(settings), *kept})
+    return [*(settings.broker_user(c) for c in COMPONENTS),
+            *(settings.capability_user(name) for name in capabilities)]
+
+
+def remove_broker_users(settings: Settings, subscribers: Sequence[str] = ()) -> None:
+    """The namespace's broker users (``subscribers``' too) and its policy (nothing of
+    another namespace's)."""
+    delete_broker_users(settings, [*namespace_users(settings), *subscribers],
+                        policy=start_limit_policy(settings))
+
+
+def delete_broker_users(settings: Settings, users: Sequence[str],
+                        policy: str | None = None) -> None:
+    """Delete ``users`` (and ``policy``); those already gone are no error."""
+    if settings.rabbitmq_management_url:
+        root, auth = _management(settings)
+        vhost = quote(settings.amqp_vhost(), safe="")
+        with httpx.Client(auth=auth, timeout=30) as client:
+            client.post(f"{root}/api/users/bulk-delete", json={"users": list(users)})
+            if policy is not None:
+                client.delete(f"{root}/api/policies/{vhost}/{quote(policy, safe='')}")
+        return
+    steps: list[tuple[str, ...]] = [("delete_user", user) for user in users]
+    if policy is not None:
+        steps.append(("clear_policy", "-p", settings.amqp_vhost(), policy))
+    for args in steps:
+        try:
+            _rabbitmqctl(settings, *args)
+        except PermanentError as exc:
+            if not any(gone in str(exc) for gone in ("no_such_user", "does not exist",
+                                                     "not_found", "not found")):
+                raise
+
+
+async def declare_topology(settings: Settings) -> None:
+    """Every exchange and queue of the namespace, declared by the admin: components may
+    declare only their private queues (and a capability worker its capability's)."""
+    connection = await connect(settings.amqp_url, "casetrail-setup")
+    try:
+        channel = await connection.channel()
+        topology = Topology(settings.namespace)
+        await topology.declare(channel)
+        for capability in served_capabilities(settings):
+            await topology.declare_capability_queue(channel, capability)
+    finally:
+        await connection.close()
+
+
+# -- the whole step -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SetupReport:
+    migrations: list[str]
+    database_roles: list[str]
+    broker_users: list[str]
+    secrets_file: Path
+
+
+async def setup(settings: Settings) -> SetupReport:
+    """Create or update every identity, migrate as the owner, grant, import the broker
+    definitions, declare the topology and write the secrets file."""
+    identities = plan_identities(settings)
+    applied = await setup_database(settings, identities)
+    # The worker's key, registered as the operator (from its public half where setup
+    # may not read the private key).
+    key_file = settings.signing_public_key_file or settings.signing_key_file
+    if key_file:
+        await register_signing_key(settings, Path(key_file))
+    # The API's action key, likewise: no component may register one.
+    action_file = settings.action_public_key_file or settings.action_key_file
+    if action_file:
+        await register_signing_key(settings, Path(action_file), "action_keys")
+    await register_capability_keys(settings, identities)
+    apply_broker_definitions(settings, broker_definitions(settings, identities))
+    await declare_topology(settings)
+    write_secrets(settings.secrets_path(), identities)
+    return SetupReport(applied, [settings.database_role("owner"),
+                                 *(settings.database_role(c) for c in DATABASE_COMPONENTS)],
+                       namespace_users(settings), settings.secrets_path())
+
+
+async def register_signing_key(settings: Settings, key_file: Path,
+                               table: KeyTable = "signing_keys") -> PublicKey:
+    """``casetrail signer register [--actions]``: record the public key of ``key_file``
+    (a worker's PEM key or the API's action key, or its public half) in ``signing_keys``
+    (or ``action_keys``), on the bootstrap connection; idempotent."""
+    public_key = read_public_key(key_file)
+    pool = await create_pool(settings.database_url, max_size=1)
+    try:
+        return await KeyRegistry(pool, table).register(key_id(public_key), public_key)
+    finally:
+        await pool.close()
+
+
+async def register_capability_keys(settings: Settings, identities: Identities) -> None:
+    """Each served capability's public sealing key, registered as the operator."""
+    keys = {name: sealing.private_key(text, name)
+            for name, text in identities.sealing_keys.items()}
+    for name, secret in settings.capability_sealing_keys.items():
+        keys[name] = sealing.private_key(secret.get_secret_value(), name)
+    pool = await create_pool(settings.database_url, max_size=1)
+    try:
+        registry = CapabilityKeyRegistry(pool)
+        for name, key in sorted(keys.items()):
+            await registry.register(name, sealing.public_bytes(key))
+    finally:
+        await pool.close()
+
+
+async def remove(settings: Settings) -> None:
+    """Undo ``setup`` for a namespace: its database, roles, broker users, queues and
+    exchanges, its broker policy and its secrets file (tests, benchmarks, ``casetrail
+    setup --remove``). Nothing of another namespace: a database holding another's
+    objects is refused before anything is removed."""
+    await check_removable(settings)
+    subscribers = await _subscribers(settings)
+    async for attempt in AsyncRetrying(retry=retry_if_exception(_queue_recovering),
+                                       stop=stop_after_delay(REMOVE_WAIT_SECONDS),
+                                       wait=wait_fixed(1.0), reraise=True):
+        with attempt:
+            await _remove_from_bus(settings, subscribers)
+    await remove_database(settings)
+    remove_broker_users(settings, [f"{settings.namespace}-subscriber-{n}" for n in subscribers])
+    settings.secrets_path().unlink(missing_ok=True)
+
+
+# A cluster that has just got its majority back takes a few seconds to restart a queue's
+# leader; until then deleting that queue answers NOT_FOUND "... is down or inaccessible".
+REMOVE_WAIT_SECONDS = 90.0
+
+
+def _queue_recovering(error: BaseException) -> bool:
+    return (isinstance(error, aiormq.exceptions.ChannelNotFoundEntity)
+            and "down or inaccessible" in str(error))
+
+
+async def _remove_from_bus(settings: Settings, subscribers: list[str]) -> None:
+    """Delete the namespace's queues and exchanges (deleting what is gone is no error,
+    so a retry after a queue that was still recovering starts again from the top)."""
+    connection = await connect(settings.amqp_url, "casetrail-setup")
+    try:
+        channel = await connection.channel()
+        await Topology(settings.namespace).delete_all(channel, served_capabilities(settings))
+        for name in subscribers:
+            await channel.queue_delete(f"{settings.namespace}.subscriber.{name}",
+                                       if_unused=False, if_empty=False)
+    finally:
+        await connection.close()
+
+
+async def _subscribers(settings: Settings) -> list[str]:
+    """The namespace's subscribers (none when its database is gone or never had them)."""
+    return await _names_in(settings, "SELECT name FROM subscribers")
+
+
+async def _names_in(settings: Settings, query: str) -> list[str]:
+    """The first column of ``query`` in the namespace's database; none when the
+    database is gone (or unreachable) or never had the table."""
+    try:
+        conn = await asyncpg.connect(settings.database_url)
+    except (OSError, asyncpg.PostgresError):
+        return []
+    try:
+        return [r[0] for r in await conn.fetch(query)]
+    except asyncpg.PostgresError:
+        return []
+    finally:
+        await conn.close()
+
+
+async def migrate_as_owner(settings: Settings) -> list[str]:
+    """``casetrail migrate``: as the owner role when setup made one (then the grants
+    are renewed for what the new files created), else as the bootstrap user."""
+    owner = settings.database_role("owner")
+    await ensure_database(settings.database_url)
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        has_owner = await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", owner)
+    finally:
+        await conn.close()
+    if not has_owner:
+        return await migrate(settings.database_url)
+    return await _migrate_and_grant(settings, owner)
