@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-faults test-faults-soak lint typecheck services browser promtool go-interop install bench bench-all bench-smoke clean up
+.PHONY: demo test test-unit test-faults test-faults-soak lint typecheck services browser promtool go-interop install bench bench-all bench-smoke clean up
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,11 +48,17 @@ typecheck: install
 
 # The bus-facing suites run a second time on the public aiormq path only
 # (service/adapters/bus/fastpath.py switched off), so both paths stay tested.
-BUS_TESTS := tests/test_pipeline.py tests/test_publisher.py tests/test_deliveries.py \
-             tests/test_worker_tools.py tests/test_processes.py tests/test_fastpath.py
+BUS_TESTS := tests/integration/test_pipeline.py tests/integration/test_publisher.py \
+             tests/integration/test_deliveries.py tests/integration/test_worker_tools.py \
+             tests/integration/test_processes.py tests/integration/test_fastpath.py
 
-test: install services browser promtool go-interop lint typecheck
-	$(BIN)/pytest -q -p no:cacheprovider
+# The tiers (tests/*/__init__.py says what each may use): the unit tier needs no broker,
+# no database and no browser, so a mistake fails within a minute or two of `make test`.
+test-unit: install promtool go-interop
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit
+
+test: install lint typecheck test-unit services browser
+	$(BIN)/pytest -q -p no:cacheprovider tests/integration tests/browser
 	CASETRAIL_AMQP_FASTPATH=off $(BIN)/pytest -q -p no:cacheprovider $(BUS_TESTS)
 
 # Benchmarks: matplotlib for the plots in the project venv, and the peer

@@ -27,8 +27,8 @@ from casetrail.ledger.note import NoteSigner
 from casetrail.ops.setup import remove, setup
 from casetrail.trail.keyfile import write_signer
 from faults.checker import Report, declare_witness, table, witness_name
-from tests.helpers import wait_until
-from tests.stack import free_port, spawn
+from tests.support.helpers import wait_until
+from tests.support.stack import free_port, spawn
 
 REPORTS: list[Report] = []
 RESULTS = Path(__file__).resolve().parent / "last-run.md"

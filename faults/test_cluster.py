@@ -31,7 +31,7 @@ from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from faults import cluster
 from faults.conftest import Stack, running_stack
 from faults.test_faults import all_ended, settle_and_check, submit
-from tests.helpers import wait_until
+from tests.support.helpers import wait_until
 
 # The suite-wide 120 s counts fixture setup too: the first scenario here also starts the
 # three nodes (40-50 s on an idle machine, more after a long test run), then its stack,

@@ -29,8 +29,8 @@ from casetrail.contract.integrity import canonical
 from casetrail.trail.keyfile import worker_signer
 from faults.checker import check, drain_witness
 from faults.conftest import REPORTS, Stack, pg_cluster, rabbit
-from tests.helpers import wait_until
-from tests.test_pipeline import cycle, started
+from tests.support.events import cycle, started
+from tests.support.helpers import wait_until
 
 # Settled: ended, or waiting for a person (a refer parks, accounted for by the checker).
 TERMINAL = ("completed", "failed", "timed_out", "cancelled", "awaiting_review")

@@ -13,7 +13,7 @@ routes check against:
   types (an array, ``style: form``, ``explode: false``);
 - the event streams answer their errors in JSON, before any stream starts.
 
-The contract test (tests/test_openapi_contract.py) runs schemathesis with every
+The contract test (tests/integration/test_openapi_contract.py) runs schemathesis with every
 check against a running stack, so a route that answers something this document
 does not say fails the tests.
 """

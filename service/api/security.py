@@ -3,7 +3,7 @@
 ``requires(scope, ...)`` is the dependency of an authenticated route: no or an
 unreadable ``Authorization: Bearer`` → 401 with ``WWW-Authenticate: Bearer``; a key
 that is unknown, revoked or expired → 401; a key without the scope → 403 naming it.
-``anyone()`` marks the public routes. tests/test_api_auth.py walks the app's
+``anyone()`` marks the public routes. tests/integration/test_api_auth.py walks the app's
 routes and fails on one with neither.
 
 Keys are checked against Postgres through a cache with a one-second life, so a

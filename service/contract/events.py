@@ -779,7 +779,7 @@ class CaseStatus(StrEnum):
     """A case's status (``cases.status``, the ``status`` of ``GET /cases/{id}``): one
     word everywhere, the same spelling in Python, in the SQL the code builds, in the
     viewer (served by ``GET /ui/assets/vocabulary.json``) and in migration 001's CHECK
-    (tests/test_events.py compares them)."""
+    (tests/unit/test_events.py compares them)."""
 
     QUEUED = "queued"
     RUNNING = "running"

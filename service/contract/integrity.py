@@ -132,7 +132,7 @@ def canonical(value: Any) -> bytes:
     as a string; the signed bytes are then what the trail records.
 
     ``orjson`` writes it where its bytes are provably JCS's (``_plain``; property-tested
-    against ``rfc8785`` in tests/test_canonical.py), the ``rfc8785`` package elsewhere."""
+    against ``rfc8785`` in tests/unit/test_canonical.py), the ``rfc8785`` package elsewhere."""
     try:
         return orjson.dumps(_plain(value), option=orjson.OPT_SORT_KEYS)
     except (_NotPlain, orjson.JSONEncodeError, RecursionError):

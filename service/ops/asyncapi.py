@@ -5,7 +5,7 @@ namespace).
 Channels are the exchanges with their routing keys, operations say who sends what,
 and each message carries its payload schema (the pydantic models of
 ``casetrail.contract.events`` and ``casetrail.contract.commands``), its headers and its AMQP 0-9-1
-bindings (AsyncAPI AMQP bindings 0.3.0). tests/test_asyncapi.py validates the document
+bindings (AsyncAPI AMQP bindings 0.3.0). tests/unit/test_asyncapi.py validates the document
 against the official AsyncAPI 3.0.0 JSON schema and fails when an event type or a
 field changes without docs/asyncapi.json changing with it.
 """

@@ -8,7 +8,7 @@ seconds for models. Each component serves its own registry on its own port
 
 The dashboard (``docs/operations/grafana-dashboard.json``) and the alert rules
 (``docs/operations/prometheus-alerts.yml``) are built on these names;
-tests/test_operations.py checks every expression in them with promtool and
+tests/unit/test_operations.py checks every expression in them with promtool and
 against this module.
 """
 

@@ -1,7 +1,7 @@
 // tlogcheck checks casetrail's transparency-log formats with Go's reference code,
 // golang.org/x/mod/sumdb/tlog (RFC 6962 trees, proofs, tiles) and
 // golang.org/x/mod/sumdb/note (signed notes). It reads a JSON request on stdin and
-// writes what Go computed and concluded as JSON on stdout; tests/test_ledger_formats.py
+// writes what Go computed and concluded as JSON on stdout; tests/unit/test_ledger_formats.py
 // compares.
 package main
 

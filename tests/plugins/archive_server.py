@@ -1,5 +1,5 @@
 """A document archive as an MCP server over stdio (the MCP SDK alone): its one tool
-returns a document of the size asked for (tests/test_tool_budget.py)."""
+returns a document of the size asked for (tests/integration/test_tool_budget.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A "document digest" agent whose one tool returns as much text as it is asked for
 (a capability on the bus, and the same as a local tool): the event size budget's tests
-(tests/test_tool_budget.py). Declared through the public ``casetrail`` API only."""
+(tests/integration/test_tool_budget.py). Declared through the public ``casetrail`` API only."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ class ClusterConnection(aio_pika.RobustConnection):
 
     _ATTEMPT = "_RobustConnection__connect_transport"
     """aio-pika's one connection attempt (its reconnect loop calls it each time); wrapped
-    below to move on after a failure. tests/test_cluster_client.py checks it exists."""
+    below to move on after a failure. tests/integration/test_cluster_client.py checks it exists."""
 
     def __init__(self, urls: Sequence[str], start: int = 0, **kwargs: Any) -> None:
         self._nodes = [URL(u) for u in urls]

@@ -1,0 +1,1 @@
+"""The browser tier: the viewer in Debian's Chromium, on a stack of its own."""

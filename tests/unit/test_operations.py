@@ -1,0 +1,157 @@
+"""The shipped dashboard and alert rules: every PromQL expression parses (promtool),
+names only metrics casetrail exports, and the alerts fire when they should."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import REGISTRY
+
+import casetrail.telemetry.metrics  # noqa: F401 - registers every casetrail_ metric
+from casetrail.adapters.bus.probe import DEAD_LETTERS, QueueProbe
+from casetrail.config import Settings
+from casetrail.telemetry import metrics
+from tests.support import ROOT
+
+OPERATIONS = ROOT / "docs" / "operations"
+ALERTS = OPERATIONS / "prometheus-alerts.yml"
+DASHBOARD = OPERATIONS / "grafana-dashboard.json"
+PROMTOOL = os.environ.get("CASETRAIL_PROMTOOL", "promtool")
+NAME = re.compile(r"\bcasetrail_[a-z_]+\b")
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
+            "gauge": ("",)}
+
+
+def promtool(*args: str, cwd: Path = OPERATIONS) -> str:
+    done = subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def exported() -> dict[str, str]:
+    """Every series name casetrail exports → its metric family."""
+    names: dict[str, str] = {}
+    for family in REGISTRY.collect():
+        if family.name.startswith("casetrail_"):
+            for suffix in SUFFIXES[family.type]:
+                names[family.name + suffix] = family.name
+    return names
+
+
+def dashboard_expressions() -> list[str]:
+    board = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
+
+
+def alert_expressions() -> list[str]:
+    rules = yaml.safe_load(ALERTS.read_text())
+    return [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+
+
+def test_the_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
+    assert "SUCCESS" in promtool("check", "rules", ALERTS.name)
+    assert "SUCCESS" in promtool("test", "rules", "prometheus-alerts.test.yml")
+
+
+def test_every_dashboard_expression_is_valid_promql(tmp_path: Path) -> None:
+    expressions = dashboard_expressions()
+    assert len(expressions) >= 20
+    # Grafana's $__rate_interval is not PromQL: a duration stands in for it.
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"casetrail:panel_{n}", "expr": e.replace("$__rate_interval", "5m")}
+        for n, e in enumerate(expressions)]}]}
+    (tmp_path / "panels.yml").write_text(yaml.safe_dump(rules))
+    assert f"SUCCESS: {len(expressions)} rules found" in promtool(
+        "check", "rules", "panels.yml", cwd=tmp_path)
+
+
+@pytest.mark.parametrize("source", ["dashboard", "alerts"])
+def test_the_expressions_name_only_exported_metrics(source: str) -> None:
+    expressions = dashboard_expressions() if source == "dashboard" else alert_expressions()
+    used = {name for e in expressions for name in NAME.findall(e)}
+    assert used and used <= exported().keys(), sorted(used - exported().keys())
+
+
+def test_the_dashboard_shows_every_metric() -> None:
+    shown = {exported()[n] for e in dashboard_expressions() for n in NAME.findall(e)}
+    assert shown == set(exported().values()), sorted(set(exported().values()) - shown)
+
+
+def test_the_dead_letter_wait_counts_from_when_the_queue_last_was_empty() -> None:
+    probe = QueueProbe(connection=None, queues={})  # type: ignore[arg-type]  # not run
+    held = REGISTRY.get_sample_value
+    probe.observe(DEAD_LETTERS, 0, now=100.0)
+    assert held("casetrail_dead_letters_held_seconds") == 0
+    probe.observe(DEAD_LETTERS, 2, now=110.0)
+    probe.observe(DEAD_LETTERS, 1, now=170.0)
+    assert held("casetrail_dead_letters_held_seconds") == 60.0
+    assert held("casetrail_queue_messages", {"queue": DEAD_LETTERS}) == 1
+    probe.observe(DEAD_LETTERS, 0, now=200.0)
+    probe.observe(DEAD_LETTERS, 3, now=230.0)
+    assert held("casetrail_dead_letters_held_seconds") == 0.0
+
+
+def test_model_names_beyond_the_limit_share_one_label() -> None:
+    for n in range(metrics.MAX_MODEL_LABELS + 5):
+        metrics.for_agent("probe-agent", "openai", f"model-{n}").cycles.inc()
+    labelled = {s.labels["model"] for family in REGISTRY.collect()
+                if family.name == "casetrail_model_tokens" for s in family.samples
+                if s.labels.get("agent") == "probe-agent"}
+    assert "(other)" in labelled and len(labelled) <= metrics.MAX_MODEL_LABELS + 1
+
+
+def test_the_compose_prometheus_config_is_valid_and_scrapes_every_component() -> None:
+    assert "SUCCESS" in promtool("check", "config", "prometheus.yml")
+    config = yaml.safe_load((OPERATIONS / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: set(job["static_configs"][0]["targets"])
+            for job in config["scrape_configs"]}
+    compose = yaml.safe_load((OPERATIONS.parent.parent / "docker-compose.yml").read_text())
+    capability_workers = {name for name, service in compose["services"].items()
+                          if service.get("command", [""])[0] == "capability-worker"}
+    # A witness runs on an auditor's machine, not in this stack: it has no scrape job here.
+    assert jobs == {f"casetrail-{c}": {f"{host}:{metrics.DEFAULT_PORTS[c]}" for host in (
+        capability_workers if c == "capability" else {c})}
+        for c in metrics.DEFAULT_PORTS if c != "witness"}
+
+
+def test_docs_list_every_metric() -> None:
+    listed = (OPERATIONS.parent / "operations.md").read_text()
+    assert all(f"`{name}" in listed for name in set(exported().values()))
+
+
+def test_a_taken_default_metrics_port_falls_back_and_a_taken_chosen_one_is_refused(
+    settings: Settings,
+) -> None:
+    """Two consumers on one host: the second, left at the default port, takes a free one;
+    a port set explicitly that is taken is a clear error, not a silent move."""
+    import socket
+
+    from casetrail.errors import PermanentError
+
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        holder.bind(("127.0.0.1", metrics.DEFAULT_PORTS["consumer"]))
+        holder.listen()
+    except OSError:  # someone (a demo stack's consumer) holds it already: as good
+        pass
+    try:
+        fallback = metrics.serve(settings.model_copy(update={"consumer_metrics_port": None}),
+                                 "consumer")
+        try:
+            assert fallback.server_port not in (0, metrics.DEFAULT_PORTS["consumer"])
+            chosen = settings.model_copy(update={"consumer_metrics_port": fallback.server_port})
+            with pytest.raises(PermanentError, match="CASETRAIL_CONSUMER_METRICS_PORT"):
+                metrics.serve(chosen, "consumer")
+        finally:
+            fallback.shutdown()
+            fallback.server_close()
+    finally:
+        holder.close()
