@@ -30,6 +30,7 @@ from bench import (
     resume,
     review,
     scenarios,
+    trail_heads,
     viewer,
 )
 from bench.e2e import end_to_end
@@ -184,6 +185,7 @@ async def run(quick: bool, everything: bool = False) -> dict[str, Any]:
         results["ledgerProofs"] = await ledger.proofs(10_000_000, 2000)
     print("integrity costs per event ...", flush=True)
     results["integrity"] = integrity_costs(int(5000 * scale) or 1000)
+    results["trailHeads"] = await trail_heads.retained(int(10_000 * scale) or 1000)
     print("how a cycle's cost grows with the work ...", flush=True)
     results["growth"] = await growth.measure(scale)
     print("the same against an event_log of 10,000,000 and 25,000,000 events (seeded "
@@ -447,6 +449,10 @@ def _integrity_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
            ("  sensitive values, event with one", f"{c['redactionRewriteMicroseconds']} µs",
             "", "in the worker: rewritten in its strings before the one canonical form")]
           if "redactionScanMicroseconds" in c else []),
+        *([("  chains held after stopped attempts", f"{h['openChains']}", "",
+            f"{h['attempts']:,} attempts parked or handed back: heap "
+            f"+{h['heapGrowthKiB']} KiB, RSS +{h['rssGrowthKiB']} KiB (bench/trail_heads.py)")]
+          if (h := r.get("trailHeads")) else []),
     ]
 
 

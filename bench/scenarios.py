@@ -26,7 +26,7 @@ from bench.harness import (
     wait_rows,
 )
 from bench.raw import sample_cycles
-from casetrail.adapters.bus.publisher import EventPublisher, Publisher
+from casetrail.adapters.bus.publisher import Publisher, event_emitter
 from casetrail.adapters.bus.topology import Topology
 from casetrail.config import Settings
 from casetrail.contract.commands import CaseStartCommand
@@ -46,8 +46,8 @@ async def latency_at(settings: Settings, rates: list[int], seconds: float = 8.0
         # Events as the worker publishes them: the consumer takes no one else's.
         connection = await aio_pika.connect_robust(settings.identity("worker").amqp_url)
         try:
-            publisher = EventPublisher(await Publisher.open(connection),
-                                       Topology(settings.namespace), worker_signer(settings))
+            publisher = event_emitter(await Publisher.open(connection),
+                                      Topology(settings.namespace), worker_signer(settings))
             await asyncio.sleep(2)  # the consumer is up
             for rate in rates:
                 total = int(rate * seconds)
@@ -161,8 +161,8 @@ async def consumer_ingest(settings: Settings, count: int = 100_000, consumers: i
     share one ``recorded_at``), so process start-up is reported apart."""
     async with namespace(settings) as pool:
         connection = await aio_pika.connect_robust(settings.identity("worker").amqp_url)
-        sink = EventPublisher(await Publisher.open(connection), Topology(settings.namespace),
-                              worker_signer(settings))
+        sink = event_emitter(await Publisher.open(connection), Topology(settings.namespace),
+                             worker_signer(settings))
         events = sample_cycles(count)
         gate = asyncio.Semaphore(1000)
 

@@ -20,7 +20,7 @@ import orjson
 from bench.harness import unacked
 from casetrail.adapters.bus.connection import connect
 from casetrail.adapters.bus.dead_letter import REASON_HEADER
-from casetrail.adapters.bus.publisher import EventPublisher, Publisher
+from casetrail.adapters.bus.publisher import Publisher, event_emitter
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import ApiKeyStore
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
@@ -133,8 +133,8 @@ async def test_consumer_killed_mid_batch(stack: Stack, pool: asyncpg.Pool) -> No
     stack.kill("consumer")
     # Signed events as the worker publishes them (the consumer takes no one else's).
     connection = await aio_pika.connect_robust(stack.settings.identity("worker").amqp_url)
-    sink = EventPublisher(await Publisher.open(connection), Topology(stack.settings.namespace),
-                          worker_signer(stack.settings))
+    sink = event_emitter(await Publisher.open(connection), Topology(stack.settings.namespace),
+                         worker_signer(stack.settings))
     cases = [uuid.uuid4() for _ in range(100)]
     gate = asyncio.Semaphore(500)
 
@@ -219,7 +219,7 @@ async def test_poison_on_the_bus(stack: Stack, pool: asyncpg.Pool) -> None:
     topology = Topology(stack.settings.namespace)
     publisher = await Publisher.open(connection)
     signer = worker_signer(stack.settings)
-    sink = EventPublisher(publisher, topology, signer)
+    sink = event_emitter(publisher, topology, signer)
     case_id = uuid.uuid4()
     good = [started(case_id), cycle(case_id, 1, 0), cycle(case_id, 2, 1)]
     valid = orjson.loads(good[1].to_json())
@@ -239,7 +239,7 @@ async def test_poison_on_the_bus(stack: Stack, pool: asyncpg.Pool) -> None:
     await wait_until(lambda: _rows(pool, case_id, 3), timeout=30)
     # Other content for a stored (case, attempt, seq), signed with the worker's key.
     body = canonical(conflict)
-    await sink.publish_sealed(good[1], body, signer.seal(
+    await sink.out.publish_sealed(good[1], body, signer.seal(
         seal_chain(good, signer)[0].integrity.hash, body))
     await sink.emit(make_event(case_id, 1, 3, good[2].payload))
     await wait_until(lambda: _rows(pool, case_id, 4), timeout=30)

@@ -49,7 +49,7 @@ from pydantic import ValidationError
 from casetrail.adapters.bus.dead_letter import dead_letter
 from casetrail.adapters.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from casetrail.adapters.bus.probe import QueueProbe
-from casetrail.adapters.bus.publisher import EventPublisher, Publisher
+from casetrail.adapters.bus.publisher import Publisher, event_emitter
 from casetrail.adapters.bus.rpc import BusWorkerRuntime, RetryPolicy
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import (
@@ -279,8 +279,8 @@ class CaseWorker:
         await self.topology.require(channel)
         publisher = self._publisher = await Publisher.open(
             self.connection, retry_seconds=self.publish_retry_seconds)
-        self._sink = EventPublisher(publisher, self.topology, self.signer,
-                                    max_event_bytes=self.caps.max_event_bytes)
+        self._sink = event_emitter(publisher, self.topology, self.signer,
+                                   self.caps.max_event_bytes)
         self._engine = ReactEngine(self._sink, self._sink.redact, TELEMETRY)
         cancel_exchange = await channel.get_exchange(self.topology.cancel_exchange, ensure=False)
         cancel_queue = await channel.declare_queue(
@@ -501,13 +501,10 @@ class CaseWorker:
         if redaction is not None and isinstance(runtime, BusWorkerRuntime):
             runtime = _SealingRuntime(runtime, redaction)
         tools = ToolBox(await self.catalogs.resolve(agent.tools), runtime, TELEMETRY)
-        if redaction is not None:
-            self._sink.redactions[case_id] = redaction
-        try:
+        # However the attempt stops (ended, parked, handed back), its chain is let go.
+        with self._sink.attempt(case_id, attempt, redaction):
             ended = await self._engine.run(spec, self.models(model, agent), tools, live.signal,
                                            decided=lambda: self._free_slot(live))
-        finally:
-            self._sink.redactions.pop(case_id, None)
         if isinstance(ended, CaseAwaitingReview):
             due = self._review_due(agent, case.tenant_id, ended.occurred_at)
             waiting = ended.payload
@@ -664,8 +661,7 @@ class CaseWorker:
         event = make_event(command.case_id, head.attempt, head.seq + 1, CaseErasedPayload(
             erased_by=state.erased_by or "unknown", erased_at=state.erased_at,
             placeholders=state.placeholders), tenant_id=head.tenant_id)
-        body = event.to_json()
-        await self._sink.publish_sealed(event, body, self.signer.seal(head.hash, body))
+        await self._sink.append(event, head.hash)
         log.info("case %s: erasure recorded", command.case_id)
 
     async def _count_reviews(self) -> None:

@@ -13,7 +13,7 @@ import asyncpg
 import orjson
 import pytest
 
-from casetrail.adapters.bus.publisher import EventPublisher, Publisher
+from casetrail.adapters.bus.publisher import Publisher, event_emitter
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import CaseStore, NewCase
 from casetrail.consumers.admission import Admission
@@ -34,6 +34,7 @@ from casetrail.contract.events import (
 )
 from casetrail.contract.integrity import Signer, canonical
 from casetrail.errors import PublishRejected
+from casetrail.trail.emitter import TrailEmitter
 from tests.support.events import USAGE, completed, cycle, started
 from tests.support.helpers import wait_until
 
@@ -60,8 +61,8 @@ async def publisher(worker_amqp: aio_pika.abc.AbstractRobustConnection) -> Publi
 
 
 @pytest.fixture(scope="module")
-def sink(publisher: Publisher, topology: Topology, signer: Signer) -> EventPublisher:
-    return EventPublisher(publisher, topology, signer)
+def sink(publisher: Publisher, topology: Topology, signer: Signer) -> TrailEmitter:
+    return event_emitter(publisher, topology, signer)
 
 
 
@@ -90,7 +91,7 @@ async def new_case(pool: asyncpg.Pool) -> uuid.UUID:
 
 
 async def test_every_event_type_round_trips_through_the_real_broker(
-    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool
+    consumer: EventLogConsumer, sink: TrailEmitter, pool: asyncpg.Pool
 ) -> None:
     terminals: list[Any] = [
         CaseCompletedPayload(cycles_completed=1, token_totals=USAGE,
@@ -131,13 +132,13 @@ async def test_unroutable_publish_raises(amqp: aio_pika.abc.AbstractRobustConnec
 
 
 async def test_redelivery_is_stored_once_and_order_is_restored(
-    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool, signer: Signer
+    consumer: EventLogConsumer, sink: TrailEmitter, pool: asyncpg.Pool, signer: Signer
 ) -> None:
     case_id = await new_case(pool)
     events = [started(case_id), cycle(case_id, 1, 0), cycle(case_id, 2, 1), completed(case_id, 3)]
     sealed = seal_chain(events, signer)
     for one in [sealed[2], sealed[0], sealed[3], sealed[0], sealed[1], sealed[2]]:
-        await sink.publish_sealed(one.event, one.body, one.integrity)
+        await sink.out.publish_sealed(one.event, one.body, one.integrity)
     await wait_until(lambda: count_rows(pool, case_id, 4))
     await asyncio.sleep(0.3)  # any late duplicate would land by now
     assert await count_rows(pool, case_id, 4)
@@ -151,7 +152,7 @@ async def test_redelivery_is_stored_once_and_order_is_restored(
 
 
 async def test_cases_status_follows_the_events(
-    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool
+    consumer: EventLogConsumer, sink: TrailEmitter, pool: asyncpg.Pool
 ) -> None:
     store = CaseStore(pool)
     case_id = await new_case(pool)
@@ -170,7 +171,7 @@ async def test_cases_status_follows_the_events(
 
 
 async def test_views_have_one_row_per_cycle_and_per_tool_call(
-    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool
+    consumer: EventLogConsumer, sink: TrailEmitter, pool: asyncpg.Pool
 ) -> None:
     case_id = uuid.uuid4()
     for event in [started(case_id), cycle(case_id, 1, 0, calls=3), cycle(case_id, 2, 1, calls=0),
@@ -210,7 +211,7 @@ async def dead_letters(amqp: aio_pika.abc.AbstractRobustConnection, topology: To
 
 
 async def test_poison_is_dead_lettered_with_its_reason_and_neighbours_are_stored(
-    consumer: EventLogConsumer, sink: EventPublisher, publisher: Publisher,
+    consumer: EventLogConsumer, sink: TrailEmitter, publisher: Publisher,
     topology: Topology, pool: asyncpg.Pool, amqp: aio_pika.abc.AbstractRobustConnection,
     signer: Signer,
 ) -> None:
@@ -241,8 +242,8 @@ async def test_poison_is_dead_lettered_with_its_reason_and_neighbours_are_stored
     # Other content under the same (case, attempt, seq), signed with the worker's own
     # key (a worker bug, not a forgery): stored first-write-wins, the second refused.
     first = seal_chain(good, signer)[0]
-    await sink.publish_sealed(good[1], canonical(conflict),
-                              signer.seal(first.integrity.hash, canonical(conflict)))
+    await sink.out.publish_sealed(good[1], canonical(conflict),
+                                  signer.seal(first.integrity.hash, canonical(conflict)))
     received = await dead_letters(amqp, topology, len(poison) + 1, case_id)
     assert len(received) == len(poison) + 1
     reasons = [str((m.headers or {}).get(REASON_HEADER)) for m in received]
@@ -254,7 +255,7 @@ async def test_poison_is_dead_lettered_with_its_reason_and_neighbours_are_stored
 
 
 async def test_event_messages_carry_the_designed_properties(
-    amqp: aio_pika.abc.AbstractRobustConnection, sink: EventPublisher, topology: Topology
+    amqp: aio_pika.abc.AbstractRobustConnection, sink: TrailEmitter, topology: Topology
 ) -> None:
     channel = await amqp.channel()
     exchange = await channel.get_exchange(topology.events_exchange, ensure=False)
@@ -322,7 +323,7 @@ async def test_an_older_batch_folded_last_never_reopens_a_waiting_case(
 
 
 async def test_two_consumers_share_the_queue_and_store_each_event_once(
-    consumer: EventLogConsumer, sink: EventPublisher, pool: asyncpg.Pool,
+    consumer: EventLogConsumer, sink: TrailEmitter, pool: asyncpg.Pool,
     consumer_amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology,
     admission: Admission, consumer_pool: asyncpg.Pool,
 ) -> None:

@@ -255,7 +255,7 @@ async def test_up_runs_the_stack_and_sigterm_stops_every_child(settings: Setting
 async def test_tail_prints_live_events_filtered_by_type(
     settings: Settings, worker_amqp: aio_pika.abc.AbstractRobustConnection
 ) -> None:
-    from casetrail.adapters.bus.publisher import EventPublisher, Publisher
+    from casetrail.adapters.bus.publisher import Publisher, event_emitter
     from casetrail.adapters.bus.topology import Topology
     from tests.support.events import completed, cycle, started
 
@@ -267,8 +267,8 @@ async def test_tail_prints_live_events_filtered_by_type(
         assert tail.stderr is not None and tail.stdout is not None
         banner = await asyncio.to_thread(tail.stderr.readline)
         assert b"tailing" in banner
-        sink = EventPublisher(await Publisher.open(worker_amqp), Topology(settings.namespace),
-                              worker_signer(settings))
+        sink = event_emitter(await Publisher.open(worker_amqp), Topology(settings.namespace),
+                             worker_signer(settings))
         for event in (started(case_id), cycle(case_id, 1, 0), completed(case_id, 2)):
             await sink.emit(event)
         line = await asyncio.wait_for(asyncio.to_thread(tail.stdout.readline), 10)

@@ -39,12 +39,12 @@ from casetrail.adapters.bus import fastpath
 from casetrail.adapters.bus.properties import Properties
 from casetrail.adapters.bus.topology import Topology
 from casetrail.contract.events import MAX_EVENT_BYTES, Event
-from casetrail.contract.integrity import GENESIS, Integrity, Signer, canonical
 from casetrail.contract.integrity import HEADER as INTEGRITY_HEADER
+from casetrail.contract.integrity import Integrity, Signer
 from casetrail.engine.backoff import backoff_delay
-from casetrail.errors import BusUnavailable, CasetrailError, PublishRejected
-from casetrail.privacy.sensitive import Redaction
+from casetrail.errors import BusUnavailable, PublishRejected
 from casetrail.telemetry import metrics, tracing
+from casetrail.trail.emitter import TrailEmitter
 
 log = logging.getLogger("casetrail.bus")
 
@@ -201,58 +201,14 @@ class Publisher:
 
 @dataclass
 class EventPublisher:
-    """The engine's ``EventSink`` on RabbitMQ: one message per event, as it happens,
-    each chained to the one before it in its attempt and signed (casetrail.contract.integrity).
-
-    The body is the event's canonical bytes; the integrity goes in the
-    ``x-casetrail-integrity`` header. An attempt's events are emitted in seq order
-    (the engine emits one after the other), so the chain's head is kept here from
-    one event to the next, and dropped after the terminal event.
-    """
+    """Events on RabbitMQ, once the trail has signed them (``casetrail.trail.emitter``):
+    one message per event, its canonical bytes as the body and its integrity in the
+    ``x-casetrail-integrity`` header, routed by the event's type."""
 
     publisher: Publisher
     topology: Topology
-    signer: Signer
-    redactions: dict[uuid.UUID, Redaction] = field(default_factory=dict)
-    """Per running case with sensitive input: its values, replaced by placeholders in
-    every event before it is signed (service/privacy/sensitive.py)."""
-    max_event_bytes: int = MAX_EVENT_BYTES
-    """Never published larger (the engine keeps a turn's results within it; this is the
-    last guard)."""
-    _heads: dict[tuple[uuid.UUID, int], tuple[int, str]] = field(default_factory=dict)
-
-    async def emit(self, event: Event) -> None:
-        chain = (event.case_id, event.attempt)
-        if event.seq == 0:
-            prev_hash = GENESIS
-        else:
-            head = self._heads.get(chain)
-            if head is None or head[0] != event.seq - 1:
-                raise CasetrailError(
-                    f"event {event.seq} of case {event.case_id} attempt {event.attempt} does "
-                    f"not follow the last one emitted ({head[0] if head else 'none'})")
-            prev_hash = head[1]
-        redaction = self.redactions.get(event.case_id)
-        body = event.to_json() if redaction is None \
-            else canonical(redaction.replace_in(event.wire_values()))
-        if len(body) > self.max_event_bytes:
-            raise PublishRejected(f"event {event.seq} of case {event.case_id} is {len(body):,} "
-                                  f"bytes, over the {self.max_event_bytes:,} byte limit: not "
-                                  "published")
-        integrity = self.signer.seal(prev_hash, body)
-        if event.is_terminal:
-            self._heads.pop(chain, None)
-        else:
-            self._heads[chain] = (event.seq, integrity.hash)
-        await self.publish_sealed(event, body, integrity)
-
-    def redact(self, case_id: uuid.UUID, text: str) -> str:
-        """``text`` (JSON) with the case's sensitive values replaced, as events have them."""
-        redaction = self.redactions.get(case_id)
-        return text if redaction is None else redaction.apply(text.encode()).decode()
 
     async def publish_sealed(self, event: Event, body: bytes, integrity: Integrity) -> None:
-        """Publish an event already signed (``emit`` does it for every event)."""
         await self.publisher.publish(
             self.topology.events_exchange,
             event.routing_key,
@@ -262,3 +218,10 @@ class EventPublisher:
             correlation_id=str(event.case_id),
             headers={INTEGRITY_HEADER: integrity.as_json()},
         )
+
+
+def event_emitter(publisher: Publisher, topology: Topology, signer: Signer,
+                  max_event_bytes: int = MAX_EVENT_BYTES) -> TrailEmitter:
+    """The engine's ``EventSink`` on RabbitMQ: the trail's emitter over an
+    ``EventPublisher``."""
+    return TrailEmitter(EventPublisher(publisher, topology), signer, max_event_bytes)
