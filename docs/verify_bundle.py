@@ -36,6 +36,24 @@ def stamp(text):
     return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
 
+def signature_problems(where, integrity, keys):
+    """What is wrong with an event's signature under the keys you trust."""
+    key = keys.get(integrity["keyId"])
+    if key is None:
+        return [f"{where}: unknown_key {integrity['keyId']}"]
+    problems = []
+    if key[1] is not None:
+        problems.append(f"{where}: retired_key (you trust key {integrity['keyId']} only "
+                        "until a time, and this verifier cannot show when it signed this)")
+    text = integrity["sig"]
+    sig = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    try:
+        Ed25519PublicKey.from_public_bytes(key[0]).verify(sig, bytes.fromhex(integrity["hash"]))
+    except InvalidSignature:
+        problems.append(f"{where}: bad_signature")
+    return problems
+
+
 def check(bundle, trusted):
     """``trusted``: ``(public key bytes, not valid after or None)`` pairs, yours."""
     problems = []
@@ -67,21 +85,7 @@ def check(bundle, trusted):
             envelope = json.loads(body)
             if (envelope.get("attempt"), envelope.get("seq")) != (attempt, event["seq"]):
                 problems.append(f"{where}: column_mismatch (the signed event is elsewhere)")
-            key = keys.get(integrity["keyId"])
-            if key is None:
-                problems.append(f"{where}: unknown_key {integrity['keyId']}")
-            else:
-                if key[1] is not None:
-                    problems.append(f"{where}: retired_key (you trust key {integrity['keyId']} "
-                                    "only until a time, and this verifier cannot show when "
-                                    "it signed this)")
-                text = integrity["sig"]
-                sig = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-                try:
-                    Ed25519PublicKey.from_public_bytes(key[0]).verify(
-                        sig, bytes.fromhex(integrity["hash"]))
-                except InvalidSignature:
-                    problems.append(f"{where}: bad_signature")
+            problems += signature_problems(where, integrity, keys)
             if terminals and terminals[-1] == attempt \
                     and envelope.get("eventType") not in ADMINISTRATIVE:
                 problems.append(f"{where}: after_terminal")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request, Response
@@ -88,30 +89,60 @@ def _unprocessable(field: str, message: str, where: str = "query") -> HTTPExcept
     return HTTPException(422, [{"loc": [where, field], "msg": message, "type": "value_error"}])
 
 
-def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
-                  app: FastAPI | APIRouter, ledger: Callable[[], LedgerStore],
-                  witnesses: list[Verifier],
-                  public: Any, reader: Any,
-                  owned_case: Callable[[uuid.UUID, Principal], Awaitable[Any]],
-                  responses: Callable[..., dict[int | str, dict[str, Any]]],
-                  json_response: Callable[..., Response]) -> None:
-    """Add ``/ledger/*`` to ``app`` (``ledger``: the store, once the app has opened), and
-    a case's own lookup of an event's proof (``reader``, ``owned_case``: the case's
-    access rules)."""
+@dataclass
+class _Log:
+    """What the log's routes share: the store (once the app has opened) and the answer."""
 
-    async def latest() -> StoredCheckpoint:
-        checkpoint = await ledger().latest()
+    ledger: Callable[[], LedgerStore]
+    json_response: Callable[..., Response]
+
+    async def latest(self) -> StoredCheckpoint:
+        checkpoint = await self.ledger().latest()
         if checkpoint is None:
             raise _not_found("the log has signed no checkpoint yet")
         return checkpoint
 
-    async def at_size(size: int | None) -> StoredCheckpoint:
+    async def at_size(self, size: int | None) -> StoredCheckpoint:
         if size is None:
-            return await latest()
+            return await self.latest()
         try:
-            return await ledger().checkpoint(size)
+            return await self.ledger().checkpoint(size)
         except UnknownCheckpoint as exc:
             raise _not_found(str(exc)) from None
+
+    async def inclusion_proof(self, leaf_index: int, tree_size: int | None,
+                              event_hash: str | None, what: str) -> Response:
+        head = await self.at_size(tree_size)
+        if leaf_index >= head.size:
+            raise _not_found(f"{what} is not in the tree of checkpoint {head.size}")
+        path = await self.ledger().inclusion(leaf_index, head.size)
+        return self.json_response({
+            "leafIndex": leaf_index, "treeSize": head.size, "eventHash": event_hash,
+            "proof": [_b64(h) for h in path], "checkpoint": head.served,
+            "tlogProof": TlogProof(leaf_index, tuple(path), head.served).render()})
+
+
+Responses = Callable[..., dict[int | str, dict[str, Any]]]
+
+
+def ledger_routes(app: FastAPI | APIRouter, ledger: Callable[[], LedgerStore],
+                  witnesses: list[Verifier],
+                  public: Any, reader: Any,
+                  owned_case: Callable[[uuid.UUID, Principal], Awaitable[Any]],
+                  responses: Responses,
+                  json_response: Callable[..., Response]) -> None:
+    """Add ``/ledger/*`` to ``app`` (``ledger``: the store, once the app has opened), and
+    a case's own lookup of an event's proof (``reader``, ``owned_case``: the case's
+    access rules)."""
+    log = _Log(ledger, json_response)
+    _checkpoint_routes(app, log, public, responses)
+    _proof_routes(app, log, public, reader, owned_case, responses)
+    _cosignature_routes(app, log, witnesses, public, responses)
+
+
+def _checkpoint_routes(app: FastAPI | APIRouter, log: _Log, public: Any,
+                       responses: Responses) -> None:
+    """The log's checkpoints and its keys."""
 
     @app.get("/ledger/checkpoint", summary="The log's latest signed checkpoint",
              response_class=Response,
@@ -120,7 +151,7 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
                               "c2sp.org/tlog-checkpoint in a c2sp.org/signed-note, with "
                               "the witnesses' cosignatures"}})
     async def checkpoint(_: Principal = public) -> Response:
-        return Response((await latest()).served, media_type=TEXT)
+        return Response((await log.latest()).served, media_type=TEXT)
 
     @app.get("/ledger/checkpoints", summary="Signed checkpoints, oldest first",
              response_model=Checkpoints, responses=responses(200, Checkpoints,
@@ -131,27 +162,23 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         _: Principal = public,
     ) -> Response:
-        found = await ledger().checkpoints(since, limit)
-        return json_response({"checkpoints": [_view(c) for c in found]})
+        found = await log.ledger().checkpoints(since, limit)
+        return log.json_response({"checkpoints": [_view(c) for c in found]})
 
     @app.get("/ledger/key", summary="The log's verifier keys (c2sp.org/signed-note)",
              response_class=Response,
              responses={200: {"content": {"text/plain": {}},
                               "description": "One <origin>+<hash>+<key> per line"}})
     async def key(_: Principal = public) -> Response:
-        return Response("".join(f"{k}\n" for k in await ledger().verifier_keys()),
+        return Response("".join(f"{k}\n" for k in await log.ledger().verifier_keys()),
                         media_type=TEXT)
 
-    async def inclusion_proof(leaf_index: int, tree_size: int | None,
-                              event_hash: str | None, what: str) -> Response:
-        head = await at_size(tree_size)
-        if leaf_index >= head.size:
-            raise _not_found(f"{what} is not in the tree of checkpoint {head.size}")
-        path = await ledger().inclusion(leaf_index, head.size)
-        return json_response({
-            "leafIndex": leaf_index, "treeSize": head.size, "eventHash": event_hash,
-            "proof": [_b64(h) for h in path], "checkpoint": head.served,
-            "tlogProof": TlogProof(leaf_index, tuple(path), head.served).render()})
+
+def _proof_routes(app: FastAPI | APIRouter, log: _Log, public: Any, reader: Any,
+                  owned_case: Callable[[uuid.UUID, Principal], Awaitable[Any]],
+                  responses: Responses) -> None:
+    """Inclusion proofs (by leaf, by event hash, by a case's event) and consistency
+    proofs."""
 
     @app.get("/ledger/proofs/inclusion", summary="A leaf's inclusion proof",
              response_model=InclusionProof,
@@ -162,7 +189,7 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
         tree_size: TreeSize = None,
         _: Principal = public,
     ) -> Response:
-        return await inclusion_proof(leaf_index, tree_size, None, f"leaf {leaf_index}")
+        return await log.inclusion_proof(leaf_index, tree_size, None, f"leaf {leaf_index}")
 
     @app.get("/ledger/leaves/{event_hash}/proof", summary="The inclusion proof of the "
              "leaf whose data is this event hash", response_model=InclusionProof,
@@ -176,10 +203,10 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
     ) -> Response:
         """For whoever holds an event's hash (a bundle, a trail): nothing is learnt by
         anyone without it. By event id, see `GET /cases/{caseId}/events/{eventId}/proof`."""
-        leaf_index = await ledger().leaf_of_hash(event_hash)
+        leaf_index = await log.ledger().leaf_of_hash(event_hash)
         if leaf_index is None:
             raise _not_found(f"no leaf holds {event_hash} (yet)")
-        return await inclusion_proof(leaf_index, tree_size, event_hash, f"hash {event_hash}")
+        return await log.inclusion_proof(leaf_index, tree_size, event_hash, f"hash {event_hash}")
 
     @app.get("/cases/{case_id}/events/{event_id}/proof", summary="The inclusion proof of "
              "one of the case's events", response_model=InclusionProof,
@@ -194,11 +221,11 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
         """Behind the case's own access rules: event ids derive from the case id, so a
         public lookup by id would let anyone holding a case id count its events."""
         await owned_case(case_id, principal)
-        found = await ledger().event_leaf(case_id, event_id)
+        found = await log.ledger().event_leaf(case_id, event_id)
         if found is None:
             raise _not_found(f"event {event_id} of case {case_id} is not in the log (yet)")
         leaf_index, event_hash = found
-        return await inclusion_proof(leaf_index, tree_size, event_hash, f"event {event_id}")
+        return await log.inclusion_proof(leaf_index, tree_size, event_hash, f"event {event_id}")
 
     @app.get("/ledger/proofs/consistency", summary="A consistency proof between two sizes",
              response_model=ConsistencyProof,
@@ -210,15 +237,20 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
                                          "Default: the latest checkpoint's size.")] = None,
         _: Principal = public,
     ) -> Response:
-        limit = (await latest()).size
+        limit = (await log.latest()).size
         new = limit if new is None else new
         if new > limit:
             raise _not_found(f"the latest checkpoint has {limit} leaves, not {new}")
         if old > new:
             raise _not_found(f"no consistency proof leads from a tree of {old} leaves to a "
                              f"smaller one of {new}")
-        path = await ledger().consistency(old, new)
-        return json_response({"from": old, "to": new, "proof": [_b64(h) for h in path]})
+        path = await log.ledger().consistency(old, new)
+        return log.json_response({"from": old, "to": new, "proof": [_b64(h) for h in path]})
+
+
+def _cosignature_routes(app: FastAPI | APIRouter, log: _Log, witnesses: list[Verifier],
+                        public: Any, responses: Responses) -> None:
+    """Witnesses hand in their cosignatures."""
 
     @app.post("/ledger/cosignatures", status_code=201, summary="Hand in a witness's "
               "cosignature of a checkpoint", response_model=Cosigned,
@@ -232,7 +264,7 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
             size = int(text.split("\n", 2)[1])
             if size > MAX_TREE:
                 raise ValueError(f"tree size {size} is beyond any this log can hold")
-            head = await ledger().checkpoint(size)
+            head = await log.ledger().checkpoint(size)
             found = cosignature_for(text, head, witnesses)
         except (IndexError, ValueError, NoteError) as exc:
             raise _unprocessable("note", f"not a cosigned checkpoint of this log: {exc}",
@@ -243,6 +275,6 @@ def ledger_routes(  # noqa: PLR0915 - the log's routes, in one place
             raise _unprocessable("note", "no valid cosignature of a witness this log knows "
                                  "(CASETRAIL_LEDGER_WITNESSES)", "body")
         for witness, signature in found:
-            await ledger().keep_cosignature(size, witness.name, signature)
-        return json_response({"treeSize": size, "accepted": [w.name for w, _ in found]},
+            await log.ledger().keep_cosignature(size, witness.name, signature)
+        return log.json_response({"treeSize": size, "accepted": [w.name for w, _ in found]},
                              status_code=201)

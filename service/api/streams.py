@@ -189,6 +189,50 @@ async def _live(watcher: Watcher, ping_seconds: float,
         yield live
 
 
+@dataclass
+class _Sent:
+    """What a case's stream has sent: the last event's key, and whether that ended it."""
+
+    store: CaseStore
+    case_id: uuid.UUID
+    values: dict[str, str]
+    last: Key | None
+    ended: bool = False
+
+    async def recorded(self, before: Key | None) -> list[ServerSentEvent]:
+        """The stored events after ``last`` (and before ``before``), up to a terminal one."""
+        sent = []
+        for e in await self.store.events_between(self.case_id, self.last, before):
+            self.last = (e.attempt, e.seq)
+            sent.append(_message(self.last, e.event_type, e.as_json(), self.values))
+            if e.event_type in TERMINAL_EVENT_TYPES:
+                self.ended = True
+                break
+        return sent
+
+
+async def _gap(sent: _Sent, before: Key) -> AsyncGenerator[ServerSentEvent, None]:
+    """The stored events a live one does not follow yet: read again, backing off, until
+    the gap closes (the consumer lagged) or ``GAP_WAIT_SECONDS`` pass."""
+    waited_until = time.monotonic() + GAP_WAIT_SECONDS
+    pause = GAP_FIRST_PAUSE_SECONDS
+    while True:
+        for message in await sent.recorded(before):
+            yield message
+        if sent.ended:
+            return
+        # Within an attempt seqs have no holes; a new attempt's start, read once.
+        if _follows(sent.last, before) or before[1] == 0 or time.monotonic() > waited_until:
+            break
+        # Backing off: a consumer that lags under load is not helped by hundreds of
+        # streams asking Postgres twenty times a second.
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, GAP_MAX_PAUSE_SECONDS)
+    if not _follows(sent.last, before) and before[1] != 0:
+        log.warning("stream of case %s: events before %s.%s not in the record",
+                    sent.case_id, *before)
+
+
 async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
                       after: Key | None, ended: bool, values: dict[str, str],
                       ping_seconds: float,
@@ -197,57 +241,32 @@ async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
     """The case's events after ``after``: stored, then live (see the module). ``ended``:
     the case had ended when the request came.
     ``still_allowed`` is asked at each keep-alive, so a revoked key's stream ends."""
-    last = after
-
-    async def recorded(before: Key | None) -> list[tuple[Key, str, dict[str, Any]]]:
-        """The stored events after ``last`` (and before ``before``)."""
-        return [((e.attempt, e.seq), e.event_type, e.as_json())
-                for e in await store.events_between(case_id, last, before)]
-
+    sent = _Sent(store, case_id, values, after)
     async with watch.watch(case_key(case_id)) as watcher:
-        for key, event_type, envelope in await recorded(None):
-            yield _message(key, event_type, envelope, values)
-            last = key
-            if event_type in TERMINAL_EVENT_TYPES:
-                return
-        if ended:  # it had ended before this request: resumed after its terminal event
+        for message in await sent.recorded(None):
+            yield message
+        if sent.ended or ended:  # or it had ended before: resumed after its terminal event
             return
         async for live in _live(watcher, ping_seconds, still_allowed, f"case {case_id}",
                                 seam_seconds=GAP_WAIT_SECONDS):
             if live is None:  # quiet while the watch is young: anything stored meanwhile
-                for key, event_type, envelope in await recorded(None):
-                    yield _message(key, event_type, envelope, values)
-                    last = key
-                    if event_type in TERMINAL_EVENT_TYPES:
-                        return
+                for message in await sent.recorded(None):
+                    yield message
+                if sent.ended:
+                    return
                 continue
             if isinstance(live, ServerSentEvent):
                 yield live
                 continue
-            if last is not None and live.key <= last:
+            if sent.last is not None and live.key <= sent.last:
                 continue  # sent already, from the record
-            if not _follows(last, live.key):
-                waited_until = time.monotonic() + GAP_WAIT_SECONDS
-                pause = GAP_FIRST_PAUSE_SECONDS
-                while True:
-                    for key, event_type, envelope in await recorded(live.key):
-                        yield _message(key, event_type, envelope, values)
-                        last = key
-                        if event_type in TERMINAL_EVENT_TYPES:
-                            return
-                    # Within an attempt seqs have no holes; a new attempt's start, read once.
-                    if _follows(last, live.key) or live.key[1] == 0 \
-                            or time.monotonic() > waited_until:
-                        break
-                    # Backing off: a consumer that lags under load is not helped by
-                    # hundreds of streams asking Postgres twenty times a second.
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, GAP_MAX_PAUSE_SECONDS)
-                if not _follows(last, live.key) and live.key[1] != 0:
-                    log.warning("stream of case %s: events before %s.%s not in the record",
-                                case_id, *live.key)
+            if not _follows(sent.last, live.key):
+                async for message in _gap(sent, live.key):
+                    yield message
+                if sent.ended:
+                    return
             yield _message(live.key, live.event_type, live.envelope, values)
-            last = live.key
+            sent.last = live.key
             if live.event_type in TERMINAL_EVENT_TYPES:
                 return
 

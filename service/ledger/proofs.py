@@ -55,6 +55,27 @@ class LoggedEvent:
     proof: str | None
 
 
+def _included(event: LoggedEvent, checkpoint_note: str, head: Checkpoint,
+              indexes: dict[int, LoggedEvent], required: bool) -> int | tuple[str, str] | None:
+    """The leaf index ``event``'s proof includes it at under ``head``, or the problem's code
+    and message; ``None`` for an event without a proof that need not have one."""
+    if event.proof is None:
+        return ("not_in_log", "the event carries no inclusion proof") if required else None
+    try:
+        proof = TlogProof.parse(event.proof)
+    except NoteError as exc:
+        return "bad_log_proof", str(exc)
+    if proof.checkpoint != checkpoint_note:
+        return "bad_log_proof", "the proof is for another checkpoint"
+    if event.hash is None or proof.index in indexes:
+        return "bad_log_proof", "the proof names no event hash or a leaf twice"
+    leaf = merkle.leaf_hash(bytes.fromhex(event.hash))
+    if not merkle.verify_inclusion(leaf, proof.index, head.size, proof.path, head.root):
+        return "bad_log_proof", (f"leaf {proof.index} is not included in the tree of "
+                                 f"{head.size} under the checkpoint's root")
+    return proof.index
+
+
 def check_log(checkpoint_note: str | None, events: Sequence[LoggedEvent],
               log_keys: Sequence[Verifier], witnesses: Sequence[Verifier]) -> LogCheck:
     """Every proof's path must lead from the event's leaf to the checkpoint's root. With
@@ -88,31 +109,14 @@ def check_log(checkpoint_note: str | None, events: Sequence[LoggedEvent],
         else:
             problem(None, "missing_cosignature",
                     f"the checkpoint carries no valid cosignature of {witness.name}")
-    head = check.checkpoint
     indexes: dict[int, LoggedEvent] = {}
     for event in events:
-        if event.proof is None:
-            if log_keys:
-                problem(event, "not_in_log", "the event carries no inclusion proof")
-            continue
-        try:
-            proof = TlogProof.parse(event.proof)
-        except NoteError as exc:
-            problem(event, "bad_log_proof", str(exc))
-            continue
-        if proof.checkpoint != checkpoint_note:
-            problem(event, "bad_log_proof", "the proof is for another checkpoint")
-            continue
-        if event.hash is None or proof.index in indexes:
-            problem(event, "bad_log_proof", "the proof names no event hash or a leaf twice")
-            continue
-        leaf = merkle.leaf_hash(bytes.fromhex(event.hash))
-        if not merkle.verify_inclusion(leaf, proof.index, head.size, proof.path, head.root):
-            problem(event, "bad_log_proof", f"leaf {proof.index} is not included in the tree "
-                    f"of {head.size} under the checkpoint's root")
-            continue
-        indexes[proof.index] = event
-        check.included.add((event.attempt, event.seq))
-        check.logged += 1
+        found = _included(event, checkpoint_note, check.checkpoint, indexes, bool(log_keys))
+        if isinstance(found, tuple):
+            problem(event, *found)
+        elif found is not None:
+            indexes[found] = event
+            check.included.add((event.attempt, event.seq))
+            check.logged += 1
     return check
 
