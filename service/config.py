@@ -340,6 +340,11 @@ class Settings(BaseSettings):
     )
 
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="How log lines are written: text (human-readable, the bound fields "
+        "after the message) or json (one object a line). Every line carries component, "
+        "case_id, tenant and attempt where they apply.")
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from casetrail.components import gc_tuning
 from casetrail.config import Settings, get_settings
+from casetrail.telemetry import logs
 
 T = TypeVar("T")
 
@@ -28,13 +27,8 @@ def run(main: Coroutine[Any, Any, T], *, long_running: bool = False) -> T:
 
 
 def configure_logging(level: str | None = None) -> None:
-    level = level or get_settings().log_level
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    logging.getLogger("aio_pika").setLevel(logging.WARNING)
-    logging.getLogger("aiormq").setLevel(logging.WARNING)
-
+    settings = get_settings()
+    logs.configure(level or settings.log_level, settings.log_format)
 
 
 async def with_evidence(settings: Settings, work: Any) -> Any:

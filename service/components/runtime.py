@@ -26,7 +26,7 @@ from casetrail.adapters.bus import fastpath
 from casetrail.adapters.bus.connection import STARTUP_PATIENCE_SECONDS, connect_patiently
 from casetrail.adapters.store import component_pool
 from casetrail.config import Component, Identity, Settings
-from casetrail.telemetry import metrics, tracing
+from casetrail.telemetry import logs, metrics, tracing
 
 
 @dataclass
@@ -64,6 +64,7 @@ def prepare(settings: Settings, name: Component) -> None:
     """What every component does first: traces when ``OTEL_*`` asks, its metrics port,
     the bus's fast path. The API does it before uvicorn starts (a taken metrics port is
     one clear error, not a failed lifespan); the others through ``component``."""
+    logs.set_component(name)
     tracing.configure(name)
     metrics.serve(settings, name)
     fastpath.enable(settings.amqp_fastpath)

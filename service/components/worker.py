@@ -104,7 +104,7 @@ from casetrail.mcp import Catalogs
 from casetrail.privacy.sealing import CapabilityKeys
 from casetrail.privacy.sensitive import Redaction, Vault, restore
 from casetrail.providers import ModelFactory
-from casetrail.telemetry import metrics, tracing
+from casetrail.telemetry import logs, metrics, tracing
 from casetrail.telemetry.observer import TELEMETRY
 from casetrail.trail.keyfile import worker_signer
 from casetrail.trail.person_actions import (
@@ -379,6 +379,11 @@ class CaseWorker:
             command: CaseStartCommand = CaseStartCommand.from_json(message.body)
         except InvalidCommand as exc:
             raise Reject(f"unreadable start command: {exc}", "unreadable") from exc
+        with logs.bound(case_id=str(command.case_id)):  # on every line about the case
+            await self._start(command, message)
+
+    async def _start(self, command: CaseStartCommand, message: Delivery) -> None:
+        """``_handle_start`` for a readable command."""
         while (running := self._live.get(command.case_id)) is not None:
             # The broker redelivered the start command of a case this process is
             # still running (its channel was lost: a broker restart, a node's loss).
@@ -502,7 +507,8 @@ class CaseWorker:
             runtime = _SealingRuntime(runtime, redaction)
         tools = ToolBox(await self.catalogs.resolve(agent.tools), runtime, TELEMETRY)
         # However the attempt stops (ended, parked, handed back), its chain is let go.
-        with self._sink.attempt(case_id, attempt, redaction):
+        with self._sink.attempt(case_id, attempt, redaction), \
+                logs.bound(tenant=case.tenant_id, attempt=attempt):
             ended = await self._engine.run(spec, self.models(model, agent), tools, live.signal,
                                            decided=lambda: self._free_slot(live))
         if isinstance(ended, CaseAwaitingReview):
