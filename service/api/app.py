@@ -30,6 +30,7 @@ from casetrail.api.viewer import viewer_routes
 from casetrail.cases import case_services
 from casetrail.cases.reading import owned
 from casetrail.config import Settings
+from casetrail.contract.auth import Scope
 from casetrail.ledger.note import Verifier
 from casetrail.ops.asyncapi import asyncapi_document
 from casetrail.trail.admission import Admission, KeyRing
@@ -68,7 +69,7 @@ def create_app(settings: Settings) -> FastAPI:
     log = APIRouter(dependencies=[Depends(known_query_only)])
     ledger_routes(log, lambda: app.state.cases.ledger,
                   [Verifier.parse(k) for k in settings.ledger_witnesses], public,
-                  Depends(requires("cases:read")),
+                  Depends(requires(Scope.READ)),
                   lambda case_id, principal: owned(app.state.cases, principal, case_id),
                   problems.responses, OrjsonResponse)
     app.include_router(log)

@@ -11,7 +11,7 @@ from fastapi.dependencies.models import Dependant
 from casetrail.api.security import anyone, requires
 from casetrail.cases.errors import Invalid, Issue
 from casetrail.cases.services import CaseServices
-from casetrail.contract.auth import Principal
+from casetrail.contract.auth import Principal, Scope
 
 
 def _query_names(dependant: Dependant) -> frozenset[str]:
@@ -61,10 +61,10 @@ async def _cases(request: Request) -> CaseServices:
 
 Cases = Annotated[CaseServices, Depends(_cases)]
 
-Reader = Annotated[Principal, Depends(requires("cases:read"))]
-Starter = Annotated[Principal, Depends(requires("cases:start"))]
-Canceller = Annotated[Principal, Depends(requires("cases:cancel"))]
-ReviewerKey = Annotated[Principal, Depends(requires("cases:review"))]
-Administrator = Annotated[Principal, Depends(requires("admin"))]
+Reader = Annotated[Principal, Depends(requires(Scope.READ))]
+Starter = Annotated[Principal, Depends(requires(Scope.START))]
+Canceller = Annotated[Principal, Depends(requires(Scope.CANCEL))]
+ReviewerKey = Annotated[Principal, Depends(requires(Scope.REVIEW))]
+Administrator = Annotated[Principal, Depends(requires(Scope.ADMIN))]
 AnyKey = Annotated[Principal, Depends(requires())]
 Public = Annotated[Principal, Depends(anyone())]

@@ -13,7 +13,14 @@ from typing import Any
 import jwt
 
 from casetrail.config import Settings
-from casetrail.contract.auth import REVIEW_SCOPE, SCOPES, TENANT_PATTERN, AuthError, Principal
+from casetrail.contract.auth import (
+    REVIEW_SCOPE,
+    SCOPES,
+    TENANT_PATTERN,
+    AuthError,
+    Principal,
+    Scope,
+)
 
 MAX_SUBJECT = 200
 """The longest ``sub`` kept (a reviewer's subject in the trail holds at most this)."""
@@ -62,7 +69,7 @@ class OidcVerifier:
         names = granted.split() if isinstance(granted, str) else \
             [s for s in granted if isinstance(s, str)] if isinstance(granted, list) else []
         scopes = frozenset(s for s in names if s in SCOPES)
-        if REVIEW_SCOPE in scopes and scopes & {"cases:start", "admin"}:
+        if REVIEW_SCOPE in scopes and scopes & {Scope.START, Scope.ADMIN}:
             raise AuthError(f"a token may not hold {REVIEW_SCOPE} beside cases:start or admin "
                             "(four eyes): the identity provider must issue them apart")
         subject = person_subject(claims["sub"])

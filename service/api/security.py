@@ -23,7 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from casetrail.adapters.store import ApiKeyStore
 from casetrail.api.oidc import OidcVerifier
-from casetrail.contract.auth import ApiKeyRecord, AuthError, Principal, key_id_of
+from casetrail.contract.auth import ApiKeyRecord, AuthError, Principal, Scope, key_id_of
 
 CACHE_SECONDS = 1.0
 """How long a key's record is trusted without asking Postgres again (revocation delay)."""
@@ -65,7 +65,7 @@ class Caller:
         record = cached[1]
         return None if record is None else record.principal(token, datetime.now(UTC))
 
-def requires(*scopes: str) -> CallerDependency:
+def requires(*scopes: Scope) -> CallerDependency:
     """The dependency of a route that needs a valid key holding ``scopes`` (checked by
     the app's ``Caller``, ``app.state.caller``)."""
 
@@ -83,7 +83,7 @@ def requires(*scopes: str) -> CallerDependency:
             raise _unauthorized("the API key is unknown, revoked or expired")
         for scope in scopes:
             if not principal.allows(scope):
-                raise HTTPException(403, f"this API key lacks the scope {scope!r}")
+                raise HTTPException(403, f"this API key lacks the scope {scope.value!r}")
         return principal
 
     authenticated.casetrail_caller = scopes or ("authenticated",)  # type: ignore[attr-defined]

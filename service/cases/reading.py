@@ -16,7 +16,7 @@ from casetrail.agents import AGENTS
 from casetrail.cases.errors import Forbidden, Invalid, Issue, NotFound, OverQuota
 from casetrail.cases.services import CaseServices
 from casetrail.cases.text import refuse_unstorable
-from casetrail.contract.auth import Principal
+from casetrail.contract.auth import Principal, Scope
 from casetrail.contract.events import EVENT_TYPES, CaseStatus
 from casetrail.errors import PermanentError
 from casetrail.privacy.sensitive import restore, sensitive_field
@@ -58,7 +58,7 @@ async def sensitive_values(services: CaseServices, principal: Principal,
     if state is None:
         return {}, None
     values: dict[str, str] = {}
-    if principal.allows("pii:read") and state.sealed is not None:
+    if principal.allows(Scope.PII_READ) and state.sealed is not None:
         try:
             values = services.secrets.vault.open(case_id, state.sealed)
         except PermanentError as exc:  # sealed under another master key
@@ -153,7 +153,7 @@ def _key_filters(services: CaseServices, principal: Principal, key: str | None,
     fields = sorted({field for agent in AGENTS.values() for field in agent.keys})
     sensitive = {field for agent in AGENTS.values() for field in agent.keys
                  if sensitive_field(agent.input_model, field)}
-    reads_pii = principal.allows("pii:read")
+    reads_pii = principal.allows(Scope.PII_READ)
     vault = services.secrets.vault
     found: list[tuple[str | None, tuple[str, ...]]] = []
     for name, value in keyed.items():

@@ -24,7 +24,7 @@ from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotAccep
 from casetrail.cases.reading import owned
 from casetrail.cases.services import CaseServices
 from casetrail.cases.text import refuse_unstorable
-from casetrail.contract.auth import REVIEW_SCOPE, Principal
+from casetrail.contract.auth import REVIEW_SCOPE, Principal, Scope
 from casetrail.contract.events import ENDED_STATUSES, CaseStatus
 from casetrail.errors import BusUnavailable, PublishRejected
 from casetrail.trail.person_actions import PersonAction, sign_action
@@ -46,7 +46,7 @@ class Reviewed:
 
 def _reviewer_of(principal: Principal) -> dict[str, str]:
     if not principal.allows(REVIEW_SCOPE):
-        raise Forbidden(f"reviewing needs the scope {REVIEW_SCOPE!r}, held by a person (an "
+        raise Forbidden(f"reviewing needs the scope {REVIEW_SCOPE.value!r}, held by a person (an "
                         "OIDC subject, or a key made with `keys create --person`)")
     return principal.reviewer()
 
@@ -250,7 +250,7 @@ async def open_reviews(services: CaseServices, principal: Principal, *,
 def _may_read_reviews(principal: Principal) -> None:
     """The review queue shows a case's answer, checks and starter: for those who review
     or may read cases, never for a key that may only cancel or override models."""
-    if not (principal.allows(REVIEW_SCOPE) or principal.allows("cases:read")):
+    if not (principal.allows(REVIEW_SCOPE) or principal.allows(Scope.READ)):
         raise Forbidden("reading reviews needs the scope 'cases:review' or 'cases:read'")
 
 

@@ -22,7 +22,7 @@ from casetrail.cases.requests import CaseRequest, LimitsRequest
 from casetrail.cases.services import CaseServices, TenantLoad
 from casetrail.cases.text import refuse_unstorable
 from casetrail.config import Settings
-from casetrail.contract.auth import Principal
+from casetrail.contract.auth import Principal, Scope
 from casetrail.contract.events import CaseStatus, Limits
 from casetrail.engine.answers import DEFAULT_ANSWER_RETRIES
 from casetrail.errors import BusUnavailable, PublishRejected
@@ -90,7 +90,7 @@ async def start(services: CaseServices, principal: Principal, request: CaseReque
     confirm. A repeated ``idempotency_key`` returns the first case (``Conflict`` when
     it was used for another request)."""
     settings = services.settings
-    if request.model is not None and not principal.allows("models:override"):
+    if request.model is not None and not principal.allows(Scope.MODELS_OVERRIDE):
         raise Forbidden("this API key lacks the scope 'models:override' (needed to send model)")
     agent = _agent(settings, request.agent)
     try:

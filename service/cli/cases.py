@@ -19,7 +19,7 @@ import orjson
 import typer
 
 from casetrail.config import get_settings
-from casetrail.contract.auth import EVERY_TENANT, Principal, key_id_of, operator
+from casetrail.contract.auth import EVERY_TENANT, Principal, Scope, key_id_of, operator
 from casetrail.contract.events import CaseStatus
 
 T = TypeVar("T")
@@ -32,7 +32,7 @@ ApiKey = Annotated[str | None, typer.Option(
     help="Act as this API key (its tenant and scopes); without one, as the operator.")]
 
 
-def _perform(api_key: str | None, scope: str, tenant: str | None,
+def _perform(api_key: str | None, scope: Scope, tenant: str | None,
              work: Callable[[Any, Principal], Awaitable[T]]) -> T:
     """Open the case services, find who acts, check the scope, run ``work``; a refusal or
     a failure is a message and its exit code."""
@@ -46,7 +46,7 @@ def _perform(api_key: str | None, scope: str, tenant: str | None,
                                  name="casetrail-cli") as services:
             principal = await _principal(services, api_key, tenant)
             if not principal.allows(scope):
-                raise _Refused(f"this API key lacks the scope {scope!r}")
+                raise _Refused(f"this API key lacks the scope {scope.value!r}")
             return await work(services, principal)
 
     try:
@@ -66,7 +66,7 @@ class _Refused(Exception):
 def operate(work: Callable[[Any, Principal], Awaitable[T]]) -> T:
     """``work`` as the operator (every tenant, every scope): for the operator's own
     commands (`erase`, `export`)."""
-    return _perform(None, "admin", None, work)
+    return _perform(None, Scope.ADMIN, None, work)
 
 
 async def _principal(services: Any, api_key: str | None, tenant: str | None) -> Principal:
@@ -121,7 +121,7 @@ def cases_start(
     except (orjson.JSONDecodeError, ValidationError) as exc:
         typer.echo(f"the input is not a JSON object: {exc}", err=True)
         raise typer.Exit(1) from None
-    started = _perform(api_key, "cases:start", None if api_key else tenant,
+    started = _perform(api_key, Scope.START, None if api_key else tenant,
                        lambda services, who: start(services, who, request, idempotency_key))
     row = started.case
     _print({"caseId": str(row["case_id"]), "status": row["status"], "agent": row["agent"],
@@ -148,7 +148,7 @@ def cases_list(
     """The tenant's cases, newest first (as `GET /cases`)."""
     from casetrail.cases import search
 
-    page = _perform(api_key, "cases:read", None if api_key else tenant,
+    page = _perform(api_key, Scope.READ, None if api_key else tenant,
                     lambda services, who: search(services, who, agent=agent, status=status,
                                                  decision=decision, since=since, until=until,
                                                  limit=limit, cursor=cursor,
@@ -172,7 +172,7 @@ def cases_show(
     from casetrail.cases import get
 
     parsed = case_id_of(case_id)
-    _print(_perform(api_key, "cases:read", None,
+    _print(_perform(api_key, Scope.READ, None,
                     lambda services, who: get(services, who, parsed)))
 
 
@@ -187,7 +187,7 @@ def report(
     from casetrail.cases.reporting import report as make_report
 
     parsed = case_id_of(case_id)
-    made = _perform(api_key, "cases:read", None,
+    made = _perform(api_key, Scope.READ, None,
                     lambda services, who: make_report(services, who, parsed))
     output.write_bytes(made.pdf)
     typer.echo(f"{output}: {len(made.pdf):,} bytes; the attached bundle's SHA-256 is "
@@ -205,7 +205,7 @@ def cases_cancel(
     from casetrail.cases import cancel
 
     parsed = case_id_of(case_id)
-    _perform(api_key, "cases:cancel", None,
+    _perform(api_key, Scope.CANCEL, None,
              lambda services, who: cancel(services, who, parsed, reason))
     typer.echo(f"case {parsed} is stopping")
 
@@ -230,7 +230,7 @@ def reviews_list(
     """Cases awaiting review, oldest wait first (as `GET /reviews`)."""
     from casetrail.cases.reviewing import open_reviews
 
-    found = _perform(api_key, "cases:read", None if api_key else tenant,
+    found = _perform(api_key, Scope.READ, None if api_key else tenant,
                      lambda services, who: open_reviews(
                          services, who, agent=agent, decision=decision,
                          checks_failed=True if checks == "failed" else None,
@@ -254,7 +254,7 @@ def reviews_show(
     from casetrail.cases.reviewing import one_review
 
     parsed = case_id_of(case_id)
-    _print(_perform(api_key, "cases:read", None,
+    _print(_perform(api_key, Scope.READ, None,
                     lambda services, who: one_review(services, who, parsed)))
 
 
@@ -292,7 +292,7 @@ def reviews_decide(
             raise typer.Exit(1) from None
     parsed = case_id_of(case_id)
     given: Verdict = verdict  # type: ignore[assignment]  # checked above
-    done = _perform(api_key, "cases:review", None,
+    done = _perform(api_key, Scope.REVIEW, None,
                     lambda services, who: review(services, who, parsed, given, reason,
                                                  decision))
     typer.echo(f"case {parsed}: {done.verdict} by {done.reviewer['subject']}; it goes on "
@@ -316,7 +316,7 @@ def reviews_answer(
                    "CASETRAIL_API_KEY), made with `keys create --person`", err=True)
         raise typer.Exit(1)
     parsed = case_id_of(case_id)
-    done = _perform(api_key, "cases:review", None,
+    done = _perform(api_key, Scope.REVIEW, None,
                     lambda services, who: answer_question(services, who, parsed, call_id,
                                                           answer))
     typer.echo(f"case {parsed}: answered by {done.reviewer['subject']}; it goes on")

@@ -25,6 +25,7 @@ from casetrail.audit.rendering import AUDITOR_SQL, format_event, format_trail
 from casetrail.components.sequencer import ensure_local_log_key, log_signer
 from casetrail.components.supervisor import Stack, stack_commands
 from casetrail.config import LOCAL_DIR, Settings
+from casetrail.contract.auth import Scope
 from casetrail.contract.events import EVENT_TYPES, PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES
 from casetrail.contract.integrity import public_key_text
 from casetrail.ledger.witness import LogClient, LogMisbehaved, LogUnreachable, Witness
@@ -210,8 +211,8 @@ async def _prepare(settings: Settings) -> tuple[Settings, str, str]:
     try:
         keys = ApiKeyStore(pool)
         _, key = await keys.create(
-            DEMO_TENANT, ("cases:start", "cases:read", "cases:cancel"), "casetrail demo")
-        _, reviewer = await keys.create(DEMO_TENANT, ("cases:review", "cases:read"),
+            DEMO_TENANT, (Scope.START, Scope.READ, Scope.CANCEL), "casetrail demo")
+        _, reviewer = await keys.create(DEMO_TENANT, (Scope.REVIEW, Scope.READ),
                                         "casetrail demo reviewer", None, DEMO_REVIEWER)
     finally:
         await pool.close()

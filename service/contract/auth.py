@@ -13,12 +13,27 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 
-SCOPES = ("cases:start", "cases:read", "cases:cancel", "cases:review", "models:override",
-          "pii:read", "admin")
-"""Every scope a key can hold; ``admin`` holds them all but ``cases:review``, which only a
-person holds (a key made for one, or an OIDC subject), never beside ``cases:start``."""
-REVIEW_SCOPE = "cases:review"
+
+class Scope(StrEnum):
+    """Every scope a key or a token can hold; ``admin`` holds them all but
+    ``cases:review``, which only a person holds (a key made for one, or an OIDC subject),
+    never beside ``cases:start``. A route or an operation names the scope it needs by
+    member, so a misspelt scope is a type error, not a door that never opens."""
+
+    START = "cases:start"
+    READ = "cases:read"
+    CANCEL = "cases:cancel"
+    REVIEW = "cases:review"
+    MODELS_OVERRIDE = "models:override"
+    PII_READ = "pii:read"
+    ADMIN = "admin"
+
+
+SCOPES = tuple(s.value for s in Scope)
+"""The scopes' names, as keys and tokens carry them."""
+REVIEW_SCOPE = Scope.REVIEW
 PERSON_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,199}$")
 
 TENANT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
@@ -68,7 +83,7 @@ def check_key_scopes(scopes: tuple[str, ...], person: str | None) -> None:
         return
     if person is None:
         raise AuthError(f"{REVIEW_SCOPE} is for a person: make the key with --person ID")
-    if "cases:start" in scopes or "admin" in scopes:
+    if Scope.START in scopes or Scope.ADMIN in scopes:
         raise AuthError(f"a key with {REVIEW_SCOPE} cannot also start cases (cases:start or "
                         "admin): whoever reviews is never whoever started")
 
@@ -92,10 +107,10 @@ class Principal:
     for (``keys create --person``); ``None`` for a key made for a service."""
     key_name: str | None = None
 
-    def allows(self, scope: str) -> bool:
-        if scope == REVIEW_SCOPE:  # never implied: a person, given it by name
+    def allows(self, scope: Scope) -> bool:
+        if scope == Scope.REVIEW:  # never implied: a person, given it by name
             return scope in self.scopes and self.person is not None
-        return scope in self.scopes or "admin" in self.scopes
+        return scope in self.scopes or Scope.ADMIN in self.scopes
 
     def reviewer(self) -> dict[str, str]:
         """The person as ``CASE_REVIEWED`` records them (``reviewer``)."""
@@ -118,7 +133,7 @@ EVERY_TENANT = "*"
 def operator(tenant: str = EVERY_TENANT) -> Principal:
     """The operator at the command line, with the API's identity and every scope; acts in
     ``tenant`` (a case it starts belongs to it), or across every tenant."""
-    return Principal(tenant, frozenset({"admin"}), "operator")
+    return Principal(tenant, frozenset({Scope.ADMIN.value}), "operator")
 
 
 @dataclass(frozen=True)

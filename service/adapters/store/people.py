@@ -50,7 +50,7 @@ class ApiKeyStore:
                 """INSERT INTO api_keys (key_id, key_hash, tenant_id, scopes, name, expires_at,
                                          person)
                    VALUES ($1, $2, $3, $4, $5, $6, $7)""",
-                key_id, key_hash(key), tenant, list(scopes), name, expires_at, person)
+                key_id, key_hash(key), tenant, [str(s) for s in scopes], name, expires_at, person)
         return key_id, key
 
     async def find(self, key_id: str) -> ApiKeyRecord | None:
