@@ -41,6 +41,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/package-tree
 	PYTHONPATH=build/tree $(BIN)/lint-imports
+	$(BIN)/python scripts/dead-code
 
 typecheck: install
 	$(BIN)/python scripts/package-tree

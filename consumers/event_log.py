@@ -64,7 +64,6 @@ class ConsumerStats:
     inserted: int = 0
     duplicates: int = 0
     dead_lettered: int = 0
-    store_retries: int = 0
 
 
 class _Inbox:
@@ -222,7 +221,6 @@ class EventLogConsumer:
     async def _wait_out_outage(self, exc: StoreUnavailable, failures: int,
                                stop: asyncio.Event) -> bool:
         """Back off after a Postgres outage; False when told to stop meanwhile."""
-        self.stats.store_retries += 1
         delay = backoff_delay(_STORE_BACKOFF, failures)
         log.warning("store unavailable (%s); retrying in %.1fs", exc, delay)
         try:

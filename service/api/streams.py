@@ -122,9 +122,6 @@ class StreamSlots:
         self._open.update(holders)
         return StreamTicket(self, holders)
 
-    def open_streams(self, subject: str, tenant: str) -> tuple[int, int]:
-        return self._open[f"key:{subject}"], self._open[f"tenant:{tenant}"]
-
 
 class StreamTicket:
     """One stream's slot; released when the stream ends (or, for a stream whose body

@@ -34,7 +34,7 @@ waits for a person (``parked``), and its trail is complete so far.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -320,7 +320,3 @@ def _review_of(attempt: int, seq: int, envelope: Mapping[str, Any]) -> dict[str,
 
 def checked_at() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def keys_by_id(keys: Sequence[PublicKey]) -> dict[str, PublicKey]:
-    return {k.key_id: k for k in keys}

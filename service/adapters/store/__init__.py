@@ -1,7 +1,11 @@
 """Postgres adapter for the API and the workers: cases, claims, and the auditor's query.
 
-Only this module and the event-log writer speak SQL. asyncpg's exceptions are
-translated here: a lost or refused connection becomes ``StoreUnavailable``.
+The API's and the workers' SQL is here, search and the log's tables included
+(``search``, ``ledger``). Elsewhere only: the event-log writer
+(``casetrail.consumers.writer``), the sequencer's appends under its lock
+(``components/sequencer.py``), and the operator's statements (``ops/``: setup, migrations,
+subscribers; the demo's auditor query). asyncpg's exceptions are translated here: a lost
+or refused connection becomes ``StoreUnavailable``.
 
 Its parts: ``pool`` (pools and error translation), ``cases`` (the case repository),
 ``secrets``, ``keys``, ``people`` (API keys, persons' names) and ``tenants``.

@@ -22,9 +22,6 @@ import asyncpg
 from casetrail.adapters.store import principal_names, translate_errors, utc_text
 from casetrail.contract.events import CaseStatus
 
-STATUSES: tuple[str, ...] = tuple(CaseStatus)
-"""The statuses a case can have (casetrail.contract.events.CaseStatus)."""
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 CURSOR_PATTERN = r"^[0-9]{1,16}-[0-9a-f]{32}$"
