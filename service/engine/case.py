@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from enum import Enum
 from typing import Any, Protocol
 
 import orjson
@@ -196,6 +197,40 @@ class CaseSpec:
     max_event_bytes: int = MAX_EVENT_BYTES
     """The largest event the attempt may emit: a tool result that would make a larger
     one is recorded as a tool error (service/engine/budget.py)."""
+
+
+class Resume(Enum):
+    """Where an attempt begins, read from the record of the attempts before it: the
+    engine's resume rules in one place (``resume_point``; the worker's rules for a wait
+    a person ended are in ``trail/person_actions.py``)."""
+
+    FRESH = "fresh"
+    """Nothing to take up: the loop runs from the first (or the next) cycle."""
+    CANCELLED_WHILE_WAITING = "cancelled_while_waiting"
+    """Parked for a person and cancelled since: a review kept before the cancel is
+    recorded, then the case ends cancelled."""
+    ANSWERED = "answered"
+    """Parked on the model's question: the person's answer is recorded, the loop goes on."""
+    REVIEWED = "reviewed"
+    """Parked for review: the review is recorded; it decides the case, or returns it to
+    the model, or (an override that takes two persons) parks it again."""
+    ANSWER_UNJUDGED = "answer_unjudged"
+    """The last attempt recorded an answer and ended before judging it: its checks run
+    and the case ends."""
+
+
+def resume_point(spec: CaseSpec, cancelled: bool) -> Resume:
+    """Where ``spec``'s attempt begins (``cancelled``: a cancel is pending)."""
+    resumed = spec.resumption
+    if resumed is None:
+        return Resume.FRESH
+    if resumed.parked is not None:
+        if cancelled:
+            return Resume.CANCELLED_WHILE_WAITING
+        return Resume.ANSWERED if resumed.parked.question is not None else Resume.REVIEWED
+    if resumed.answer is not None and spec.answering is not None and not cancelled:
+        return Resume.ANSWER_UNJUDGED
+    return Resume.FRESH
 
 
 KEEP_OF_TRIMMED_OBSERVATION = 200

@@ -79,10 +79,12 @@ from casetrail.engine.case import (
     CaseSpec,
     EventSink,
     Parked,
+    Resume,
     RunState,
     extract_answer,
     first_user_message,
     fit_to_budget,
+    resume_point,
     system_prompt_digest,
 )
 from casetrail.engine.chat import (
@@ -193,19 +195,26 @@ class ReactEngine:
         await self._send(state, self._started_payload(spec, tools, state.watch))
         state.watch.started()
         resumed = spec.resumption
-        if resumed is not None and resumed.parked is not None and cancel.is_set:
-            if resumed.parked.review is None and spec.review is not None:
-                await self._emit(state, spec.review)  # done before the cancel: on record
-        elif resumed is not None and resumed.parked is not None \
-                and resumed.parked.question is not None:
-            await self._answered(state, resumed.parked.question, resumed.parked)
-        elif resumed is not None and resumed.parked is not None:
-            ended = await self._reviewed(state, resumed.parked)
-            if ended is not None:
-                return ended
-        elif resumed is not None and resumed.answer is not None and spec.answering is not None \
-                and not cancel.is_set:  # answered before the last attempt ended
-            return await self._decide(state, spec.answering, resumed.answer)
+        parked = None if resumed is None else resumed.parked
+        match resume_point(spec, cancel.is_set):
+            case Resume.CANCELLED_WHILE_WAITING:
+                assert parked is not None
+                if parked.review is None and spec.review is not None:
+                    await self._emit(state, spec.review)  # done before the cancel: on record
+            case Resume.ANSWERED:
+                assert parked is not None and parked.question is not None
+                await self._answered(state, parked.question, parked)
+            case Resume.REVIEWED:
+                assert parked is not None
+                ended = await self._reviewed(state, parked)
+                if ended is not None:
+                    return ended
+            case Resume.ANSWER_UNJUDGED:
+                assert resumed is not None and resumed.answer is not None \
+                    and spec.answering is not None
+                return await self._decide(state, spec.answering, resumed.answer)
+            case Resume.FRESH:
+                pass
         while True:
             if cancel.is_set:
                 return await self._cancelled(state, cancel)
