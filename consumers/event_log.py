@@ -44,6 +44,7 @@ from casetrail.components.supervisor import run_until_signal
 from casetrail.config import Settings
 from casetrail.consumers.admission import Admission, KeyRing, Refused
 from casetrail.consumers.writer import BatchOutcome, EventLogWriter
+from casetrail.contract.dead_letters import DeadLetterCode
 from casetrail.contract.events import SignedEvent
 from casetrail.engine.backoff import backoff_delay
 from casetrail.errors import BusUnavailable, StoreUnavailable
@@ -160,7 +161,7 @@ class EventLogConsumer:
             return  # stopping during an outage: the broker redelivers the batch
         began = time.time_ns()
         readable: list[tuple[Delivery, SignedEvent]] = []
-        rejected: list[tuple[Delivery, str, str]] = []
+        rejected: list[tuple[Delivery, str, DeadLetterCode]] = []
         admit = self.admission.admit
         for message in batch:
             try:
@@ -175,7 +176,8 @@ class EventLogConsumer:
         metrics.COMMIT_SECONDS.observe(time.perf_counter() - writing)
         for index, reason in outcome.conflicts.items():
             rejected.append((readable[index][0], reason,
-                             "database_refused" if reason.startswith(_REFUSED) else "conflict"))
+                             DeadLetterCode.DATABASE_REFUSED if reason.startswith(_REFUSED)
+                             else DeadLetterCode.CONFLICT))
         for message, reason, code in rejected:
             await dead_letter(dead_letters, self.topology, message, reason, code)
         await self._ack(batch)

@@ -17,14 +17,13 @@ import asyncpg
 
 from casetrail.adapters.store import locked_cases_cte, translate_errors
 from casetrail.contract.events import (
-    ENDED_STATUSES,
+    ENDED_SQL,
     PARKING_EVENT_TYPE,
     RUNNING_EVENT_TYPES,
     TERMINAL_EVENT_TYPES,
     CaseStatus,
     SignedEvent,
     sql_list,
-    sql_statuses,
     status_for,
 )
 
@@ -46,7 +45,6 @@ _PARKED = sql_list((PARKING_EVENT_TYPE,))
 _CYCLE = sql_list(("REACT_CYCLE",))
 _STARTED = sql_list(("CASE_STARTED",))
 _COMPLETED = sql_list(("CASE_COMPLETED",))
-_ENDED = sql_statuses(ENDED_STATUSES)
 # Evaluated against the row as locked (the latest committed), not a snapshot: a later
 # event folded meanwhile by another consumer keeps the row as it is.
 _LATER = ("(c.folded_attempt IS NULL OR (f.last_attempt, f.last_seq) "
@@ -98,7 +96,7 @@ WITH incoming AS (
         input_tokens = c.input_tokens + f.input_tokens,
         output_tokens = c.output_tokens + f.output_tokens,
         status = CASE
-            WHEN c.status IN ({_ENDED}) THEN c.status
+            WHEN c.status IN ({ENDED_SQL}) THEN c.status
             WHEN f.terminal_type IS NOT NULL THEN ({_STATUS_OF_TERMINAL})
             WHEN NOT {_LATER} THEN c.status
             WHEN f.last_type = {_PARKED} THEN '{CaseStatus.AWAITING_REVIEW.value}'
@@ -107,14 +105,14 @@ WITH incoming AS (
         -- A case waiting for a person shows the agent's answer and checks; its
         -- terminal event's replace them (the reviewed decision).
         answer = CASE
-            WHEN c.status IN ({_ENDED}) THEN c.answer
+            WHEN c.status IN ({ENDED_SQL}) THEN c.answer
             WHEN f.terminal_type = {_COMPLETED} THEN f.terminal_payload -> 'answer'
             WHEN f.terminal_type IS NOT NULL THEN NULL
             WHEN f.last_type = {_PARKED} AND {_LATER}
                 THEN f.last_payload -> 'answer'
             ELSE c.answer END,
         outcome = CASE
-            WHEN c.status IN ({_ENDED}) THEN c.outcome
+            WHEN c.status IN ({ENDED_SQL}) THEN c.outcome
             WHEN f.terminal_type IS NOT NULL THEN f.terminal_payload - 'answer'
             WHEN f.last_type = {_PARKED} AND {_LATER} THEN f.last_payload - 'answer'
             ELSE c.outcome END,

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 
+from casetrail.contract.dead_letters import DeadLetterCode
+
 
 class CasetrailError(Exception):
     """Base of every error casetrail raises on purpose."""
@@ -67,7 +69,8 @@ class Reject(PermanentError):
     why it was set aside.
     """
 
-    def __init__(self, reason: str, code: str = "unprocessable") -> None:
+    def __init__(self, reason: str,
+                 code: DeadLetterCode = DeadLetterCode.UNPROCESSABLE) -> None:
         super().__init__(reason)
         self.reason = reason
         self.code = code

@@ -23,6 +23,7 @@ import orjson
 from fpdf import FPDF
 from fpdf.enums import WrapMode, XPos, YPos
 
+from casetrail.contract.events import TERMINAL_EVENT_TYPES
 from casetrail.privacy.sensitive import restore
 
 FONTS = Path("/usr/share/fonts/truetype/dejavu")
@@ -105,8 +106,7 @@ def render(bundle: Mapping[str, Any], verdict: Mapping[str, Any], case: Mapping[
     events = [restore(orjson.loads(e["body"]), values or {}) for e in bundle["events"]
               if e.get("body")]
     started = next((e for e in events if e["eventType"] == "CASE_STARTED"), None)
-    ends = [e for e in events if e["eventType"] in {
-        "CASE_COMPLETED", "CASE_FAILED", "CASE_TIMED_OUT", "CASE_CANCELLED"}]
+    ends = [e for e in events if e["eventType"] in TERMINAL_EVENT_TYPES]
     end = ends[-1] if ends else None
     waits = [e for e in events if e["eventType"] == "CASE_AWAITING_REVIEW"]
     pdf = _Report(case_id)

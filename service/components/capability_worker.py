@@ -33,6 +33,7 @@ from casetrail.components.runtime import component
 from casetrail.components.supervisor import run_until_signal
 from casetrail.config import Settings
 from casetrail.contract.commands import ToolReply, ToolRequest
+from casetrail.contract.dead_letters import DeadLetterCode
 from casetrail.contract.events import describe_validation_error
 from casetrail.engine.tools import Capability, ToolFailed
 from casetrail.errors import PermanentError, Reject
@@ -125,7 +126,7 @@ class CapabilityWorker:
         try:
             request = ToolRequest.model_validate(orjson.loads(message.body))
         except (ValidationError, orjson.JSONDecodeError) as exc:
-            raise Reject(f"unreadable tool request: {exc}", "unreadable") from exc
+            raise Reject(f"unreadable tool request: {exc}", DeadLetterCode.UNREADABLE) from exc
         if time.time() > request.deadline:
             log.info("request %s expired before it was served", message.message_id)
             metrics.TOOL_REQUESTS_SERVED.labels(capability.name, "expired").inc()

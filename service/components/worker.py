@@ -76,6 +76,7 @@ from casetrail.contract.commands import (
     EraseCommand,
     InvalidCommand,
 )
+from casetrail.contract.dead_letters import DeadLetterCode
 from casetrail.contract.events import (
     MAX_EVENT_BYTES,
     TERMINAL_EVENT_TYPES,
@@ -316,7 +317,7 @@ class CaseWorker:
         if message.user_id != self.api_user:
             self._spawn(dead_letter(self._publisher, self.topology, message,
                                     f"cancel from broker user {message.user_id!r}, not the "
-                                    f"API's ({self.api_user!r})", "foreign_sender"))
+                                    f"API's ({self.api_user!r})", DeadLetterCode.FOREIGN_SENDER))
             return
         try:
             command: CancelCommand = CancelCommand.from_json(message.body)
@@ -371,14 +372,14 @@ class CaseWorker:
                 message.type == EraseCommand.MESSAGE_TYPE
                 or message.user_id != self._publisher.user_id):
             raise Reject(f"start command from broker user {message.user_id!r}, not the "
-                         f"API's ({self.api_user!r})", "foreign_sender")
+                         f"API's ({self.api_user!r})", DeadLetterCode.FOREIGN_SENDER)
         if message.type == EraseCommand.MESSAGE_TYPE:
             await self._record_erasure(message)
             return
         try:
             command: CaseStartCommand = CaseStartCommand.from_json(message.body)
         except InvalidCommand as exc:
-            raise Reject(f"unreadable start command: {exc}", "unreadable") from exc
+            raise Reject(f"unreadable start command: {exc}", DeadLetterCode.UNREADABLE) from exc
         with logs.bound(case_id=str(command.case_id)):  # on every line about the case
             await self._start(command, message)
 
@@ -539,7 +540,7 @@ class CaseWorker:
                   refusal.code)
         metrics.PERSON_ACTIONS_REFUSED.labels(f"start_{refusal.code}").inc()
         await self._mark_ended(case_id)
-        raise Reject(f"case {case_id}: {refusal.message}", "forged_start")
+        raise Reject(f"case {case_id}: {refusal.message}", DeadLetterCode.FORGED_START)
 
     async def _action_keys_for(self, action: SignedAction | None) -> dict[str, PublicKey]:
         """The registered action keys, read again when ``action`` names one not known
@@ -653,7 +654,7 @@ class CaseWorker:
         try:
             command: EraseCommand = EraseCommand.from_json(message.body)
         except InvalidCommand as exc:
-            raise Reject(f"unreadable erase command: {exc}", "unreadable") from exc
+            raise Reject(f"unreadable erase command: {exc}", DeadLetterCode.UNREADABLE) from exc
         state = await self.secrets.state(command.case_id)
         if state is None or state.erased_at is None:
             raise Reject(f"erase command for case {command.case_id}, whose values Postgres "

@@ -807,6 +807,12 @@ def sql_statuses(statuses: Iterable[CaseStatus]) -> str:
     return ", ".join(f"'{CaseStatus(s).value}'" for s in sorted(statuses))
 
 
+ENDED_SQL = sql_statuses(ENDED_STATUSES)
+"""The ended statuses as SQL literals (``status IN (...)``)."""
+ACTIVE_SQL = sql_statuses((CaseStatus.QUEUED, CaseStatus.RUNNING))
+"""A case queued or running, as SQL literals."""
+
+
 def sql_list(types: Iterable[str]) -> str:
     """``'A', 'B'``: event types as SQL string literals (names checked against the contract)."""
     unknown = set(types) - set(EVENT_TYPES)

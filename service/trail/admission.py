@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from casetrail.contract.dead_letters import DeadLetterCode
 from casetrail.contract.events import InvalidEvent, SignedEvent, event_and_payload_from_json
 from casetrail.contract.integrity import (
     HEADER,
@@ -46,7 +47,7 @@ KEY_REFRESH_SECONDS = 1.0
 class Refused(Exception):
     """A message that is not a genuine event; ``reason`` goes with its dead letter."""
 
-    def __init__(self, reason: str, code: str) -> None:
+    def __init__(self, reason: str, code: DeadLetterCode) -> None:
         super().__init__(reason)
         self.reason = reason
         self.code = code
@@ -118,7 +119,7 @@ class Admission:
         try:
             event, payload = event_and_payload_from_json(body)
         except InvalidEvent as exc:
-            raise Refused(str(exc), "unreadable") from None
+            raise Refused(str(exc), DeadLetterCode.UNREADABLE) from None
         return SignedEvent(event, body, self._check_integrity(body, headers), payload)
 
     def authenticate(self, body: bytes, headers: Mapping[str, Any], user_id: str | None
@@ -132,25 +133,26 @@ class Admission:
         if user_id != self.worker_user:
             raise Refused(f"not published by the worker's broker identity "
                           f"(user_id {user_id!r}, expected {self.worker_user!r})",
-                          "foreign_sender")
+                          DeadLetterCode.FOREIGN_SENDER)
 
     def _check_integrity(self, body: bytes, headers: Mapping[str, Any]) -> Integrity:
         if HEADER not in headers:
-            raise Refused(f"no {HEADER} header: the event is not signed", "unsigned")
+            raise Refused(f"no {HEADER} header: the event is not signed", DeadLetterCode.UNSIGNED)
         try:
             integrity = Integrity.from_json(headers[HEADER])
         except IntegrityError as exc:
-            raise Refused(str(exc), "bad_integrity") from None
+            raise Refused(str(exc), DeadLetterCode.BAD_INTEGRITY) from None
         if chain_hash(integrity.prev_hash, body) != integrity.hash:
             raise Refused("hash_mismatch: the body does not hash to integrity.hash",
-                          "hash_mismatch")
+                          DeadLetterCode.HASH_MISMATCH)
         key = self.keys.keys.get(integrity.key_id)
         if key is None:
             raise Refused(f"unknown_key: key {integrity.key_id} is not registered",
-                          "unknown_key")
+                          DeadLetterCode.UNKNOWN_KEY)
         if key.not_valid_after is not None:
-            raise Refused(f"retired_key: key {integrity.key_id} is retired", "retired_key")
+            raise Refused(f"retired_key: key {integrity.key_id} is retired",
+                          DeadLetterCode.RETIRED_KEY)
         if not signature_valid(key.public_key, integrity.hash, integrity.sig):
             raise Refused(f"bad_signature: the signature does not verify under key "
-                          f"{integrity.key_id}", "bad_signature")
+                          f"{integrity.key_id}", DeadLetterCode.BAD_SIGNATURE)
         return integrity

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
+from casetrail.contract.dead_letters import DeadLetterCode
 from casetrail.telemetry import metrics
 
 log = logging.getLogger("casetrail.bus")
@@ -49,7 +50,7 @@ class Undeliverable(Protocol):
 
 async def dead_letter(
     publisher: Publisher, topology: Topology, message: Undeliverable, reason: str,
-    code: str = "rejected",
+    code: DeadLetterCode = DeadLetterCode.REJECTED,
 ) -> None:
     """Publish ``message`` to ``<ns>.dead-letter`` with ``reason`` (confirmed); the caller
     acks. Its own headers are kept (an event's signature too), so that it can be sent
@@ -72,4 +73,4 @@ async def dead_letter(
             ORIGINAL_USER_HEADER: message.user_id or "",
         },
     )
-    metrics.DEAD_LETTERED.labels(code).inc()
+    metrics.DEAD_LETTERED.labels(code.value).inc()

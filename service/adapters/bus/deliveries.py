@@ -42,6 +42,7 @@ from casetrail.adapters.bus import fastpath
 from casetrail.adapters.bus.dead_letter import dead_letter
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
+from casetrail.contract.dead_letters import DeadLetterCode
 from casetrail.errors import BusUnavailable, Reject, TransientError, scrub
 
 log = logging.getLogger("casetrail.bus")
@@ -194,7 +195,7 @@ async def settle(delivery: Delivery, outcome: Awaitable[None], *,
             log.exception("handling message %s raised", delivery.message_id)
             await dead_letter(dead_letters, topology, delivery,
                               scrub(f"the handler raised {type(exc).__name__}: {exc}"),
-                              "internal_error")
+                              DeadLetterCode.INTERNAL_ERROR)
             await delivery.ack()
         else:
             await delivery.ack()

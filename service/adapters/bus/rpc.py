@@ -38,6 +38,7 @@ from casetrail.adapters.bus.deliveries import Delivery, Subscription
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.contract.commands import ToolReply, ToolRequest
+from casetrail.contract.dead_letters import DeadLetterCode
 from casetrail.contract.events import ToolAttempt
 from casetrail.engine.backoff import backoff_delay
 from casetrail.engine.tools import WorkerCallResult
@@ -118,7 +119,7 @@ class BusWorkerRuntime:
         if message.user_id != expected:
             self._refuse(message, f"tool reply from broker user {message.user_id!r}, not the "
                                   f"user of capability {pending.capability!r} ({expected!r})",
-                         "foreign_sender")
+                         DeadLetterCode.FOREIGN_SENDER)
             return
         try:
             reply = ToolReply.model_validate(orjson.loads(message.body))
@@ -127,11 +128,11 @@ class BusWorkerRuntime:
             return
         if reply.idempotency_key != pending.call_id:
             self._refuse(message, "tool reply for another call than its correlation id's",
-                         "wrong_call")
+                         DeadLetterCode.WRONG_CALL)
             return
         pending.future.set_result(reply)
 
-    def _refuse(self, message: Delivery, reason: str, code: str) -> None:
+    def _refuse(self, message: Delivery, reason: str, code: DeadLetterCode) -> None:
         task = asyncio.create_task(dead_letter(self.publisher, self.topology, message, reason,
                                                code))
         self._refused.add(task)

@@ -41,6 +41,7 @@ from aio_pika.abc import (
 
 from casetrail.adapters.bus.deliveries import Delivery, Subscription
 from casetrail.adapters.bus.topology import Topology
+from casetrail.contract.dead_letters import DeadLetterCode
 from casetrail.contract.integrity import HEADER, Integrity, IntegrityError
 from casetrail.trail.admission import Admission, Refused
 
@@ -202,7 +203,7 @@ class EventWatch:
             self.admission.authenticate(message.body, message.headers, message.user_id)
         except Refused as exc:
             key_id = self.admission.key_id_of(message.headers, message.user_id)
-            if exc.code == "unknown_key" and key_id is not None:
+            if exc.code is DeadLetterCode.UNKNOWN_KEY and key_id is not None:
                 # A key registered since the last read: read them, then decide.
                 task = asyncio.create_task(self._after_reading_keys(message, key_id))
                 self._waiting_for_keys.add(task)

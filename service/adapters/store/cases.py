@@ -11,8 +11,10 @@ from typing import Any, Literal
 
 import asyncpg
 
-from casetrail.adapters.store.pool import _ACTIVE, _ENDED, translate_errors
+from casetrail.adapters.store.pool import translate_errors
 from casetrail.contract.events import (
+    ACTIVE_SQL,
+    ENDED_SQL,
     EVENT_TYPES,
     PARKING_EVENT_TYPE,
     TERMINAL_EVENT_TYPES,
@@ -166,7 +168,7 @@ WITH current AS MATERIALIZED (
            a.reviewer, a.acted_at, a.signed AS action_signed, a.key_id AS action_key_id,
            a.sig AS action_sig, CASE
         WHEN c.terminal_published
-             OR c.status IN ({_ENDED})
+             OR c.status IN ({ENDED_SQL})
              OR EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = c.case_id
                         AND e.event_type = ANY($2::text[])) THEN 'ended'
         WHEN c.lease_live AND c.lease_owner IS DISTINCT FROM $3 THEN 'busy'
@@ -504,7 +506,8 @@ class CaseStore:
                       AND NOT terminal_published AND attempts_claimed > 0
                       -- running (after a person acted, when it waited for one), or
                       -- waiting for a person who has acted (a review, or a cancel)
-                      AND (status IN ({_ACTIVE}) OR status = '{CaseStatus.AWAITING_REVIEW.value}')
+                      AND (status IN ({ACTIVE_SQL})
+                           OR status = '{CaseStatus.AWAITING_REVIEW.value}')
                       AND (parked_attempt IS NULL
                            OR cancel_requested_at < now() - make_interval(secs => $2)
                            OR EXISTS (SELECT 1 FROM case_actions a
@@ -546,7 +549,7 @@ class CaseStore:
                            EXISTS (SELECT 1 FROM case_actions a WHERE a.case_id = c.case_id
                                    AND a.parked_attempt >= c.parked_attempt) AS acted
                     FROM cases c WHERE case_id = $1 AND NOT terminal_published
-                      AND status NOT IN ({_ENDED}) AND parked_attempt IS NOT NULL
+                      AND status NOT IN ({ENDED_SQL}) AND parked_attempt IS NOT NULL
                       AND wait_kind IS NOT NULL""", case_id)
         return None if row is None else Wait(row["parked_attempt"], row["wait_kind"],
                                              row["wait_call_id"], tuple(row["wait_excludes"]),
@@ -610,7 +613,7 @@ class CaseStore:
                         SELECT case_id, parked_attempt, wait_kind, wait_call_id,
                                wait_excludes FROM cases
                         WHERE case_id = $1 AND NOT terminal_published
-                          AND status NOT IN ({_ENDED}) AND parked_attempt IS NOT NULL
+                          AND status NOT IN ({ENDED_SQL}) AND parked_attempt IS NOT NULL
                           AND wait_kind IS NOT NULL),
                     fits AS (
                         SELECT case_id, parked_attempt FROM waiting
@@ -728,7 +731,7 @@ class CaseStore:
                           cancelled_by = coalesce(cancelled_by, $3), updated_at = now()
                    WHERE case_id = $1
                      AND NOT terminal_published
-                     AND status NOT IN ({_ENDED})
+                     AND status NOT IN ({ENDED_SQL})
                    RETURNING case_id""",
                 case_id, reason, by,
             )

@@ -12,15 +12,7 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from casetrail.config import Identity
-from casetrail.contract.events import (
-    ENDED_STATUSES,
-    CaseStatus,
-    sql_statuses,
-)
 from casetrail.errors import PermanentError, StoreUnavailable
-
-_ENDED = sql_statuses(ENDED_STATUSES)
-_ACTIVE = sql_statuses((CaseStatus.QUEUED, CaseStatus.RUNNING))
 
 _TRANSIENT = (
     OSError,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from casetrail.adapters.store.pool import _ACTIVE, translate_errors
+from casetrail.adapters.store.pool import translate_errors
+from casetrail.contract.events import ACTIVE_SQL
 
 
 class TenantReaders:
@@ -50,7 +51,7 @@ async def tenant_counts(pool: asyncpg.Pool, tenant: str, max_active: int,
         row = await pool.fetchrow(
             f"""SELECT
                  (SELECT count(*) FROM (SELECT 1 FROM cases WHERE tenant_id = $1
-                    AND status IN ({_ACTIVE}) LIMIT $2) a) AS active,
+                    AND status IN ({ACTIVE_SQL}) LIMIT $2) a) AS active,
                  (SELECT count(*) FROM (SELECT 1 FROM cases WHERE tenant_id = $1
                     AND created_at > now() - interval '1 minute' LIMIT $3) r) AS recent""",
             tenant, max_active, max_per_minute)
