@@ -19,10 +19,10 @@ import asyncpg
 import httpx
 
 from casetrail.adapters.store import ApiKeyStore
-from casetrail.components.sequencer import write_log_key
 from casetrail.components.supervisor import component_command
 from casetrail.config import Settings
 from casetrail.contract.integrity import Signer
+from casetrail.ledger.log_key import write_log_key
 from casetrail.ledger.note import NoteSigner
 from casetrail.ops.setup import remove, setup
 from casetrail.trail.keyfile import worker_signer, write_signer

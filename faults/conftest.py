@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from casetrail.adapters.bus.connection import connect
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import ApiKeyStore, KeyRegistry, create_pool
-from casetrail.components.sequencer import write_log_key
 from casetrail.config import Settings
 from casetrail.contract.integrity import Signer
+from casetrail.ledger.log_key import write_log_key
 from casetrail.ledger.note import NoteSigner
 from casetrail.ops.setup import remove, setup
 from casetrail.trail.keyfile import write_signer

@@ -452,6 +452,10 @@ class Settings(BaseSettings):
     log_key_file: str | None = Field(default=None, description="The transparency log's "
         "Ed25519 key: a file holding a signed-note signer key (PRIVATE+KEY+<origin>+...), "
         "made by `casetrail ledger key generate`. The ledger alone reads it.")
+    ledger_state_file: str | None = Field(default=None, description="Where the ledger keeps "
+        "its high-water mark, the largest checkpoint it signed, off its database (default: "
+        "beside the log key, <CASETRAIL_LOG_KEY_FILE>.<namespace>.state.json). Back it up "
+        "with the key.")
     log_origin: str | None = Field(default=None, pattern=r"^[^\s+]+$", description="The "
         "log's name, the first line of its checkpoints (a schema-less URL such as "
         "audit.example.com/casetrail); default: casetrail/<namespace>.")

@@ -17,9 +17,9 @@ import pytest
 
 from casetrail.adapters.bus import fastpath
 from casetrail.adapters.bus.topology import Topology
-from casetrail.components.sequencer import write_log_key
 from casetrail.config import Settings, TenantQuota
 from casetrail.contract.integrity import Signer
+from casetrail.ledger.log_key import write_log_key
 from casetrail.ledger.note import NoteSigner
 from casetrail.trail.keyfile import worker_signer, write_signer
 

@@ -22,13 +22,14 @@ from casetrail.agents import CAPABILITIES
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.evidence import Evidence, verify_bundle
 from casetrail.audit.rendering import AUDITOR_SQL, format_event, format_trail
-from casetrail.components.sequencer import ensure_local_log_key, log_signer
 from casetrail.components.supervisor import Stack, stack_commands
 from casetrail.config import LOCAL_DIR, Settings
 from casetrail.contract.auth import Scope
 from casetrail.contract.events import EVENT_TYPES, PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES
 from casetrail.contract.integrity import public_key_text
+from casetrail.ledger.log_key import ensure_local_log_key, log_signer
 from casetrail.ledger.witness import LogClient, LogMisbehaved, LogUnreachable, Witness
+from casetrail.ops.keys_on_hand import refuse_new_keys
 from casetrail.ops.setup import setup
 from casetrail.trail.keyfile import (
     action_signer,
@@ -78,6 +79,7 @@ async def _wait_ready(base_url: str, stack: Stack, timeout: float = 60.0) -> Non
 
 async def run_stack(settings: Settings) -> int:
     """``casetrail up``: the whole stack as child processes until Ctrl-C or SIGTERM."""
+    await refuse_new_keys(settings)
     settings = ensure_local_action_key(ensure_local_log_key(ensure_local_signer(settings)))
     report = await setup(settings)
     _say(f"migrations: {', '.join(report.migrations) or 'up to date'}; components run as "
@@ -205,6 +207,7 @@ async def _prepare(settings: Settings) -> tuple[Settings, str, str]:
     """A signing key for the worker, the identities and schema (``casetrail setup``), an
     API key for the demo's requests (tenant ``default``, the scopes a case needs), and
     one for the person who reviews what waits for one (another person: four eyes)."""
+    await refuse_new_keys(settings)
     settings = ensure_local_action_key(ensure_local_log_key(ensure_local_signer(settings)))
     await setup(settings)
     pool = await create_pool(settings.database_url, max_size=1)

@@ -202,9 +202,37 @@ def ledger(ctx: typer.Context) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from casetrail.components.sequencer import run_ledger
+    from casetrail.ledger.high_water import LogHalted
 
     _logging()
-    _component("ledger", run_ledger(get_settings()))
+    try:
+        _component("ledger", run_ledger(get_settings()))
+    except LogHalted as exc:  # it said why while it ran; once more on the way out
+        typer.echo(f"casetrail ledger: halted ({exc.reason.value}): {exc}", err=True)
+        raise typer.Exit(3) from None
+
+
+@ledger_app.command("accept-size")
+def ledger_accept_size(
+    size: Annotated[int, typer.Argument(min=0, help="The tree size to accept as the log's "
+                                        "high-water mark (at most the stored tree's).")],
+    reason: Annotated[str, typer.Option(help="Why: kept on the record with the size.")],
+    by: Annotated[str | None, typer.Option(help="Who accepts it (default: the OS user).")]
+    = None,
+) -> None:
+    """When the ledger lost both of its anchors (state file and log-head stream), accept a
+    size on the record so that it signs again; refused while either can be read."""
+    from casetrail.components.ledger_accept import accept_size
+    from casetrail.errors import PermanentError
+
+    _logging()
+    try:
+        accepted = _run(accept_size(get_settings(), size, reason, by))
+    except PermanentError as exc:
+        typer.echo(f"casetrail ledger accept-size: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"accepted a tree of {accepted.size} leaves, root {accepted.root.hex()}; "
+               f"kept in ledger_acceptances and {accepted.state_file}")
 
 
 @ledger_app.command("key")
@@ -222,7 +250,7 @@ def ledger_key(
 ) -> None:
     """Make a signed-note key; prints its verifier key (what verifiers and witnesses
     trust: --trust-log, --log-key, CASETRAIL_LEDGER_WITNESSES)."""
-    from casetrail.components.sequencer import read_log_key, write_log_key
+    from casetrail.ledger.log_key import read_log_key, write_log_key
     from casetrail.ledger.note import COSIGNATURE_V1, ED25519, NoteError, NoteSigner
 
     kind = COSIGNATURE_V1 if witness else ED25519
@@ -263,9 +291,9 @@ def witness(
     import asyncio
 
     from casetrail.components.runtime import component
-    from casetrail.components.sequencer import read_log_key
     from casetrail.components.supervisor import run_until_signal
     from casetrail.errors import PermanentError
+    from casetrail.ledger.log_key import read_log_key
     from casetrail.ledger.note import COSIGNATURE_V1, NoteError
     from casetrail.ledger.witness import (
         LogClient,
@@ -384,6 +412,18 @@ def capability_worker(
         get_settings(), [CAPABILITIES[n] for n in wanted], concurrency))
 
 
+def _refusing(name: str, main: Coroutine[Any, Any, int]) -> int:
+    """A stack's exit status; one it may not start (keys its data needs are missing, say)
+    is a clear message and status 2."""
+    from casetrail.errors import PermanentError
+
+    try:
+        return _run(main, long_running=True)
+    except PermanentError as exc:
+        typer.echo(f"casetrail {name}: {exc}", err=True)
+        return 2
+
+
 @app.command()
 def up(
     port: Annotated[int | None, typer.Option(help="API port (default CASETRAIL_API_PORT).")]
@@ -397,7 +437,7 @@ def up(
     settings = get_settings()
     if port:
         settings = settings.model_copy(update={"api_port": port})
-    raise typer.Exit(_run(run_stack(settings), long_running=True))
+    raise typer.Exit(_refusing("up", run_stack(settings)))
 
 
 @app.command()
@@ -413,7 +453,7 @@ def demo(
     settings = get_settings()
     if port:
         settings = settings.model_copy(update={"api_port": port})
-    raise typer.Exit(_run(run_demo(settings), long_running=True))
+    raise typer.Exit(_refusing("demo", run_demo(settings)))
 
 
 @app.command()

@@ -16,32 +16,51 @@ interleave: the second re-reads the edge and goes on from there.
 **Its own first witness.** At start the ledger reads the tree back and checks that the
 last checkpoint it signed is still the root of the stored tree at that size; a tree
 altered underneath it is refused (exit 2), not signed again.
+
+**It knows how far it has been.** Its high-water mark, the largest checkpoint it signed,
+is kept off its database (casetrail.ledger.high_water): a state file beside its key,
+written before a checkpoint is stored, and the log-head stream. A stored tree that does
+not hold it (a database restored from an older backup) halts the ledger: it signs
+nothing, says both sizes, sets ``casetrail_ledger_halted`` and exits 3 when stopped. A
+log that signed before but whose anchors are both gone waits for an operator's
+``casetrail ledger accept-size``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import os
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import asyncpg
+from aio_pika.abc import AbstractRobustConnection
 
+from casetrail.adapters.bus.log_head import published_checkpoints
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import translate_errors
 from casetrail.adapters.store.ledger import LedgerStore, StoredCheckpoint
 from casetrail.components.runtime import component
 from casetrail.components.supervisor import run_until_signal
-from casetrail.config import LOCAL_DIR, Settings
+from casetrail.config import Settings
 from casetrail.errors import BusUnavailable, PermanentError, PublishRejected, StoreUnavailable
 from casetrail.ledger import merkle
-from casetrail.ledger.note import ED25519, Checkpoint, Note, NoteError, NoteSigner, sign
+from casetrail.ledger.high_water import (
+    Anchor,
+    HaltReason,
+    LogHalted,
+    StateFile,
+    check_tree,
+    from_stream,
+    state_file_for,
+)
+from casetrail.ledger.log_key import log_signer
+from casetrail.ledger.note import Checkpoint, Note, NoteSigner, sign
 from casetrail.telemetry import metrics
 
 log = logging.getLogger("casetrail.ledger")
@@ -59,6 +78,8 @@ IDLE_SECONDS = 0.2
 """How long the sequencer waits when the queue was empty."""
 RETRY_SECONDS = 1.0
 """How long it waits after Postgres went away."""
+HALTED_REPEAT_SECONDS = 60.0
+"""A halted ledger repeats why, this often."""
 
 
 TREE_SIZE_SQL = "SELECT coalesce(max(leaf_index) + 1, 0) FROM ledger_leaves"
@@ -92,6 +113,11 @@ class Sequencer:
     pool: asyncpg.Pool
     signer: NoteSigner
     batch_size: int = 5000
+    state: StateFile | None = None
+    """Where the high-water mark is kept; ``None`` for a sequencer that keeps none (a
+    test's, signing into a database of its own)."""
+    anchors: list[Anchor] = field(default_factory=list)
+    """Checkpoints this log signed, read off its database (the state file, the bus)."""
     edge: merkle.Edge = field(default_factory=merkle.Edge)
     signed_size: int = -1
 
@@ -103,12 +129,29 @@ class Sequencer:
         """Read the stored tree, check it against the last checkpoint, register the key."""
         async with self.pool.acquire() as conn:
             self.edge = await read_edge(conn)
-            await conn.execute(
-                "INSERT INTO ledger_keys (verifier_key, origin) VALUES ($1, $2) "
-                "ON CONFLICT DO NOTHING", self.signer.verifier.text(), self.signer.name)
+            signed_before = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM ledger_checkpoints)")
         last = await self.store.latest()
         if last is not None:
             await self._check_against(last)
+        if self.state is not None:
+            kept = await asyncio.to_thread(self.state.read, self.signer.verifier)
+            self.anchors = [kept, *self.anchors] if kept is not None else self.anchors
+        for anchor in self.anchors:
+            log.info("high-water mark: %s", anchor.describe())
+        if self.state is not None and not self.anchors and signed_before:
+            raise LogHalted(HaltReason.NO_ANCHOR, (
+                f"this log has signed before, but its state file {self.state.path} is "
+                "missing and the bus holds none of its checkpoints: the high-water mark is "
+                f"unknown (the stored tree has {self.edge.size} leaves). Restore the state "
+                "file, or accept a size on the record with `casetrail ledger accept-size N "
+                "--reason ...`"))
+        # (Outside any borrowed connection: the root is read through the pool.)
+        await check_tree(self.anchors, self.edge.size, self.store.root)
+        await self.pool.execute(
+            "INSERT INTO ledger_keys (verifier_key, origin) VALUES ($1, $2) "
+            "ON CONFLICT DO NOTHING", self.signer.verifier.text(), self.signer.name)
+        if last is not None:
             self.signed_size = last.size
             if Note.parse(last.note).signed_by(self.signer.verifier) is None:
                 log.warning("the log's key changed: its last checkpoint (size %d) was signed "
@@ -140,10 +183,16 @@ class Sequencer:
         began = time.perf_counter()
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", APPEND_KEY)
-            if await conn.fetchval(TREE_SIZE_SQL) != self.edge.size:
+            stored = await conn.fetchval(TREE_SIZE_SQL)
+            if stored < self.edge.size:
+                raise LogHalted(HaltReason.BEHIND, (
+                    f"the stored tree has {stored} leaves but this ledger appended "
+                    f"{self.edge.size}: its database was rolled back while it ran"))
+            if stored > self.edge.size:
                 log.warning("the tree grew under this ledger (another sequencer?); "
                             "reading its edge again")
                 self.edge = await read_edge(conn)
+                await check_tree(self.anchors, self.edge.size, LedgerStore(conn).root)
             rows = await conn.fetch(
                 "DELETE FROM ledger_queue WHERE queued_id IN (SELECT queued_id FROM "
                 "ledger_queue ORDER BY queued_id LIMIT $1) "
@@ -210,6 +259,9 @@ class Sequencer:
             return None
         head = Checkpoint(self.signer.name, self.edge.size, self.edge.root())
         note = sign(head.text(), self.signer)
+        if self.state is not None:  # the high-water mark first: a restore cannot undo it
+            await asyncio.to_thread(self.state.write, note.render())
+            self.anchors = [Anchor(head, note.render(), f"state file {self.state.path}")]
         await self.pool.execute(
             "INSERT INTO ledger_checkpoints (tree_size, root_hash, note) VALUES ($1, $2, $3) "
             "ON CONFLICT DO NOTHING", head.size, head.root, note.render())
@@ -279,57 +331,38 @@ class Ledger:
         self._unpublished = None
 
 
-# -- the log's key --------------------------------------------------------------------
-
-def write_log_key(path: Path, signer: NoteSigner) -> None:
-    """Write a signer key to ``path`` (mode 0600); refuses to overwrite one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(signer.text() + "\n")
+def ledger_state(settings: Settings) -> StateFile:
+    """The ledger's state file (``CASETRAIL_LEDGER_STATE_FILE``, else beside its key)."""
+    return StateFile(state_file_for(settings.log_key_file or "", settings.namespace,
+                                    settings.ledger_state_file))
 
 
-def read_log_key(path: Path, kind: int = ED25519) -> NoteSigner:
-    try:
-        signer = NoteSigner.parse(path.read_text())
-    except OSError as exc:
-        raise PermanentError(f"cannot read the key {path}: {exc.strerror}") from None
-    except NoteError as exc:
-        raise PermanentError(f"{path} is not a signed-note signer key: {exc}") from None
-    if signer.kind != kind:
-        raise PermanentError(f"{path} holds a key of type {signer.kind:#04x}, not "
-                             f"{kind:#04x}")
-    return signer
+async def published_anchors(signer: NoteSigner, connection: AbstractRobustConnection,
+                            topology: Topology) -> list[Anchor]:
+    """The checkpoints this log signed, as kept on the bus (the state file is the
+    sequencer's own to read)."""
+    anchors = []
+    for name, bodies in await published_checkpoints(connection, topology):
+        found = from_stream(bodies, signer.verifier, f"stream {name}")
+        if found is not None:
+            anchors.append(found)
+    return anchors
 
 
-def log_signer(settings: Settings) -> NoteSigner:
-    """The log's key (``CASETRAIL_LOG_KEY_FILE``), named after the log's origin."""
-    if not settings.log_key_file:
-        raise PermanentError(
-            "CASETRAIL_LOG_KEY_FILE is not set: the ledger signs every checkpoint. Create a "
-            "key with `casetrail ledger key generate -o FILE` and point the variable at it.")
-    signer = read_log_key(Path(settings.log_key_file))
-    if signer.name != settings.origin():
-        raise PermanentError(f"the log key is named {signer.name!r}, but the log's origin is "
-                             f"{settings.origin()!r} (CASETRAIL_LOG_ORIGIN): a checkpoint's "
-                             "signer is named after its origin")
-    return signer
-
-
-def ensure_local_log_key(settings: Settings) -> Settings:
-    """For a developer stack (``up``, ``demo``): the configured log key, or one made and
-    kept under ``.casetrail/`` for this namespace. Children started later inherit it."""
-    if settings.log_key_file:
-        return settings
-    path = LOCAL_DIR / f"{settings.namespace}.log-key"
-    if not path.exists():
-        write_log_key(path, NoteSigner.generate(settings.origin()))
-    os.environ["CASETRAIL_LOG_KEY_FILE"] = str(path.resolve())
-    return settings.model_copy(update={"log_key_file": str(path.resolve())})
+async def halt(halted: LogHalted, stop: asyncio.Event) -> None:
+    """Sign nothing, and say so until stopped: an ERROR line a minute and the
+    ``casetrail_ledger_halted`` gauge (alert CasetrailLedgerHalted); then raise."""
+    metrics.LEDGER_HALTED.labels(halted.reason.value).set(1)
+    while not stop.is_set():
+        log.error("the ledger is halted (%s): %s", halted.reason.value, halted)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), HALTED_REPEAT_SECONDS)
+    raise halted
 
 
 async def run_ledger(settings: Settings) -> None:
-    """The ``casetrail ledger`` component, until SIGINT or SIGTERM."""
+    """The ``casetrail ledger`` component, until SIGINT or SIGTERM; ``LogHalted`` when it
+    would not sign (exit 3)."""
     signer = log_signer(settings)
     async with component(settings, "ledger") as parts:
         pool = await parts.pool(2)
@@ -338,14 +371,18 @@ async def run_ledger(settings: Settings) -> None:
         while not await lock.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_KEY):
             log.info("another ledger holds the log; standing by")
             await asyncio.sleep(2.0)
-        sequencer = Sequencer(pool, signer, settings.ledger_batch_size)
-        await sequencer.start()
         connection = await parts.connection()
         topology = Topology(settings.namespace)
         channel = await connection.channel()
         await topology.require(channel)
         await channel.close()
-        ledger = Ledger(sequencer, await Publisher.open(connection), topology,
-                        settings.checkpoint_seconds)
-        await run_until_signal(ledger.run)
+        sequencer = Sequencer(pool, signer, settings.ledger_batch_size, ledger_state(settings))
+        try:
+            sequencer.anchors = await published_anchors(signer, connection, topology)
+            await sequencer.start()
+            ledger = Ledger(sequencer, await Publisher.open(connection), topology,
+                            settings.checkpoint_seconds)
+            await run_until_signal(ledger.run)
+        except LogHalted as halted:
+            await run_until_signal(functools.partial(halt, halted))
     log.info("ledger stopped at %d leaves", sequencer.edge.size)

@@ -5,8 +5,10 @@ signature against the log key it was given, and that it extends the last one it 
 (an RFC 9162 consistency proof from ``GET /ledger/proofs/consistency``, checked here).
 What it accepted is kept in a local state file, so a restart cannot be talked into an
 older tree. A checkpoint that is smaller (rolled back), of the same size with another
-root, or that the log cannot prove consistent (forked) ends it with exit status 1 and both
-checkpoints named. With a cosigner key it cosigns what it accepted (C2SP
+root, or that the log cannot prove consistent (forked) is refused, both checkpoints named:
+``--once`` exits 1; a witness left running keeps looking and keeps saying so (an ERROR
+line each look, ``casetrail_witness_misbehaving`` 1, alert CasetrailLogMisbehaved), never
+cosigns it, and exits 1 when stopped. With a cosigner key it cosigns what it accepted (C2SP
 ``cosignature/v1``) and hands the cosignature to the log, which keeps it with the
 checkpoint so bundles carry it.
 """
@@ -179,7 +181,10 @@ class Witness:
 
 async def run_witness(witness: Witness, once: bool, interval: float,
                       stop: asyncio.Event) -> None:
-    """Check the log now (``once``) or until ``stop``; ``LogMisbehaved`` ends it."""
+    """Check the log now (``once``) or until ``stop``. ``LogMisbehaved`` ends a single
+    look at once; a witness left running reports it on every look and raises it when
+    stopped, so that a log that rolled back cannot silence its witness."""
+    seen: LogMisbehaved | None = None
     while True:
         try:
             head, new = await witness.observe()
@@ -188,15 +193,21 @@ async def run_witness(witness: Witness, once: bool, interval: float,
             if once:
                 raise
             log.warning("%s; trying again", exc)
-        except LogMisbehaved:
+        except LogMisbehaved as exc:
             metrics.WITNESS_CHECKS.labels("misbehaved").inc()
-            raise
+            metrics.WITNESS_MISBEHAVING.set(1)
+            if once:
+                raise
+            log.error("%s; refusing to accept or cosign it", exc)
+            seen = exc
         else:
             metrics.WITNESS_CHECKS.labels("accepted" if new else "unchanged").inc()
             metrics.WITNESS_TREE_SIZE.set(head.size)
             if new:
                 print(f"accepted {head.describe()}", flush=True)
         if once or stop.is_set():
+            if seen is not None:
+                raise seen
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)

@@ -51,6 +51,7 @@ from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Component, Setting
 from casetrail.contract.integrity import key_id
 from casetrail.engine.tools import mcp_capability
 from casetrail.errors import PermanentError
+from casetrail.ops.keys_on_hand import refuse_new_keys
 from casetrail.ops.migrate import (
     database_name,
     drop_database,
@@ -238,13 +239,14 @@ def grants(settings: Settings) -> list[str]:
         # queue, appends leaves and tiles (tiles may only grow, leaves and checkpoints
         # are never changed: the triggers refuse it), signs checkpoints.
         f"GRANT SELECT, DELETE ON ledger_queue TO {ledger}",
-        f"GRANT SELECT, INSERT ON ledger_leaves, ledger_checkpoints, ledger_keys TO {ledger}",
+        f"GRANT SELECT, INSERT ON ledger_leaves, ledger_checkpoints, ledger_keys, "
+        f"ledger_acceptances TO {ledger}",
         f"GRANT SELECT ON ledger_cosignatures TO {ledger}",
         f"GRANT SELECT, INSERT, UPDATE ON ledger_tiles TO {ledger}",
         # The API serves the log (checkpoints, proofs) and keeps witnesses' checked
         # cosignatures; it reads which leaves a case has for its verdicts.
         f"GRANT SELECT ON ledger_leaves, ledger_tiles, ledger_checkpoints, ledger_keys, "
-        f"ledger_cosignatures TO {api}",
+        f"ledger_cosignatures, ledger_acceptances TO {api}",
         f"GRANT INSERT ON ledger_cosignatures TO {api}",
     ]
     # Row-level security (migration 004) shows a SQL reader its tenant's rows; the
@@ -435,8 +437,9 @@ def broker_permissions(settings: Settings) -> dict[str, tuple[str, str, str]]:
                          rf"^({ns}\.(case-start|cancel|replies)|{private})$"),
         # Reads the event log queue; sets aside what it refuses.
         user("consumer"): ("^$", rf"^{ns}\.dead-letter$", rf"^{ns}\.event-log$"),
-        # Publishes signed checkpoints on <ns>.events (ledger.checkpoint).
-        user("ledger"): ("^$", rf"^{ns}\.events$", "^$"),
+        # Publishes signed checkpoints on <ns>.events (ledger.checkpoint); reads the
+        # newest back at start, its high-water mark (casetrail.ledger.high_water).
+        user("ledger"): ("^$", rf"^{ns}\.events$", rf"^{ns}\.(log-head|checkpoints)$"),
     }
     for capability in served_capabilities(settings):
         # Each capability's user reads its own queue, which setup declared, and no other
@@ -586,7 +589,10 @@ class SetupReport:
 
 async def setup(settings: Settings) -> SetupReport:
     """Create or update every identity, migrate as the owner, grant, import the broker
-    definitions, declare the topology and write the secrets file."""
+    definitions, declare the topology and write the secrets file. A master key is made
+    only for a namespace with no personal data sealed under another."""
+    await _check_not_others(settings, "set up")  # another namespace's database: refused first
+    await refuse_new_keys(settings, key_files=False)
     identities = plan_identities(settings)
     applied = await setup_database(settings, identities)
     # The worker's key, registered as the operator (from its public half where setup

@@ -131,7 +131,9 @@ WITNESS_TREE_SIZE = Gauge("casetrail_witness_tree_size", "The size of the log's 
                           "the last checkpoint this witness accepted (it should keep growing).")
 WITNESS_CHECKS = Counter("casetrail_witness_checks", "The witness's looks at the log, by "
                          "outcome: accepted (a larger tree), unchanged, unreachable, "
-                         "misbehaved (forked, shrank or rolled back: it stops).", ["outcome"])
+                         "misbehaved (forked, shrank or rolled back).", ["outcome"])
+WITNESS_MISBEHAVING = Gauge("casetrail_witness_misbehaving", "1 once this witness saw the "
+                            "log roll back or fork (it keeps running, refusing to cosign).")
 LEDGER_LEAVES = Counter("casetrail_ledger_leaves", "Stored events appended to the "
                         "transparency log's tree.")
 LEDGER_TREE_SIZE = Gauge("casetrail_ledger_tree_size", "Leaves in the tree.")
@@ -140,6 +142,9 @@ LEDGER_CHECKPOINT_SIZE = Gauge("casetrail_ledger_checkpoint_size", "Tree size of
 LEDGER_CHECKPOINTS = Counter("casetrail_ledger_checkpoints", "Checkpoints signed.")
 LEDGER_BACKLOG = Gauge("casetrail_ledger_backlog", "Stored events not yet in the tree "
                        "(after the last append).")
+LEDGER_HALTED = Gauge("casetrail_ledger_halted", "1 while the ledger refuses to append or "
+                      "sign, by reason: behind (its database was rolled back), forked, "
+                      "no_anchor (its high-water mark is lost).", ["reason"])
 LEDGER_APPEND_SECONDS = Histogram(
     "casetrail_ledger_append_seconds", "Appending one batch of leaves, to its commit.",
     buckets=BUS_SECONDS)

@@ -24,15 +24,17 @@ import orjson
 import pytest
 from playwright.async_api import Browser, Route, expect
 
+from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import ApiKeyStore, CaseStore, KeyRegistry
 from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.evidence import Evidence, TrustedKey, verify_bundle
-from casetrail.components.sequencer import log_signer, write_log_key
+from casetrail.components.sequencer import ledger_state
 from casetrail.components.supervisor import component_command
 from casetrail.config import Settings
 from casetrail.contract.integrity import GENESIS, Signer, canonical
 from casetrail.ledger import merkle
+from casetrail.ledger.log_key import log_signer, write_log_key
 from casetrail.ledger.note import (
     COSIGNATURE_V1,
     Note,
@@ -83,6 +85,40 @@ class Logged:
 
     async def stop_ledger(self) -> None:
         await stop_cleanly({"ledger": self.children.pop("ledger")})
+
+    async def halted(self, reason: str) -> str:
+        """Wait until the running ledger says it is halted for ``reason``; its log."""
+        path = Path(self.children["ledger"].log_path)  # type: ignore[attr-defined]
+
+        async def said() -> str | None:
+            text = path.read_text()  # noqa: ASYNC240
+            return text if f"the ledger is halted ({reason})" in text else None
+
+        found: str = await wait_until(said, timeout=30)
+        return found
+
+    async def stop_halted_ledger(self) -> str:
+        """SIGTERM a halted ledger: it exits 3 and says why once more; its log."""
+        child = self.children.pop("ledger")
+        child.terminate()
+        await asyncio.to_thread(child.wait, 30)
+        said = Path(child.log_path).read_text()  # type: ignore[attr-defined]  # noqa: ASYNC240
+        assert child.returncode == 3, said[-2000:]
+        return said
+
+    async def forget_high_water(self) -> None:
+        """What an attacker who holds the ledger's host and the broker does besides the
+        database: remove the state file and the streams that keep its checkpoints."""
+        ledger_state(self.settings).path.unlink(missing_ok=True)
+        topology = Topology(self.settings.namespace)
+        connection = await aio_pika.connect(self.settings.amqp_url)
+        try:
+            channel = await connection.channel()
+            for name in (topology.log_head_stream, topology.checkpoints_stream):
+                await channel.queue_delete(name, if_unused=False, if_empty=False)
+            await topology.declare(channel)
+        finally:
+            await connection.close()
 
 
 @pytest.fixture(scope="module")
@@ -449,10 +485,19 @@ async def test_deleting_or_rewriting_the_record_afterwards_is_caught(
     assert report is not None and "removed_after_logging" in {p.code for p in report.problems}
 
     # 2. A whole case deleted and the tree rebuilt without it (and without the cut
-    #    events), signed with the log key: smaller than the tree the witness accepted.
+    #    events). The ledger will not sign it: its high-water mark, kept off the
+    #    database, is larger than the rebuilt tree.
     await logged.stop_ledger()
     await _as_superuser(logged.pool, f"DELETE FROM event_log WHERE case_id = '{deleted}'",
                         f"DELETE FROM cases WHERE case_id = '{deleted}'", *REBUILD)
+    await logged.start_ledger()
+    said = await logged.halted("behind")
+    assert f"the stored tree has 0 leaves but the log signed {logged.settings.origin()} " \
+           f"size {size}" in said, said[-2000:]
+    await logged.stop_halted_ledger()
+    #    Signed with the log key by an attacker who also removed the ledger's anchors:
+    #    smaller than the tree the witness accepted.
+    await logged.forget_high_water()
     await logged.start_ledger()
     await wait_until(lambda: _checkpoint_below(logged, size), timeout=30)
     verdict = await witness_once(logged, _copy(accepted, tmp_path / "w2.json"))
@@ -471,6 +516,7 @@ async def test_deleting_or_rewriting_the_record_afterwards_is_caught(
     await _as_superuser(logged.pool, *REBUILD)
     report = await evidence.verify(uuid.UUID(rewritten))
     assert report is not None and report.verified  # the chain alone cannot tell
+    await logged.forget_high_water()
     await logged.start_ledger()
     await run_cases(logged, 2)
     grown, _ = await logged_everything(logged)

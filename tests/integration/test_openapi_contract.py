@@ -17,8 +17,9 @@ import pytest
 
 from casetrail.adapters.store import ApiKeyStore, component_pool
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
-from casetrail.components.sequencer import Sequencer, log_signer
+from casetrail.components.sequencer import Sequencer, ledger_state
 from casetrail.config import Settings
+from casetrail.ledger.log_key import log_signer
 from tests.support.helpers import ended
 from tests.support.stack import InProcessStack, module_stack
 
@@ -45,7 +46,7 @@ async def test_every_route_answers_as_the_openapi_document_says(
         await ended(client, case.json()["caseId"])
     ledger_pool = await component_pool(settings.identity("ledger"), 2)
     try:
-        sequencer = Sequencer(ledger_pool, log_signer(settings))
+        sequencer = Sequencer(ledger_pool, log_signer(settings), state=ledger_state(settings))
         await sequencer.start()
         await sequencer.drain()
         assert await sequencer.checkpoint() is not None

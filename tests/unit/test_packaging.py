@@ -150,10 +150,22 @@ def test_the_worker_the_ledger_and_the_api_sign_with_keys_only_they_mount(
     service = OURS[component]
     assert service["depends_on"][maker]["condition"] == "service_completed_successfully"
     key_file = service["environment"][variable]
-    assert service["volumes"] == [f"{maker}:/keys:ro"]
+    assert service["volumes"][0] == f"{maker}:/keys:ro"
     assert key_file.startswith("/keys/") and key_file in OURS[maker]["command"]
     others = [s for n, s in OURS.items() if n not in (component, maker)]
     assert all(f"{maker}:" not in " ".join(s.get("volumes", [])) for s in others)
+
+
+def test_the_ledgers_high_water_mark_is_in_a_writable_volume_of_its_own() -> None:
+    """The ledger writes its state file beside nothing else: a volume that only it
+    mounts (docs/operations.md, "Backup and restore"), owned by the image's user."""
+    ledger = OURS["ledger"]
+    state = ledger["environment"]["CASETRAIL_LEDGER_STATE_FILE"]
+    assert state.startswith("/state/") and "ledger-state:/state" in ledger["volumes"]
+    assert "ledger-state" in COMPOSE["volumes"]
+    assert all("ledger-state:" not in " ".join(s.get("volumes", []))
+               for n, s in OURS.items() if n != "ledger")
+    assert "/state" in (ROOT / "Dockerfile").read_text()
 
 
 def test_dockerfile_is_slim_non_root_and_runs_the_cli() -> None:

@@ -8,6 +8,9 @@ benchmarks run beside a live stack without touching it.
       └─ <ns>.event-log  quorum queue       bound case.#; the consumer persists it
       └─ <ns>.checkpoints stream            bound ledger.#; the log's signed
                                             checkpoints, kept for witnesses to read
+      └─ <ns>.log-head   stream             bound ledger.checkpoint; the newest
+                                            checkpoints, no maximum age: the ledger's
+                                            high-water mark off its database
     <ns>.commands        direct, durable    start commands
       └─ <ns>.case-start quorum queue       bound case.start, case.erase; the workers
     <ns>.cancel          fanout, durable    cancel broadcast; each worker binds an
@@ -62,6 +65,10 @@ class Topology:
     @property
     def checkpoints_stream(self) -> str:
         return f"{self.namespace}.checkpoints"
+
+    @property
+    def log_head_stream(self) -> str:
+        return f"{self.namespace}.log-head"
 
     CHECKPOINT_KEY = "ledger.checkpoint"
 
@@ -145,6 +152,14 @@ class Topology:
             arguments={"x-queue-type": "stream", "x-max-age": "90D",
                        "x-max-length-bytes": 1 << 30})
         await checkpoints.bind(events, routing_key="ledger.#")
+        # The log's high-water mark off its database (casetrail.ledger.high_water): the
+        # latest checkpoints with no maximum age, bounded by size (small segments, so the
+        # newest are always kept).
+        head = await channel.declare_queue(
+            self.log_head_stream, durable=True,
+            arguments={"x-queue-type": "stream", "x-max-length-bytes": 16 << 20,
+                       "x-stream-max-segment-size-bytes": 1 << 20})
+        await head.bind(events, routing_key=self.CHECKPOINT_KEY)
         commands = await channel.declare_exchange(
             self.commands_exchange, aio_pika.ExchangeType.DIRECT, durable=True
         )
@@ -175,7 +190,7 @@ class Topology:
                      self.capabilities_exchange, self.replies_exchange,
                      self.dead_letter_exchange)
         queues = (self.event_log_queue, self.case_start_queue, self.dead_letter_queue,
-                  self.checkpoints_stream)
+                  self.checkpoints_stream, self.log_head_stream)
         name = ""
         try:
             for name in exchanges:
@@ -229,7 +244,7 @@ class Topology:
         """Remove the namespace (tests and benchmarks). Quorum queues refuse aio-pika's
         default ``if_unused=True``, which would close the connection."""
         queues = [self.event_log_queue, self.case_start_queue, self.dead_letter_queue,
-                  self.checkpoints_stream]
+                  self.checkpoints_stream, self.log_head_stream]
         queues += [self.capability_queue(c) for c in capabilities]
         for name in queues:
             await channel.queue_delete(name, if_unused=False, if_empty=False)

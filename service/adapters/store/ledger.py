@@ -37,7 +37,8 @@ class UnknownCheckpoint(LookupError):
 
 @dataclass(frozen=True)
 class LedgerStore:
-    pool: asyncpg.Pool
+    pool: asyncpg.Pool | asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+    """A pool, or a connection already borrowed (the sequencer's, inside its append)."""
 
     async def _tiles(self, wanted: set[merkle.Tile]) -> dict[merkle.Tile, bytes]:
         if not wanted:

@@ -1,0 +1,137 @@
+"""The log's high-water mark: the largest checkpoint it ever signed, kept where a restore
+of its database cannot reach it (docs/design.md, "The log knows how far it has been").
+
+A database restored from an older backup holds an older tree and, with it, an older
+"last checkpoint": a ledger that trusted its database would sign a second checkpoint of
+some size with another root, a fork. So the ledger keeps two anchors outside Postgres:
+
+- a **state file** beside its key (``<log key>.<namespace>.state.json``, or
+  ``CASETRAIL_LEDGER_STATE_FILE``), written and synced before a checkpoint is stored;
+- the **log-head stream** ``<ns>.log-head`` on the bus, which keeps the latest published
+  checkpoints with no maximum age.
+
+Each anchor is a checkpoint the log's key signed. At start, and before every append,
+the stored tree must hold each anchor: as large, with the anchor's root at its size.
+Otherwise the ledger halts (``LogHalted``) and names both sizes; it never signs over it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from casetrail.ledger.note import Checkpoint, NoteError, Verifier, open_checkpoint
+
+
+class HaltReason(StrEnum):
+    """Why the ledger will not sign (the ``reason`` label of ``casetrail_ledger_halted``)."""
+
+    BEHIND = "behind"
+    """The stored tree is smaller than a checkpoint the log signed: a restore rolled it
+    back."""
+    FORKED = "forked"
+    """The stored tree's root at an anchor's size is not the anchor's."""
+    NO_ANCHOR = "no_anchor"
+    """The log has signed before but neither anchor can be read."""
+
+
+class LogHalted(Exception):
+    """The ledger must not append or sign: ``reason`` and a message naming both sizes."""
+
+    def __init__(self, reason: HaltReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A checkpoint the log signed, and where it was kept."""
+
+    head: Checkpoint
+    note: str
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.head.describe()} (from {self.source})"
+
+
+def state_file_for(log_key_file: str, namespace: str, configured: str | None) -> Path:
+    """The ledger's state file: ``configured``, else beside the log key, named for the
+    namespace (``<log key>.<namespace>.state.json``)."""
+    return Path(configured) if configured else Path(f"{log_key_file}.{namespace}.state.json")
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """The high-water checkpoint on local disk, replaced atomically and synced."""
+
+    path: Path
+
+    def read(self, verifier: Verifier) -> Anchor | None:
+        """The checkpoint kept here; ``None`` when there is no file. A file that is there
+        but unreadable, or not signed by the log's key, is an error: never "no anchor"."""
+        try:
+            state = json.loads(self.path.read_text())
+            note = state["checkpoint"]
+            head, _ = open_checkpoint(note, verifier)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, NoteError) as exc:
+            raise LogHalted(HaltReason.NO_ANCHOR, f"the ledger's state file {self.path} "
+                            f"cannot be read as a checkpoint of this log: {exc}") from None
+        return Anchor(head, note, f"state file {self.path}")
+
+    def write(self, note: str, *, reason: str | None = None) -> None:
+        """Keep ``note`` (a signed checkpoint) as the high-water mark, durably."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".ledger-")
+        record: dict[str, str] = {"checkpoint": note}
+        if reason:
+            record["acceptedBecause"] = reason
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(record, handle, indent=2)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o600)
+        os.replace(temporary, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def from_stream(notes: Iterable[bytes], verifier: Verifier, source: str) -> Anchor | None:
+    """The largest checkpoint among ``notes`` read off the log-head stream that the log's
+    key signed (anything else on the stream is ignored)."""
+    best: Anchor | None = None
+    for body in notes:
+        try:
+            text = body.decode()
+            head, _ = open_checkpoint(text, verifier)
+        except (UnicodeDecodeError, NoteError):
+            continue
+        if best is None or head.size > best.head.size:
+            best = Anchor(head, text, source)
+    return best
+
+
+async def check_tree(anchors: Iterable[Anchor], size: int,
+                     root_at: Callable[[int], Awaitable[bytes]]) -> None:
+    """``LogHalted`` unless the stored tree of ``size`` leaves holds every anchor."""
+    for anchor in anchors:
+        if anchor.head.size > size:
+            raise LogHalted(HaltReason.BEHIND, (
+                f"the stored tree has {size} leaves but the log signed "
+                f"{anchor.describe()}: its database was rolled back (a restore?). It will "
+                "not sign over it; see docs/operations.md, \"The log is behind\""))
+        if anchor.head.size and await root_at(anchor.head.size) != anchor.head.root:
+            raise LogHalted(HaltReason.FORKED, (
+                f"the stored tree's root at {anchor.head.size} leaves is not the one of "
+                f"{anchor.describe()}: the tree differs from what the log signed"))
+

@@ -1,0 +1,108 @@
+"""Keys are never silently replaced (docs/operations.md, "Backup and restore").
+
+``casetrail up`` and ``demo`` make the keys a developer stack needs when they are missing,
+and ``setup`` makes a master key when the secrets file holds none. For a namespace whose
+database already holds data, a missing key is not a missing file: it is the key that
+data was signed, chained or sealed under. A new one would make its personal data
+unreadable for good, or the log's checkpoints unverifiable by its witnesses. So before
+anything is made, this check looks at what the database holds and refuses, naming each
+missing key and where it looked. Making a new key for such a namespace is an operator's
+explicit step (``casetrail signer generate`` and ``register``), never a side effect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from casetrail.config import LOCAL_DIR, Settings
+from casetrail.errors import PermanentError
+from casetrail.privacy.sensitive import Vault
+
+
+@dataclass(frozen=True)
+class KeyFile:
+    """A key a stack reads from a file, and the table that says data depends on it."""
+
+    what: str
+    setting: str
+    default_name: str
+    table: str
+
+    def path(self, settings: Settings) -> Path:
+        configured = getattr(settings, self.setting)
+        return Path(configured) if configured else LOCAL_DIR / self.default_name.format(
+            ns=settings.namespace)
+
+
+KEY_FILES = (
+    KeyFile("the worker's signing key", "signing_key_file", "{ns}.signing-key.pem",
+            "signing_keys"),
+    KeyFile("the API's action key", "action_key_file", "{ns}.action-key.pem", "action_keys"),
+    KeyFile("the log's key", "log_key_file", "{ns}.log-key", "ledger_keys"),
+)
+
+
+async def _fetch(conn: asyncpg.Connection, sql: str) -> list[asyncpg.Record]:
+    try:
+        return await conn.fetch(sql)
+    except asyncpg.UndefinedTableError:  # a schema from before that table: nothing in it
+        return []
+
+
+async def missing_keys(settings: Settings, *, key_files: bool = True) -> list[str]:
+    """What the namespace's data needs that is not on hand, each with where it looked:
+    the master key always, the key files too when ``key_files`` (``up`` and ``demo``,
+    which would make them; ``setup`` may not read the private keys)."""
+    try:
+        conn = await asyncpg.connect(settings.database_url)
+    except asyncpg.InvalidCatalogNameError:
+        return []  # no database yet: nothing depends on any key
+    try:
+        missing = []
+        for key in KEY_FILES if key_files else ():
+            path = key.path(settings)
+            if path.exists():
+                continue
+            registered = await _fetch(conn, f"SELECT count(*) AS n FROM {key.table}")
+            if registered and registered[0]["n"]:
+                missing.append(f"{key.what}: {path.resolve()} does not exist, but the "
+                               f"database has {registered[0]['n']} in {key.table}")
+        sealed = await _fetch(conn, "SELECT master_key_id, count(*) AS n FROM case_secrets "
+                                    "WHERE erased_at IS NULL GROUP BY master_key_id")
+    finally:
+        await conn.close()
+    missing += _master_key_problems(settings, {r["master_key_id"]: r["n"] for r in sealed})
+    return missing
+
+
+def _master_key_problems(settings: Settings, sealed: dict[str, int]) -> list[str]:
+    if not sealed:
+        return []
+    text = settings.master_key.get_secret_value() if settings.master_key is not None \
+        else settings.stored_secrets().get("master_key")
+    where = f"CASETRAIL_MASTER_KEY or master_key in {settings.secrets_path().resolve()}"
+    cases = sum(sealed.values())
+    if not text:
+        return [f"the master key: not in {where}, but {cases} cases' personal data is "
+                f"sealed under it (key id {', '.join(sorted(sealed))})"]
+    key_id = Vault.from_text(text).key_id
+    others = {k: n for k, n in sealed.items() if k != key_id}
+    if others:
+        return [f"the master key: the one in {where} (key id {key_id}) is not the one "
+                f"{sum(others.values())} cases' personal data is sealed under (key id "
+                f"{', '.join(sorted(others))})"]
+    return []
+
+
+async def refuse_new_keys(settings: Settings, *, key_files: bool = True) -> None:
+    """``PermanentError`` listing every key the namespace's data needs and lacks."""
+    missing = await missing_keys(settings, key_files=key_files)
+    if missing:
+        raise PermanentError(
+            f"the namespace {settings.namespace} holds data that needs keys which are not "
+            "here, and none is made in their place: " + "; ".join(missing) + ". Restore "
+            "them from the backup (docs/operations.md, \"Backup and restore\"); making new "
+            "ones is an explicit operator step, never a side effect of up, demo or setup.")

@@ -1,0 +1,214 @@
+"""The record outlives its operators (docs/operations.md, "Backup and restore"): a database
+restored from an older backup while a witness holds newer checkpoints halts the ledger
+and never forks the log; a ledger that lost both of its anchors waits for an operator's
+acceptance on the record; a stack whose keys are missing refuses to make new ones for a
+namespace that has data. Each on the real stack: Postgres with pg_dump and pg_restore,
+RabbitMQ streams, the ledger and the witness as real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import httpx
+import pytest
+
+from casetrail.components.sequencer import ledger_state
+from casetrail.components.supervisor import component_command
+from casetrail.config import Settings
+from casetrail.ledger.log_key import log_signer
+from casetrail.ledger.note import open_checkpoint
+from tests.integration.test_ledger import Logged, logged_everything, run_cases, witness_once
+from tests.support.helpers import wait_until
+from tests.support.stack import (
+    free_port,
+    in_process_stack,
+    kill_leftovers,
+    namespace_of_its_own,
+    spawn,
+)
+
+
+@asynccontextmanager
+async def serving(own: Settings, amqp: aio_pika.abc.AbstractRobustConnection,
+                  pool: asyncpg.Pool, key: str, children: dict[str, subprocess.Popen[bytes]]
+                  ) -> AsyncIterator[Logged]:
+    """The in-process stack of ``own`` and its REST client, as the ledger tests use it."""
+    async with in_process_stack(own, amqp, pool, worker_concurrency=4) as stack, \
+            httpx.AsyncClient(base_url=stack.base_url, timeout=10,
+                              headers={"Authorization": f"Bearer {key}"}) as client:
+        yield Logged(own, pool, stack, client, children, log_signer(own).verifier,
+                     Path(os.devnull), log_signer(own).verifier, None)  # type: ignore[arg-type]
+
+
+def _run(*command: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+async def _metric(port: int, line: str) -> bool:
+    try:
+        async with httpx.AsyncClient() as client:
+            return line in (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    except httpx.TransportError:
+        return False
+
+
+async def test_an_older_backup_restored_halts_the_ledger_and_the_log_never_forks(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, tmp_path: Path,
+) -> None:
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    async with namespace_of_its_own(settings, "restore") as (own, pool, key):
+        try:
+            async with serving(own, amqp, pool, key, children) as logged:
+                await logged.start_ledger()
+                await run_cases(logged, 2)
+                backed_up, _ = await logged_everything(logged)
+                backup = tmp_path / "b1.dump"
+                await asyncio.to_thread(_run, "pg_dump", "-Fc", "-f", str(backup),
+                                        own.database_url)
+                await run_cases(logged, 2)
+                witnessed, _ = await logged_everything(logged)
+                assert witnessed > backed_up
+                accepted = tmp_path / "witness.json"
+                assert (await witness_once(logged, accepted)).returncode == 0
+                await logged.stop_ledger()
+            # The database restored from the older backup, everything else left as it is.
+            await asyncio.to_thread(_run, "pg_restore", "--clean", "--if-exists",
+                                    "--single-transaction", "-d", own.database_url,
+                                    str(backup))
+            await pool.expire_connections()
+            assert await pool.fetchval("SELECT max(tree_size) FROM ledger_checkpoints") \
+                == backed_up
+            async with serving(own, amqp, pool, key, children) as logged:
+                port = free_port()
+                children["ledger"] = spawn(own, "ledger",
+                                           CASETRAIL_LEDGER_METRICS_PORT=str(port))
+                said = await logged.halted("behind")
+                assert f"the stored tree has {backed_up} leaves but the log signed " \
+                       f"{own.origin()} size {witnessed}" in said, said[-2000:]
+                await wait_until(lambda: _metric(
+                    port, 'casetrail_ledger_halted{reason="behind"} 1.0'), timeout=30,
+                    interval=0.3)
+                # New cases are stored; none of them is signed into a second tree of a
+                # size the log signed before.
+                await run_cases(logged, 3)
+                await asyncio.sleep(2)  # several of the ledger's ticks
+                assert await pool.fetchval(
+                    "SELECT max(tree_size) FROM ledger_checkpoints") == backed_up
+                served, _ = open_checkpoint((await logged.client.get(
+                    "/ledger/checkpoint")).text, logged.log_key)
+                assert served.size == backed_up
+                # The witness that kept state sees the rollback; left running it goes on
+                # saying so (and its metric) and refuses to cosign, until stopped.
+                verdict = await witness_once(logged, accepted)
+                assert verdict.returncode == 1 and "rolled back" in verdict.stderr
+                witness_port = free_port()
+                children["witness"] = spawn(
+                    own, "witness", "--log", logged.stack.base_url, "--log-key",
+                    logged.log_key.text(), "--state", str(accepted), "--interval", "0.3",
+                    CASETRAIL_WITNESS_METRICS_PORT=str(witness_port))
+                await wait_until(lambda: _metric(
+                    witness_port, "casetrail_witness_misbehaving 1.0"), timeout=30,
+                    interval=0.3)
+                await asyncio.sleep(1)
+                witness = children.pop("witness")
+                assert witness.poll() is None, "the witness must keep running"
+                witness.terminate()
+                await asyncio.to_thread(witness.wait, 30)
+                assert witness.returncode == 1
+                said = await logged.stop_halted_ledger()
+                assert "halted (behind)" in said
+        finally:
+            kill_leftovers(children)
+
+
+async def test_a_ledger_without_its_anchors_waits_for_an_acceptance_on_the_record(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection,
+) -> None:
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    async with namespace_of_its_own(settings, "anchors") as (own, pool, key):
+        try:
+            async with serving(own, amqp, pool, key, children) as logged:
+                await logged.start_ledger()
+                await run_cases(logged, 1)
+                size, _ = await logged_everything(logged)
+                await logged.stop_ledger()
+                # While an anchor can be read there is nothing to accept.
+                refused = await _accept_size(own, size, "a test")
+                assert refused.returncode == 2 and "high-water mark is known" in \
+                    refused.stderr, refused.stderr
+                await logged.forget_high_water()
+                assert not ledger_state(own).path.exists()
+                await logged.start_ledger()
+                said = await logged.halted("no_anchor")
+                assert "accept-size" in said
+                await logged.stop_halted_ledger()
+                accepted = await _accept_size(own, size, "state file lost with host db-2; "
+                                              "size from the witness's last cosignature")
+                assert accepted.returncode == 0, accepted.stderr
+                row = await pool.fetchrow("SELECT tree_size, reason, accepted_by "
+                                          "FROM ledger_acceptances")
+                assert row is not None and row["tree_size"] == size
+                assert "witness" in row["reason"] and row["accepted_by"]
+                with pytest.raises(asyncpg.RaiseError, match="append-only"):
+                    await pool.execute("DELETE FROM ledger_acceptances")
+                await logged.start_ledger()
+                await run_cases(logged, 1)
+                grown, _ = await logged_everything(logged)
+                assert grown > size
+        finally:
+            kill_leftovers(children)
+
+
+async def _accept_size(own: Settings, size: int, reason: str
+                       ) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run, component_command("ledger", "accept-size", str(size), "--reason",
+                                          reason, "--by", "operator-test"),
+        capture_output=True, text=True, env=own.environment(), timeout=60)
+
+
+async def test_up_never_makes_new_keys_for_a_namespace_that_has_data(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, tmp_path: Path,
+) -> None:
+    """The keys of a namespace with signed events and sealed personal data are gone
+    (another directory, a lost volume): ``up`` and ``setup`` refuse, naming each key and
+    where they looked, and make nothing."""
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    async with namespace_of_its_own(settings, "keys") as (own, pool, key):
+        try:
+            async with serving(own, amqp, pool, key, children) as logged:
+                await logged.start_ledger()
+                await run_cases(logged, 1)
+                await logged_everything(logged)
+                await logged.stop_ledger()
+        finally:
+            kill_leftovers(children)
+        # The personal data of the case as a backup of another key left it.
+        sealed = await pool.execute("UPDATE case_secrets SET master_key_id = "
+                                    "'k-of-the-backup'")
+        assert sealed == "UPDATE 1"
+        env = {k: v for k, v in own.environment().items()
+               if k not in ("CASETRAIL_SIGNING_KEY_FILE", "CASETRAIL_ACTION_KEY_FILE",
+                            "CASETRAIL_LOG_KEY_FILE")}
+        up = await asyncio.to_thread(subprocess.run, component_command("up"),
+                                     capture_output=True, text=True, env=env, cwd=tmp_path,
+                                     timeout=120)
+        assert up.returncode == 2, up.stderr[-2000:]
+        for named in ("the worker's signing key", "the API's action key", "the log's key",
+                      "signing_keys", "action_keys", "ledger_keys", "k-of-the-backup"):
+            assert named in up.stderr, up.stderr
+        assert str(tmp_path / ".casetrail") in up.stderr
+        assert not (tmp_path / ".casetrail").exists()  # nothing made
+        setup = await asyncio.to_thread(subprocess.run, component_command("setup"),
+                                        capture_output=True, text=True, env=env,
+                                        timeout=120)
+        assert setup.returncode == 2 and "the master key" in setup.stderr, setup.stderr
