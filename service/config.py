@@ -22,7 +22,7 @@ from casetrail.contract.events import MAX_EVENT_BYTES
 from casetrail.contract.model_providers import RemoteProvider
 from casetrail.errors import PermanentError
 
-Component = Literal["api", "worker", "consumer", "capability", "ledger", "witness"]
+Component = Literal["api", "worker", "consumer", "capability", "ledger", "witness", "auditor"]
 COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "ledger")
 """The components with one identity each. A capability worker has none of its own: it
 connects as the user of each capability it serves (``capability_identity``)."""
@@ -445,6 +445,9 @@ class Settings(BaseSettings):
         "The ledger's metrics port; unset: 9105 or, when taken, any free port.")
     witness_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
         "A long-running witness's metrics port; unset: 9106 or, when taken, any free port.")
+    auditor_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
+        "`casetrail audit --every`'s metrics port; unset: 9107 or, when taken, any free "
+        "port.")
     queue_probe_seconds: float = Field(default=5.0, gt=0, description="How often the "
                                        "worker and the consumer read their queues' depth "
                                        "for the metrics.")

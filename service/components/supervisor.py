@@ -87,4 +87,6 @@ def stack_commands(port: int, capabilities: Sequence[str]) -> list[list[str]]:
         component_command("consumer"),
         component_command("ledger"),
         component_command("capability-worker", *capabilities),
+        # The whole log audited, a pass every ten minutes (docs/operations.md).
+        component_command("audit", "--every", "600"),
     ]

@@ -145,6 +145,13 @@ LEDGER_BACKLOG = Gauge("casetrail_ledger_backlog", "Stored events not yet in the
 LEDGER_HALTED = Gauge("casetrail_ledger_halted", "1 while the ledger refuses to append or "
                       "sign, by reason: behind (its database was rolled back), forked, "
                       "no_anchor (its high-water mark is lost).", ["reason"])
+AUDIT_FINDINGS = Gauge("casetrail_audit_findings", "What the last pass of `casetrail audit` "
+                       "found, by kind (removed_after_logging, altered, not_logged, "
+                       "checkpoint_inconsistent, trigger_disabled).", ["kind"])
+AUDIT_PASSES = Counter("casetrail_audit_passes", "Passes of `casetrail audit` over the log, "
+                       "by outcome (clean, findings, failed).", ["outcome"])
+AUDIT_CASES_CHECKED = Counter("casetrail_audit_cases_checked", "Cases whose trails the "
+                              "audit verified.")
 LEDGER_APPEND_SECONDS = Histogram(
     "casetrail_ledger_append_seconds", "Appending one batch of leaves, to its commit.",
     buckets=BUS_SECONDS)
@@ -209,7 +216,8 @@ def tool_call(tool: str, source: str, ok: bool) -> Histogram:
 
 
 DEFAULT_PORTS: dict[Component, int] = {"api": 9101, "worker": 9102, "consumer": 9103,
-                                        "capability": 9104, "ledger": 9105, "witness": 9106}
+                                        "capability": 9104, "ledger": 9105, "witness": 9106,
+                                        "auditor": 9107}
 
 
 def serve(settings: Settings, component: Component) -> WSGIServer:

@@ -240,7 +240,7 @@ async def test_up_runs_the_stack_and_sigterm_stops_every_child(settings: Setting
         children = [int(p) for p in (await asyncio.to_thread(
             subprocess.run, ["pgrep", "-P", str(up.pid)], capture_output=True, text=True,
             check=False)).stdout.split()]
-        assert len(children) == 5  # api, worker, consumer, ledger, capability worker
+        assert len(children) == 6  # api, worker, consumer, ledger, capability worker, auditor
         up.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(up.wait, 30) == 0
         for pid in children:

@@ -53,7 +53,7 @@ def _run(*command: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
-async def _metric(port: int, line: str) -> bool:
+async def metric_shows(port: int, line: str) -> bool:
     try:
         async with httpx.AsyncClient() as client:
             return line in (await client.get(f"http://127.0.0.1:{port}/metrics")).text
@@ -94,7 +94,7 @@ async def test_an_older_backup_restored_halts_the_ledger_and_the_log_never_forks
                 said = await logged.halted("behind")
                 assert f"the stored tree has {backed_up} leaves but the log signed " \
                        f"{own.origin()} size {witnessed}" in said, said[-2000:]
-                await wait_until(lambda: _metric(
+                await wait_until(lambda: metric_shows(
                     port, 'casetrail_ledger_halted{reason="behind"} 1.0'), timeout=30,
                     interval=0.3)
                 # New cases are stored; none of them is signed into a second tree of a
@@ -115,7 +115,7 @@ async def test_an_older_backup_restored_halts_the_ledger_and_the_log_never_forks
                     own, "witness", "--log", logged.stack.base_url, "--log-key",
                     logged.log_key.text(), "--state", str(accepted), "--interval", "0.3",
                     CASETRAIL_WITNESS_METRICS_PORT=str(witness_port))
-                await wait_until(lambda: _metric(
+                await wait_until(lambda: metric_shows(
                     witness_port, "casetrail_witness_misbehaving 1.0"), timeout=30,
                     interval=0.3)
                 await asyncio.sleep(1)

@@ -1,0 +1,104 @@
+"""What ``casetrail audit`` reads and keeps (casetrail.audit.whole_log): the leaves and
+stored events that do not match, the append-only triggers switched off, the checkpoints
+witnesses cosigned, and the audit's own passes."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import orjson
+
+APPEND_ONLY_TABLES = ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints",
+                      "ledger_acceptances", "access_log", "audit_runs")
+"""The tables whose triggers refuse a change: one switched off is a finding."""
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A leaf without its record, a record unlike its leaf, or a record without a leaf."""
+
+    case_id: uuid.UUID
+    leaf_index: int | None
+    event_id: uuid.UUID
+    stored_hash: str | None
+    leaf_hash: str | None
+
+
+@dataclass(frozen=True)
+class LastRun:
+    to_leaf: int
+    failing_cases: list[uuid.UUID]
+
+
+@dataclass(frozen=True)
+class AuditStore:
+    pool: asyncpg.Pool
+
+    async def tree_size(self) -> int:
+        return int(await self.pool.fetchval(
+            "SELECT coalesce(max(leaf_index) + 1, 0) FROM ledger_leaves"))
+
+    async def last_run(self) -> LastRun | None:
+        row = await self.pool.fetchrow(
+            "SELECT to_leaf, findings FROM audit_runs ORDER BY run_id DESC LIMIT 1")
+        if row is None:
+            return None
+        findings = orjson.loads(row["findings"])
+        failing = {f["caseId"] for f in findings if f.get("caseId")}
+        return LastRun(row["to_leaf"], [uuid.UUID(c) for c in sorted(failing)])
+
+    async def cases_logged_from(self, first_leaf: int) -> list[uuid.UUID]:
+        """The cases with a leaf at ``first_leaf`` or after, in the order first logged."""
+        rows = await self.pool.fetch(
+            "SELECT case_id FROM ledger_leaves WHERE leaf_index >= $1 AND kind = 'event' "
+            "GROUP BY case_id ORDER BY min(leaf_index)", first_leaf)
+        return [r["case_id"] for r in rows]
+
+    async def leaves_unmatched(self) -> list[Mismatch]:
+        """Event leaves whose event is not stored, or stored with another hash."""
+        rows = await self.pool.fetch(
+            "SELECT l.case_id, l.leaf_index, l.event_id, e.hash AS stored, "
+            "l.event_hash AS leaf FROM ledger_leaves l LEFT JOIN event_log e "
+            "USING (event_id) WHERE l.kind = 'event' AND (e.event_id IS NULL "
+            "OR e.hash IS DISTINCT FROM l.event_hash) ORDER BY l.leaf_index")
+        return [Mismatch(r["case_id"], r["leaf_index"], r["event_id"], r["stored"],
+                         r["leaf"]) for r in rows]
+
+    async def events_unlogged(self) -> list[Mismatch]:
+        """Stored events that are neither a leaf nor waiting in the ledger's queue."""
+        rows = await self.pool.fetch(
+            "SELECT e.case_id, e.event_id, e.hash FROM event_log e WHERE NOT EXISTS "
+            "(SELECT 1 FROM ledger_leaves l WHERE l.event_id = e.event_id) AND NOT EXISTS "
+            "(SELECT 1 FROM ledger_queue q WHERE q.event_id = e.event_id)")
+        return [Mismatch(r["case_id"], None, r["event_id"], r["hash"], None) for r in rows]
+
+    async def triggers_off(self) -> list[tuple[str, str]]:
+        """(table, trigger) of every append-only trigger that is switched off now."""
+        rows = await self.pool.fetch(
+            "SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c "
+            "ON c.oid = t.tgrelid WHERE NOT t.tgisinternal AND t.tgenabled = 'D' "
+            "AND c.relname = ANY($1::text[]) AND c.relnamespace = "
+            "'public'::regnamespace ORDER BY 1, 2", list(APPEND_ONLY_TABLES))
+        return [(r["relname"], r["tgname"]) for r in rows]
+
+    async def witnessed_sizes(self, since: int) -> list[tuple[int, bytes]]:
+        """(size, root) of each cosigned checkpoint of ``since`` leaves or more, and of
+        the latest checkpoint."""
+        rows = await self.pool.fetch(
+            "SELECT tree_size, root_hash FROM ledger_checkpoints c WHERE (tree_size >= $1 "
+            "AND EXISTS (SELECT 1 FROM ledger_cosignatures s WHERE s.tree_size = "
+            "c.tree_size)) OR tree_size = (SELECT max(tree_size) FROM ledger_checkpoints) "
+            "ORDER BY tree_size", since)
+        return [(r["tree_size"], bytes(r["root_hash"])) for r in rows]
+
+    async def keep_run(self, started_at: datetime, full: bool, from_leaf: int, to_leaf: int,
+                       cases_checked: int, findings: list[dict[str, Any]]) -> None:
+        await self.pool.execute(
+            "INSERT INTO audit_runs (started_at, full_pass, from_leaf, to_leaf, "
+            "cases_checked, findings) VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
+            started_at, full, from_leaf, to_leaf, cases_checked,
+            orjson.dumps(findings).decode())

@@ -1,0 +1,181 @@
+"""``casetrail audit``: the whole log checked in one command (docs/design.md, "One command
+audits the whole log"; docs/operations.md, "Auditing the whole log").
+
+``casetrail verify`` answers for one case an auditor names. An owner who switches the
+append-only triggers off, deletes some cases and switches them on again is found only if
+somebody asks about exactly those cases. The audit asks about all of them:
+
+- every event leaf has its stored event, with the hash the leaf holds
+  (``removed_after_logging``, ``altered``), and every stored event is a leaf or waits for
+  the ledger (``not_logged``);
+- every case logged since the last pass (and every case that failed it) verifies as a
+  trail: chain, signatures, signed actions, one terminal event (``altered`` naming the
+  problems);
+- the stored tree still has the root of every checkpoint a witness cosigned since the
+  last pass, and of the latest one (``checkpoint_inconsistent``);
+- no append-only trigger is switched off now (``trigger_disabled``).
+
+A pass is kept in ``audit_runs``; the next goes on from where it stopped (``--full``
+starts from the first leaf). The joins over leaves and events run every pass; a trail's
+signatures only once. Findings are per case where there is a case.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from casetrail.adapters.store import CaseStore, KeyRegistry, create_pool
+from casetrail.adapters.store.audit_log import AuditStore, Mismatch
+from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.audit.evidence import Evidence
+from casetrail.config import Settings
+from casetrail.telemetry import metrics
+
+
+class FindingKind(StrEnum):
+    REMOVED_AFTER_LOGGING = "removed_after_logging"
+    """The log holds events of the case that are no longer stored."""
+    ALTERED = "altered"
+    """A stored event differs from its leaf, or the case's trail does not verify."""
+    NOT_LOGGED = "not_logged"
+    """A stored event is neither a leaf nor waiting for the ledger."""
+    CHECKPOINT_INCONSISTENT = "checkpoint_inconsistent"
+    """The stored tree's root at a signed (and witnessed) size is not the signed one."""
+    TRIGGER_DISABLED = "trigger_disabled"
+    """An append-only trigger is switched off."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: FindingKind
+    detail: str
+    case_id: uuid.UUID | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "detail": self.detail,
+                **({"caseId": str(self.case_id)} if self.case_id else {})}
+
+
+@dataclass
+class AuditReport:
+    full: bool
+    from_leaf: int
+    to_leaf: int
+    cases_checked: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+    def by_kind(self) -> dict[str, int]:
+        counts = {k.value: 0 for k in FindingKind}
+        for finding in self.findings:
+            counts[finding.kind.value] += 1
+        return counts
+
+    def as_json(self) -> dict[str, Any]:
+        return {"full": self.full, "fromLeaf": self.from_leaf, "toLeaf": self.to_leaf,
+                "casesChecked": self.cases_checked, "clean": self.clean,
+                "seconds": round(self.seconds, 3), "byKind": self.by_kind(),
+                "findings": [f.as_json() for f in self.findings]}
+
+
+def _leaf_findings(unmatched: Iterable[Mismatch]) -> list[Finding]:
+    gone: dict[uuid.UUID, list[int]] = {}
+    changed: dict[uuid.UUID, list[int]] = {}
+    for m in unmatched:
+        assert m.leaf_index is not None
+        (gone if m.stored_hash is None else changed).setdefault(m.case_id, []).append(
+            m.leaf_index)
+    return [Finding(FindingKind.REMOVED_AFTER_LOGGING, f"{len(leaves)} logged events are no "
+                    f"longer stored (leaves {_span(leaves)})", case)
+            for case, leaves in gone.items()] + \
+        [Finding(FindingKind.ALTERED, f"{len(leaves)} stored events differ from their leaves "
+                 f"(leaves {_span(leaves)})", case) for case, leaves in changed.items()]
+
+
+def _span(leaves: list[int]) -> str:
+    shown = ", ".join(str(i) for i in leaves[:5])
+    return shown + (f", … {len(leaves) - 5} more" if len(leaves) > 5 else "")
+
+
+@dataclass(frozen=True)
+class WholeLog:
+    """The audit over one namespace's database (as the operator)."""
+
+    store: AuditStore
+    ledger: LedgerStore
+    evidence: Evidence
+
+    async def run(self, *, full: bool = False) -> AuditReport:
+        started, began = datetime.now(UTC), time.perf_counter()
+        last = None if full else await self.store.last_run()
+        size = await self.store.tree_size()
+        report = AuditReport(full, last.to_leaf if last else 0, size)
+        report.findings += _leaf_findings(await self.store.leaves_unmatched())
+        report.findings += [
+            Finding(FindingKind.NOT_LOGGED, f"event {m.event_id} is stored but neither in "
+                    "the log nor waiting for it", m.case_id)
+            for m in await self.store.events_unlogged()]
+        report.findings += await self._checkpoints(report.from_leaf)
+        report.findings += [
+            Finding(FindingKind.TRIGGER_DISABLED, f"the append-only trigger {trigger} of "
+                    f"{table} is switched off")
+            for table, trigger in await self.store.triggers_off()]
+        await self._trails(report, last.failing_cases if last else [])
+        report.seconds = time.perf_counter() - began
+        await self.store.keep_run(started, full, report.from_leaf, size,
+                                  report.cases_checked,
+                                  [f.as_json() for f in report.findings])
+        return report
+
+    async def _checkpoints(self, since: int) -> list[Finding]:
+        found = []
+        for size, root in await self.store.witnessed_sizes(since):
+            if await self.ledger.root(size) != root:
+                found.append(Finding(FindingKind.CHECKPOINT_INCONSISTENT, (
+                    f"the stored tree's root at {size} leaves is not the one its checkpoint "
+                    "signed: the tree changed under a signed (or witnessed) size")))
+        return found
+
+    async def _trails(self, report: AuditReport, failing: list[uuid.UUID]) -> None:
+        """Verify every case logged since the last pass, and those that failed it."""
+        already = {(f.kind, f.case_id) for f in report.findings}
+        cases = dict.fromkeys([*failing, *await self.store.cases_logged_from(
+            report.from_leaf)])
+        for case_id in cases:
+            verdict = await self.evidence.verify(case_id)
+            report.cases_checked += 1
+            if verdict is None or verdict.verified:
+                continue
+            codes = sorted({p.code for p in verdict.problems})
+            kind = FindingKind.REMOVED_AFTER_LOGGING if codes == ["removed_after_logging"] \
+                else FindingKind.ALTERED
+            if (kind, case_id) not in already:
+                report.findings.append(Finding(kind, "the trail does not verify: " +
+                                               ", ".join(codes), case_id))
+
+
+async def audit_namespace(settings: Settings, *, full: bool = False) -> AuditReport:
+    """One pass over the namespace's database as the operator; its metrics set."""
+    pool = await create_pool(settings.database_url, max_size=2)
+    try:
+        ledger = LedgerStore(pool)
+        audit = WholeLog(AuditStore(pool), ledger,
+                         Evidence(CaseStore(pool), KeyRegistry(pool), ledger))
+        report = await audit.run(full=full)
+    finally:
+        await pool.close()
+    for kind, count in report.by_kind().items():
+        metrics.AUDIT_FINDINGS.labels(kind).set(count)
+    metrics.AUDIT_CASES_CHECKED.inc(report.cases_checked)
+    metrics.AUDIT_PASSES.labels("clean" if report.clean else "findings").inc()
+    return report

@@ -1,0 +1,108 @@
+"""``casetrail audit`` over the whole log, on the real stack: clean after real cases, then
+an owner's deletions with the append-only triggers switched off and on again, an event
+changed in place, a trigger left off — each found and named per case, by the command and
+by its metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import orjson
+
+from casetrail.components.supervisor import component_command
+from casetrail.config import Settings
+from tests.integration.test_ledger import _as_superuser, logged_everything, run_cases
+from tests.integration.test_restore import metric_shows, serving
+from tests.support.helpers import wait_until
+from tests.support.stack import free_port, kill_leftovers, namespace_of_its_own, spawn
+
+
+async def audit(own: Settings, *args: str) -> tuple[int, dict[str, Any]]:
+    done = await asyncio.to_thread(
+        subprocess.run, component_command("audit", "--json", *args), capture_output=True,
+        text=True, env=own.environment(), timeout=120)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    return done.returncode, orjson.loads(done.stdout.splitlines()[-1])
+
+
+def found(report: dict[str, Any]) -> set[tuple[str, str | None]]:
+    return {(f["kind"], f.get("caseId")) for f in report["findings"]}
+
+
+async def test_the_audit_finds_every_deletion_and_change_an_owner_makes(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, tmp_path: Path,
+) -> None:
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    async with namespace_of_its_own(settings, "audit") as (own, pool, key):
+        try:
+            async with serving(own, amqp, pool, key, children) as logged:
+                await logged.start_ledger()
+                shortened, deleted, changed = await run_cases(logged, 3)
+                size, _ = await logged_everything(logged)
+                code, report = await audit(own)
+                assert code == 0 and report["clean"], report
+                assert report["casesChecked"] == 3 and report["toLeaf"] == size
+                # The next pass goes on from there: nothing new, nothing verified again.
+                code, report = await audit(own)
+                assert (code, report["fromLeaf"], report["casesChecked"]) == (0, size, 0)
+
+                # As the owner: triggers off, two events of one case and a whole case
+                # deleted, one stored event changed, triggers on again. No log line, no
+                # alert at the time; the leaves stay.
+                last_two = await pool.fetch(
+                    "SELECT event_id FROM event_log WHERE case_id = $1 ORDER BY seq DESC "
+                    "LIMIT 2", uuid.UUID(shortened))
+                await _as_superuser(
+                    pool, "DELETE FROM event_log WHERE event_id = ANY($1::uuid[])",
+                    args=([r["event_id"] for r in last_two],))
+                await _as_superuser(pool, f"DELETE FROM event_log WHERE case_id = '{deleted}'",
+                                    f"DELETE FROM cases WHERE case_id = '{deleted}'")
+                await _as_superuser(
+                    pool, "UPDATE event_log SET hash = repeat('0', 64) WHERE event_id = "
+                    "(SELECT event_id FROM event_log WHERE case_id = $1 ORDER BY seq "
+                    "LIMIT 1)", args=(uuid.UUID(changed),))
+                code, report = await audit(own)
+                assert code == 1, report
+                assert {("removed_after_logging", shortened), ("removed_after_logging", deleted),
+                        ("altered", changed)} <= found(report), report
+                assert report["byKind"]["trigger_disabled"] == 0
+
+                # A trigger left off is itself a finding.
+                await pool.execute("ALTER TABLE event_log DISABLE TRIGGER "
+                                   "event_log_no_update_or_delete")
+                try:
+                    code, report = await audit(own, "--full")
+                finally:
+                    await pool.execute("ALTER TABLE event_log ENABLE TRIGGER "
+                                       "event_log_no_update_or_delete")
+                assert code == 1 and report["fromLeaf"] == 0 and report["casesChecked"] == 3
+                assert ("trigger_disabled", None) in found(report), report
+
+                # An event taken out of the ledger's queue never becomes a leaf.
+                await logged.stop_ledger()
+                (unlogged,) = await run_cases(logged, 1)
+                await pool.execute("DELETE FROM ledger_queue WHERE case_id = $1",
+                                   uuid.UUID(unlogged))
+                code, report = await audit(own)
+                assert code == 1 and ("not_logged", unlogged) in found(report), report
+
+                # Left running, it says so on its metrics port, every pass.
+                port = free_port()
+                children["auditor"] = spawn(own, "audit", "--every", "0.5",
+                                            CASETRAIL_AUDITOR_METRICS_PORT=str(port))
+                await wait_until(lambda: metric_shows(
+                    port, 'casetrail_audit_findings{kind="removed_after_logging"} 2.0'),
+                    timeout=60, interval=0.3)
+                auditor = children.pop("auditor")
+                auditor.terminate()
+                await asyncio.to_thread(auditor.wait, 30)
+                assert auditor.returncode == 0
+                kept = await pool.fetchval("SELECT count(*) FROM audit_runs")
+                assert kept >= 5
+        finally:
+            kill_leftovers(children)
