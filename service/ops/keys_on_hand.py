@@ -31,10 +31,24 @@ class KeyFile:
     default_name: str
     table: str
 
+    def local(self, settings: Settings) -> Path:
+        return LOCAL_DIR / self.default_name.format(ns=settings.namespace)
+
     def path(self, settings: Settings) -> Path:
         configured = getattr(settings, self.setting)
-        return Path(configured) if configured else LOCAL_DIR / self.default_name.format(
-            ns=settings.namespace)
+        return Path(configured) if configured else self.local(settings)
+
+    def disagreement(self, settings: Settings) -> str | None:
+        """Where the configured file and ``.casetrail/`` both hold this key, and they
+        differ: which one the namespace's data is under is not for a stack to guess."""
+        configured, local = self.path(settings), self.local(settings)
+        if configured.resolve() == local.resolve() or not (configured.is_file()
+                                                            and local.is_file()):
+            return None
+        if configured.read_bytes() == local.read_bytes():
+            return None
+        return (f"{self.what}: {configured.resolve()} (CASETRAIL_{self.setting.upper()}) and "
+                f"{local.resolve()} hold different keys for this namespace")
 
 
 KEY_FILES = (
@@ -99,6 +113,12 @@ def _master_key_problems(settings: Settings, sealed: dict[str, int]) -> list[str
 
 async def refuse_new_keys(settings: Settings, *, key_files: bool = True) -> None:
     """``PermanentError`` listing every key the namespace's data needs and lacks."""
+    differing = [d for key in KEY_FILES if (d := key.disagreement(settings))] \
+        if key_files else []
+    if differing:
+        raise PermanentError("two places hold different keys, and nothing is started on a "
+                             "guess: " + "; ".join(differing) + ". Keep the one the "
+                             "namespace's data is under and move the other away.")
     missing = await missing_keys(settings, key_files=key_files)
     if missing:
         raise PermanentError(
