@@ -455,6 +455,10 @@ class Settings(BaseSettings):
     log_key_file: str | None = Field(default=None, description="The transparency log's "
         "Ed25519 key: a file holding a signed-note signer key (PRIVATE+KEY+<origin>+...), "
         "made by `casetrail ledger key generate`. The ledger alone reads it.")
+    revocations_file: str | None = Field(default=None, description="The journal of API "
+        "keys revoked and signing keys retired, kept outside the database so that `setup` "
+        "re-applies them after a restore (default: <ns>.revocations.jsonl beside the "
+        "secrets file). Back it up with the secrets file.")
     ledger_state_file: str | None = Field(default=None, description="Where the ledger keeps "
         "its high-water mark, the largest checkpoint it signed, off its database (default: "
         "beside the log key, <CASETRAIL_LOG_KEY_FILE>.<namespace>.state.json). Back it up "

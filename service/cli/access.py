@@ -74,8 +74,15 @@ def keys_list() -> None:
 
 @keys_app.command("revoke")
 def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key id.")]) -> None:
-    """Revoke a key; every API process refuses it within a second."""
-    if not run(_with_keys(get_settings(), lambda store: store.revoke(key_id))):
+    """Revoke a key; every API process refuses it within a second. Kept in the
+    revocations journal too, so that a restored backup does not bring it back."""
+    from datetime import UTC, datetime
+
+    from casetrail.ops.revocations import Revocation, record
+
+    settings = get_settings()
+    record(settings, Revocation("api_key", key_id, datetime.now(UTC)))
+    if not run(_with_keys(settings, lambda store: store.revoke(key_id))):
         typer.echo(f"no key {key_id}", err=True)
         raise typer.Exit(1)
     typer.echo(f"key {key_id} revoked")
@@ -382,12 +389,14 @@ def signer_retire(
         help="ISO 8601 time after which nothing this key signed verifies (default: now; "
              "set it earlier for a compromised key).")] = None,
 ) -> None:
-    """Retire a key: events it signs from then on are refused and do not verify."""
-    from datetime import datetime
+    """Retire a key: events it signs from then on are refused and do not verify. Kept in
+    the revocations journal too, so that a restored backup does not bring it back."""
+    from datetime import UTC, datetime
 
     from casetrail.adapters.store import KeyRegistry, create_pool
+    from casetrail.ops.revocations import Revocation, record
 
-    when = None
+    when = datetime.now(UTC)
     if not_valid_after:
         try:
             when = datetime.fromisoformat(not_valid_after.replace("Z", "+00:00"))
@@ -402,7 +411,9 @@ def signer_retire(
         finally:
             await pool.close()
 
-    if run(retire(get_settings())) == "unknown":
+    settings = get_settings()
+    record(settings, Revocation("signing_key", key_id, when))
+    if run(retire(settings)) == "unknown":
         typer.echo(f"no key {key_id}", err=True)
         raise typer.Exit(1)
     typer.echo(f"key {key_id} retired")

@@ -119,6 +119,8 @@ def setup(
     typer.echo(f"broker users: {', '.join(report.broker_users)}")
     typer.echo(f"broker policies set: {settings.namespace}-case-start-limit")
     typer.echo(f"component URLs written to {report.secrets_file}")
+    for again in report.reapplied:
+        typer.echo(f"revoked or retired again (the database predates it): {again}")
 
 
 @app.command()

@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
@@ -51,6 +51,7 @@ from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Component, Setting
 from casetrail.contract.integrity import key_id
 from casetrail.engine.tools import mcp_capability
 from casetrail.errors import PermanentError
+from casetrail.ops import revocations
 from casetrail.ops.keys_on_hand import refuse_new_keys
 from casetrail.ops.migrate import (
     database_name,
@@ -585,6 +586,8 @@ class SetupReport:
     database_roles: list[str]
     broker_users: list[str]
     secrets_file: Path
+    reapplied: list[str] = field(default_factory=list)
+    """Revocations and retirements made again (a restored backup predated them)."""
 
 
 async def setup(settings: Settings) -> SetupReport:
@@ -608,9 +611,10 @@ async def setup(settings: Settings) -> SetupReport:
     apply_broker_definitions(settings, broker_definitions(settings, identities))
     await declare_topology(settings)
     write_secrets(settings.secrets_path(), identities)
+    reapplied = [f"{r.kind} {r.key_id}" for r in await revocations.reapply(settings)]
     return SetupReport(applied, [settings.database_role("owner"),
                                  *(settings.database_role(c) for c in DATABASE_COMPONENTS)],
-                       namespace_users(settings), settings.secrets_path())
+                       namespace_users(settings), settings.secrets_path(), reapplied)
 
 
 async def register_signing_key(settings: Settings, key_file: Path,

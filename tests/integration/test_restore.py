@@ -19,9 +19,11 @@ import asyncpg
 import httpx
 import pytest
 
+from casetrail.adapters.store import ApiKeyStore, KeyRegistry
 from casetrail.components.sequencer import ledger_state
 from casetrail.components.supervisor import component_command
 from casetrail.config import Settings
+from casetrail.contract.integrity import Signer
 from casetrail.ledger.log_key import log_signer
 from casetrail.ledger.note import open_checkpoint
 from tests.integration.test_ledger import Logged, logged_everything, run_cases, witness_once
@@ -212,3 +214,42 @@ async def test_up_never_makes_new_keys_for_a_namespace_that_has_data(
                                         capture_output=True, text=True, env=env,
                                         timeout=120)
         assert setup.returncode == 2 and "the master key" in setup.stderr, setup.stderr
+
+
+async def test_a_restored_backup_brings_back_no_revoked_or_retired_key(
+    settings: Settings, tmp_path: Path,
+) -> None:
+    """An API key revoked and a signing key retired after the backup are active again in
+    the restored database; the runbook's `setup` after `pg_restore` revokes and retires
+    them again from the journal kept outside it."""
+    async with namespace_of_its_own(settings, "revoked") as (own, pool, _):
+        key_id, _ = await ApiKeyStore(pool).create("default", ("cases:read",), "leaked")
+        spare = Signer.generate()
+        await KeyRegistry(pool).register(spare.key_id, spare.public_key)
+        backup = tmp_path / "before.dump"
+        await asyncio.to_thread(_run, "pg_dump", "-Fc", "-f", str(backup), own.database_url)
+        for command in (("keys", "revoke", key_id), ("signer", "retire", spare.key_id)):
+            done = await asyncio.to_thread(
+                subprocess.run, component_command(*command), capture_output=True,
+                text=True, env=own.environment(), timeout=60)
+            assert done.returncode == 0, done.stderr
+        retired_at = await pool.fetchval(
+            "SELECT not_valid_after FROM signing_keys WHERE key_id = $1", spare.key_id)
+        assert retired_at is not None
+
+        await asyncio.to_thread(_run, "pg_restore", "--clean", "--if-exists",
+                                "--single-transaction", "-d", own.database_url, str(backup))
+        await pool.expire_connections()
+        assert await pool.fetchval("SELECT revoked_at FROM api_keys WHERE key_id = $1",
+                                   key_id) is None  # back to life with the backup
+        again = await asyncio.to_thread(
+            subprocess.run, component_command("setup"), capture_output=True, text=True,
+            env=own.environment(), timeout=120)
+        assert again.returncode == 0, again.stderr
+        assert f"api_key {key_id}" in again.stdout and f"signing_key {spare.key_id}" in \
+            again.stdout, again.stdout
+        assert await pool.fetchval("SELECT revoked_at FROM api_keys WHERE key_id = $1",
+                                   key_id) is not None
+        assert await pool.fetchval(
+            "SELECT not_valid_after FROM signing_keys WHERE key_id = $1",
+            spare.key_id) == retired_at
