@@ -237,6 +237,30 @@ def ledger_accept_size(
                f"kept in ledger_acceptances and {accepted.state_file}")
 
 
+@ledger_app.command("recover")
+def ledger_recover(
+    bundles: Annotated[Path, typer.Option(
+        help="A directory of bundles exported before the restore (`casetrail export`, "
+             "GET /cases/{id}/bundle): they give back the lost leaves.")],
+) -> None:
+    """When the ledger halted because its database was restored from an older backup:
+    append the lost leaves again from bundles, only if they are complete and rebuild the
+    very checkpoint the log signed; else nothing is written and the missing leaves are
+    named."""
+    from casetrail.components.ledger_recover import recover
+    from casetrail.errors import PermanentError
+
+    _logging()
+    try:
+        done = _run(recover(get_settings(), bundles))
+    except PermanentError as exc:
+        typer.echo(f"casetrail ledger recover: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"appended {done.appended} leaves of {done.cases} cases: the tree holds "
+               f"{done.size} leaves again, the root the log signed; their events stay "
+               "lost from the database (`casetrail audit` names their cases)")
+
+
 @ledger_app.command("key")
 def ledger_key(
     output: Annotated[Path, typer.Option("-o", "--output", help="The key file to write "

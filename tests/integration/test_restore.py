@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,16 +18,23 @@ from pathlib import Path
 import aio_pika
 import asyncpg
 import httpx
+import orjson
 import pytest
 
 from casetrail.adapters.store import ApiKeyStore, KeyRegistry
-from casetrail.components.sequencer import ledger_state
+from casetrail.components.sequencer import TREE_SIZE_SQL, ledger_state
 from casetrail.components.supervisor import component_command
 from casetrail.config import Settings
 from casetrail.contract.integrity import Signer
 from casetrail.ledger.log_key import log_signer
 from casetrail.ledger.note import open_checkpoint
-from tests.integration.test_ledger import Logged, logged_everything, run_cases, witness_once
+from tests.integration.test_ledger import (
+    Logged,
+    export,
+    logged_everything,
+    run_cases,
+    witness_once,
+)
 from tests.support.helpers import wait_until
 from tests.support.stack import (
     free_port,
@@ -253,3 +261,78 @@ async def test_a_restored_backup_brings_back_no_revoked_or_retired_key(
         assert await pool.fetchval(
             "SELECT not_valid_after FROM signing_keys WHERE key_id = $1",
             spare.key_id) == retired_at
+
+
+async def test_a_rollback_is_mended_from_bundles_and_the_witness_accepts_the_log(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, tmp_path: Path,
+) -> None:
+    """The leaves a restore lost come back from bundles exported before it: only all of
+    them, only if they rebuild the very root the log signed. The log then goes on from
+    its high-water mark, the witness that kept state accepts it, and the audit names the
+    cases whose records the restore lost."""
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    exported = tmp_path / "bundles"
+    exported.mkdir()
+    async with namespace_of_its_own(settings, "mended") as (own, pool, key):
+        try:
+            async with serving(own, amqp, pool, key, children) as logged:
+                await logged.start_ledger()
+                await run_cases(logged, 1)
+                backed_up, _ = await logged_everything(logged)
+                backup = tmp_path / "b1.dump"
+                await asyncio.to_thread(_run, "pg_dump", "-Fc", "-f", str(backup),
+                                        own.database_url)
+                lost = await run_cases(logged, 2)
+                witnessed, _ = await logged_everything(logged)
+                for case_id in lost:
+                    await export(logged, case_id, exported / f"{case_id}.json")
+                accepted = tmp_path / "witness.json"
+                assert (await witness_once(logged, accepted)).returncode == 0
+                await logged.stop_ledger()
+            await asyncio.to_thread(_run, "pg_restore", "--clean", "--if-exists",
+                                    "--single-transaction", "-d", own.database_url,
+                                    str(backup))
+            await pool.expire_connections()
+            async with serving(own, amqp, pool, key, children) as logged:
+                await logged.start_ledger()
+                await logged.halted("behind")
+                await logged.stop_halted_ledger()
+                # One case's bundle missing: the range has a gap, nothing is written.
+                partial = tmp_path / "partial"
+                partial.mkdir()
+                (partial / "one.json").write_bytes((exported / f"{lost[0]}.json").read_bytes())
+                refused = await _ledger(own, "recover", "--bundles", str(partial))
+                assert refused.returncode == 2 and "no event for leaves" in refused.stderr, \
+                    refused.stderr
+                assert await pool.fetchval(TREE_SIZE_SQL) == backed_up
+                mended = await _ledger(own, "recover", "--bundles", str(exported))
+                assert mended.returncode == 0, mended.stderr
+                assert f"holds {witnessed} leaves again" in mended.stdout
+                await logged.start_ledger()
+                (new,) = await run_cases(logged, 1)
+                new_events = await pool.fetchval(
+                    "SELECT count(*) FROM event_log WHERE case_id = $1", uuid.UUID(new))
+
+                async def signed_on() -> bool:  # the mended tree, and the new case, signed
+                    served, _ = open_checkpoint((await logged.client.get(
+                        "/ledger/checkpoint")).text, logged.log_key)
+                    return bool(served.size == witnessed + new_events)
+
+                await wait_until(signed_on, timeout=30, interval=0.2)
+                verdict = await witness_once(logged, accepted)
+                assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+            done = await asyncio.to_thread(
+                subprocess.run, component_command("audit", "--json"), capture_output=True,
+                text=True, env=own.environment(), timeout=120)
+            report = orjson.loads(done.stdout.splitlines()[-1])
+            assert done.returncode == 1
+            assert {f["caseId"] for f in report["findings"]
+                    if f["kind"] == "removed_after_logging"} == set(lost), report
+        finally:
+            kill_leftovers(children)
+
+
+async def _ledger(own: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run, component_command("ledger", *args), capture_output=True, text=True,
+        env=own.environment(), timeout=60)

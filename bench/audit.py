@@ -1,0 +1,50 @@
+"""What `casetrail audit` costs: a log of real, signed, logged cases (the end-to-end
+scenario's), one full pass and one incremental pass after it, timed and in CPU seconds
+of this process (the trails' verification) and of Postgres (the joins).
+
+Usage: python -m bench.audit [cases] [cycles per case]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from typing import Any
+
+from bench.e2e import end_to_end
+from bench.harness import bench_settings, service_cpu
+from casetrail.audit.whole_log import audit_namespace
+from casetrail.ops.setup import remove
+
+PORT = 8799
+
+
+async def audit_cost(cases: int, cycles: int) -> dict[str, Any]:
+    settings = bench_settings(api_port=PORT)
+    seeded = await end_to_end(cases, cycles, 1, settings=settings, keep=True)
+    try:
+        passes: dict[str, dict[str, Any]] = {}
+        for name, full in (("full", True), ("incremental", False)):
+            began, cpu, pg = time.perf_counter(), time.process_time(), service_cpu()
+            report = await audit_namespace(settings, full=full)
+            passes[name] = {
+                "seconds": round(time.perf_counter() - began, 2),
+                "auditCpuSeconds": round(time.process_time() - cpu, 2),
+                "postgresCpuSeconds": round(service_cpu()["postgres"] - pg["postgres"], 2),
+                "casesChecked": report.cases_checked, "clean": report.clean}
+    finally:
+        await remove(settings)
+    events = seeded["events"]
+    cost = passes["full"]["auditCpuSeconds"] + passes["full"]["postgresCpuSeconds"]
+    per_event = float(cost) / events
+    return {"cases": cases, "events": events, **passes,
+            "cpuMicrosecondsPerEvent": round(per_event * 1e6, 1),
+            "projectedFullPassCpuSecondsAt25MEvents": round(per_event * 25_000_000)}
+
+
+if __name__ == "__main__":
+    n, k = (int(a) for a in (sys.argv[1:] + ["2000", "10"][len(sys.argv) - 1:]))
+    os.environ.setdefault("CASETRAIL_LOG_LEVEL", "WARNING")
+    print(asyncio.run(audit_cost(n, k)))
