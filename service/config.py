@@ -455,6 +455,9 @@ class Settings(BaseSettings):
     log_key_file: str | None = Field(default=None, description="The transparency log's "
         "Ed25519 key: a file holding a signed-note signer key (PRIVATE+KEY+<origin>+...), "
         "made by `casetrail ledger key generate`. The ledger alone reads it.")
+    key_provider: str | None = Field(default=None, description="The operator's key "
+        "provider, as package.module:factory (a KeyProvider: private_key(name) -> bytes), "
+        "for key settings written provider:NAME (casetrail.trail.key_source).")
     revocations_file: str | None = Field(default=None, description="The journal of API "
         "keys revoked and signing keys retired, kept outside the database so that `setup` "
         "re-applies them after a restore (default: <ns>.revocations.jsonl beside the "

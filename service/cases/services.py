@@ -158,9 +158,11 @@ async def case_services(settings: Settings, *, pool_size: int = 20, patience: fl
             # prompt refusal than by a minute of silence.
             publisher = await Publisher.open(connection, retry_seconds=3.0, retry_nacks=False)
             store, ledger = CaseStore(pool), LedgerStore(pool)
+            secrets = CaseSecrets(pool, Vault.from_text(settings.master_key_text()))
+            await secrets.check_master_key()
             services = CaseServices(
                 settings, pool, connection, publisher, topology, store, CaseIndex(pool),
-                CaseSecrets(pool, Vault.from_text(settings.master_key_text())), ledger,
+                secrets, ledger,
                 Evidence(store, KeyRegistry(pool), ledger),
                 TenantLoads(lambda *args: tenant_counts(pool, *args)),
                 Coalescer(store.mark_starts_confirmed),

@@ -755,11 +755,12 @@ async def run_worker(settings: Settings) -> None:
         )
         await runtime.start()
         parts.stack.push_async_callback(runtime.close)
-        vault = Vault.from_text(settings.master_key_text())
+        secrets = CaseSecrets(pool, Vault.from_text(settings.master_key_text()))
+        await secrets.check_master_key()
         models = ModelFactory(settings)  # one shared client per model endpoint
         parts.stack.push_async_callback(models.aclose)
         worker = CaseWorker(connection, CaseStore(pool), topology, runtime, signer,
-                            settings.broker_user("api"), CaseSecrets(pool, vault),
+                            settings.broker_user("api"), secrets,
                             KeyRegistry(pool), Caps.from_settings(settings),
                             models=models,
                             concurrency=settings.worker_concurrency,

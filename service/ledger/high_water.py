@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from casetrail.errors import PermanentError
 from casetrail.ledger.note import Checkpoint, NoteError, Verifier, open_checkpoint
 
 
@@ -61,9 +62,16 @@ class Anchor:
 
 
 def state_file_for(log_key_file: str, namespace: str, configured: str | None) -> Path:
-    """The ledger's state file: ``configured``, else beside the log key, named for the
-    namespace (``<log key>.<namespace>.state.json``)."""
-    return Path(configured) if configured else Path(f"{log_key_file}.{namespace}.state.json")
+    """The ledger's state file: ``configured``, else beside the log key's file, named for
+    the namespace (``<log key>.<namespace>.state.json``). A key from the environment or a
+    provider has no file to stand beside: then the setting is required."""
+    if configured:
+        return Path(configured)
+    if log_key_file.startswith(("env:", "provider:")):
+        raise PermanentError(f"the log key comes from {log_key_file!r}: set "
+                             "CASETRAIL_LEDGER_STATE_FILE, where the ledger keeps its "
+                             "high-water mark")
+    return Path(f"{log_key_file}.{namespace}.state.json")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 from casetrail.config import LOCAL_DIR, Settings
 from casetrail.errors import PermanentError
 from casetrail.ledger.note import ED25519, NoteError, NoteSigner
+from casetrail.trail.key_source import is_file, key_bytes
 
 
 def write_log_key(path: Path, signer: NoteSigner) -> None:
@@ -38,7 +39,15 @@ def log_signer(settings: Settings) -> NoteSigner:
         raise PermanentError(
             "CASETRAIL_LOG_KEY_FILE is not set: the ledger signs every checkpoint. Create a "
             "key with `casetrail ledger key generate -o FILE` and point the variable at it.")
-    signer = read_log_key(Path(settings.log_key_file))
+    if is_file(settings.log_key_file):
+        signer = read_log_key(Path(settings.log_key_file))
+    else:
+        try:
+            signer = NoteSigner.parse(key_bytes(settings.log_key_file,
+                                                settings.key_provider).decode())
+        except (NoteError, UnicodeDecodeError) as exc:
+            raise PermanentError(f"{settings.log_key_file} is not a signed-note signer key: "
+                                 f"{exc}") from None
     if signer.name != settings.origin():
         raise PermanentError(f"the log key is named {signer.name!r}, but the log's origin is "
                              f"{settings.origin()!r} (CASETRAIL_LOG_ORIGIN): a checkpoint's "

@@ -20,6 +20,7 @@ import asyncpg
 from casetrail.config import LOCAL_DIR, Settings
 from casetrail.errors import PermanentError
 from casetrail.privacy.sensitive import Vault
+from casetrail.trail.key_source import is_file
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class KeyFile:
     def disagreement(self, settings: Settings) -> str | None:
         """Where the configured file and ``.casetrail/`` both hold this key, and they
         differ: which one the namespace's data is under is not for a stack to guess."""
+        if not is_file(getattr(settings, self.setting) or ""):
+            return None
         configured, local = self.path(settings), self.local(settings)
         if configured.resolve() == local.resolve() or not (configured.is_file()
                                                             and local.is_file()):
@@ -77,6 +80,8 @@ async def missing_keys(settings: Settings, *, key_files: bool = True) -> list[st
     try:
         missing = []
         for key in KEY_FILES if key_files else ():
+            if not is_file(getattr(settings, key.setting) or ""):
+                continue  # env: or provider: — the component says so if it cannot have it
             path = key.path(settings)
             if path.exists():
                 continue

@@ -63,7 +63,8 @@ from casetrail.ops.migrate import (
 )
 from casetrail.privacy import sealing
 from casetrail.privacy.sensitive import Vault
-from casetrail.trail.keyfile import read_public_key
+from casetrail.trail.key_source import is_file
+from casetrail.trail.keyfile import read_public_key, signer_from
 from casetrail.trail.verification import PublicKey
 
 log = logging.getLogger("casetrail.setup")
@@ -600,13 +601,13 @@ async def setup(settings: Settings) -> SetupReport:
     applied = await setup_database(settings, identities)
     # The worker's key, registered as the operator (from its public half where setup
     # may not read the private key).
-    key_file = settings.signing_public_key_file or settings.signing_key_file
-    if key_file:
-        await register_signing_key(settings, Path(key_file))
+    key = settings.signing_public_key_file or settings.signing_key_file
+    if key:
+        await register_signing_key(settings, key)
     # The API's action key, likewise: no component may register one.
-    action_file = settings.action_public_key_file or settings.action_key_file
-    if action_file:
-        await register_signing_key(settings, Path(action_file), "action_keys")
+    action_key = settings.action_public_key_file or settings.action_key_file
+    if action_key:
+        await register_signing_key(settings, action_key, "action_keys")
     await register_capability_keys(settings, identities)
     apply_broker_definitions(settings, broker_definitions(settings, identities))
     await declare_topology(settings)
@@ -617,12 +618,14 @@ async def setup(settings: Settings) -> SetupReport:
                        namespace_users(settings), settings.secrets_path(), reapplied)
 
 
-async def register_signing_key(settings: Settings, key_file: Path,
+async def register_signing_key(settings: Settings, key: Path | str,
                                table: KeyTable = "signing_keys") -> PublicKey:
-    """``casetrail signer register [--actions]``: record the public key of ``key_file``
-    (a worker's PEM key or the API's action key, or its public half) in ``signing_keys``
-    (or ``action_keys``), on the bootstrap connection; idempotent."""
-    public_key = read_public_key(key_file)
+    """``casetrail signer register [--actions]``: record the public key of ``key`` (a
+    worker's PEM key or the API's action key, or its public half, as a file; or a key
+    from ``env:`` or ``provider:``) in ``signing_keys`` (or ``action_keys``), on the
+    bootstrap connection; idempotent."""
+    public_key = read_public_key(Path(key)) if is_file(str(key)) \
+        else signer_from(str(key), settings).public_key
     pool = await create_pool(settings.database_url, max_size=1)
     try:
         return await KeyRegistry(pool, table).register(key_id(public_key), public_key)

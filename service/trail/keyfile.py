@@ -15,6 +15,7 @@ from casetrail.contract.integrity import (
     public_key_text,
 )
 from casetrail.errors import PermanentError
+from casetrail.trail.key_source import is_file, key_bytes
 
 
 def write_signer(path: Path, signer: Signer) -> None:
@@ -65,7 +66,18 @@ def worker_signer(settings: Settings) -> Signer:
             "CASETRAIL_SIGNING_KEY_FILE is not set: the worker signs every event it emits. "
             "Create a key with `casetrail signer generate -o FILE` and point the variable "
             "at it.")
-    return read_signer(Path(settings.signing_key_file))
+    return signer_from(settings.signing_key_file, settings)
+
+
+def signer_from(spec: str, settings: Settings) -> Signer:
+    """The signing key ``spec`` names: a file, ``env:NAME`` or ``provider:NAME``
+    (casetrail.trail.key_source)."""
+    if is_file(spec):
+        return read_signer(Path(spec))
+    try:
+        return Signer.from_pem(key_bytes(spec, settings.key_provider))
+    except IntegrityError as exc:
+        raise PermanentError(f"{spec} is not a signing key: {exc}") from None
 
 
 def ensure_local_signer(settings: Settings) -> Settings:
@@ -98,7 +110,7 @@ def action_signer(settings: Settings) -> Signer:
             "(reviews, answers, cancels of a waiting case). Create a key with `casetrail "
             "signer generate -o FILE`, register it with `casetrail signer register --actions "
             "FILE` (setup does it for CASETRAIL_ACTION_KEY_FILE) and point the variable at it.")
-    return read_signer(Path(settings.action_key_file))
+    return signer_from(settings.action_key_file, settings)
 
 
 def ensure_local_action_key(settings: Settings) -> Settings:

@@ -222,6 +222,12 @@ async def test_up_never_makes_new_keys_for_a_namespace_that_has_data(
                                         capture_output=True, text=True, env=env,
                                         timeout=120)
         assert setup.returncode == 2 and "the master key" in setup.stderr, setup.stderr
+        # A component given a master key none of the data is sealed under refuses to
+        # start, rather than answer with placeholders for good.
+        worker = await asyncio.to_thread(subprocess.run, component_command("worker"),
+                                         capture_output=True, text=True,
+                                         env=own.environment(), timeout=120)
+        assert worker.returncode == 2 and "master key" in worker.stderr, worker.stderr[-2000:]
 
 
 async def test_a_restored_backup_brings_back_no_revoked_or_retired_key(

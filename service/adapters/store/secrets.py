@@ -10,6 +10,7 @@ from typing import Literal
 import asyncpg
 
 from casetrail.adapters.store.pool import translate_errors
+from casetrail.errors import PermanentError
 from casetrail.privacy.sensitive import SealedValues, Vault
 
 
@@ -31,6 +32,22 @@ class CaseSecrets:
     def __init__(self, pool: asyncpg.Pool, vault: Vault) -> None:
         self._pool = pool
         self.vault = vault
+
+    async def check_master_key(self) -> None:
+        """Refuse (``PermanentError``) a master key that none of the stored personal data
+        is sealed under: started with it, a component would answer with placeholders for
+        good and seal new values under a key the rest of the data does not share."""
+        async with translate_errors():
+            row = await self._pool.fetchrow(
+                "SELECT EXISTS (SELECT 1 FROM case_secrets WHERE erased_at IS NULL) AS any, "
+                "EXISTS (SELECT 1 FROM case_secrets WHERE erased_at IS NULL AND "
+                "master_key_id = $1) AS ours", self.vault.key_id)
+        if row is not None and row["any"] and not row["ours"]:
+            raise PermanentError(
+                f"the master key given (key id {self.vault.key_id}) is not the one any stored "
+                "personal data is sealed under: restore the namespace's master key "
+                "(CASETRAIL_MASTER_KEY or the secrets file; docs/operations.md, \"Backup and "
+                "restore\")")
 
     async def state(self, case_id: uuid.UUID) -> SecretState | None:
         async with translate_errors():
