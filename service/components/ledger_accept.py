@@ -17,19 +17,13 @@ import asyncio
 import getpass
 from dataclasses import dataclass
 
-from casetrail.adapters.bus.connection import connect_patiently
-from casetrail.adapters.bus.topology import Topology
-from casetrail.adapters.store import component_pool
 from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.components.ledger_operator import stopped_ledger
 from casetrail.components.sequencer import (
-    LEADER_KEY,
     TREE_SIZE_SQL,
-    ledger_state,
-    published_anchors,
 )
 from casetrail.config import Settings
 from casetrail.errors import PermanentError
-from casetrail.ledger.log_key import log_signer
 from casetrail.ledger.note import Checkpoint, sign
 
 
@@ -45,37 +39,23 @@ async def accept_size(settings: Settings, size: int, reason: str,
     """Accept ``size`` as the log's high-water mark; ``PermanentError`` saying why not."""
     if not reason.strip():
         raise PermanentError("--reason is required: the acceptance is kept on the record")
-    signer = log_signer(settings)
-    identity = settings.identity("ledger")
-    pool = await component_pool(identity, 1, 10.0)
-    connection = await connect_patiently(identity.amqp_url, "casetrail-ledger-accept", 10.0)
-    try:
-        async with pool.acquire() as conn:
-            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_KEY):
-                raise PermanentError("a ledger is running for this namespace: stop it first")
-            state = ledger_state(settings)
-            kept = await asyncio.to_thread(state.read, signer.verifier)
-            anchors = [kept] if kept is not None else []
-            anchors += await published_anchors(signer, connection,
-                                               Topology(settings.namespace))
-            if anchors:
-                raise PermanentError(
-                    f"the log's high-water mark is known ({anchors[0].describe()}): nothing "
-                    "to accept. A stored tree behind it was rolled back; see "
-                    "docs/operations.md, \"The log is behind\"")
-            stored = await conn.fetchval(TREE_SIZE_SQL)
-            if size > stored:
-                raise PermanentError(f"the stored tree has {stored} leaves: a size of {size} "
-                                     "cannot be accepted")
-            root = await LedgerStore(conn).root(size)
-            note = sign(Checkpoint(signer.name, size, root).text(), signer).render()
-            async with conn.transaction():
-                await conn.execute(
-                    "INSERT INTO ledger_acceptances (tree_size, root_hash, note, reason, "
-                    "accepted_by) VALUES ($1, $2, $3, $4, $5)",
-                    size, root, note, reason.strip(), by or getpass.getuser())
-                await asyncio.to_thread(state.write, note, reason=reason.strip())
-    finally:
-        await connection.close()
-        await pool.close()
-    return Accepted(size, root, str(state.path))
+    async with stopped_ledger(settings, "accept") as ledger:
+        if ledger.anchors:
+            raise PermanentError(
+                f"the log's high-water mark is known ({ledger.anchors[0].describe()}): "
+                "nothing to accept. A stored tree behind it was rolled back; see "
+                "docs/operations.md, \"The log is behind\"")
+        conn, signer = ledger.conn, ledger.signer
+        stored = await conn.fetchval(TREE_SIZE_SQL)
+        if size > stored:
+            raise PermanentError(f"the stored tree has {stored} leaves: a size of {size} "
+                                 "cannot be accepted")
+        root = await LedgerStore(conn).root(size)
+        note = sign(Checkpoint(signer.name, size, root).text(), signer).render()
+        async with conn.transaction():
+            await conn.execute(
+                "INSERT INTO ledger_acceptances (tree_size, root_hash, note, reason, "
+                "accepted_by) VALUES ($1, $2, $3, $4, $5)",
+                size, root, note, reason.strip(), by or getpass.getuser())
+            await asyncio.to_thread(ledger.state.write, note, reason=reason.strip())
+    return Accepted(size, root, str(ledger.state.path))

@@ -25,22 +25,17 @@ from typing import Any
 
 import orjson
 
-from casetrail.adapters.bus.connection import connect_patiently
-from casetrail.adapters.bus.topology import Topology
-from casetrail.adapters.store import component_pool
+from casetrail.components.ledger_operator import stopped_ledger
 from casetrail.components.sequencer import (
     APPEND_KEY,
-    LEADER_KEY,
-    ledger_state,
-    published_anchors,
     read_edge,
+    write_leaves,
 )
 from casetrail.config import Settings
 from casetrail.contract.integrity import chain_hash
 from casetrail.errors import PermanentError
 from casetrail.ledger import merkle
 from casetrail.ledger.high_water import Anchor
-from casetrail.ledger.log_key import log_signer
 from casetrail.ledger.note import NoteError, TlogProof
 
 
@@ -97,32 +92,21 @@ def _missing(wanted: range, found: dict[int, LostLeaf]) -> str:
 async def recover(settings: Settings, directory: Path) -> Recovered:
     """Append the lost range from the bundles in ``directory``; ``PermanentError`` with
     what is missing or wrong, having written nothing."""
-    signer = log_signer(settings)
-    identity = settings.identity("ledger")
-    pool = await component_pool(identity, 1, 10.0)
-    connection = await connect_patiently(identity.amqp_url, "casetrail-ledger-recover", 10.0)
-    try:
-        async with pool.acquire() as conn:
-            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_KEY):
-                raise PermanentError("a ledger is running for this namespace: stop it first")
-            kept = await asyncio.to_thread(ledger_state(settings).read, signer.verifier)
-            anchors = [a for a in [kept, *await published_anchors(
-                signer, connection, Topology(settings.namespace))] if a is not None]
-            if not anchors:
-                raise PermanentError("the log's high-water mark is unknown: there is "
-                                     "nothing to recover to (see `ledger accept-size`)")
-            mark = max(anchors, key=lambda a: a.head.size)
-            async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", APPEND_KEY)
-                edge = await read_edge(conn)
-                lost = range(edge.size, mark.head.size)
-                found = await asyncio.to_thread(leaves_in_bundles, directory)
-                leaves = _complete(lost, found, mark)
-                tiles = _extended(edge, leaves, mark)
-                await _append(conn, leaves, tiles)
-    finally:
-        await connection.close()
-        await pool.close()
+    async with stopped_ledger(settings, "recover") as ledger:
+        if not ledger.anchors:
+            raise PermanentError("the log's high-water mark is unknown: there is nothing "
+                                 "to recover to (see `ledger accept-size`)")
+        mark = max(ledger.anchors, key=lambda a: a.head.size)
+        conn = ledger.conn
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", APPEND_KEY)
+            edge = await read_edge(conn)
+            lost = range(edge.size, mark.head.size)
+            found = await asyncio.to_thread(leaves_in_bundles, directory)
+            leaves = _complete(lost, found, mark)
+            await write_leaves(conn, edge.size,
+                               [(leaf.event_id, leaf.case_id, leaf.event_hash)
+                                for leaf in leaves], _extended(edge, leaves, mark))
     return Recovered(len(leaves), mark.head.size, len({leaf.case_id for leaf in leaves}))
 
 
@@ -147,16 +131,3 @@ def _extended(edge: merkle.Edge, leaves: list[LostLeaf], mark: Anchor
                              "root at that size): nothing was appended")
     return tiles
 
-
-async def _append(conn: Any, leaves: list[LostLeaf], tiles: dict[merkle.Tile, bytes]) -> None:
-    await conn.execute(
-        "INSERT INTO ledger_leaves (leaf_index, event_id, case_id, event_hash) "
-        "SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::uuid[], $4::text[])",
-        [leaf.index for leaf in leaves], [leaf.event_id for leaf in leaves],
-        [leaf.case_id for leaf in leaves], [leaf.event_hash for leaf in leaves])
-    keys = sorted(tiles)
-    await conn.execute(
-        "INSERT INTO ledger_tiles (level, tile_index, hashes) "
-        "SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::bytea[]) "
-        "ON CONFLICT (level, tile_index) DO UPDATE SET hashes = EXCLUDED.hashes",
-        [k[0] for k in keys], [k[1] for k in keys], [tiles[k] for k in keys])

@@ -106,6 +106,24 @@ async def read_edge(conn: Queries) -> merkle.Edge:
     return merkle.Edge(size, partial)
 
 
+async def write_leaves(conn: Queries, first: int,
+                       leaves: Sequence[tuple[uuid.UUID, uuid.UUID, str]],
+                       tiles: dict[merkle.Tile, bytes]) -> None:
+    """Leaves ``first`` … as (event id, case id, event hash), and the tiles they changed
+    (inside the caller's transaction)."""
+    await conn.execute(
+        "INSERT INTO ledger_leaves (leaf_index, event_id, case_id, event_hash) "
+        "SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::uuid[], $4::text[])",
+        list(range(first, first + len(leaves))), [leaf[0] for leaf in leaves],
+        [leaf[1] for leaf in leaves], [leaf[2] for leaf in leaves])
+    keys = sorted(tiles)
+    await conn.execute(
+        "INSERT INTO ledger_tiles (level, tile_index, hashes) "
+        "SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::bytea[]) "
+        "ON CONFLICT (level, tile_index) DO UPDATE SET hashes = EXCLUDED.hashes",
+        [k[0] for k in keys], [k[1] for k in keys], [tiles[k] for k in keys])
+
+
 @dataclass
 class Sequencer:
     """Appends queued events to the tree and signs checkpoints."""
@@ -205,17 +223,8 @@ class Sequencer:
             edge = self.edge.copy()
             first = edge.size
             tiles = edge.append([merkle.leaf_hash(bytes.fromhex(r["hash"])) for r in rows])
-            await conn.execute(
-                "INSERT INTO ledger_leaves (leaf_index, event_id, case_id, event_hash) "
-                "SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::uuid[], $4::text[])",
-                list(range(first, first + len(rows))), [r["event_id"] for r in rows],
-                [r["case_id"] for r in rows], [r["hash"] for r in rows])
-            keys = sorted(tiles)
-            await conn.execute(
-                "INSERT INTO ledger_tiles (level, tile_index, hashes) "
-                "SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::bytea[]) "
-                "ON CONFLICT (level, tile_index) DO UPDATE SET hashes = EXCLUDED.hashes",
-                [k[0] for k in keys], [k[1] for k in keys], [tiles[k] for k in keys])
+            await write_leaves(conn, first, [(r["event_id"], r["case_id"], r["hash"])
+                                             for r in rows], tiles)
         self.edge = edge
         metrics.LEDGER_LEAVES.inc(len(rows))
         metrics.LEDGER_TREE_SIZE.set(edge.size)
