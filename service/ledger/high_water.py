@@ -27,6 +27,7 @@ from pathlib import Path
 
 from casetrail.errors import PermanentError
 from casetrail.ledger.note import Checkpoint, NoteError, Verifier, open_checkpoint
+from casetrail.trail.key_source import is_file
 
 
 class HaltReason(StrEnum):
@@ -67,7 +68,7 @@ def state_file_for(log_key_file: str, namespace: str, configured: str | None) ->
     provider has no file to stand beside: then the setting is required."""
     if configured:
         return Path(configured)
-    if log_key_file.startswith(("env:", "provider:")):
+    if not is_file(log_key_file):
         raise PermanentError(f"the log key comes from {log_key_file!r}: set "
                              "CASETRAIL_LEDGER_STATE_FILE, where the ledger keeps its "
                              "high-water mark")
@@ -96,22 +97,27 @@ class StateFile:
 
     def write(self, note: str, *, reason: str | None = None) -> None:
         """Keep ``note`` (a signed checkpoint) as the high-water mark, durably."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".ledger-")
         record: dict[str, str] = {"checkpoint": note}
         if reason:
             record["acceptedBecause"] = reason
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(record, handle, indent=2)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o600)
-        os.replace(temporary, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        write_json_durably(self.path, record, ".ledger-")
+
+
+def write_json_durably(path: Path, value: object, prefix: str) -> None:
+    """Replace ``path`` with ``value`` as JSON (mode 0600), atomically and synced, with
+    its directory: the ledger's and a witness's memory of the log."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=prefix)
+    with os.fdopen(descriptor, "w") as handle:
+        json.dump(value, handle, indent=2)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def from_stream(notes: Iterable[bytes], verifier: Verifier, source: str) -> Anchor | None:

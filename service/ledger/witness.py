@@ -20,8 +20,6 @@ import base64
 import contextlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from typing import Any
 import httpx
 
 from casetrail.ledger import merkle
+from casetrail.ledger.high_water import write_json_durably
 from casetrail.ledger.note import (
     Checkpoint,
     Note,
@@ -149,13 +148,8 @@ class Witness:
         return Checkpoint.parse(Note.parse(state["checkpoint"]).text)
 
     def _remember(self, note: str) -> None:
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=self.state_file.parent,
-                                                 prefix=".witness-")
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump({"logKey": self.log_key.text(), "checkpoint": note,
-                       "acceptedAt": int(self.clock())}, handle, indent=2)
-        os.replace(temporary, self.state_file)
+        write_json_durably(self.state_file, {"logKey": self.log_key.text(), "checkpoint": note,
+                                             "acceptedAt": int(self.clock())}, ".witness-")
 
     async def observe(self) -> tuple[Checkpoint, bool]:
         """Fetch and check the log's checkpoint; ``(checkpoint, new)``. Raises

@@ -63,6 +63,19 @@ def _run(*command: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+async def back_up(own: Settings, backup: Path) -> None:
+    """The namespace's database, as `pg_dump -Fc` keeps it."""
+    await asyncio.to_thread(_run, "pg_dump", "-Fc", "-f", str(backup), own.database_url)
+
+
+async def restore(own: Settings, pool: asyncpg.Pool, backup: Path) -> None:
+    """The namespace's database brought back from ``backup``, as the runbook does; the
+    tests' own pool forgets its connections to the tables replaced."""
+    await asyncio.to_thread(_run, "pg_restore", "--clean", "--if-exists",
+                            "--single-transaction", "-d", own.database_url, str(backup))
+    await pool.expire_connections()
+
+
 async def metric_shows(port: int, line: str) -> bool:
     try:
         async with httpx.AsyncClient() as client:
@@ -82,8 +95,7 @@ async def test_an_older_backup_restored_halts_the_ledger_and_the_log_never_forks
                 await run_cases(logged, 2)
                 backed_up, _ = await logged_everything(logged)
                 backup = tmp_path / "b1.dump"
-                await asyncio.to_thread(_run, "pg_dump", "-Fc", "-f", str(backup),
-                                        own.database_url)
+                await back_up(own, backup)
                 await run_cases(logged, 2)
                 witnessed, _ = await logged_everything(logged)
                 assert witnessed > backed_up
@@ -91,10 +103,7 @@ async def test_an_older_backup_restored_halts_the_ledger_and_the_log_never_forks
                 assert (await witness_once(logged, accepted)).returncode == 0
                 await logged.stop_ledger()
             # The database restored from the older backup, everything else left as it is.
-            await asyncio.to_thread(_run, "pg_restore", "--clean", "--if-exists",
-                                    "--single-transaction", "-d", own.database_url,
-                                    str(backup))
-            await pool.expire_connections()
+            await restore(own, pool, backup)
             assert await pool.fetchval("SELECT max(tree_size) FROM ledger_checkpoints") \
                 == backed_up
             async with serving(own, amqp, pool, key, children) as logged:
@@ -180,10 +189,8 @@ async def test_a_ledger_without_its_anchors_waits_for_an_acceptance_on_the_recor
 
 async def _accept_size(own: Settings, size: int, reason: str
                        ) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(
-        subprocess.run, component_command("ledger", "accept-size", str(size), "--reason",
-                                          reason, "--by", "operator-test"),
-        capture_output=True, text=True, env=own.environment(), timeout=60)
+    return await _ledger(own, "accept-size", str(size), "--reason", reason, "--by",
+                         "operator-test")
 
 
 async def test_up_never_makes_new_keys_for_a_namespace_that_has_data(
@@ -241,7 +248,7 @@ async def test_a_restored_backup_brings_back_no_revoked_or_retired_key(
         spare = Signer.generate()
         await KeyRegistry(pool).register(spare.key_id, spare.public_key)
         backup = tmp_path / "before.dump"
-        await asyncio.to_thread(_run, "pg_dump", "-Fc", "-f", str(backup), own.database_url)
+        await back_up(own, backup)
         for command in (("keys", "revoke", key_id), ("signer", "retire", spare.key_id)):
             done = await asyncio.to_thread(
                 subprocess.run, component_command(*command), capture_output=True,
@@ -251,9 +258,7 @@ async def test_a_restored_backup_brings_back_no_revoked_or_retired_key(
             "SELECT not_valid_after FROM signing_keys WHERE key_id = $1", spare.key_id)
         assert retired_at is not None
 
-        await asyncio.to_thread(_run, "pg_restore", "--clean", "--if-exists",
-                                "--single-transaction", "-d", own.database_url, str(backup))
-        await pool.expire_connections()
+        await restore(own, pool, backup)
         assert await pool.fetchval("SELECT revoked_at FROM api_keys WHERE key_id = $1",
                                    key_id) is None  # back to life with the backup
         again = await asyncio.to_thread(
@@ -286,8 +291,7 @@ async def test_a_rollback_is_mended_from_bundles_and_the_witness_accepts_the_log
                 await run_cases(logged, 1)
                 backed_up, _ = await logged_everything(logged)
                 backup = tmp_path / "b1.dump"
-                await asyncio.to_thread(_run, "pg_dump", "-Fc", "-f", str(backup),
-                                        own.database_url)
+                await back_up(own, backup)
                 lost = await run_cases(logged, 2)
                 witnessed, _ = await logged_everything(logged)
                 for case_id in lost:
@@ -295,10 +299,7 @@ async def test_a_rollback_is_mended_from_bundles_and_the_witness_accepts_the_log
                 accepted = tmp_path / "witness.json"
                 assert (await witness_once(logged, accepted)).returncode == 0
                 await logged.stop_ledger()
-            await asyncio.to_thread(_run, "pg_restore", "--clean", "--if-exists",
-                                    "--single-transaction", "-d", own.database_url,
-                                    str(backup))
-            await pool.expire_connections()
+            await restore(own, pool, backup)
             async with serving(own, amqp, pool, key, children) as logged:
                 await logged.start_ledger()
                 await logged.halted("behind")
