@@ -387,6 +387,12 @@ class Settings(BaseSettings):
         description="How long a worker keeps publishing an event again through a broker "
         "outage or refusal (a node lost: the connection moves, a queue elects its new "
         "leader) before it hands the case back for its next attempt.")
+    retention_seconds: float = Field(
+        default=300.0, gt=0,
+        description="How often a worker runs the retention pass: expires the cases past "
+        "their time under the policy in force that no legal hold keeps, and erases "
+        "personal data on its earlier deadline (service/components/retention.py). With no "
+        "policy set (the default) it deletes nothing.")
     sweep_seconds: float = Field(
         default=10.0, gt=0,
         description="How often a worker looks for stranded cases (a lease lapsed over a "

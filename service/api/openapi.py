@@ -27,6 +27,7 @@ from fastapi.openapi.utils import get_openapi
 
 from casetrail.agents import AGENTS
 from casetrail.api.problems import problem_media_types
+from casetrail.cases.retention import PRESETS
 from casetrail.config import Settings
 from casetrail.contract.events import EVENT_TYPES
 from casetrail.contract.model_providers import PROVIDERS
@@ -163,10 +164,32 @@ def exact_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
             "name": f"key.{field}", "in": "query", "required": False,
             "description": f"Cases whose business key {field} has this value.",
             "schema": {"type": "string", "maxLength": 300, "not": _NO_NUL}})
+    _retention_exact(document)
     _json_errors_on_streams(document)
     problem_media_types(document)
     app.openapi_schema = document
     return document
+
+
+def _retention_exact(document: dict[str, Any]) -> None:
+    """What retention and holds accept, as exactly as the installed agents make it: the
+    agents a policy may name, the business key fields, the presets; no NUL in text."""
+    schemas = document["components"]["schemas"]
+    keys = sorted({key for agent in AGENTS.values() for key in agent.keys})
+    for name in ("BusinessDateRequest", "HoldKey"):
+        schemas[name]["properties"]["field"]["enum"] = keys
+    policy = schemas["PolicyRequest"]["properties"]
+    policy["businessKey"] = {"anyOf": [{"enum": keys}, {"type": "null"}],
+                             "description": policy["businessKey"]["description"]}
+    policy["preset"] = {"anyOf": [{"enum": list(PRESETS)}, {"type": "null"}],
+                        "description": policy["preset"]["description"]}
+    for parameter in document["paths"]["/retention/policies/{agent}"]["put"]["parameters"]:
+        if parameter["name"] == "agent":
+            parameter["schema"] = {"enum": [*sorted(AGENTS), "*"],
+                                   "description": parameter["schema"].get("description", "")}
+    for name in ("PolicyRequest", "BusinessDateRequest", "HoldKey", "HoldOnCase",
+                 "HoldOnKey", "HoldOnTenant", "ReleaseRequest"):
+        _refuse_nul(schemas[name])
 
 
 def _json_errors_on_streams(document: dict[str, Any]) -> None:

@@ -335,3 +335,96 @@ class AsyncApiDocument(BaseModel):
     channels: dict[str, Any]
     operations: dict[str, Any]
     components: dict[str, Any]
+
+
+class PolicyView(BaseModel):
+    policyId: int
+    agent: str = Field(description="An agent, or * for the tenant's default.")
+    version: int
+    keepDays: int | None = Field(description="Null: kept for good.")
+    countedFrom: str
+    businessKey: str | None
+    personalDataDays: int | None
+    archive: bool
+    preset: str | None
+    reason: str
+    setBy: str
+    setAt: str
+    needsSecondPerson: bool = Field(description="It keeps less than the version before it: "
+                                    "in force once another person approved it.")
+    approvedBy: str | None = None
+    approvedAt: str | None = None
+    inForce: bool | None = None
+
+
+class PresetView(BaseModel):
+    name: str
+    keepDays: int
+    personalDataDays: int | None
+    source: str = Field(description="The rule the preset follows.")
+
+
+class PolicyList(BaseModel):
+    floorDays: int = Field(description="No policy keeps a case less (checked by the database).")
+    floorSource: str
+    default: str
+    presets: list[PresetView]
+    policies: list[PolicyView]
+
+
+class PlannedCase(BaseModel):
+    caseId: str
+    agent: str
+    policyId: int
+    policyVersion: int
+    countedFrom: str
+    expiresAt: str | None
+    personalDataUntil: str | None
+    held: bool = Field(description="A legal hold keeps it: neither expired nor erased.")
+
+
+class RetentionPlan(BaseModel):
+    cases: list[PlannedCase]
+    held: int
+    wouldAct: int
+
+
+class HoldKeyView(BaseModel):
+    field: str
+    value: str = Field(description="The value, or its keyed digest for a sensitive field.")
+
+
+class HoldRelease(BaseModel):
+    person: str
+    reason: str
+    releasedAt: str
+
+
+class HoldView(BaseModel):
+    holdId: str
+    scope: str
+    caseId: str | None = None
+    key: HoldKeyView | None = None
+    reason: str
+    placedBy: str
+    placedAt: str
+    endsAt: str | None
+    active: bool
+    releases: list[HoldRelease]
+
+
+class HoldList(BaseModel):
+    holds: list[HoldView]
+
+
+class HoldReleased(BaseModel):
+    holdId: str
+    releasedBy: list[str]
+    released: bool = Field(description="True once two persons have released it.")
+
+
+class BusinessDateKept(BaseModel):
+    field: str
+    value: str = Field(description="As kept: the value, or its keyed digest for a sensitive "
+                       "field.")
+    endedOn: str

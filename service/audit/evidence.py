@@ -28,6 +28,7 @@ from casetrail.contract.events import ENDED_STATUSES
 from casetrail.contract.integrity import Integrity, IntegrityError, key_id, public_key_from_text
 from casetrail.ledger.note import TlogProof, Verifier
 from casetrail.ledger.proofs import LoggedEvent, check_log
+from casetrail.trail.expiry import verify_expired
 from casetrail.trail.verification import (
     Problem,
     PublicKey,
@@ -63,6 +64,8 @@ class Evidence:
         """The verdict on a case's stored trail; ``None`` for a case neither stored nor
         in the log."""
         row = row or await self.store.get_case(case_id)
+        if row is None and (tombstone := await self.store.tombstone(case_id)) is not None:
+            return await self._verify_expired(case_id, tombstone)
         logged = await self.ledger.leaves_of_case(case_id) if self.ledger else {}
         if row is None:
             if not logged:
@@ -86,6 +89,16 @@ class Evidence:
                                            "(leaves " + _leaves(logged[e] for e in gone)
                                            + ") but no longer stored"))
         return report
+
+    async def _verify_expired(self, case_id: uuid.UUID, tombstone: dict[str, Any]
+                              ) -> Report:
+        """An expired case: its CASE_EXPIRED against its tombstone and the log."""
+        stored = await self.store.find_by_case_and_types(case_id, with_body=True)
+        leaves = await self.ledger.leaf_hashes_of_case(case_id) if self.ledger else {}
+        signing = await self.keys.all()
+        return verify_expired(case_id, [(e.event_id, t) for e, t in
+                                        zip(stored, trail_events(stored), strict=True)],
+                              {k.key_id: k for k in signing}, tombstone, leaves)
 
     async def integrity_summary(self, case_id: uuid.UUID, row: dict[str, Any]
                                 ) -> dict[str, Any]:

@@ -13,7 +13,11 @@ somebody asks about exactly those cases. The audit asks about all of them:
   problems);
 - the stored tree still has the root of every checkpoint a witness cosigned since the
   last pass, and of the latest one (``checkpoint_inconsistent``);
-- no append-only trigger is switched off now (``trigger_disabled``).
+- no append-only trigger is switched off now (``trigger_disabled``);
+- an expired case (its events deleted by policy, its tombstone kept) is ``expired``,
+  not a finding: every pass checks each tombstone against its stored ``CASE_EXPIRED``
+  and the number of the case's leaves, and the expired trail's verdict (signature,
+  chain heads against the leaves) runs when its ``CASE_EXPIRED`` is newly logged.
 
 A pass is kept in ``audit_runs``; the next goes on from where it stopped (``--full``
 starts from the first leaf). The joins over leaves and events run every pass; a trail's
@@ -68,6 +72,8 @@ class AuditReport:
     from_leaf: int
     to_leaf: int
     cases_checked: int = 0
+    cases_expired: int = 0
+    """Expired cases in the log, each accounted for by its tombstone."""
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -83,7 +89,8 @@ class AuditReport:
 
     def as_json(self) -> dict[str, Any]:
         return {"full": self.full, "fromLeaf": self.from_leaf, "toLeaf": self.to_leaf,
-                "casesChecked": self.cases_checked, "clean": self.clean,
+                "casesChecked": self.cases_checked, "casesExpired": self.cases_expired,
+                "clean": self.clean,
                 "seconds": round(self.seconds, 3), "byKind": self.by_kind(),
                 "findings": [f.as_json() for f in self.findings]}
 
@@ -125,6 +132,11 @@ class WholeLog:
             Finding(FindingKind.NOT_LOGGED, f"event {m.event_id} is stored but neither in "
                     "the log nor waiting for it", m.case_id)
             for m in await self.store.events_unlogged()]
+        report.findings += [
+            Finding(FindingKind.ALTERED, "an expired case's tombstone does not account for "
+                    "its leaves, or its CASE_EXPIRED is not the one stored", case)
+            for case in await self.store.expiries_unaccounted()]
+        report.cases_expired = await self.store.expired_count()
         report.findings += await self._checkpoints(report.from_leaf)
         report.findings += [
             Finding(FindingKind.TRIGGER_DISABLED, f"the append-only trigger {trigger} of "
@@ -177,5 +189,6 @@ async def audit_namespace(settings: Settings, *, full: bool = False) -> AuditRep
     for kind, count in report.by_kind().items():
         metrics.AUDIT_FINDINGS.labels(kind).set(count)
     metrics.AUDIT_CASES_CHECKED.inc(report.cases_checked)
+    metrics.AUDIT_CASES_EXPIRED.set(report.cases_expired)
     metrics.AUDIT_PASSES.labels("clean" if report.clean else "findings").inc()
     return report

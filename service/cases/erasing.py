@@ -13,25 +13,30 @@ from typing import Any, Literal
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import CaseSecrets
+from casetrail.adapters.store.pool import HeldByLaw
 from casetrail.contract.commands import EraseCommand
 from casetrail.contract.events import ENDED_STATUSES
 
 
 @dataclass(frozen=True)
 class Erasure:
-    outcome: Literal["erased", "already", "nothing", "running"]
+    outcome: Literal["erased", "already", "nothing", "running", "held"]
     erased_at: datetime | None = None
 
 
 async def erase(secrets: CaseSecrets, publisher: Publisher, topology: Topology,
                 case: dict[str, Any], by: str) -> Erasure:
     """Erase ``case`` (its ``cases`` row) for ``by``. ``running``: not ended yet, nothing
-    done; ``nothing``: it holds no sensitive values; ``already``: done before (the
-    command is sent again, harmlessly, in case the first was lost)."""
+    done; ``held``: a legal hold keeps its values (the database refused); ``nothing``: it
+    holds no sensitive values; ``already``: done before (the command is sent again,
+    harmlessly, in case the first was lost)."""
     case_id: uuid.UUID = case["case_id"]
     if case["status"] not in ENDED_STATUSES:
         return Erasure("running")
-    outcome, erased_at = await secrets.erase(case_id, by)
+    try:
+        outcome, erased_at = await secrets.erase(case_id, by)
+    except HeldByLaw:
+        return Erasure("held")
     if outcome == "nothing":
         return Erasure("nothing")
     if outcome == "erased":

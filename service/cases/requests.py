@@ -3,9 +3,11 @@ cancel, validated by pydantic at every front."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import uuid
+from datetime import date, datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from casetrail.agents.profile import CamelModel
 from casetrail.contract.events import ModelRef
@@ -80,3 +82,96 @@ class AnswerRequest(CamelModel):
                          "id (GET /reviews shows it).")
     answer: str = Field(min_length=1, max_length=4000, description="Your answer; the model "
                         "reads it as the question's result, and the trail records who gave it.")
+
+
+def _text_only(value: Any) -> Any:
+    """A date or time in a body is ISO 8601 text, never a number of seconds."""
+    if not isinstance(value, str):
+        raise ValueError("an ISO 8601 date or date-time, as text")
+    return value
+
+
+Day = Annotated[date, BeforeValidator(_text_only)]
+Moment = Annotated[datetime, BeforeValidator(_text_only)]
+
+
+class PolicyRequest(CamelModel):
+    """A new version of a retention policy (``PUT /retention/policies/{agent}``)."""
+
+    model_config = {"json_schema_extra": {"examples": [
+        {"preset": "ai-act-minimum", "reason": "Loan decisions: the AI Act's minimum."},
+        {"keepDays": 2192, "personalDataDays": 365, "reason": "Six years; personal data "
+         "one year after the decision."},
+        {"preset": "amlr", "businessKey": "customerId",
+         "reason": "AML records: five years after the relationship ends."}]}}
+
+    preset: str | None = Field(default=None, max_length=100, description="A preset "
+                               "(GET /retention/policies lists them, with their source); "
+                               "the fields below change what it says.")
+    keep_days: int | None = Field(default=None, ge=183, le=36_500, description=(
+        "How long a decided case is kept, in days; null keeps it for good. At least the "
+        "floor (183 days, or more where the operator raised it)."))
+    business_key: str | None = Field(default=None, max_length=100, description=(
+        "Count from the date set for the case's value of this business key (POST "
+        "/retention/business-dates: the end of a customer relationship) instead of from "
+        "the case's terminal event. A case whose key has no date set is kept."))
+    personal_data_days: int | None = Field(default=None, ge=1, le=36_500, description=(
+        "How long its personal data (sealed sensitive values) is kept; never longer than "
+        "the case itself (a larger value means: with the case)."))
+    reason: str = Field(min_length=1, max_length=2000, description="Why; kept with the "
+                        "version.")
+
+
+class BusinessDateRequest(CamelModel):
+    """When the relationship a business key names ended (``POST /retention/business-dates``)."""
+
+    field: str = Field(min_length=1, max_length=100, description="A business key field.")
+    value: str = Field(min_length=1, max_length=300)
+    ended_on: Day
+
+
+class HoldKey(CamelModel):
+    field: str = Field(min_length=1, max_length=100, description="A business key field.")
+    value: str = Field(min_length=1, max_length=300)
+
+
+class _Hold(CamelModel):
+    reason: str = Field(min_length=1, max_length=2000)
+    ends_at: Moment | None = Field(default=None, description="When the hold ends by "
+                                     "itself; none: until two persons release it.")
+
+
+class HoldOnCase(_Hold):
+    """Hold one case."""
+
+    model_config = {"json_schema_extra": {"examples": [
+        {"scope": "case", "caseId": "0b9c1f8e-3f4a-4d7e-9a51-0c2f3e4d5a6b",
+         "reason": "Complaint 2026-114: keep until resolved."}]}}
+
+    scope: Literal["case"]
+    case_id: uuid.UUID
+
+
+class HoldOnKey(_Hold):
+    """Hold every case with a business key's value, present and future."""
+
+    model_config = {"json_schema_extra": {"examples": [
+        {"scope": "business_key", "key": {"field": "applicantId", "value": "A-1001"},
+         "reason": "Litigation hold, matter 88-2026."}]}}
+
+    scope: Literal["business_key"]
+    key: HoldKey
+
+
+class HoldOnTenant(_Hold):
+    """Hold every case of the tenant."""
+
+    scope: Literal["tenant"]
+
+
+HoldRequest = Annotated[HoldOnCase | HoldOnKey | HoldOnTenant, Field(discriminator="scope")]
+"""A legal hold (``POST /holds``)."""
+
+
+class ReleaseRequest(CamelModel):
+    reason: str = Field(min_length=1, max_length=2000)

@@ -33,6 +33,7 @@ from casetrail.adapters.store import (
 )
 from casetrail.adapters.store.batching import Coalescer
 from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.adapters.store.retention import RetentionStore
 from casetrail.adapters.store.search import CaseIndex
 from casetrail.audit.evidence import Evidence
 from casetrail.config import Settings
@@ -117,6 +118,11 @@ class CaseServices:
     """The API's action key (CASETRAIL_ACTION_KEY_FILE): it signs every action of a
     person's it keeps; without one, no such action is kept."""
     _noting: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def retention(self) -> RetentionStore:
+        """Policies, business dates and legal holds (service/cases/retention.py)."""
+        return RetentionStore(self.pool)
 
     def note_start_confirmed(self, case_id: uuid.UUID) -> None:
         """Record, off the request's path, that the broker confirmed a start command (a

@@ -52,4 +52,7 @@ async def erase(services: CaseServices, principal: Principal, case_id: uuid.UUID
         raise Conflict(f"case {case_id} is {row['status']}: erase it once it has ended")
     if done.outcome == "nothing":
         raise Conflict(f"case {case_id} holds no sensitive values")
+    if done.outcome == "held":
+        raise Conflict(f"case {case_id} is under a legal hold: its values are not erased "
+                       "while it holds (GET /holds?caseId=...)")
     return done

@@ -32,7 +32,7 @@ ApiKey = Annotated[str | None, typer.Option(
     help="Act as this API key (its tenant and scopes); without one, as the operator.")]
 
 
-def _perform(api_key: str | None, scope: Scope, tenant: str | None,
+def perform(api_key: str | None, scope: Scope, tenant: str | None,
              work: Callable[[Any, Principal], Awaitable[T]]) -> T:
     """Open the case services, find who acts, check the scope, run ``work``; a refusal or
     a failure is a message and its exit code."""
@@ -66,7 +66,7 @@ class _Refused(Exception):
 def operate(work: Callable[[Any, Principal], Awaitable[T]]) -> T:
     """``work`` as the operator (every tenant, every scope): for the operator's own
     commands (`erase`, `export`)."""
-    return _perform(None, Scope.ADMIN, None, work)
+    return perform(None, Scope.ADMIN, None, work)
 
 
 async def _principal(services: Any, api_key: str | None, tenant: str | None) -> Principal:
@@ -93,7 +93,7 @@ def case_id_of(text: str) -> uuid.UUID:
         raise typer.Exit(2) from None
 
 
-def _print(value: Any) -> None:
+def print_json(value: Any) -> None:
     typer.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode())
 
 
@@ -121,10 +121,10 @@ def cases_start(
     except (orjson.JSONDecodeError, ValidationError) as exc:
         typer.echo(f"the input is not a JSON object: {exc}", err=True)
         raise typer.Exit(1) from None
-    started = _perform(api_key, Scope.START, None if api_key else tenant,
+    started = perform(api_key, Scope.START, None if api_key else tenant,
                        lambda services, who: start(services, who, request, idempotency_key))
     row = started.case
-    _print({"caseId": str(row["case_id"]), "status": row["status"], "agent": row["agent"],
+    print_json({"caseId": str(row["case_id"]), "status": row["status"], "agent": row["agent"],
             "tenant": row["tenant_id"], "replayed": not started.created})
 
 
@@ -148,13 +148,13 @@ def cases_list(
     """The tenant's cases, newest first (as `GET /cases`)."""
     from casetrail.cases import search
 
-    page = _perform(api_key, Scope.READ, None if api_key else tenant,
+    page = perform(api_key, Scope.READ, None if api_key else tenant,
                     lambda services, who: search(services, who, agent=agent, status=status,
                                                  decision=decision, since=since, until=until,
                                                  limit=limit, cursor=cursor,
                                                  checks=checks))
     if raw:
-        _print(page)
+        print_json(page)
         return
     for item in page["items"]:
         typer.echo(f"{item['caseId']}  {item['createdAt']}  {item['agent']:<16} "
@@ -172,7 +172,7 @@ def cases_show(
     from casetrail.cases import get
 
     parsed = case_id_of(case_id)
-    _print(_perform(api_key, Scope.READ, None,
+    print_json(perform(api_key, Scope.READ, None,
                     lambda services, who: get(services, who, parsed)))
 
 
@@ -187,7 +187,7 @@ def report(
     from casetrail.cases.reporting import report as make_report
 
     parsed = case_id_of(case_id)
-    made = _perform(api_key, Scope.READ, None,
+    made = perform(api_key, Scope.READ, None,
                     lambda services, who: make_report(services, who, parsed))
     output.write_bytes(made.pdf)
     typer.echo(f"{output}: {len(made.pdf):,} bytes; the attached bundle's SHA-256 is "
@@ -205,7 +205,7 @@ def cases_cancel(
     from casetrail.cases import cancel
 
     parsed = case_id_of(case_id)
-    _perform(api_key, Scope.CANCEL, None,
+    perform(api_key, Scope.CANCEL, None,
              lambda services, who: cancel(services, who, parsed, reason))
     typer.echo(f"case {parsed} is stopping")
 
@@ -230,13 +230,13 @@ def reviews_list(
     """Cases awaiting review, oldest wait first (as `GET /reviews`)."""
     from casetrail.cases.reviewing import open_reviews
 
-    found = _perform(api_key, Scope.READ, None if api_key else tenant,
+    found = perform(api_key, Scope.READ, None if api_key else tenant,
                      lambda services, who: open_reviews(
                          services, who, agent=agent, decision=decision,
                          checks_failed=True if checks == "failed" else None,
                          overdue=True if overdue else None))
     if raw:
-        _print({"reviews": found})
+        print_json({"reviews": found})
         return
     for item in found:
         late = "  OVERDUE" if item["overdue"] else ""
@@ -254,7 +254,7 @@ def reviews_show(
     from casetrail.cases.reviewing import one_review
 
     parsed = case_id_of(case_id)
-    _print(_perform(api_key, Scope.READ, None,
+    print_json(perform(api_key, Scope.READ, None,
                     lambda services, who: one_review(services, who, parsed)))
 
 
@@ -292,7 +292,7 @@ def reviews_decide(
             raise typer.Exit(1) from None
     parsed = case_id_of(case_id)
     given: Verdict = verdict  # type: ignore[assignment]  # checked above
-    done = _perform(api_key, Scope.REVIEW, None,
+    done = perform(api_key, Scope.REVIEW, None,
                     lambda services, who: review(services, who, parsed, given, reason,
                                                  decision))
     typer.echo(f"case {parsed}: {done.verdict} by {done.reviewer['subject']}; it goes on "
@@ -316,7 +316,7 @@ def reviews_answer(
                    "CASETRAIL_API_KEY), made with `keys create --person`", err=True)
         raise typer.Exit(1)
     parsed = case_id_of(case_id)
-    done = _perform(api_key, Scope.REVIEW, None,
+    done = perform(api_key, Scope.REVIEW, None,
                     lambda services, who: answer_question(services, who, parsed, call_id,
                                                           answer))
     typer.echo(f"case {parsed}: answered by {done.reviewer['subject']}; it goes on")

@@ -32,6 +32,7 @@ from casetrail.cli.common import configure_logging as _logging
 from casetrail.cli.common import run as _run
 from casetrail.cli.common import with_evidence
 from casetrail.cli.persons import persons_app
+from casetrail.cli.retention import holds_app, retention_app
 from casetrail.components import gc_tuning
 from casetrail.config import get_settings
 
@@ -529,6 +530,8 @@ app.add_typer(sql_role_app, name="sql-role")
 app.add_typer(subscribers_app, name="subscribers")
 app.add_typer(signer_app, name="signer")
 app.add_typer(persons_app, name="persons")
+app.add_typer(retention_app, name="retention")
+app.add_typer(holds_app, name="holds")
 
 app.registered_commands.extend(audit_app.registered_commands)
 

@@ -63,9 +63,11 @@ from casetrail.adapters.store import (
     Wait,
 )
 from casetrail.adapters.store.batching import Coalescer
+from casetrail.adapters.store.expiry import ExpiryStore
 from casetrail.agents import AGENTS
 from casetrail.agents.profile import AgentProfile
 from casetrail.audit.resume import record_so_far
+from casetrail.components.retention import EXPIRED_EVENT_TYPE, RetentionKeeper
 from casetrail.components.runtime import component
 from casetrail.components.supervisor import run_until_signal
 from casetrail.components.sweeper import StrandedCaseSweeper
@@ -222,6 +224,8 @@ class CaseWorker:
     """How long an event's publish is tried again before the case is handed back."""
     sweep_seconds: float = 10.0
     """How often this worker looks for stranded cases (service/components/sweeper.py)."""
+    retention_seconds: float = 300.0
+    """How often this worker runs the retention pass (service/components/retention.py)."""
     shutdown_grace: float = 10.0
     review_policy: Callable[[str], ReviewPolicy] = lambda tenant: ReviewPolicy()
     """What a tenant asks of the people deciding its cases (its policy, in the settings)."""
@@ -299,6 +303,10 @@ class CaseWorker:
                                            self.lease_seconds, self.sweep_seconds)
         sweeping = asyncio.create_task(self.sweeper.run())
         counting = asyncio.create_task(self._count_reviews())
+        self.retention = RetentionKeeper(
+            ExpiryStore(self.store.pool), self.store, self.secrets, self._sink.append,
+            f"retention:{self.owner}", interval=self.retention_seconds)
+        retaining = asyncio.create_task(self.retention.run())
         log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
         if ready is not None:
             ready.set()
@@ -310,6 +318,7 @@ class CaseWorker:
         renewer.cancel()
         sweeping.cancel()
         counting.cancel()
+        retaining.cancel()
         await publisher.channel.close()
         await channel.close()
 
@@ -660,6 +669,8 @@ class CaseWorker:
             raise Reject(f"erase command for case {command.case_id}, whose values Postgres "
                          "does not show erased")
         head = await self.store.trail_head(command.case_id)
+        if head is not None and head.event_type == EXPIRED_EVENT_TYPE:
+            return  # expired meanwhile: nothing of it is kept to record the erasure on
         if head is None or (head.event_type not in TERMINAL_EVENT_TYPES and not head.erased):
             raise TransientError(f"case {command.case_id}'s terminal event is not stored yet")
         if head.erased:
@@ -766,6 +777,7 @@ async def run_worker(settings: Settings) -> None:
                             concurrency=settings.worker_concurrency,
                             lease_seconds=settings.lease_seconds,
                             sweep_seconds=settings.sweep_seconds,
+                            retention_seconds=settings.retention_seconds,
                             publish_retry_seconds=settings.publish_retry_seconds,
                             review_policy=settings.review_policy,
                             review_deadline_seconds=settings.review_deadline_seconds)

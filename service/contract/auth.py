@@ -28,6 +28,8 @@ class Scope(StrEnum):
     REVIEW = "cases:review"
     MODELS_OVERRIDE = "models:override"
     PII_READ = "pii:read"
+    RETENTION = "retention:manage"
+    HOLDS = "holds:manage"
     ADMIN = "admin"
 
 

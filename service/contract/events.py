@@ -53,6 +53,7 @@ EventType: TypeAlias = Literal[
     "CASE_ERASED",
     "CASE_AWAITING_REVIEW",
     "CASE_REVIEWED",
+    "CASE_EXPIRED",
 ]
 """Every event type, once; the tuples, maps and SQL literals below are derived from it."""
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
@@ -627,6 +628,32 @@ class CaseErasedPayload(ContractModel):
     placeholders: tuple[str, ...] = Field(description="The placeholders that were erased.")
 
 
+class ChainHead(ContractModel):
+    """An attempt's last event before expiry: where its hash chain ended."""
+
+    attempt: int = Field(ge=1)
+    seq: int = Field(ge=0)
+    event_id: uuid.UUID
+    hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class CaseExpiredPayload(ContractModel):
+    """Administrative, after the terminal event: the case's time under its retention
+    policy is up and no hold keeps it, so its other events are deleted. What stays is
+    this event (and its tombstone): enough to check every leaf the log holds of the
+    case against it."""
+
+    policy_id: int = Field(ge=1, description="The retention policy in force.")
+    policy_version: int = Field(ge=1)
+    kept_days: int = Field(ge=1, description="How long the policy keeps a case.")
+    counted_from: Literal["ended", "business_date"]
+    events_removed: int = Field(ge=1, description="Events deleted: every event of the "
+                                "case before this one.")
+    heads: tuple[ChainHead, ...] = Field(min_length=1, description="Each attempt's final "
+                                         "chain hash (this event chains on the last).")
+    expired_by: str = Field(description="What ran the expiry: ``retention:<worker>``.")
+
+
 class EventBase(ContractModel):
     """The envelope every event shares."""
 
@@ -724,6 +751,11 @@ class CaseErased(EventBase):
     payload: CaseErasedPayload
 
 
+class CaseExpired(EventBase):
+    event_type: Literal["CASE_EXPIRED"] = "CASE_EXPIRED"
+    payload: CaseExpiredPayload
+
+
 class CaseAwaitingReview(EventBase):
     event_type: Literal["CASE_AWAITING_REVIEW"] = "CASE_AWAITING_REVIEW"
     payload: CaseAwaitingReviewPayload
@@ -736,7 +768,7 @@ class CaseReviewed(EventBase):
 
 Event: TypeAlias = Annotated[
     CaseStarted | ReactCycle | CaseCompleted | CaseFailed | CaseTimedOut | CaseCancelled
-    | CaseErased | CaseAwaitingReview | CaseReviewed,
+    | CaseErased | CaseAwaitingReview | CaseReviewed | CaseExpired,
     Field(discriminator="event_type"),
 ]
 TerminalEvent: TypeAlias = CaseCompleted | CaseFailed | CaseTimedOut | CaseCancelled
@@ -744,7 +776,8 @@ TerminalPayload: TypeAlias = (
     CaseCompletedPayload | CaseFailedPayload | CaseTimedOutPayload | CaseCancelledPayload
 )
 Payload: TypeAlias = (CaseStartedPayload | ReactCyclePayload | TerminalPayload
-                      | CaseErasedPayload | CaseAwaitingReviewPayload | CaseReviewedPayload)
+                      | CaseErasedPayload | CaseAwaitingReviewPayload | CaseReviewedPayload
+                      | CaseExpiredPayload)
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 _EVENT_CLASSES: dict[str, type[EventBase]] = {
@@ -766,8 +799,8 @@ TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(
     cls.model_fields["event_type"].default for cls in get_args(TerminalEvent)
 )
 assert set(_EVENT_CLASSES) == set(EVENT_TYPES), "an event type without its class, or one more"
-ADMINISTRATIVE_EVENT_TYPES: frozenset[str] = frozenset({CaseErased.model_fields[
-    "event_type"].default})
+ADMINISTRATIVE_EVENT_TYPES: frozenset[str] = frozenset(
+    cls.model_fields["event_type"].default for cls in (CaseErased, CaseExpired))
 """Events after the terminal one (the completeness rule ignores them)."""
 PARKING_EVENT_TYPE = CaseAwaitingReview.model_fields["event_type"].default
 """The event that ends an attempt without ending the case: it waits for a person."""

@@ -192,10 +192,12 @@ def grants(settings: Settings) -> list[str]:
     policy = quote_ident(f"{settings.namespace}_components")
     statements = [
         f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {everyone}",
+        f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA public FROM {everyone}",
         # The API starts, reads and cancels cases (a case nobody claimed yet can be
         # withdrawn when its start command could not be published); reads the log,
         # the signing keys and API keys. It never writes the log.
-        f"GRANT SELECT, INSERT, DELETE ON cases TO {api}",
+        f"GRANT SELECT, INSERT ON cases TO {api}",
+        f"GRANT EXECUTE ON FUNCTION withdraw_case(uuid) TO {api}",
         # ... its business keys (values, or digests of sensitive ones, which erasing
         # deletes).
         f"GRANT SELECT, INSERT, DELETE ON case_keys TO {api}",
@@ -250,6 +252,20 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT SELECT ON ledger_leaves, ledger_tiles, ledger_checkpoints, ledger_keys, "
         f"ledger_cosignatures, ledger_acceptances TO {api}",
         f"GRANT INSERT ON ledger_cosignatures TO {api}",
+        # Retention and holds (docs/design.md, "Keeping records as long as the law
+        # says"): the API keeps policies, approvals, business dates, holds and their
+        # releases (append-only, as people set them) and reads tombstones; the worker
+        # appends CASE_EXPIRED and expires a case through the owner's function, which
+        # checks the tombstone and the holds in the database. Nobody deletes events or
+        # cases directly.
+        f"GRANT SELECT, INSERT ON retention_policies, retention_approvals, "
+        f"retention_business_dates, legal_holds, legal_hold_releases TO {api}",
+        f"GRANT SELECT ON retention_in_force, retention_floor, case_tombstones TO {api}",
+        f"GRANT EXECUTE ON FUNCTION case_held(uuid, text) TO {api}, {worker}",
+        f"GRANT SELECT ON retention_in_force, retention_business_dates, case_tombstones, "
+        f"case_keys TO {worker}",
+        f"GRANT EXECUTE ON FUNCTION expire_case(uuid), erase_for_retention(uuid, text) "
+        f"TO {worker}",
     ]
     # Row-level security (migration 004) shows a SQL reader its tenant's rows; the
     # components serve every tenant and check tenancy themselves.

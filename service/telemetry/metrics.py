@@ -152,6 +152,21 @@ AUDIT_PASSES = Counter("casetrail_audit_passes", "Passes of `casetrail audit` ov
                        "by outcome (clean, findings, failed).", ["outcome"])
 AUDIT_CASES_CHECKED = Counter("casetrail_audit_cases_checked", "Cases whose trails the "
                               "audit verified.")
+AUDIT_CASES_EXPIRED = Gauge("casetrail_audit_cases_expired", "Expired cases the last pass "
+                            "of `casetrail audit` checked against their tombstones.")
+RETENTION_EXPIRED = Counter("casetrail_retention_expired", "Cases expired under their "
+                            "retention policy (CASE_EXPIRED appended, events deleted).")
+RETENTION_EVENTS_REMOVED = Counter("casetrail_retention_events_removed", "Events deleted "
+                                   "by expiry (every leaf stays in the log).")
+RETENTION_ERASED = Counter("casetrail_retention_erased", "Cases whose personal data was "
+                           "erased on their policy's earlier deadline.")
+RETENTION_PAST_TIME = Gauge("casetrail_retention_past_time_cases", "Cases past their time "
+                            "under their policy, not held and not expired yet.")
+RETENTION_HELD = Gauge("casetrail_retention_held_cases", "Cases past their time that a "
+                       "legal hold keeps.")
+RETENTION_OLDEST_PAST_SECONDS = Gauge("casetrail_retention_oldest_past_time_seconds",
+                                      "How long ago the oldest unheld case's time ran out "
+                                      "(0 when none is past it).")
 LEDGER_APPEND_SECONDS = Histogram(
     "casetrail_ledger_append_seconds", "Appending one batch of leaves, to its commit.",
     buckets=BUS_SECONDS)

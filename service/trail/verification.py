@@ -16,7 +16,8 @@ Each problem names the attempt and seq it was found at and a machine-readable co
     missing_terminal  the case ended (or every attempt stopped) without its terminal event
     extra_terminal    more than one terminal event
     terminal_not_last the terminal event is not on the case's last attempt
-    after_terminal    an event other than an administrative one (CASE_ERASED) after it
+    after_terminal    an event other than an administrative one (CASE_ERASED,
+                      CASE_EXPIRED) after it
     after_parked      an event after CASE_AWAITING_REVIEW in the same attempt (the attempt
                       that waits for a person ends there; the next one goes on)
     bad_action        a person's action (a review, an answer) carries a malformed signed
@@ -114,6 +115,8 @@ class Report:
     verdict, decision, when."""
     warnings: list[Problem] = field(default_factory=list)
     """What was not checked, or was recorded before it could be (never a failure)."""
+    expired: dict[str, Any] | None = None
+    """An expired case: what its CASE_EXPIRED and tombstone say (casetrail.trail.expiry)."""
 
     @property
     def verified(self) -> bool:
@@ -127,7 +130,8 @@ class Report:
                 **({"reviews": self.reviews} if self.reviews else {}),
                 **({"warnings": [w.as_json() for w in self.warnings]}
                    if self.warnings else {}),
-                **({"log": self.log} if self.log is not None else {})}
+                **({"log": self.log} if self.log is not None else {}),
+                **({"expired": self.expired} if self.expired is not None else {})}
 
     def first_problem(self) -> str:
         if not self.problems:
@@ -148,7 +152,7 @@ def _stamp(value: Any) -> datetime | None:
     return None
 
 
-def _check_signed(event: TrailEvent, prev_hash: str, keys: Mapping[str, PublicKey],
+def check_signed(event: TrailEvent, prev_hash: str, keys: Mapping[str, PublicKey],
                   problems: list[Problem]) -> dict[str, Any] | None:
     """The checks on one signed event; its envelope when the body reads as one."""
     at, integrity, body = (event.attempt, event.seq), event.integrity, event.body
@@ -225,7 +229,7 @@ def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, 
                 event_type = event.columns.get("eventType")
                 prev_hash = GENESIS
             else:
-                envelope = _check_signed(event, prev_hash, keys, report.problems)
+                envelope = check_signed(event, prev_hash, keys, report.problems)
                 event_type = (envelope or {}).get("eventType") or event.columns.get("eventType")
                 if event_type == "CASE_REVIEWED" and envelope is not None:
                     report.reviews.append(_review_of(attempt, event.seq, envelope))

@@ -122,6 +122,7 @@ async def in_process_stack(
                             models=models, concurrency=worker_concurrency,
                             lease_seconds=settings.lease_seconds, shutdown_grace=1.0,
                             sweep_seconds=settings.sweep_seconds,
+                            retention_seconds=settings.retention_seconds,
                             review_policy=settings.review_policy,
                             review_deadline_seconds=settings.review_deadline_seconds)
         ring = KeyRing(KeyRegistry(consumer_pool))

@@ -13,7 +13,9 @@ import asyncpg
 import orjson
 
 APPEND_ONLY_TABLES = ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints",
-                      "ledger_acceptances", "access_log", "audit_runs")
+                      "ledger_acceptances", "access_log", "audit_runs", "case_tombstones",
+                      "retention_policies", "retention_approvals", "retention_business_dates",
+                      "legal_holds", "legal_hold_releases")
 """The tables whose triggers refuse a change: one switched off is a finding."""
 
 
@@ -59,14 +61,35 @@ class AuditStore:
         return [r["case_id"] for r in rows]
 
     async def leaves_unmatched(self) -> list[Mismatch]:
-        """Event leaves whose event is not stored, or stored with another hash."""
+        """Event leaves whose event is not stored, or stored with another hash; but the
+        events an expiry removed (its case row gone with them, its tombstone kept),
+        which ``expiries_unaccounted`` and the expired trail's verdict answer for."""
         rows = await self.pool.fetch(
             "SELECT l.case_id, l.leaf_index, l.event_id, e.hash AS stored, "
             "l.event_hash AS leaf FROM ledger_leaves l LEFT JOIN event_log e "
             "USING (event_id) WHERE l.kind = 'event' AND (e.event_id IS NULL "
-            "OR e.hash IS DISTINCT FROM l.event_hash) ORDER BY l.leaf_index")
+            "OR e.hash IS DISTINCT FROM l.event_hash) AND NOT (e.event_id IS NULL AND "
+            "EXISTS (SELECT 1 FROM case_tombstones t WHERE t.case_id = l.case_id AND "
+            "t.event_id <> l.event_id) AND NOT EXISTS (SELECT 1 FROM cases c WHERE "
+            "c.case_id = l.case_id)) ORDER BY l.leaf_index")
         return [Mismatch(r["case_id"], r["leaf_index"], r["event_id"], r["stored"],
                          r["leaf"]) for r in rows]
+
+    async def expiries_unaccounted(self) -> list[uuid.UUID]:
+        """Expired cases (tombstone kept, case row gone) whose stored CASE_EXPIRED is not
+        the tombstone's, or whose other leaves are not the number it removed."""
+        rows = await self.pool.fetch(
+            "SELECT t.case_id FROM case_tombstones t WHERE NOT EXISTS (SELECT 1 FROM cases "
+            "c WHERE c.case_id = t.case_id) AND (NOT EXISTS (SELECT 1 FROM event_log e "
+            "WHERE e.event_id = t.event_id AND e.hash = t.event_hash) OR (SELECT count(*) "
+            "FROM ledger_leaves l WHERE l.case_id = t.case_id AND l.kind = 'event' AND "
+            "l.event_id <> t.event_id) <> t.events_removed) ORDER BY t.expired_at")
+        return [r["case_id"] for r in rows]
+
+    async def expired_count(self) -> int:
+        return int(await self.pool.fetchval(
+            "SELECT count(*) FROM case_tombstones t WHERE NOT EXISTS (SELECT 1 FROM cases c "
+            "WHERE c.case_id = t.case_id)"))
 
     async def events_unlogged(self) -> list[Mismatch]:
         """Stored events that are neither a leaf nor waiting in the ledger's queue."""

@@ -298,6 +298,10 @@ class CaseStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self._pool
+
     async def ping(self) -> None:
         async with translate_errors():
             await self._pool.fetchval("SELECT 1")
@@ -384,11 +388,16 @@ class CaseStore:
         """Remove a case whose start command the broker would not take (no events exist);
         ``False`` when a worker has claimed it meanwhile: the command did arrive (its
         confirm was what got lost), and the case is running."""
+        async with translate_errors():  # the owner's function: the API may not delete
+            return bool(await self._pool.fetchval("SELECT withdraw_case($1)", case_id))
+
+    async def tombstone(self, case_id: uuid.UUID) -> dict[str, Any] | None:
+        """What an expired case's CASE_EXPIRED said (its tombstone); ``None`` for a case
+        that has not expired."""
         async with translate_errors():
-            status = await self._pool.execute(
-                "DELETE FROM cases WHERE case_id = $1 AND attempts_claimed = 0", case_id
-            )
-        return bool(status.endswith(" 1"))
+            row = await self._pool.fetchrow(
+                "SELECT * FROM case_tombstones WHERE case_id = $1", case_id)
+        return None if row is None else dict(row)
 
     async def get_case(self, case_id: uuid.UUID) -> dict[str, Any] | None:
         async with translate_errors():

@@ -139,6 +139,14 @@ class LedgerStore:
             "SELECT event_id, leaf_index FROM ledger_leaves WHERE case_id = $1", case_id)
         return {r["event_id"]: r["leaf_index"] for r in rows}
 
+    async def leaf_hashes_of_case(self, case_id: uuid.UUID
+                                  ) -> dict[uuid.UUID, tuple[int, str | None]]:
+        """Each leaf of the case by event id: its index and the hash it holds."""
+        rows = await self.pool.fetch(
+            "SELECT event_id, leaf_index, event_hash FROM ledger_leaves WHERE case_id = $1",
+            case_id)
+        return {r["event_id"]: (r["leaf_index"], r["event_hash"]) for r in rows}
+
 
 def cosignature_for(note_text: str, checkpoint: StoredCheckpoint, witnesses: Sequence[Verifier]
                     ) -> list[tuple[Verifier, Signature]]:

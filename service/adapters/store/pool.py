@@ -27,6 +27,15 @@ _TRANSIENT = (
 )
 
 
+HELD_SQLSTATE = "CTHLD"
+"""What the database raises when a legal hold keeps the case it was asked to erase or
+expire (migration 025)."""
+
+
+class HeldByLaw(Exception):
+    """The database refused: a legal hold keeps the case."""
+
+
 @asynccontextmanager
 async def translate_errors() -> AsyncIterator[None]:
     """Turn connection-level asyncpg failures into ``StoreUnavailable``."""

@@ -9,7 +9,7 @@ from typing import Literal
 
 import asyncpg
 
-from casetrail.adapters.store.pool import translate_errors
+from casetrail.adapters.store.pool import HELD_SQLSTATE, HeldByLaw, translate_errors
 from casetrail.errors import PermanentError
 from casetrail.privacy.sensitive import SealedValues, Vault
 
@@ -66,11 +66,16 @@ class CaseSecrets:
         """Destroy the data key and the ciphertext (crypto-shredding), recording who;
         the outcome and when the values were erased (now, or the first time)."""
         async with translate_errors():
-            erased_at = await self._pool.fetchval(
-                """UPDATE case_secrets SET wrapped_key = NULL, ciphertext = NULL,
-                          erased_at = now(), erased_by = $2
-                   WHERE case_id = $1 AND erased_at IS NULL RETURNING erased_at""",
-                case_id, by)
+            try:
+                erased_at = await self._pool.fetchval(
+                    """UPDATE case_secrets SET wrapped_key = NULL, ciphertext = NULL,
+                              erased_at = now(), erased_by = $2
+                       WHERE case_id = $1 AND erased_at IS NULL RETURNING erased_at""",
+                    case_id, by)
+            except asyncpg.PostgresError as exc:
+                if getattr(exc, "sqlstate", None) == HELD_SQLSTATE:
+                    raise HeldByLaw(str(exc)) from exc
+                raise
             if erased_at is not None:
                 # The digests of its sensitive business keys go too: nobody can test a
                 # guess of an erased value against them any more.

@@ -1,0 +1,161 @@
+"""What the worker's retention pass reads and does in Postgres (casetrail.components.
+retention): the cases past their time under the policy in force, their chain heads, and
+the owner's functions that erase personal data and expire a tombstoned case. The
+database, not this code, refuses to touch a held or un-tombstoned case."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+import asyncpg
+
+from casetrail.adapters.store.pool import HELD_SQLSTATE, HeldByLaw, translate_errors
+from casetrail.contract.events import ENDED_SQL, ChainHead
+
+PAST_TIME_SQL = f"""
+SELECT c.case_id, c.tenant_id, c.agent, p.policy_id, p.version, p.keep_days,
+       p.counted_from, p.personal_data_days, s.counted_at
+FROM cases c
+JOIN LATERAL (SELECT * FROM retention_in_force p
+              WHERE p.tenant_id = c.tenant_id AND p.agent IN (c.agent, '*')
+              ORDER BY p.agent = '*' LIMIT 1) p ON true
+CROSS JOIN LATERAL (SELECT CASE p.counted_from WHEN 'ended' THEN c.ended_at ELSE (
+        SELECT d.ended_on::timestamptz FROM retention_business_dates d
+        JOIN case_keys k ON k.field = d.field AND k.value = d.value
+        WHERE k.case_id = c.case_id AND d.tenant_id = c.tenant_id
+          AND d.field = p.business_key
+        ORDER BY d.set_at DESC LIMIT 1) END AS counted_at) s
+WHERE c.status IN ({ENDED_SQL}) AND s.counted_at IS NOT NULL
+"""
+"""Every ended case under a policy, with the time its policy counts from (none until a
+business date is set, for a policy counted from one)."""
+
+_EXPIRED_DUE = (f"WITH past AS ({PAST_TIME_SQL}) SELECT past.*, case_held(case_id, tenant_id) "
+                "AS held FROM past WHERE keep_days IS NOT NULL AND counted_at + "
+                "make_interval(days => keep_days) < now()")
+_ERASE_DUE = (f"WITH past AS ({PAST_TIME_SQL}) SELECT past.*, case_held(case_id, tenant_id) "
+              "AS held FROM past WHERE personal_data_days IS NOT NULL AND counted_at + "
+              "make_interval(days => personal_data_days) < now() AND EXISTS (SELECT 1 FROM "
+              "case_secrets x WHERE x.case_id = past.case_id AND x.erased_at IS NULL)")
+
+
+@dataclass(frozen=True)
+class PastTime:
+    """A case whose time under ``policy_id`` (version ``version``) is up."""
+
+    case_id: uuid.UUID
+    tenant_id: str
+    agent: str
+    policy_id: int
+    version: int
+    keep_days: int | None
+    counted_from: Literal["ended", "business_date"]
+    held: bool
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What the retention gauges show: cases past their time not expired yet, those a
+    hold keeps, and when the oldest such time ran out."""
+
+    past_time: int
+    held: int
+    oldest_due: datetime | None
+
+
+class NotYet(Exception):
+    """The database refused: the case has no tombstone, or the log has not taken all of
+    its events; the next pass tries again."""
+
+
+def _past(rows: list[asyncpg.Record]) -> list[PastTime]:
+    return [PastTime(r["case_id"], r["tenant_id"], r["agent"], r["policy_id"], r["version"],
+                     r["keep_days"], r["counted_from"], r["held"])
+            for r in rows]
+
+
+@dataclass(frozen=True)
+class ExpiryStore:
+    pool: asyncpg.Pool
+
+    async def any_policy(self) -> bool:
+        """Whether any policy in force deletes anything (else there is nothing to do)."""
+        async with translate_errors():
+            return bool(await self.pool.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM retention_in_force WHERE keep_days IS NOT NULL "
+                "OR personal_data_days IS NOT NULL)"))
+
+    async def to_expire(self, limit: int) -> list[PastTime]:
+        """Cases past their time, with no tombstone yet, oldest first (held ones too:
+        they are counted, never expired)."""
+        async with translate_errors():
+            return _past(await self.pool.fetch(
+                f"{_EXPIRED_DUE} AND NOT EXISTS (SELECT 1 FROM case_tombstones t WHERE "
+                "t.case_id = past.case_id) ORDER BY counted_at LIMIT $1", limit))
+
+    async def to_erase(self, limit: int) -> list[PastTime]:
+        """Cases whose personal data is past its deadline and still kept."""
+        async with translate_errors():
+            return _past(await self.pool.fetch(f"{_ERASE_DUE} ORDER BY counted_at LIMIT $1",
+                                               limit))
+
+    async def backlog(self) -> Backlog:
+        async with translate_errors():
+            row = await self.pool.fetchrow(
+                f"SELECT count(*) FILTER (WHERE NOT held) AS due, count(*) FILTER (WHERE "
+                f"held) AS held, min(counted_at + make_interval(days => keep_days)) FILTER "
+                f"(WHERE NOT held) AS oldest FROM ({_EXPIRED_DUE}) due")
+        assert row is not None
+        return Backlog(row["due"], row["held"], row["oldest"])
+
+    async def tombstoned(self, limit: int) -> list[uuid.UUID]:
+        """Cases whose CASE_EXPIRED is stored and whose other events are not gone yet."""
+        async with translate_errors():
+            rows = await self.pool.fetch(
+                "SELECT t.case_id FROM case_tombstones t JOIN cases c USING (case_id) "
+                "ORDER BY t.expired_at LIMIT $1", limit)
+        return [r["case_id"] for r in rows]
+
+    async def chain_heads(self, case_id: uuid.UUID) -> tuple[int, list[ChainHead]]:
+        """The number of the case's events, and each attempt's last one."""
+        async with translate_errors():
+            rows = await self.pool.fetch(
+                "SELECT attempt, seq, event_id, hash FROM "
+                "(SELECT DISTINCT ON (attempt) attempt, seq, event_id, hash FROM event_log "
+                "WHERE case_id = $1 ORDER BY attempt, seq DESC) heads ORDER BY attempt",
+                case_id)
+            total = await self.pool.fetchval(
+                "SELECT count(*) FROM event_log WHERE case_id = $1", case_id)
+        return int(total), [ChainHead(attempt=r["attempt"], seq=r["seq"],
+                                      event_id=r["event_id"], hash=r["hash"]) for r in rows]
+
+    async def expire(self, case_id: uuid.UUID) -> int:
+        """The owner's ``expire_case``: the events removed."""
+        async with translate_errors():
+            try:
+                return int(await self.pool.fetchval("SELECT expire_case($1)", case_id))
+            except asyncpg.PostgresError as exc:
+                raise _refusal(exc) from exc
+
+    async def erase(self, case_id: uuid.UUID, by: str) -> datetime | None:
+        """The owner's ``erase_for_retention``: when the values were erased (``None``:
+        erased before)."""
+        async with translate_errors():
+            try:
+                erased: datetime | None = await self.pool.fetchval(
+                    "SELECT erase_for_retention($1, $2)", case_id, by)
+            except asyncpg.PostgresError as exc:
+                raise _refusal(exc) from exc
+        return erased
+
+
+def _refusal(exc: asyncpg.PostgresError) -> Exception:
+    code = getattr(exc, "sqlstate", None)
+    if code == HELD_SQLSTATE:
+        return HeldByLaw(str(exc))
+    if code in ("CTTMB", "CTLOG"):
+        return NotYet(str(exc))
+    return exc

@@ -1,0 +1,162 @@
+"""The worker's retention pass (docs/design.md, "Keeping records as long as the law
+says"; docs/operations.md, "Retention and legal holds").
+
+Every ``interval`` seconds, and only when some policy in force deletes anything (the
+default keeps everything), one pass, bounded in cases and in time:
+
+1. expires the cases whose ``CASE_EXPIRED`` is stored (the tombstone is there): the
+   owner's ``expire_case`` checks the tombstone, the holds and that the log has every
+   event, then deletes the events and the case row;
+2. erases the personal data of cases past their policy's earlier deadline (the
+   owner's ``erase_for_retention``) and appends the signed ``CASE_ERASED`` (a case past
+   both deadlines is erased first, and expires the next pass, chained on it);
+3. appends a signed ``CASE_EXPIRED`` (the policy, the events it removes, each attempt's
+   final chain hash) to each case past its time that no hold keeps; the next pass
+   removes its events, once the consumer has stored it.
+
+A crash anywhere leaves a state the next pass finishes: a case with a tombstone still
+holding events is step 1, one without is step 3 again (the event's id is derived from
+its place, so a second copy is the same event). Only the worker signs events, so the
+pass runs here; several workers' passes may overlap harmlessly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from casetrail.adapters.store import CaseSecrets, CaseStore
+from casetrail.adapters.store.expiry import ExpiryStore, NotYet, PastTime
+from casetrail.adapters.store.pool import HeldByLaw
+from casetrail.contract.events import (
+    CaseErasedPayload,
+    CaseExpiredPayload,
+    Event,
+    make_event,
+)
+from casetrail.errors import CasetrailError
+from casetrail.telemetry import metrics
+
+log = logging.getLogger("casetrail.retention")
+
+EXPIRED_EVENT_TYPE = "CASE_EXPIRED"
+
+
+@dataclass
+class PassOutcome:
+    """What one pass did."""
+
+    expired: int = 0
+    events_removed: int = 0
+    erased: int = 0
+    expiries_appended: int = 0
+    held: int = 0
+
+
+@dataclass
+class RetentionKeeper:
+    """Runs the retention pass for one worker."""
+
+    store: ExpiryStore
+    cases: CaseStore
+    secrets: CaseSecrets
+    append: Callable[[Event, str], Awaitable[None]]
+    """The worker's signed append: the event, the hash it chains on."""
+    ran_by: str
+    interval: float = 300.0
+    batch: int = 500
+    seconds: float = 60.0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.pass_once()
+            except CasetrailError as exc:
+                log.warning("retention pass failed, tried again in %.0f s: %s",
+                            self.interval, exc)
+            await asyncio.sleep(self.interval)
+
+    async def pass_once(self) -> PassOutcome:
+        outcome = PassOutcome()
+        if not await self.store.any_policy():
+            self._gauges(0, 0, None)
+            return outcome
+        until = time.monotonic() + self.seconds
+        for case_id in await self.store.tombstoned(self.batch):
+            if time.monotonic() > until:
+                break
+            try:
+                removed = await self.store.expire(case_id)
+            except (HeldByLaw, NotYet) as exc:
+                log.info("case %s not expired this pass: %s", case_id, exc)
+                continue
+            outcome.expired += 1
+            outcome.events_removed += removed
+            metrics.RETENTION_EXPIRED.inc()
+            metrics.RETENTION_EVENTS_REMOVED.inc(removed)
+            log.info("case %s expired: %d events deleted, its tombstone kept", case_id,
+                     removed)
+        erased_now = set()
+        for case in await self.store.to_erase(self.batch):
+            if time.monotonic() > until:
+                break
+            if not case.held and await self._erase(case):
+                outcome.erased += 1
+                erased_now.add(case.case_id)
+        for case in await self.store.to_expire(self.batch):
+            if time.monotonic() > until:
+                break
+            if case.held:
+                outcome.held += 1
+            elif case.case_id not in erased_now and await self._append_expiry(case):
+                # (a CASE_ERASED appended now is not stored yet: its expiry chains on it
+                # next pass)
+                outcome.expiries_appended += 1
+        backlog = await self.store.backlog()
+        self._gauges(backlog.past_time, backlog.held, backlog.oldest_due)
+        return outcome
+
+    @staticmethod
+    def _gauges(past_time: int, held: int, oldest: datetime | None) -> None:
+        metrics.RETENTION_PAST_TIME.set(past_time)
+        metrics.RETENTION_HELD.set(held)
+        metrics.RETENTION_OLDEST_PAST_SECONDS.set(
+            0 if oldest is None else max(0.0, (datetime.now(UTC) - oldest).total_seconds()))
+
+    async def _erase(self, case: PastTime) -> bool:
+        by = f"retention:policy-{case.policy_id}-v{case.version}"
+        try:
+            erased_at = await self.store.erase(case.case_id, by)
+        except HeldByLaw:
+            return False
+        state = await self.secrets.state(case.case_id)
+        head = await self.cases.trail_head(case.case_id)
+        if erased_at is None or state is None or head is None or head.erased:
+            return False
+        await self.append(make_event(case.case_id, head.attempt, head.seq + 1,
+                                     CaseErasedPayload(erased_by=by, erased_at=erased_at,
+                                                       placeholders=state.placeholders),
+                                     tenant_id=head.tenant_id), head.hash)
+        metrics.RETENTION_ERASED.inc()
+        log.info("case %s: personal data erased on its policy's deadline", case.case_id)
+        return True
+
+    async def _append_expiry(self, case: PastTime) -> bool:
+        head = await self.cases.trail_head(case.case_id)
+        if head is None or head.event_type == EXPIRED_EVENT_TYPE:
+            return False  # nothing stored, or appended already (its tombstone follows)
+        assert case.keep_days is not None
+        events, heads = await self.store.chain_heads(case.case_id)
+        payload = CaseExpiredPayload(
+            policy_id=case.policy_id, policy_version=case.version, kept_days=case.keep_days,
+            counted_from=case.counted_from, events_removed=events, heads=tuple(heads),
+            expired_by=self.ran_by)
+        await self.append(make_event(case.case_id, head.attempt, head.seq + 1, payload,
+                                     tenant_id=head.tenant_id), head.hash)
+        log.info("case %s: CASE_EXPIRED appended (policy %d v%d, %d events)", case.case_id,
+                 case.policy_id, case.version, events)
+        return True
