@@ -119,6 +119,8 @@ class CaseView(BaseModel):
     startedAt: str | None
     endedAt: str | None
     integrity: IntegritySummary
+    held: bool = Field(description="A legal hold keeps it (GET /holds?caseId=): it is "
+                       "neither expired nor erased while it holds.")
     sensitive: SensitiveSummary | None = Field(
         description="Null when the agent's input marks nothing sensitive.")
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from casetrail.adapters.bus.journal import journal
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import CaseSecrets
@@ -33,6 +34,10 @@ async def erase(secrets: CaseSecrets, publisher: Publisher, topology: Topology,
     case_id: uuid.UUID = case["case_id"]
     if case["status"] not in ENDED_STATUSES:
         return Erasure("running")
+    if await secrets.held(case_id, case["tenant_id"]):
+        return Erasure("held")
+    await journal(publisher, topology, {"kind": "erasure", "caseId": str(case_id),
+                                        "tenantId": case["tenant_id"], "by": by})
     try:
         outcome, erased_at = await secrets.erase(case_id, by)
     except HeldByLaw:

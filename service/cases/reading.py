@@ -79,6 +79,7 @@ async def get(services: CaseServices, principal: Principal, case_id: uuid.UUID
     view["startedByName"] = (await principal_names(services.pool, [row["started_by"]])).get(
         row["started_by"])
     view["integrity"] = await services.evidence.integrity_summary(case_id, row)
+    view["held"] = await services.retention.held(case_id, row["tenant_id"])
     values, view["sensitive"] = await sensitive_values(services, principal, row)
     shown: dict[str, Any] = restore(view, values)
     return shown

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any, Literal
 
+from casetrail.adapters.bus.journal import journal
 from casetrail.adapters.store.retention import Refused, Taken
 from casetrail.agents import AGENTS
 from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotFound
@@ -42,6 +43,16 @@ PRESETS: dict[str, Preset] = {
                    "data deleted"),
 }
 """Policies that name their source; a request may take one and change what it says."""
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _journal(services: CaseServices, entry: dict[str, Any]) -> None:
+    """Kept off the database before it is made (casetrail.adapters.bus.journal), so that
+    a restore of an older backup cannot undo it."""
+    await journal(services.publisher, services.topology, entry)
 
 
 def _needs(principal: Principal, scope: Scope) -> None:
@@ -97,9 +108,17 @@ async def set_policy(services: CaseServices, principal: Principal, agent: str,
     floor, source = await services.retention.floor()
     if fields["keep_days"] is not None and fields["keep_days"] < floor:
         raise Invalid(Issue(("body", "keepDays"), f"at least {floor} days ({source})"))
+    by, at = await person_of(services, principal), _now()
+    version = await services.retention.next_version(principal.tenant, agent)
+    await _journal(services, {
+        "kind": "policy", "tenantId": principal.tenant, "agent": agent, "version": version,
+        "keepDays": fields["keep_days"], "countedFrom": fields["counted_from"],
+        "businessKey": fields["business_key"], "personalDataDays": fields["personal_data_days"],
+        "preset": fields["preset"], "reason": fields["reason"], "setBy": by,
+        "setAt": at.isoformat()})
     try:
-        row = await services.retention.set_policy(principal.tenant, agent, fields,
-                                                  await person_of(services, principal))
+        row = await services.retention.set_policy(principal.tenant, agent, version, fields,
+                                                  by, at)
     except Taken as exc:
         raise Conflict(str(exc)) from exc
     except Refused as exc:
@@ -144,8 +163,12 @@ async def approve_policy(services: CaseServices, principal: Principal, policy_id
     person = await person_of(services, principal)
     if person == row["set_by"]:
         raise Forbidden(f"{person} set policy {policy_id}: another person approves it")
+    approved_at = _now()
+    await _journal(services, {"kind": "approval", "tenantId": row["tenant_id"],
+                              "agent": row["agent"], "version": row["version"],
+                              "approvedBy": person, "approvedAt": approved_at.isoformat()})
     try:
-        approved_at = await services.retention.approve(policy_id, person)
+        await services.retention.approve(policy_id, person, approved_at)
     except Taken as exc:
         raise Conflict(str(exc)) from exc
     except Refused as exc:
@@ -171,8 +194,13 @@ async def set_business_date(services: CaseServices, principal: Principal, field:
                             value: str, ended_on: date) -> dict[str, Any]:
     _needs(principal, Scope.RETENTION)
     field, stored = stored_key(field, value, services, "field")
-    await services.retention.set_business_date(principal.tenant, field, stored, ended_on,
-                                               await person_of(services, principal))
+    by, at = await person_of(services, principal), _now()
+    await _journal(services, {"kind": "businessDate", "tenantId": principal.tenant,
+                              "field": field, "value": stored,
+                              "endedOn": ended_on.isoformat(), "setBy": by,
+                              "setAt": at.isoformat()})
+    await services.retention.set_business_date(principal.tenant, field, stored, ended_on, by,
+                                               at)
     return {"field": field, "value": stored, "endedOn": ended_on.isoformat()}
 
 
@@ -204,9 +232,14 @@ async def place_hold(services: CaseServices, principal: Principal,
     if case_id is not None and await services.store.tombstone(case_id) is None:
         await owned(services, principal, case_id)  # 404 for another tenant's
     stored = stored_key(*key, services, "key.field") if key else None
-    row = await services.retention.place_hold(principal.tenant, scope, case_id, stored,
-                                              reason, ends_at,
-                                              await person_of(services, principal))
+    hold_id, by, at = uuid.uuid4(), await person_of(services, principal), _now()
+    await _journal(services, {
+        "kind": "hold", "holdId": str(hold_id), "tenantId": principal.tenant, "scope": scope,
+        "caseId": case_id and str(case_id), "keyField": stored and stored[0],
+        "keyValue": stored and stored[1], "reason": reason,
+        "endsAt": ends_at and ends_at.isoformat(), "placedBy": by, "placedAt": at.isoformat()})
+    row = await services.retention.place_hold(hold_id, principal.tenant, scope, case_id,
+                                              stored, reason, ends_at, by, at)
     return hold_json({**row, "active": True, "releases": []})
 
 
@@ -241,9 +274,11 @@ async def release_hold(services: CaseServices, principal: Principal, hold_id: uu
     row = await services.retention.hold(hold_id)
     if row is None or row["tenant_id"] != principal.tenant:
         raise NotFound(f"no hold {hold_id}")
+    person, at = await person_of(services, principal), _now()
+    await _journal(services, {"kind": "release", "holdId": str(hold_id), "person": person,
+                              "reason": reason, "releasedAt": at.isoformat()})
     try:
-        released_by = await services.retention.release(
-            hold_id, await person_of(services, principal), reason)
+        released_by = await services.retention.release(hold_id, person, reason, at)
     except Taken as exc:
         raise Conflict(str(exc)) from exc
     return {"holdId": str(hold_id), "releasedBy": released_by,

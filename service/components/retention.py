@@ -28,6 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from casetrail.adapters.store import CaseSecrets, CaseStore
 from casetrail.adapters.store.expiry import ExpiryStore, NotYet, PastTime
@@ -55,6 +56,8 @@ class PassOutcome:
     erased: int = 0
     expiries_appended: int = 0
     held: int = 0
+    blocked: int = 0
+    """Journal entries the database lacks: while any, the pass does nothing."""
 
 
 @dataclass
@@ -67,6 +70,8 @@ class RetentionKeeper:
     append: Callable[[Event, str], Awaitable[None]]
     """The worker's signed append: the event, the hash it chains on."""
     ran_by: str
+    journal: Callable[[], Awaitable[list[dict[str, Any]]]]
+    """The retention journal's entries (casetrail.adapters.bus.journal)."""
     interval: float = 300.0
     batch: int = 500
     seconds: float = 60.0
@@ -84,6 +89,9 @@ class RetentionKeeper:
         outcome = PassOutcome()
         if not await self.store.any_policy():
             self._gauges(0, 0, None)
+            return outcome
+        outcome.blocked = await self._unreconciled()
+        if outcome.blocked:
             return outcome
         until = time.monotonic() + self.seconds
         for case_id in await self.store.tombstoned(self.batch):
@@ -119,6 +127,19 @@ class RetentionKeeper:
         backlog = await self.store.backlog()
         self._gauges(backlog.past_time, backlog.held, backlog.oldest_due)
         return outcome
+
+    async def _unreconciled(self) -> int:
+        """How many journal entries the database lacks (a restore of an older backup
+        that ``casetrail setup`` has not reconciled yet): nothing expires meanwhile."""
+        entries = await self.journal()
+        lacking = await self.store.journal_missing(entries)
+        metrics.RETENTION_BLOCKED.set(1 if lacking else 0)
+        if lacking:
+            log.error("retention does not run: the database lacks %d of the %d holds, "
+                      "releases, policies and erasures its journal holds (first: %s); a "
+                      "restore is not reconciled: run `casetrail setup`", len(lacking),
+                      len(entries), entries[lacking[0]].get("kind"))
+        return len(lacking)
 
     @staticmethod
     def _gauges(past_time: int, held: int, oldest: datetime | None) -> None:

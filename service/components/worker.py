@@ -48,6 +48,7 @@ from pydantic import ValidationError
 
 from casetrail.adapters.bus.dead_letter import dead_letter
 from casetrail.adapters.bus.deliveries import Delivery, Subscription, TaskPerDelivery
+from casetrail.adapters.bus.journal import journalled
 from casetrail.adapters.bus.probe import QueueProbe
 from casetrail.adapters.bus.publisher import Publisher, event_emitter
 from casetrail.adapters.bus.rpc import BusWorkerRuntime, RetryPolicy
@@ -305,7 +306,9 @@ class CaseWorker:
         counting = asyncio.create_task(self._count_reviews())
         self.retention = RetentionKeeper(
             ExpiryStore(self.store.pool), self.store, self.secrets, self._sink.append,
-            f"retention:{self.owner}", interval=self.retention_seconds)
+            f"retention:{self.owner}",
+            lambda: journalled(self.connection, self.topology),
+            interval=self.retention_seconds)
         retaining = asyncio.create_task(self.retention.run())
         log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
         if ready is not None:

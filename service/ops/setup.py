@@ -51,7 +51,7 @@ from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Component, Setting
 from casetrail.contract.integrity import key_id
 from casetrail.engine.tools import mcp_capability
 from casetrail.errors import PermanentError
-from casetrail.ops import revocations
+from casetrail.ops import retention_journal, revocations
 from casetrail.ops.keys_on_hand import refuse_new_keys
 from casetrail.ops.migrate import (
     database_name,
@@ -264,8 +264,8 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT EXECUTE ON FUNCTION case_held(uuid, text) TO {api}, {worker}",
         f"GRANT SELECT ON retention_in_force, retention_business_dates, case_tombstones, "
         f"case_keys TO {worker}",
-        f"GRANT EXECUTE ON FUNCTION expire_case(uuid), erase_for_retention(uuid, text) "
-        f"TO {worker}",
+        f"GRANT EXECUTE ON FUNCTION expire_case(uuid), erase_for_retention(uuid, text), "
+        f"journal_missing(jsonb) TO {worker}",
     ]
     # Row-level security (migration 004) shows a SQL reader its tenant's rows; the
     # components serve every tenant and check tenancy themselves.
@@ -452,7 +452,7 @@ def broker_permissions(settings: Settings) -> dict[str, tuple[str, str, str]]:
         # re-sends the start command of a stranded case (service/components/sweeper.py).
         user("worker"): (rf"^{private}$",
                          rf"^({ns}\.(events|commands|capabilities|dead-letter)|{private})$",
-                         rf"^({ns}\.(case-start|cancel|replies)|{private})$"),
+                         rf"^({ns}\.(case-start|cancel|replies|retention-journal)|{private})$"),
         # Reads the event log queue; sets aside what it refuses.
         user("consumer"): ("^$", rf"^{ns}\.dead-letter$", rf"^{ns}\.event-log$"),
         # Publishes signed checkpoints on <ns>.events (ledger.checkpoint); reads the
@@ -629,6 +629,7 @@ async def setup(settings: Settings) -> SetupReport:
     await declare_topology(settings)
     write_secrets(settings.secrets_path(), identities)
     reapplied = [f"{r.kind} {r.key_id}" for r in await revocations.reapply(settings)]
+    reapplied += await retention_journal.reapply(settings)
     return SetupReport(applied, [settings.database_role("owner"),
                                  *(settings.database_role(c) for c in DATABASE_COMPONENTS)],
                        namespace_users(settings), settings.secrets_path(), reapplied)

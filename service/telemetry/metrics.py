@@ -160,6 +160,9 @@ RETENTION_EVENTS_REMOVED = Counter("casetrail_retention_events_removed", "Events
                                    "by expiry (every leaf stays in the log).")
 RETENTION_ERASED = Counter("casetrail_retention_erased", "Cases whose personal data was "
                            "erased on their policy's earlier deadline.")
+RETENTION_BLOCKED = Gauge("casetrail_retention_blocked", "1 while the retention pass does "
+                          "not run: the database lacks holds, releases, policies or "
+                          "erasures its journal holds (a restore not reconciled yet).")
 RETENTION_PAST_TIME = Gauge("casetrail_retention_past_time_cases", "Cases past their time "
                             "under their policy, not held and not expired yet.")
 RETENTION_HELD = Gauge("casetrail_retention_held_cases", "Cases past their time that a "

@@ -229,6 +229,15 @@ async def test_an_ended_case_offers_its_bundle_and_marks_an_altered_event(
                  ).to_be_visible()
     await expect(page.locator("#outcome")).to_be_visible()
 
+    # A legal hold on the case is shown with it.
+    await expect(page.locator("#f-hold")).to_have_count(0)
+    await pool.execute("INSERT INTO legal_holds (tenant_id, scope, case_id, reason, placed_by) "
+                       "SELECT tenant_id, 'case', case_id, 'Complaint 2026-114', 'carol' "
+                       "FROM cases WHERE case_id = $1", uuid.UUID(case_id))
+    await page.reload()
+    await expect(page.locator("#f-hold")).to_have_text("held: kept until released",
+                                                       timeout=10_000)
+
     # A superuser rewrites a tool result in the signed bytes: the page names the event.
     seq = await pool.fetchval(
         "SELECT seq FROM event_log WHERE case_id = $1 AND event_type = 'REACT_CYCLE' "

@@ -22,9 +22,10 @@ FIRST_SECONDS = 1.0
 """How long to wait for a stream's first message (an empty stream sends none)."""
 
 
-async def read_stream_tail(connection: AbstractRobustConnection, name: str) -> list[bytes]:
-    """The messages of the stream ``name``'s last chunk (its newest messages); empty if
-    the stream is empty or missing."""
+async def read_stream(connection: AbstractRobustConnection, name: str,
+                      offset: str = "last") -> list[bytes]:
+    """The messages of the stream ``name`` from ``offset`` (``last``: its last chunk, the
+    newest messages; ``first``: all of them); empty if the stream is empty or missing."""
     channel = await connection.channel()
     bodies: list[bytes] = []
     arrived = asyncio.Event()
@@ -37,7 +38,7 @@ async def read_stream_tail(connection: AbstractRobustConnection, name: str) -> l
     try:
         await channel.set_qos(prefetch_count=500)
         queue = await channel.get_queue(name, ensure=True)
-        tag = await queue.consume(keep, arguments={"x-stream-offset": "last"})
+        tag = await queue.consume(keep, arguments={"x-stream-offset": offset})
         wait = FIRST_SECONDS
         while True:
             arrived.clear()
@@ -59,5 +60,5 @@ async def published_checkpoints(connection: AbstractRobustConnection,
                                 topology: Topology) -> list[tuple[str, list[bytes]]]:
     """The newest checkpoints on each stream that keeps them, by stream name."""
     names = (topology.log_head_stream, topology.checkpoints_stream)
-    tails = await asyncio.gather(*(read_stream_tail(connection, name) for name in names))
+    tails = await asyncio.gather(*(read_stream(connection, name) for name in names))
     return list(zip(names, tails, strict=True))

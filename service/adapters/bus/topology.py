@@ -70,6 +70,10 @@ class Topology:
     def log_head_stream(self) -> str:
         return f"{self.namespace}.log-head"
 
+    @property
+    def retention_journal_stream(self) -> str:
+        return f"{self.namespace}.retention-journal"
+
     CHECKPOINT_KEY = "ledger.checkpoint"
 
     @property
@@ -117,6 +121,9 @@ class Topology:
         return Topology.EVERY_EVENT if tenant is None else f"case.{tenant}.#"
 
     START_KEY = "case.start"
+    JOURNAL_KEY = "retention.journal"
+    """What people decided about keeping records, journalled off the database
+    (casetrail.adapters.bus.journal)."""
     ERASE_KEY = "case.erase"
     """Erase commands share the start queue: the worker that takes start commands
     appends the case's CASE_ERASED."""
@@ -168,6 +175,12 @@ class Topology:
         )
         await start.bind(commands, routing_key=self.START_KEY)
         await start.bind(commands, routing_key=self.ERASE_KEY)
+        # Holds, releases, policies, approvals, business dates and erasures, where a
+        # restore cannot undo them: no maximum age, bounded by size.
+        journal = await channel.declare_queue(
+            self.retention_journal_stream, durable=True,
+            arguments={"x-queue-type": "stream", "x-max-length-bytes": 4 << 30})
+        await journal.bind(commands, routing_key=self.JOURNAL_KEY)
         await channel.declare_exchange(
             self.cancel_exchange, aio_pika.ExchangeType.FANOUT, durable=True
         )
@@ -190,7 +203,8 @@ class Topology:
                      self.capabilities_exchange, self.replies_exchange,
                      self.dead_letter_exchange)
         queues = (self.event_log_queue, self.case_start_queue, self.dead_letter_queue,
-                  self.checkpoints_stream, self.log_head_stream)
+                  self.checkpoints_stream, self.log_head_stream,
+                  self.retention_journal_stream)
         name = ""
         try:
             for name in exchanges:
@@ -244,7 +258,8 @@ class Topology:
         """Remove the namespace (tests and benchmarks). Quorum queues refuse aio-pika's
         default ``if_unused=True``, which would close the connection."""
         queues = [self.event_log_queue, self.case_start_queue, self.dead_letter_queue,
-                  self.checkpoints_stream, self.log_head_stream]
+                  self.checkpoints_stream, self.log_head_stream,
+                  self.retention_journal_stream]
         queues += [self.capability_queue(c) for c in capabilities]
         for name in queues:
             await channel.queue_delete(name, if_unused=False, if_empty=False)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import asyncpg
 
+from casetrail.adapters.store.journal import missing
 from casetrail.adapters.store.pool import HELD_SQLSTATE, HeldByLaw, translate_errors
 from casetrail.contract.events import ENDED_SQL, ChainHead
 
@@ -131,6 +132,10 @@ class ExpiryStore:
                 "SELECT count(*) FROM event_log WHERE case_id = $1", case_id)
         return int(total), [ChainHead(attempt=r["attempt"], seq=r["seq"],
                                       event_id=r["event_id"], hash=r["hash"]) for r in rows]
+
+    async def journal_missing(self, entries: list[dict[str, Any]]) -> list[int]:
+        """The positions of the retention journal's entries this database lacks."""
+        return await missing(self.pool, entries)
 
     async def expire(self, case_id: uuid.UUID) -> int:
         """The owner's ``expire_case``: the events removed."""

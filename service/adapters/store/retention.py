@@ -62,23 +62,27 @@ class RetentionStore:
                 "WHERE policy_id = $1", policy_id)
         return None if row is None else dict(row)
 
-    async def set_policy(self, tenant: str, agent: str, fields: dict[str, Any], by: str
-                         ) -> dict[str, Any]:
-        """A new version of the (tenant, agent) policy; whether it needs a second person
-        is the database's answer."""
+    async def next_version(self, tenant: str, agent: str) -> int:
+        async with translate_errors():
+            return int(await self._pool.fetchval(
+                "SELECT coalesce(max(version), 0) + 1 FROM retention_policies WHERE "
+                "tenant_id = $1 AND agent = $2", tenant, agent))
+
+    async def set_policy(self, tenant: str, agent: str, version: int, fields: dict[str, Any],
+                         by: str, at: datetime) -> dict[str, Any]:
+        """Version ``version`` of the (tenant, agent) policy (``Taken`` when another
+        change took it); whether it needs a second person is the database's answer."""
         async with translate_errors():
             try:
                 row = await self._pool.fetchrow(
                     f"""INSERT INTO retention_policies (tenant_id, agent, version, keep_days,
                             counted_from, business_key, personal_data_days, archive, preset,
-                            reason, set_by)
-                        SELECT $1, $2, coalesce(max(version), 0) + 1, $3, $4, $5, $6, $7, $8,
-                               $9, $10
-                        FROM retention_policies WHERE tenant_id = $1 AND agent = $2
+                            reason, set_by, set_at)
+                        VALUES ($1, $2, $3, $4, $5, $6, $7, false, $8, $9, $10, $11)
                         RETURNING {_POLICY_COLUMNS}""",
-                    tenant, agent, fields["keep_days"], fields["counted_from"],
-                    fields["business_key"], fields["personal_data_days"], fields["archive"],
-                    fields["preset"], fields["reason"], by)
+                    tenant, agent, version, fields["keep_days"], fields["counted_from"],
+                    fields["business_key"], fields["personal_data_days"], fields["preset"],
+                    fields["reason"], by, at)
             except asyncpg.UniqueViolationError as exc:
                 raise Taken("another change of this policy was kept at the same time") \
                     from exc
@@ -87,23 +91,24 @@ class RetentionStore:
         assert row is not None
         return dict(row)
 
-    async def approve(self, policy_id: int, by: str) -> datetime:
+    async def approve(self, policy_id: int, by: str, at: datetime) -> None:
         async with translate_errors():
             try:
-                return await self._pool.fetchval(  # type: ignore[no-any-return]
-                    "INSERT INTO retention_approvals (policy_id, approved_by) VALUES ($1, $2) "
-                    "RETURNING approved_at", policy_id, by)
+                await self._pool.execute(
+                    "INSERT INTO retention_approvals (policy_id, approved_by, approved_at) "
+                    "VALUES ($1, $2, $3)", policy_id, by, at)
             except asyncpg.UniqueViolationError as exc:
                 raise Taken(f"policy {policy_id} is approved already") from exc
             except asyncpg.CheckViolationError as exc:
                 raise Refused(str(exc)) from exc
 
     async def set_business_date(self, tenant: str, field: str, value: str, ended_on: date,
-                                by: str) -> None:
+                                by: str, at: datetime) -> None:
         async with translate_errors():
             await self._pool.execute(
                 "INSERT INTO retention_business_dates (tenant_id, field, value, ended_on, "
-                "set_by) VALUES ($1, $2, $3, $4, $5)", tenant, field, value, ended_on, by)
+                "set_by, set_at) VALUES ($1, $2, $3, $4, $5, $6)", tenant, field, value,
+                ended_on, by, at)
 
     async def plan(self, tenant: str, limit: int) -> list[dict[str, Any]]:
         """The tenant's cases past their time (or their personal data's), oldest first,
@@ -120,15 +125,15 @@ class RetentionStore:
                 "ORDER BY counted_at LIMIT $2", tenant, limit)
         return [dict(r) for r in rows]
 
-    async def place_hold(self, tenant: str, scope: str, case_id: uuid.UUID | None,
-                         key: tuple[str, str] | None, reason: str, ends_at: datetime | None,
-                         by: str) -> dict[str, Any]:
+    async def place_hold(self, hold_id: uuid.UUID, tenant: str, scope: str,
+                         case_id: uuid.UUID | None, key: tuple[str, str] | None, reason: str,
+                         ends_at: datetime | None, by: str, at: datetime) -> dict[str, Any]:
         async with translate_errors():
             row = await self._pool.fetchrow(
-                "INSERT INTO legal_holds (tenant_id, scope, case_id, key_field, key_value, "
-                "reason, ends_at, placed_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
-                "RETURNING *", tenant, scope, case_id, key[0] if key else None,
-                key[1] if key else None, reason, ends_at, by)
+                "INSERT INTO legal_holds (hold_id, tenant_id, scope, case_id, key_field, "
+                "key_value, reason, ends_at, placed_by, placed_at) VALUES ($1, $2, $3, $4, "
+                "$5, $6, $7, $8, $9, $10) RETURNING *", hold_id, tenant, scope, case_id,
+                key[0] if key else None, key[1] if key else None, reason, ends_at, by, at)
         assert row is not None
         return dict(row)
 
@@ -159,13 +164,14 @@ class RetentionStore:
                                             hold_id)
         return None if row is None else dict(row)
 
-    async def release(self, hold_id: uuid.UUID, person: str, reason: str) -> list[str]:
+    async def release(self, hold_id: uuid.UUID, person: str, reason: str, at: datetime
+                      ) -> list[str]:
         """Keep ``person``'s release; everyone who has released the hold so far."""
         async with translate_errors():
             try:
                 await self._pool.execute(
-                    "INSERT INTO legal_hold_releases (hold_id, person, reason) "
-                    "VALUES ($1, $2, $3)", hold_id, person, reason)
+                    "INSERT INTO legal_hold_releases (hold_id, person, reason, released_at) "
+                    "VALUES ($1, $2, $3, $4)", hold_id, person, reason, at)
             except asyncpg.UniqueViolationError as exc:
                 raise Taken(f"{person} has released this hold already: a second person "
                             "releases it") from exc

@@ -86,6 +86,12 @@ class CaseSecrets:
                 "SELECT erased_at FROM case_secrets WHERE case_id = $1", case_id)
         return ("already", row["erased_at"]) if row is not None else ("nothing", None)
 
+    async def held(self, case_id: uuid.UUID, tenant: str) -> bool:
+        """Whether a legal hold keeps the case (its values are not erased meanwhile)."""
+        async with translate_errors():
+            return bool(await self._pool.fetchval("SELECT case_held($1, $2)", case_id,
+                                                  tenant))
+
     async def log_access(self, principal: str, tenant: str, case_id: uuid.UUID,
                          action: Literal["pii:read", "export", "erase"]) -> None:
         async with translate_errors():

@@ -624,6 +624,7 @@ async function casePage(caseId, signal) {
                `${view.tokenUsage.inputTokens} / ${view.tokenUsage.outputTokens}`),
           fact("Attempts", "f-attempts", String(view.attempts)),
           fact("Integrity", "f-integrity", integrityBadge(view.integrity)),
+          view.held ? fact("Legal hold", "f-hold", badge("held: kept until released", "warn")) : null,
           fact("Transparency log", "f-logged", el("span", { class: "muted", text: "—" })),
           fact("Created", "f-created", when(view.createdAt))),
         el("p", { class: "head-actions" }, download, " ", reportDownload, stopping)),

@@ -1,0 +1,129 @@
+"""What expiry costs, and what it gives back: a log of N events (10 a case, each of the
+size a real REACT_CYCLE stores), every case tombstoned as its CASE_EXPIRED leaves it,
+then every case expired through the owner's ``expire_case()`` in batches, as the
+retention pass does. Figures: events removed a second, the table's size on disk before,
+after expiry and VACUUM, and after the same number of events is written again (the space
+expiry freed is reused: the table does not grow beyond it), and bytes per event on disk.
+
+The events are written by SQL, not signed by a worker (signing 1,000,000 events is the
+end-to-end benchmark's business, not this one's): the triggers, the checks and the
+deletes are the ones a real expiry runs.
+
+    python -m bench.retention [events]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from typing import Any
+
+import asyncpg
+
+from casetrail.config import Settings
+from casetrail.ops.migrate import drop_database, migrate, with_database
+
+EVENTS_PER_CASE = 10
+BATCH = 1_000
+"""Cases expired a statement, as a pass takes them."""
+
+_CASES = """
+INSERT INTO cases (case_id, agent, status, input, model, limits, request_digest,
+                   created_at, ended_at, tenant_id)
+SELECT uuid_generate_v5(ns, 'case' || g), 'loan-officer', 'completed',
+       '{"applicantId": "A-1001", "applicantName": "[pii:applicantName]"}', '{}', '{}',
+       md5(g::text), now() - interval '400 days', now() - interval '400 days', 'default'
+FROM generate_series($1::int, $2::int) g, (SELECT $3::uuid AS ns) n
+"""
+_EVENTS = """
+INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
+                       schema_version, payload, tenant_id, prev_hash, hash, key_id, sig, body)
+SELECT gen_random_uuid(), uuid_generate_v5(ns, 'case' || g), 1, s,
+       CASE WHEN s = 0 THEN 'CASE_STARTED' WHEN s = $4 - 1 THEN 'CASE_COMPLETED'
+            ELSE 'REACT_CYCLE' END,
+       now() - interval '400 days', 2, p.payload, 'default', repeat('0', 64),
+       md5(g || ':' || s) || md5(s || ':' || g), 'abcdefabcdefabcd', repeat('s', 86),
+       convert_to(p.payload::text, 'UTF8')
+FROM generate_series($1::int, $2::int) g, generate_series(0, $4 - 1) s,
+     (SELECT $3::uuid AS ns) n,
+     (SELECT jsonb_build_object('cycleIndex', 1, 'reasoningText', repeat('reasoning ', 80),
+        'toolCalls', jsonb_build_array(jsonb_build_object('toolName', 'credit_bureau',
+        'toolArgs', jsonb_build_object('applicantId', 'A-1001'), 'toolResult',
+        jsonb_build_object('score', 712, 'history', repeat('x', 300)), 'durationMs', 12)),
+        'tokenUsage', jsonb_build_object('inputTokens', 900, 'outputTokens', 120))
+      AS payload) p
+"""
+_EXPIRED = """
+INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
+                       schema_version, payload, tenant_id, prev_hash, hash, key_id, sig, body)
+SELECT gen_random_uuid(), uuid_generate_v5(ns, 'case' || g), 1, $4, 'CASE_EXPIRED', now(), 2,
+       jsonb_build_object('policyId', 1, 'policyVersion', 1, 'eventsRemoved', $4,
+                          'heads', '[]'::jsonb, 'expiredBy', 'bench'),
+       'default', repeat('0', 64), md5('x' || g) || md5('y' || g), 'abcdefabcdefabcd',
+       repeat('s', 86), '\\x7b7d'
+FROM generate_series($1::int, $2::int) g, (SELECT $3::uuid AS ns) n
+"""
+
+
+async def _write(conn: asyncpg.Connection, cases: int, namespace: uuid.UUID) -> float:
+    began = time.perf_counter()
+    for first in range(0, cases, 10_000):
+        last = min(first + 10_000, cases) - 1
+        await conn.execute(_CASES, first, last, namespace)
+        await conn.execute(_EVENTS, first, last, namespace, EVENTS_PER_CASE)
+    await conn.execute("DELETE FROM ledger_queue")  # as if the ledger had taken them
+    return time.perf_counter() - began
+
+
+async def _size(conn: asyncpg.Connection) -> int:
+    return int(await conn.fetchval("SELECT pg_total_relation_size('event_log')"))
+
+
+async def expiry_cost(events: int) -> dict[str, Any]:
+    settings = Settings()
+    url = with_database(settings.database_url, "casetrail_bench_retention")
+    await drop_database(url)
+    await migrate(url)
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute('CREATE EXTENSION IF NOT EXISTS "uuid-ossp"')
+        cases = events // EVENTS_PER_CASE
+        namespace = uuid.uuid4()
+        await _write(conn, cases, namespace)
+        await conn.execute("VACUUM ANALYZE event_log")
+        before = await _size(conn)
+        stored = int(await conn.fetchval("SELECT count(*) FROM event_log"))
+        await conn.execute(_EXPIRED, 0, cases - 1, namespace, EVENTS_PER_CASE)
+        await conn.execute("DELETE FROM ledger_queue")
+        began = time.perf_counter()
+        removed = 0
+        while True:
+            done = await conn.fetchval(
+                "SELECT sum(expire_case(case_id)) FROM (SELECT t.case_id FROM "
+                "case_tombstones t JOIN cases c USING (case_id) LIMIT $1) due", BATCH)
+            if done is None:
+                break
+            removed += int(done)
+        seconds = time.perf_counter() - began
+        await conn.execute("VACUUM event_log")
+        after_expiry = await _size(conn)
+        await _write(conn, cases, uuid.uuid4())  # the same number of events again
+        await conn.execute("VACUUM event_log")
+        rewritten = await _size(conn)
+    finally:
+        await conn.close()
+        await drop_database(url)
+    return {"events": stored, "cases": cases, "eventsRemoved": removed,
+            "expirySeconds": round(seconds, 1),
+            "eventsRemovedPerSecond": round(removed / seconds),
+            "bytesPerEventOnDisk": round(before / stored),
+            "tableBytesBefore": before, "tableBytesAfterExpiryAndVacuum": after_expiry,
+            "tableBytesAfterWritingAsManyAgain": rewritten,
+            "growthAfterRewriteRatio": round(rewritten / before, 3)}
+
+
+if __name__ == "__main__":
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+    print(asyncio.run(expiry_cost(count)))
