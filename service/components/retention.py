@@ -1,8 +1,10 @@
 """The worker's retention pass (docs/design.md, "Keeping records as long as the law
 says"; docs/operations.md, "Retention and legal holds").
 
-Every ``interval`` seconds, and only when some policy in force deletes anything (the
-default keeps everything), one pass, bounded in cases and in time:
+Every ``interval`` seconds, one pass, bounded in cases and in time. It appends a signed
+``CASE_HELD`` to each ended case a legal hold keeps (once per hold) and ``CASE_RELEASED``
+once that hold ended; then, only when some policy in force deletes anything (the default
+keeps everything) and the database lacks nothing the retention journal holds, it
 
 1. expires the cases whose ``CASE_EXPIRED`` is stored (the tombstone is there): the
    owner's ``expire_case`` checks the tombstone, the holds and that the log has every
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,6 +39,8 @@ from casetrail.adapters.store.pool import HeldByLaw
 from casetrail.contract.events import (
     CaseErasedPayload,
     CaseExpiredPayload,
+    CaseHeldPayload,
+    CaseReleasedPayload,
     Event,
     make_event,
 )
@@ -56,6 +61,8 @@ class PassOutcome:
     erased: int = 0
     expiries_appended: int = 0
     held: int = 0
+    holds_recorded: int = 0
+    """CASE_HELD and CASE_RELEASED appended."""
     blocked: int = 0
     """Journal entries the database lacks: while any, the pass does nothing."""
 
@@ -87,13 +94,15 @@ class RetentionKeeper:
 
     async def pass_once(self) -> PassOutcome:
         outcome = PassOutcome()
+        until = time.monotonic() + self.seconds
+        touched: set[uuid.UUID] = set()
+        outcome.holds_recorded = await self._record_holds(touched, until)
         if not await self.store.any_policy():
             self._gauges(0, 0, None)
             return outcome
         outcome.blocked = await self._unreconciled()
         if outcome.blocked:
             return outcome
-        until = time.monotonic() + self.seconds
         for case_id in await self.store.tombstoned(self.batch):
             if time.monotonic() > until:
                 break
@@ -108,19 +117,18 @@ class RetentionKeeper:
             metrics.RETENTION_EVENTS_REMOVED.inc(removed)
             log.info("case %s expired: %d events deleted, its tombstone kept", case_id,
                      removed)
-        erased_now = set()
         for case in await self.store.to_erase(self.batch):
             if time.monotonic() > until:
                 break
-            if not case.held and await self._erase(case):
+            if not case.held and case.case_id not in touched and await self._erase(case):
                 outcome.erased += 1
-                erased_now.add(case.case_id)
+                touched.add(case.case_id)
         for case in await self.store.to_expire(self.batch):
             if time.monotonic() > until:
                 break
             if case.held:
                 outcome.held += 1
-            elif case.case_id not in erased_now and await self._append_expiry(case):
+            elif case.case_id not in touched and await self._append_expiry(case):
                 # (a CASE_ERASED appended now is not stored yet: its expiry chains on it
                 # next pass)
                 outcome.expiries_appended += 1
@@ -147,6 +155,30 @@ class RetentionKeeper:
         metrics.RETENTION_HELD.set(held)
         metrics.RETENTION_OLDEST_PAST_SECONDS.set(
             0 if oldest is None else max(0.0, (datetime.now(UTC) - oldest).total_seconds()))
+
+    async def _record_holds(self, touched: set[uuid.UUID], until: float) -> int:
+        """CASE_HELD on each ended case a hold keeps, CASE_RELEASED once it no longer
+        does; one event a case a pass (the next chains on it, once stored)."""
+        recorded = 0
+        for hold in [*await self.store.releases_to_record(self.batch),
+                     *await self.store.holds_to_record(self.batch)]:
+            if time.monotonic() > until or hold.case_id in touched:
+                continue
+            head = await self.cases.trail_head(hold.case_id)
+            if head is None or head.event_type == EXPIRED_EVENT_TYPE:
+                continue
+            payload: CaseHeldPayload | CaseReleasedPayload = (
+                CaseReleasedPayload(hold_id=hold.hold_id, released_by=hold.released_by,
+                                    ended_at=hold.ended_at)
+                if hold.ended_at is not None else
+                CaseHeldPayload(hold_id=hold.hold_id, scope=hold.scope, reason=hold.reason,
+                                placed_by=hold.placed_by, placed_at=hold.placed_at,
+                                ends_at=hold.ends_at))
+            await self.append(make_event(hold.case_id, head.attempt, head.seq + 1, payload,
+                                         tenant_id=head.tenant_id), head.hash)
+            touched.add(hold.case_id)
+            recorded += 1
+        return recorded
 
     async def _erase(self, case: PastTime) -> bool:
         by = f"retention:policy-{case.policy_id}-v{case.version}"

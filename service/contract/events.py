@@ -54,6 +54,8 @@ EventType: TypeAlias = Literal[
     "CASE_AWAITING_REVIEW",
     "CASE_REVIEWED",
     "CASE_EXPIRED",
+    "CASE_HELD",
+    "CASE_RELEASED",
 ]
 """Every event type, once; the tuples, maps and SQL literals below are derived from it."""
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
@@ -654,6 +656,28 @@ class CaseExpiredPayload(ContractModel):
     expired_by: str = Field(description="What ran the expiry: ``retention:<worker>``.")
 
 
+class CaseHeldPayload(ContractModel):
+    """Administrative, after the terminal event: a legal hold keeps the case (it is
+    neither expired nor erased while the hold lasts). Recorded once per hold."""
+
+    hold_id: uuid.UUID
+    scope: Literal["case", "business_key", "tenant"] = Field(description=(
+        "What the hold names: this case, a business key it has, or its whole tenant."))
+    reason: str
+    placed_by: str = Field(description="The person who placed it.")
+    placed_at: UtcTimestamp
+    ends_at: UtcTimestamp | None = Field(default=None, description="When it ends by itself.")
+
+
+class CaseReleasedPayload(ContractModel):
+    """Administrative: a hold recorded by ``CASE_HELD`` no longer keeps the case."""
+
+    hold_id: uuid.UUID
+    released_by: tuple[str, ...] = Field(description="The two persons who released it; "
+                                         "empty when it ended at its end time.")
+    ended_at: UtcTimestamp
+
+
 class EventBase(ContractModel):
     """The envelope every event shares."""
 
@@ -756,6 +780,16 @@ class CaseExpired(EventBase):
     payload: CaseExpiredPayload
 
 
+class CaseHeld(EventBase):
+    event_type: Literal["CASE_HELD"] = "CASE_HELD"
+    payload: CaseHeldPayload
+
+
+class CaseReleased(EventBase):
+    event_type: Literal["CASE_RELEASED"] = "CASE_RELEASED"
+    payload: CaseReleasedPayload
+
+
 class CaseAwaitingReview(EventBase):
     event_type: Literal["CASE_AWAITING_REVIEW"] = "CASE_AWAITING_REVIEW"
     payload: CaseAwaitingReviewPayload
@@ -768,7 +802,7 @@ class CaseReviewed(EventBase):
 
 Event: TypeAlias = Annotated[
     CaseStarted | ReactCycle | CaseCompleted | CaseFailed | CaseTimedOut | CaseCancelled
-    | CaseErased | CaseAwaitingReview | CaseReviewed | CaseExpired,
+    | CaseErased | CaseAwaitingReview | CaseReviewed | CaseExpired | CaseHeld | CaseReleased,
     Field(discriminator="event_type"),
 ]
 TerminalEvent: TypeAlias = CaseCompleted | CaseFailed | CaseTimedOut | CaseCancelled
@@ -777,7 +811,7 @@ TerminalPayload: TypeAlias = (
 )
 Payload: TypeAlias = (CaseStartedPayload | ReactCyclePayload | TerminalPayload
                       | CaseErasedPayload | CaseAwaitingReviewPayload | CaseReviewedPayload
-                      | CaseExpiredPayload)
+                      | CaseExpiredPayload | CaseHeldPayload | CaseReleasedPayload)
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 _EVENT_CLASSES: dict[str, type[EventBase]] = {
@@ -800,7 +834,8 @@ TERMINAL_EVENT_TYPES: frozenset[str] = frozenset(
 )
 assert set(_EVENT_CLASSES) == set(EVENT_TYPES), "an event type without its class, or one more"
 ADMINISTRATIVE_EVENT_TYPES: frozenset[str] = frozenset(
-    cls.model_fields["event_type"].default for cls in (CaseErased, CaseExpired))
+    cls.model_fields["event_type"].default
+    for cls in (CaseErased, CaseExpired, CaseHeld, CaseReleased))
 """Events after the terminal one (the completeness rule ignores them)."""
 PARKING_EVENT_TYPE = CaseAwaitingReview.model_fields["event_type"].default
 """The event that ends an attempt without ending the case: it waits for a person."""

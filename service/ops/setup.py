@@ -263,7 +263,7 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT SELECT ON retention_in_force, retention_floor, case_tombstones TO {api}",
         f"GRANT EXECUTE ON FUNCTION case_held(uuid, text) TO {api}, {worker}",
         f"GRANT SELECT ON retention_in_force, retention_business_dates, case_tombstones, "
-        f"case_keys TO {worker}",
+        f"case_keys, legal_holds, legal_hold_releases, held_cases TO {worker}",
         f"GRANT EXECUTE ON FUNCTION expire_case(uuid), erase_for_retention(uuid, text), "
         f"journal_missing(jsonb) TO {worker}",
     ]

@@ -91,6 +91,16 @@ async def _expire_hold_and_audit(own: Settings, pool: asyncpg.Pool, logged: Any,
         await _the_database_refuses(own, pool, cases)
         await _the_audit_tells_expiry_from_deletion(own, pool, cases)
         await _two_persons_release(hold, carol, dave, cases)
+        # The released hold ends on the case's trail too; the trail still verifies.
+        assert (await keeper.pass_once()).holds_recorded == 1
+        await wait_for_sql(pool, "SELECT count(*) FROM event_log WHERE case_id = $1 AND "
+                           "event_type = 'CASE_RELEASED'", uuid.UUID(cases[1]))
+        released = await pool.fetchval(
+            "SELECT payload FROM event_log WHERE case_id = $1 AND event_type = "
+            "'CASE_RELEASED'", uuid.UUID(cases[1]))
+        assert released["releasedBy"] == ["carol", "dave"], released
+        verdict = (await admin.get(f"/cases/{cases[1]}/verify")).json()
+        assert verdict["verified"] is True, verdict
         await _from_the_command_line(own, cases)
     finally:
         for client in (alice, bob, carol, dave, admin):
@@ -144,6 +154,7 @@ async def _expire_and_erase(pool: asyncpg.Pool, logged: Any, cases: list[str],
     # second pass: CASE_EXPIRED appended to the cases past their time but the held one.
     first = await keeper.pass_once()
     assert (first.expiries_appended, first.erased, first.held) == (0, 3, 1), first
+    assert first.holds_recorded == 1  # the held case's trail says so, signed
     for case_id in (expired, erased, late_held):
         await wait_for_sql(pool, "SELECT count(*) FROM event_log WHERE case_id = $1 AND "
                            "event_type = 'CASE_ERASED'", uuid.UUID(case_id))
@@ -164,7 +175,7 @@ async def _expire_and_erase(pool: asyncpg.Pool, logged: Any, cases: list[str],
     assert await pool.fetchval("SELECT count(*) FROM cases WHERE case_id = $1",
                                uuid.UUID(expired)) == 0
     assert (await stored_types(pool, late_held))[-1] == "CASE_EXPIRED"
-    assert "CASE_EXPIRED" not in await stored_types(pool, held)
+    assert (await stored_types(pool, held))[-1] == "CASE_HELD"
     verdict = (await admin.get(f"/cases/{expired}/verify")).json()
     assert verdict["verified"] is True and verdict["expired"]["policyId"] == \
         policy["policyId"], verdict

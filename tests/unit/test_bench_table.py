@@ -93,3 +93,18 @@ def test_growth_history_and_resume_rows_read_their_figures() -> None:
     value, note = rows["resuming a case of 200 cycles"]
     assert value == "23.1 ms"
     assert "202 events" in note and "107 µs a cycle" in note
+
+
+def test_the_retention_rows_give_the_expiry_rate_and_the_table_after_it() -> None:
+    from bench.run import _retention_rows
+
+    rows = _retention_rows({"retention": {
+        "events": 1_000_000, "cases": 100_000, "eventsRemoved": 1_000_000,
+        "expirySeconds": 160.2, "eventsRemovedPerSecond": 6_242,
+        "bytesPerEventOnDisk": 2_172, "tableBytesBefore": 2_172 * 2**20,
+        "tableBytesAfterExpiryAndVacuum": 2_200 * 2**20,
+        "tableBytesAfterWritingAsManyAgain": 2_240 * 2**20, "growthAfterRewriteRatio": 1.031}})
+    assert rows[0][:2] == ("expiring 1,000,000 events", "160.2 s")
+    assert "6,242 events/s" in rows[0][3]
+    assert rows[1][1] == "2,172 B/event" and "1.031x" in rows[1][3]
+    assert _retention_rows({}) == []

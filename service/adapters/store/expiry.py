@@ -58,6 +58,26 @@ class PastTime:
 
 
 @dataclass(frozen=True)
+class HoldToRecord:
+    """A hold that keeps an ended case whose trail does not say so yet (or, released,
+    says it still holds)."""
+
+    case_id: uuid.UUID
+    hold_id: uuid.UUID
+    scope: Literal["case", "business_key", "tenant"]
+    reason: str
+    placed_by: str
+    placed_at: datetime
+    ends_at: datetime | None
+    released_by: tuple[str, ...] = ()
+    ended_at: datetime | None = None
+
+
+_HOLD_ACTIVE = ("(h.ends_at IS NULL OR h.ends_at > now()) AND (SELECT count(*) FROM "
+                "legal_hold_releases r WHERE r.hold_id = h.hold_id) < 2")
+
+
+@dataclass(frozen=True)
 class Backlog:
     """What the retention gauges show: cases past their time not expired yet, those a
     hold keeps, and when the oldest such time ran out."""
@@ -132,6 +152,44 @@ class ExpiryStore:
                 "SELECT count(*) FROM event_log WHERE case_id = $1", case_id)
         return int(total), [ChainHead(attempt=r["attempt"], seq=r["seq"],
                                       event_id=r["event_id"], hash=r["hash"]) for r in rows]
+
+    async def holds_to_record(self, limit: int) -> list[HoldToRecord]:
+        """Ended cases a hold keeps whose trail has no CASE_HELD for it yet."""
+        async with translate_errors():
+            rows = await self.pool.fetch(
+                f"""SELECT c.case_id, h.hold_id, h.scope, h.reason, h.placed_by,
+                           h.placed_at, h.ends_at
+                    FROM legal_holds h JOIN cases c ON c.tenant_id = h.tenant_id
+                    WHERE {_HOLD_ACTIVE} AND c.status IN ({ENDED_SQL})
+                      AND (h.scope = 'tenant' OR (h.scope = 'case' AND c.case_id = h.case_id)
+                           OR (h.scope = 'business_key' AND EXISTS (SELECT 1 FROM case_keys k
+                               WHERE k.case_id = c.case_id AND k.field = h.key_field
+                               AND k.value = h.key_value)))
+                      AND NOT EXISTS (SELECT 1 FROM held_cases x WHERE x.hold_id = h.hold_id
+                                      AND x.case_id = c.case_id)
+                    ORDER BY h.placed_at, c.case_id LIMIT $1""", limit)
+        return [HoldToRecord(r["case_id"], r["hold_id"], r["scope"], r["reason"],
+                             r["placed_by"], r["placed_at"], r["ends_at"]) for r in rows]
+
+    async def releases_to_record(self, limit: int) -> list[HoldToRecord]:
+        """Cases whose trail says a hold keeps them, after that hold ended."""
+        async with translate_errors():
+            rows = await self.pool.fetch(
+                f"""SELECT x.case_id, h.hold_id, h.scope, h.reason, h.placed_by,
+                           h.placed_at, h.ends_at,
+                           coalesce((SELECT array_agg(r.person ORDER BY r.released_at)
+                                     FROM legal_hold_releases r
+                                     WHERE r.hold_id = h.hold_id), '{{}}') AS released_by,
+                           CASE WHEN h.ends_at IS NOT NULL AND h.ends_at <= now()
+                                THEN h.ends_at ELSE (SELECT max(r.released_at) FROM
+                                legal_hold_releases r WHERE r.hold_id = h.hold_id) END
+                             AS ended_at
+                    FROM held_cases x JOIN legal_holds h USING (hold_id)
+                    WHERE NOT x.released AND NOT ({_HOLD_ACTIVE})
+                    ORDER BY h.placed_at, x.case_id LIMIT $1""", limit)
+        return [HoldToRecord(r["case_id"], r["hold_id"], r["scope"], r["reason"],
+                             r["placed_by"], r["placed_at"], r["ends_at"],
+                             tuple(r["released_by"]), r["ended_at"]) for r in rows]
 
     async def journal_missing(self, entries: list[dict[str, Any]]) -> list[int]:
         """The positions of the retention journal's entries this database lacks."""

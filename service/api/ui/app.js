@@ -703,6 +703,11 @@ async function casePage(caseId, signal) {
       section(event.attempt).append(terminalCard(event));
     } else if (event.eventType === "CASE_ERASED") {
       timeline.append(el("p", { class: "muted", text: `Sensitive values erased by ${p.erasedBy}` }));
+    } else if (event.eventType === "CASE_HELD") {
+      timeline.append(el("p", { class: "muted", text: `Legal hold placed by ${p.placedBy}: ${p.reason}` }));
+    } else if (event.eventType === "CASE_RELEASED") {
+      timeline.append(el("p", { class: "muted", text: p.releasedBy.length
+        ? `Legal hold released by ${p.releasedBy.join(" and ")}` : "Legal hold ended" }));
     } else {  // a type with no card of its own: its type and payload, as recorded
       section(event.attempt).append(el("article", { class: "card", id: `e-${event.attempt}-${event.seq}` },
         el("header", {}, el("strong", { text: event.eventType }), el("span", { text: when(event.occurredAt) })),
