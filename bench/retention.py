@@ -41,12 +41,12 @@ _EVENTS = """
 INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
                        schema_version, payload, tenant_id, prev_hash, hash, key_id, sig, body)
 SELECT gen_random_uuid(), uuid_generate_v5(ns, 'case' || g), 1, s,
-       CASE WHEN s = 0 THEN 'CASE_STARTED' WHEN s = $4 - 1 THEN 'CASE_COMPLETED'
+       CASE WHEN s = 0 THEN 'CASE_STARTED' WHEN s = $4::int - 1 THEN 'CASE_COMPLETED'
             ELSE 'REACT_CYCLE' END,
        now() - interval '400 days', 2, p.payload, 'default', repeat('0', 64),
        md5(g || ':' || s) || md5(s || ':' || g), 'abcdefabcdefabcd', repeat('s', 86),
        convert_to(p.payload::text, 'UTF8')
-FROM generate_series($1::int, $2::int) g, generate_series(0, $4 - 1) s,
+FROM generate_series($1::int, $2::int) g, generate_series(0, $4::int - 1) s,
      (SELECT $3::uuid AS ns) n,
      (SELECT jsonb_build_object('cycleIndex', 1, 'reasoningText', repeat('reasoning ', 80),
         'toolCalls', jsonb_build_array(jsonb_build_object('toolName', 'credit_bureau',
@@ -58,8 +58,8 @@ FROM generate_series($1::int, $2::int) g, generate_series(0, $4 - 1) s,
 _EXPIRED = """
 INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
                        schema_version, payload, tenant_id, prev_hash, hash, key_id, sig, body)
-SELECT gen_random_uuid(), uuid_generate_v5(ns, 'case' || g), 1, $4, 'CASE_EXPIRED', now(), 2,
-       jsonb_build_object('policyId', 1, 'policyVersion', 1, 'eventsRemoved', $4,
+SELECT gen_random_uuid(), uuid_generate_v5(ns, 'case' || g), 1, $4::int, 'CASE_EXPIRED', now(), 2,
+       jsonb_build_object('policyId', 1, 'policyVersion', 1, 'eventsRemoved', $4::int,
                           'heads', '[]'::jsonb, 'expiredBy', 'bench'),
        'default', repeat('0', 64), md5('x' || g) || md5('y' || g), 'abcdefabcdefabcd',
        repeat('s', 86), '\\x7b7d'

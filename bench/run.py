@@ -28,6 +28,7 @@ from bench import (
     raw,
     replay,
     resume,
+    retention,
     review,
     scenarios,
     trail_heads,
@@ -200,6 +201,8 @@ async def run(quick: bool, everything: bool = False) -> dict[str, Any]:
     print("10,000 cases waiting for people, then reviewed ...", flush=True)
     results["review"] = await review.parked_and_reviewed(
         bench_settings(api_port=review.PORT), int(10_000 * scale), int(1000 * scale))
+    print("expiring 1,000,000 events ...", flush=True)
+    results["retention"] = await retention.expiry_cost(int(1_000_000 * scale) or 100_000)
     print("replaying recorded cases ...", flush=True)
     results["replay"] = await replay.replay_at_scale(int(10_000 * scale))
     print("real providers against a 300 ms model ...", flush=True)
@@ -286,9 +289,28 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         *_growth_rows(r),
         *_resume_rows(r),
         *_ledger_rows(r),
+        *_retention_rows(r),
         *_scale_out_rows(r),
     ]
     return rows
+
+
+def _retention_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Expiry through the owner's expire_case(), and the table's size after (bench/retention.py)."""
+    x = r.get("retention")
+    if not x:
+        return []
+    return [(f"expiring {x['events']:,} events", f"{x['expirySeconds']} s",
+             "", f"{x['eventsRemovedPerSecond']:,} events/s through expire_case(), "
+             f"{BATCH_NOTE}"),
+            ("  event_log on disk", f"{x['bytesPerEventOnDisk']:,} B/event", "",
+             f"{x['tableBytesBefore'] / 2**20:,.0f} MB before; "
+             f"{x['tableBytesAfterExpiryAndVacuum'] / 2**20:,.0f} MB after expiry and VACUUM; "
+             f"{x['tableBytesAfterWritingAsManyAgain'] / 2**20:,.0f} MB after writing as many "
+             f"again ({x['growthAfterRewriteRatio']:.3f}x: the space expiry freed is reused)")]
+
+
+BATCH_NOTE = "1,000 cases a statement, tombstones checked and holds looked up per row"
 
 
 def _scale_out_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
