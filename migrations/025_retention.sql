@@ -266,7 +266,8 @@ BEGIN
         RAISE EXCEPTION 'case % is under a legal hold: it does not expire', p_case
             USING ERRCODE = 'CTHLD';
     END IF;
-    IF EXISTS (SELECT 1 FROM ledger_queue q WHERE q.case_id = p_case) THEN
+    IF EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = p_case AND NOT EXISTS (
+                   SELECT 1 FROM ledger_leaves l WHERE l.event_id = e.event_id)) THEN
         RAISE EXCEPTION 'case % has events the log has not taken yet', p_case
             USING ERRCODE = 'CTLOG';
     END IF;

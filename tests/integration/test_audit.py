@@ -9,29 +9,21 @@ import asyncio
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Any
 
 import aio_pika
-import orjson
 
-from casetrail.components.supervisor import component_command
 from casetrail.config import Settings
-from tests.integration.test_ledger import _as_superuser, logged_everything, run_cases
-from tests.integration.test_restore import metric_shows, serving
 from tests.support.helpers import wait_until
+from tests.support.logged import (
+    as_superuser,
+    audit,
+    found,
+    logged_everything,
+    metric_shows,
+    run_cases,
+    serving,
+)
 from tests.support.stack import free_port, kill_leftovers, namespace_of_its_own, spawn
-
-
-async def audit(own: Settings, *args: str) -> tuple[int, dict[str, Any]]:
-    done = await asyncio.to_thread(
-        subprocess.run, component_command("audit", "--json", *args), capture_output=True,
-        text=True, env=own.environment(), timeout=120)
-    assert done.returncode in (0, 1), done.stderr[-2000:]
-    return done.returncode, orjson.loads(done.stdout.splitlines()[-1])
-
-
-def found(report: dict[str, Any]) -> set[tuple[str, str | None]]:
-    return {(f["kind"], f.get("caseId")) for f in report["findings"]}
 
 
 async def test_the_audit_finds_every_deletion_and_change_an_owner_makes(
@@ -57,12 +49,12 @@ async def test_the_audit_finds_every_deletion_and_change_an_owner_makes(
                 last_two = await pool.fetch(
                     "SELECT event_id FROM event_log WHERE case_id = $1 ORDER BY seq DESC "
                     "LIMIT 2", uuid.UUID(shortened))
-                await _as_superuser(
+                await as_superuser(
                     pool, "DELETE FROM event_log WHERE event_id = ANY($1::uuid[])",
                     args=([r["event_id"] for r in last_two],))
-                await _as_superuser(pool, f"DELETE FROM event_log WHERE case_id = '{deleted}'",
+                await as_superuser(pool, f"DELETE FROM event_log WHERE case_id = '{deleted}'",
                                     f"DELETE FROM cases WHERE case_id = '{deleted}'")
-                await _as_superuser(
+                await as_superuser(
                     pool, "UPDATE event_log SET hash = repeat('0', 64) WHERE event_id = "
                     "(SELECT event_id FROM event_log WHERE case_id = $1 ORDER BY seq "
                     "LIMIT 1)", args=(uuid.UUID(changed),))

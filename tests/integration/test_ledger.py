@@ -12,24 +12,18 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import aio_pika
-import asyncpg
 import httpx
 import orjson
 import pytest
 from playwright.async_api import Browser, Route, expect
 
-from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import ApiKeyStore, CaseStore, KeyRegistry
 from casetrail.adapters.store.ledger import LedgerStore
-from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.evidence import Evidence, TrustedKey, verify_bundle
-from casetrail.components.sequencer import ledger_state
 from casetrail.components.supervisor import component_command
 from casetrail.config import Settings
 from casetrail.contract.integrity import GENESIS, Signer, canonical
@@ -39,16 +33,22 @@ from casetrail.ledger.note import (
     COSIGNATURE_V1,
     Note,
     NoteSigner,
-    Verifier,
     cosign,
     open_checkpoint,
 )
 from casetrail.trail.keyfile import worker_signer
 from tests.support.browser import DOCS, signed_in
-from tests.support.helpers import ended, wait_until
+from tests.support.helpers import wait_until
+from tests.support.logged import (
+    Logged,
+    as_superuser,
+    export,
+    logged_everything,
+    run_cases,
+    witness_once,
+)
 from tests.support.merkle import mth
 from tests.support.stack import (
-    InProcessStack,
     free_port,
     in_process_stack,
     kill_leftovers,
@@ -56,69 +56,6 @@ from tests.support.stack import (
     spawn,
     stop_cleanly,
 )
-
-
-@dataclass
-class Logged:
-    settings: Settings
-    pool: asyncpg.Pool
-    stack: InProcessStack
-    client: httpx.AsyncClient
-    children: dict[str, subprocess.Popen[bytes]]
-    log_key: Verifier
-    witness_key: Path
-    witness: Verifier
-    checkpoints: aio_pika.abc.AbstractQueue
-
-    async def start_ledger(self) -> None:
-        """Start ``casetrail ledger`` and wait until it holds the log's lock (past its
-        start-up checks)."""
-        self.children["ledger"] = spawn(self.settings, "ledger")
-
-        async def holding() -> bool:
-            return bool(await self.pool.fetchval(
-                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-                "WHERE l.locktype = 'advisory' AND a.application_name = 'casetrail-ledger' "
-                "AND a.datname = current_database()"))
-
-        await wait_until(holding, timeout=30)
-
-    async def stop_ledger(self) -> None:
-        await stop_cleanly({"ledger": self.children.pop("ledger")})
-
-    async def halted(self, reason: str) -> str:
-        """Wait until the running ledger says it is halted for ``reason``; its log."""
-        path = Path(self.children["ledger"].log_path)  # type: ignore[attr-defined]
-
-        async def said() -> str | None:
-            text = path.read_text()  # noqa: ASYNC240
-            return text if f"the ledger is halted ({reason})" in text else None
-
-        found: str = await wait_until(said, timeout=30)
-        return found
-
-    async def stop_halted_ledger(self) -> str:
-        """SIGTERM a halted ledger: it exits 3 and says why once more; its log."""
-        child = self.children.pop("ledger")
-        child.terminate()
-        await asyncio.to_thread(child.wait, 30)
-        said = Path(child.log_path).read_text()  # type: ignore[attr-defined]  # noqa: ASYNC240
-        assert child.returncode == 3, said[-2000:]
-        return said
-
-    async def forget_high_water(self) -> None:
-        """What an attacker who holds the ledger's host and the broker does besides the
-        database: remove the state file and the streams that keep its checkpoints."""
-        ledger_state(self.settings).path.unlink(missing_ok=True)
-        topology = Topology(self.settings.namespace)
-        connection = await aio_pika.connect(self.settings.amqp_url)
-        try:
-            channel = await connection.channel()
-            for name in (topology.log_head_stream, topology.checkpoints_stream):
-                await channel.queue_delete(name, if_unused=False, if_empty=False)
-            await topology.declare(channel)
-        finally:
-            await connection.close()
 
 
 @pytest.fixture(scope="module")
@@ -148,32 +85,6 @@ async def logged(settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection
         finally:
             kill_leftovers(children)
             await channel.close()
-
-
-async def run_cases(logged: Logged, n: int) -> list[str]:
-    ids = []
-    for i in range(n):
-        reply = await logged.client.post("/cases", json={
-            "agent": "loan-officer", "input": SAMPLE_APPLICATIONS[i % 3]})
-        assert reply.status_code == 202, reply.text
-        ids.append(reply.json()["caseId"])
-    for case_id in ids:
-        await ended(logged.client, case_id)
-    return ids
-
-
-async def logged_everything(logged: Logged) -> tuple[int, str]:
-    """Wait until the latest checkpoint holds every stored event; its size and note."""
-    async def check() -> tuple[int, str] | None:
-        stored = await logged.pool.fetchval("SELECT count(*) FROM event_log")
-        reply = await logged.client.get("/ledger/checkpoint")
-        if reply.status_code != 200:
-            return None
-        head, _ = open_checkpoint(reply.text, logged.log_key)
-        return (head.size, reply.text) if head.size == stored else None
-
-    found: tuple[int, str] = await wait_until(check, timeout=30)
-    return found
 
 
 async def test_every_stored_event_is_a_leaf_of_a_signed_published_checkpoint(
@@ -374,18 +285,6 @@ async def test_a_witness_left_running_is_a_component_with_its_own_metrics(
     assert "accepted" in said and f"size {size}" in said
 
 
-async def _as_superuser(pool: asyncpg.Pool, *statements: str, args: Any = ()) -> None:
-    """What an operator with the database's superuser can do: switch the append-only
-    triggers off, change the record, switch them on again."""
-    async with pool.acquire() as conn, conn.transaction():
-        for table in ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints"):
-            await conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
-        for statement in statements:
-            await conn.execute(statement, *args) if args else await conn.execute(statement)
-        for table in ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints"):
-            await conn.execute(f"ALTER TABLE {table} ENABLE TRIGGER USER")
-
-
 REBUILD = (
     # The tree rebuilt from what the store holds now, and signed again with the log key.
     "TRUNCATE ledger_queue, ledger_leaves, ledger_tiles, ledger_cosignatures, "
@@ -438,26 +337,12 @@ async def test_a_keys_retirement_comes_from_the_auditor_and_time_from_a_witness(
         assert refused.returncode == 1 and "retired_key" in refused.stdout + refused.stderr
 
 
-async def witness_once(logged: Logged, state: Path) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(subprocess.run, component_command(
-        "witness", "--log", logged.stack.base_url, "--log-key", logged.log_key.text(),
-        "--state", str(state), "--once"),
-        capture_output=True, text=True, env=logged.settings.environment(), timeout=60)
-
-
 async def verify_bundle_today(logged: Logged, bundle: Path) -> subprocess.CompletedProcess[str]:
     signer = worker_signer(logged.settings)
     return await asyncio.to_thread(subprocess.run, component_command(
         "verify-bundle", str(bundle), "--trust", base64.b64encode(signer.public_key).decode(),
         "--trust-log", logged.log_key.text(), "--log", logged.stack.base_url),
         capture_output=True, text=True, env=logged.settings.environment(), timeout=60)
-
-
-async def export(logged: Logged, case_id: str, path: Path) -> Path:
-    reply = await logged.client.get(f"/cases/{case_id}/bundle")
-    assert reply.status_code == 200
-    await asyncio.to_thread(path.write_bytes, reply.content)
-    return path
 
 
 async def test_deleting_or_rewriting_the_record_afterwards_is_caught(
@@ -479,7 +364,7 @@ async def test_deleting_or_rewriting_the_record_afterwards_is_caught(
     gone = await logged.pool.fetch(
         "SELECT event_id FROM event_log WHERE case_id = $1 ORDER BY seq DESC LIMIT 2",
         uuid.UUID(shortened))
-    await _as_superuser(logged.pool, "DELETE FROM event_log WHERE event_id = ANY($1::uuid[])",
+    await as_superuser(logged.pool, "DELETE FROM event_log WHERE event_id = ANY($1::uuid[])",
                         args=([r["event_id"] for r in gone],))
     report = await evidence.verify(uuid.UUID(shortened))
     assert report is not None and "removed_after_logging" in {p.code for p in report.problems}
@@ -488,7 +373,7 @@ async def test_deleting_or_rewriting_the_record_afterwards_is_caught(
     #    events). The ledger will not sign it: its high-water mark, kept off the
     #    database, is larger than the rebuilt tree.
     await logged.stop_ledger()
-    await _as_superuser(logged.pool, f"DELETE FROM event_log WHERE case_id = '{deleted}'",
+    await as_superuser(logged.pool, f"DELETE FROM event_log WHERE case_id = '{deleted}'",
                         f"DELETE FROM cases WHERE case_id = '{deleted}'", *REBUILD)
     await logged.start_ledger()
     said = await logged.halted("behind")
@@ -513,7 +398,7 @@ async def test_deleting_or_rewriting_the_record_afterwards_is_caught(
     #    chained again, the tree rebuilt and grown past the accepted size: it forked.
     await logged.stop_ledger()
     await _rewrite(logged, rewritten, worker_signer(logged.settings))
-    await _as_superuser(logged.pool, *REBUILD)
+    await as_superuser(logged.pool, *REBUILD)
     report = await evidence.verify(uuid.UUID(rewritten))
     assert report is not None and report.verified  # the chain alone cannot tell
     await logged.forget_high_water()
@@ -581,7 +466,7 @@ async def test_the_ledger_refuses_to_sign_over_a_tree_altered_underneath_it(
         "SELECT level, tile_index, hashes FROM ledger_tiles ORDER BY level, tile_index LIMIT 1")
     assert tile is not None
     bent = bytes([tile["hashes"][0] ^ 1]) + bytes(tile["hashes"][1:])
-    await _as_superuser(logged.pool, "UPDATE ledger_tiles SET hashes = $1 WHERE level = $2 "
+    await as_superuser(logged.pool, "UPDATE ledger_tiles SET hashes = $1 WHERE level = $2 "
                         "AND tile_index = $3", args=(bent, tile["level"], tile["tile_index"]))
     try:
         refused = await asyncio.to_thread(
@@ -590,7 +475,7 @@ async def test_the_ledger_refuses_to_sign_over_a_tree_altered_underneath_it(
         assert refused.returncode == 2, refused.stderr[-2000:]
         assert "the tree was altered" in refused.stderr
     finally:
-        await _as_superuser(logged.pool, "UPDATE ledger_tiles SET hashes = $1 WHERE level = $2 "
+        await as_superuser(logged.pool, "UPDATE ledger_tiles SET hashes = $1 WHERE level = $2 "
                             "AND tile_index = $3",
                             args=(bytes(tile["hashes"]), tile["level"], tile["tile_index"]))
         await logged.start_ledger()

@@ -8,16 +8,12 @@ RabbitMQ streams, the ledger and the witness as real processes."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aio_pika
 import asyncpg
-import httpx
 import orjson
 import pytest
 
@@ -26,62 +22,24 @@ from casetrail.components.sequencer import TREE_SIZE_SQL, ledger_state
 from casetrail.components.supervisor import component_command
 from casetrail.config import Settings
 from casetrail.contract.integrity import Signer
-from casetrail.ledger.log_key import log_signer
 from casetrail.ledger.note import open_checkpoint
-from tests.integration.test_ledger import (
-    Logged,
+from tests.support.helpers import wait_until
+from tests.support.logged import (
+    back_up,
     export,
     logged_everything,
+    metric_shows,
+    restore,
     run_cases,
+    serving,
     witness_once,
 )
-from tests.support.helpers import wait_until
 from tests.support.stack import (
     free_port,
-    in_process_stack,
     kill_leftovers,
     namespace_of_its_own,
     spawn,
 )
-
-
-@asynccontextmanager
-async def serving(own: Settings, amqp: aio_pika.abc.AbstractRobustConnection,
-                  pool: asyncpg.Pool, key: str, children: dict[str, subprocess.Popen[bytes]]
-                  ) -> AsyncIterator[Logged]:
-    """The in-process stack of ``own`` and its REST client, as the ledger tests use it."""
-    async with in_process_stack(own, amqp, pool, worker_concurrency=4) as stack, \
-            httpx.AsyncClient(base_url=stack.base_url, timeout=10,
-                              headers={"Authorization": f"Bearer {key}"}) as client:
-        yield Logged(own, pool, stack, client, children, log_signer(own).verifier,
-                     Path(os.devnull), log_signer(own).verifier, None)  # type: ignore[arg-type]
-
-
-def _run(*command: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done
-
-
-async def back_up(own: Settings, backup: Path) -> None:
-    """The namespace's database, as `pg_dump -Fc` keeps it."""
-    await asyncio.to_thread(_run, "pg_dump", "-Fc", "-f", str(backup), own.database_url)
-
-
-async def restore(own: Settings, pool: asyncpg.Pool, backup: Path) -> None:
-    """The namespace's database brought back from ``backup``, as the runbook does; the
-    tests' own pool forgets its connections to the tables replaced."""
-    await asyncio.to_thread(_run, "pg_restore", "--clean", "--if-exists",
-                            "--single-transaction", "-d", own.database_url, str(backup))
-    await pool.expire_connections()
-
-
-async def metric_shows(port: int, line: str) -> bool:
-    try:
-        async with httpx.AsyncClient() as client:
-            return line in (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    except httpx.TransportError:
-        return False
 
 
 async def test_an_older_backup_restored_halts_the_ledger_and_the_log_never_forks(

@@ -20,38 +20,11 @@ import pytest
 from casetrail.adapters.store import ApiKeyStore, component_pool
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.config import Settings
-from tests.integration.test_audit import audit, found
-from tests.integration.test_ledger import _as_superuser, logged_everything
-from tests.integration.test_restore import serving
 from tests.support.cli import run_cli
-from tests.support.helpers import ended, wait_for_sql
+from tests.support.helpers import wait_for_sql
+from tests.support.logged import as_superuser, audit, found, logged_everything, serving
+from tests.support.retention import backdate, decided, person
 from tests.support.stack import kill_leftovers, namespace_of_its_own
-
-
-async def person(pool: asyncpg.Pool, base_url: str, who: str, *scopes: str
-                 ) -> httpx.AsyncClient:
-    _, key = await ApiKeyStore(pool).create("default", scopes, f"{who}'s key", person=who)
-    return httpx.AsyncClient(base_url=base_url, timeout=10,
-                             headers={"Authorization": f"Bearer {key}"})
-
-
-async def backdate(pool: asyncpg.Pool, case_id: str, days: int) -> None:
-    """As if the case had ended ``days`` ago (the floor is six months: a test cannot wait)."""
-    await pool.execute("UPDATE cases SET ended_at = now() - make_interval(days => $2) "
-                       "WHERE case_id = $1", uuid.UUID(case_id), days)
-
-
-async def decided(client: httpx.AsyncClient, n: int) -> list[str]:
-    """``n`` loan cases the agent decides on its own (none waits for a review)."""
-    ids = []
-    for _ in range(n):
-        reply = await client.post("/cases", json={"agent": "loan-officer",
-                                                  "input": SAMPLE_APPLICATIONS[0]})
-        assert reply.status_code == 202, reply.text
-        ids.append(reply.json()["caseId"])
-    for case_id in ids:
-        assert (await ended(client, case_id))["status"] == "completed"
-    return ids
 
 
 async def stored_types(pool: asyncpg.Pool, case_id: str) -> list[str]:
@@ -209,7 +182,7 @@ async def _the_audit_tells_expiry_from_deletion(own: Settings, pool: asyncpg.Poo
     expired, _, erased, _ = cases
     code, report = await audit(own, "--full")
     assert code == 0 and report["casesExpired"] == 1, report
-    await _as_superuser(pool, f"DELETE FROM event_log WHERE case_id = '{erased}'")
+    await as_superuser(pool, f"DELETE FROM event_log WHERE case_id = '{erased}'")
     code, report = await audit(own)
     assert code == 1 and ("removed_after_logging", erased) in found(report), report
     assert not any(f.get("caseId") == expired for f in report["findings"]), report

@@ -16,9 +16,9 @@ from prometheus_client import REGISTRY
 from casetrail.adapters.store import ApiKeyStore
 from casetrail.config import Settings
 from casetrail.ops.retention_journal import reapply
-from tests.integration.test_restore import back_up, restore, serving
-from tests.integration.test_retention import backdate, decided, person
 from tests.support.helpers import wait_for_sql
+from tests.support.logged import back_up, restore, serving
+from tests.support.retention import backdate, decided, person
 from tests.support.stack import kill_leftovers, namespace_of_its_own
 
 

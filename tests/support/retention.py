@@ -1,0 +1,39 @@
+"""What the retention tests share: a person's client, cases the agent decides on its own,
+and a case's end moved into the past (the floor is six months: a test cannot wait)."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+import httpx
+
+from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from tests.support.helpers import ended
+
+
+async def person(pool: asyncpg.Pool, base_url: str, who: str, *scopes: str
+                 ) -> httpx.AsyncClient:
+    _, key = await ApiKeyStore(pool).create("default", scopes, f"{who}'s key", person=who)
+    return httpx.AsyncClient(base_url=base_url, timeout=10,
+                             headers={"Authorization": f"Bearer {key}"})
+
+
+async def decided(client: httpx.AsyncClient, n: int) -> list[str]:
+    """``n`` loan cases the agent decides on its own (none waits for a review)."""
+    ids = []
+    for _ in range(n):
+        reply = await client.post("/cases", json={"agent": "loan-officer",
+                                                  "input": SAMPLE_APPLICATIONS[0]})
+        assert reply.status_code == 202, reply.text
+        ids.append(reply.json()["caseId"])
+    for case_id in ids:
+        assert (await ended(client, case_id))["status"] == "completed"
+    return ids
+
+
+async def backdate(pool: asyncpg.Pool, case_id: str, days: int) -> None:
+    """As if the case had ended ``days`` ago (the floor is six months: a test cannot wait)."""
+    await pool.execute("UPDATE cases SET ended_at = now() - make_interval(days => $2) "
+                       "WHERE case_id = $1", uuid.UUID(case_id), days)
