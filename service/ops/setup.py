@@ -260,10 +260,12 @@ def grants(settings: Settings) -> list[str]:
         # cases directly.
         f"GRANT SELECT, INSERT ON retention_policies, retention_approvals, "
         f"retention_business_dates, legal_holds, legal_hold_releases TO {api}",
-        f"GRANT SELECT ON retention_in_force, retention_floor, case_tombstones TO {api}",
+        f"GRANT SELECT ON retention_in_force, retention_floor, case_tombstones, "
+        f"case_key_marks TO {api}",
         f"GRANT EXECUTE ON FUNCTION case_held(uuid, text) TO {api}, {worker}",
         f"GRANT SELECT ON retention_in_force, retention_business_dates, case_tombstones, "
-        f"case_keys, legal_holds, legal_hold_releases, held_cases TO {worker}",
+        f"case_keys, case_key_marks, legal_holds, legal_hold_releases, held_cases "
+        f"TO {worker}",
         f"GRANT EXECUTE ON FUNCTION expire_case(uuid), erase_for_retention(uuid, text), "
         f"journal_missing(jsonb) TO {worker}",
     ]

@@ -34,6 +34,15 @@ WHERE c.status IN ({ENDED_SQL}) AND s.counted_at IS NOT NULL
 """Every ended case under a policy, with the time its policy counts from (none until a
 business date is set, for a policy counted from one)."""
 
+def key_held(case: str) -> str:
+    """SQL: the hold ``h`` names a business key the case ``case`` has, or had (a
+    sensitive key's digest, kept after erasure or expiry in case_key_marks)."""
+    return (f"(EXISTS (SELECT 1 FROM case_keys k WHERE k.case_id = {case} AND k.field = "
+            f"h.key_field AND k.value = h.key_value) OR EXISTS (SELECT 1 FROM case_key_marks "
+            f"m WHERE m.case_id = {case} AND m.field = h.key_field AND m.digest = "
+            f"h.key_value))")
+
+
 _EXPIRED_DUE = (f"WITH past AS ({PAST_TIME_SQL}) SELECT past.*, case_held(case_id, tenant_id) "
                 "AS held FROM past WHERE keep_days IS NOT NULL AND counted_at + "
                 "make_interval(days => keep_days) < now()")
@@ -162,9 +171,7 @@ class ExpiryStore:
                     FROM legal_holds h JOIN cases c ON c.tenant_id = h.tenant_id
                     WHERE {_HOLD_ACTIVE} AND c.status IN ({ENDED_SQL})
                       AND (h.scope = 'tenant' OR (h.scope = 'case' AND c.case_id = h.case_id)
-                           OR (h.scope = 'business_key' AND EXISTS (SELECT 1 FROM case_keys k
-                               WHERE k.case_id = c.case_id AND k.field = h.key_field
-                               AND k.value = h.key_value)))
+                           OR (h.scope = 'business_key' AND {key_held("c.case_id")}))
                       AND NOT EXISTS (SELECT 1 FROM held_cases x WHERE x.hold_id = h.hold_id
                                       AND x.case_id = c.case_id)
                     ORDER BY h.placed_at, c.case_id LIMIT $1""", limit)

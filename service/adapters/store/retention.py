@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from casetrail.adapters.store.expiry import PAST_TIME_SQL
+from casetrail.adapters.store.expiry import PAST_TIME_SQL, key_held
 from casetrail.adapters.store.pool import translate_errors
 
 _POLICY_COLUMNS = ("policy_id, tenant_id, agent, version, keep_days, counted_from, "
@@ -152,9 +152,7 @@ class RetentionStore:
                     FROM legal_holds h WHERE h.tenant_id = $1
                       AND (NOT $2 OR NOT ({_HOLD_ENDED}))
                       AND ($3::uuid IS NULL OR h.scope = 'tenant' OR h.case_id = $3
-                           OR (h.scope = 'business_key' AND EXISTS (SELECT 1 FROM case_keys k
-                               WHERE k.case_id = $3 AND k.field = h.key_field
-                               AND k.value = h.key_value)))
+                           OR (h.scope = 'business_key' AND {key_held("$3")}))
                     ORDER BY h.placed_at DESC""", tenant, active_only, case_id)
         return [dict(r) for r in rows]
 
