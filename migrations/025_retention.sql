@@ -28,6 +28,10 @@ CREATE TABLE retention_floor (
 INSERT INTO retention_floor VALUES (true, 183, 'EU AI Act Art. 19 and Art. 26(6): logs of '
     'high-risk AI systems kept for at least six months');
 
+-- Every row a person's act writes here carries what the API's action key signed
+-- (`action`): the worker deletes nothing on a policy, an approval or a release whose
+-- signature does not hold (casetrail.trail.retention_actions).
+--
 -- Policies, versioned and append-only: each change is a new row (who, why, when). A
 -- change that shortens what is kept (a first policy after "keep everything" does) is
 -- in force only once a second person approved it (retention_approvals); the trigger
@@ -48,6 +52,7 @@ CREATE TABLE retention_policies (
     set_by             text        NOT NULL,
     set_at             timestamptz NOT NULL DEFAULT now(),
     needs_second       boolean     NOT NULL DEFAULT false,
+    action             jsonb,
     UNIQUE (tenant_id, agent, version),
     CHECK (personal_data_days IS NULL OR keep_days IS NULL OR personal_data_days <= keep_days),
     CHECK ((counted_from = 'business_date') = (business_key IS NOT NULL))
@@ -56,7 +61,8 @@ CREATE TABLE retention_policies (
 CREATE TABLE retention_approvals (
     policy_id   bigint      PRIMARY KEY REFERENCES retention_policies,
     approved_by text        NOT NULL,
-    approved_at timestamptz NOT NULL DEFAULT now()
+    approved_at timestamptz NOT NULL DEFAULT now(),
+    action      jsonb
 );
 
 -- The policy in force for (tenant, agent): the newest version that needs no second
@@ -136,6 +142,7 @@ CREATE TABLE legal_holds (
     ends_at   timestamptz,
     placed_by text        NOT NULL,
     placed_at timestamptz NOT NULL DEFAULT now(),
+    action    jsonb,
     CHECK ((scope = 'case') = (case_id IS NOT NULL)),
     CHECK ((scope = 'business_key') = (key_field IS NOT NULL AND key_value IS NOT NULL))
 );
@@ -147,6 +154,7 @@ CREATE TABLE legal_hold_releases (
     person      text        NOT NULL,
     reason      text        NOT NULL CHECK (length(reason) BETWEEN 1 AND 2000),
     released_at timestamptz NOT NULL DEFAULT now(),
+    action      jsonb,
     PRIMARY KEY (hold_id, person)
 );
 

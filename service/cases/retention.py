@@ -18,12 +18,19 @@ from typing import Any, Literal
 from casetrail.adapters.bus.journal import journal
 from casetrail.adapters.store.retention import Refused, Taken
 from casetrail.agents import AGENTS
-from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotFound
+from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotAccepted, NotFound
 from casetrail.cases.reading import owned
 from casetrail.cases.services import CaseServices
 from casetrail.cases.text import refuse_unstorable
 from casetrail.contract.auth import Principal, Scope
 from casetrail.privacy.sensitive import sensitive_field
+from casetrail.trail.person_actions import sign_object
+from casetrail.trail.retention_actions import (
+    approval_object,
+    hold_object,
+    policy_object,
+    release_object,
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,15 @@ PRESETS: dict[str, Preset] = {
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _signed(services: CaseServices, signed: dict[str, Any]) -> dict[str, Any]:
+    """``signed`` under the API's action key, as the row keeps it: the worker deletes
+    nothing on an act no action key vouches for."""
+    if services.action_signer is None:
+        raise NotAccepted("this process holds no action key (CASETRAIL_ACTION_KEY_FILE): a "
+                          "person's action is kept only signed")
+    return sign_object(services.action_signer, signed).as_json()
 
 
 async def _journal(services: CaseServices, entry: dict[str, Any]) -> None:
@@ -110,15 +126,18 @@ async def set_policy(services: CaseServices, principal: Principal, agent: str,
         raise Invalid(Issue(("body", "keepDays"), f"at least {floor} days ({source})"))
     by, at = await person_of(services, principal), _now()
     version = await services.retention.next_version(principal.tenant, agent)
+    action = _signed(services, policy_object({
+        **fields, "tenant_id": principal.tenant, "agent": agent, "version": version,
+        "set_by": by, "set_at": at}))
     await _journal(services, {
         "kind": "policy", "tenantId": principal.tenant, "agent": agent, "version": version,
         "keepDays": fields["keep_days"], "countedFrom": fields["counted_from"],
         "businessKey": fields["business_key"], "personalDataDays": fields["personal_data_days"],
         "preset": fields["preset"], "reason": fields["reason"], "setBy": by,
-        "setAt": at.isoformat()})
+        "setAt": at.isoformat(), "action": action})
     try:
         row = await services.retention.set_policy(principal.tenant, agent, version, fields,
-                                                  by, at)
+                                                  by, at, action)
     except Taken as exc:
         raise Conflict(str(exc)) from exc
     except Refused as exc:
@@ -164,11 +183,14 @@ async def approve_policy(services: CaseServices, principal: Principal, policy_id
     if person == row["set_by"]:
         raise Forbidden(f"{person} set policy {policy_id}: another person approves it")
     approved_at = _now()
+    action = _signed(services, approval_object(row["tenant_id"], row["agent"],
+                                               row["version"], person, approved_at))
     await _journal(services, {"kind": "approval", "tenantId": row["tenant_id"],
                               "agent": row["agent"], "version": row["version"],
-                              "approvedBy": person, "approvedAt": approved_at.isoformat()})
+                              "approvedBy": person, "approvedAt": approved_at.isoformat(),
+                              "action": action})
     try:
-        await services.retention.approve(policy_id, person, approved_at)
+        await services.retention.approve(policy_id, person, approved_at, action)
     except Taken as exc:
         raise Conflict(str(exc)) from exc
     except Refused as exc:
@@ -233,13 +255,18 @@ async def place_hold(services: CaseServices, principal: Principal,
         await owned(services, principal, case_id)  # 404 for another tenant's
     stored = stored_key(*key, services, "key.field") if key else None
     hold_id, by, at = uuid.uuid4(), await person_of(services, principal), _now()
+    action = _signed(services, hold_object({
+        "hold_id": hold_id, "tenant_id": principal.tenant, "scope": scope, "case_id": case_id,
+        "key_field": stored and stored[0], "key_value": stored and stored[1],
+        "reason": reason, "ends_at": ends_at, "placed_by": by, "placed_at": at}))
     await _journal(services, {
         "kind": "hold", "holdId": str(hold_id), "tenantId": principal.tenant, "scope": scope,
         "caseId": case_id and str(case_id), "keyField": stored and stored[0],
         "keyValue": stored and stored[1], "reason": reason,
-        "endsAt": ends_at and ends_at.isoformat(), "placedBy": by, "placedAt": at.isoformat()})
+        "endsAt": ends_at and ends_at.isoformat(), "placedBy": by, "placedAt": at.isoformat(),
+        "action": action})
     row = await services.retention.place_hold(hold_id, principal.tenant, scope, case_id,
-                                              stored, reason, ends_at, by, at)
+                                              stored, reason, ends_at, by, at, action)
     return hold_json({**row, "active": True, "releases": []})
 
 
@@ -275,10 +302,12 @@ async def release_hold(services: CaseServices, principal: Principal, hold_id: uu
     if row is None or row["tenant_id"] != principal.tenant:
         raise NotFound(f"no hold {hold_id}")
     person, at = await person_of(services, principal), _now()
+    action = _signed(services, release_object(hold_id, person, reason, at))
     await _journal(services, {"kind": "release", "holdId": str(hold_id), "person": person,
-                              "reason": reason, "releasedAt": at.isoformat()})
+                              "reason": reason, "releasedAt": at.isoformat(),
+                              "action": action})
     try:
-        released_by = await services.retention.release(hold_id, person, reason, at)
+        released_by = await services.retention.release(hold_id, person, reason, at, action)
     except Taken as exc:
         raise Conflict(str(exc)) from exc
     return {"holdId": str(hold_id), "releasedBy": released_by,

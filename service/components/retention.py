@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +46,7 @@ from casetrail.contract.events import (
 )
 from casetrail.errors import CasetrailError
 from casetrail.telemetry import metrics
+from casetrail.trail import retention_actions
 
 log = logging.getLogger("casetrail.retention")
 
@@ -79,6 +80,8 @@ class RetentionKeeper:
     ran_by: str
     journal: Callable[[], Awaitable[list[dict[str, Any]]]]
     """The retention journal's entries (casetrail.adapters.bus.journal)."""
+    action_keys: Callable[[], Awaitable[Mapping[str, Any]]]
+    """The registered action keys, which persons' acts about retention must verify under."""
     interval: float = 300.0
     batch: int = 500
     seconds: float = 60.0
@@ -103,9 +106,39 @@ class RetentionKeeper:
         outcome.blocked = await self._unreconciled()
         if outcome.blocked:
             return outcome
+        keys = await self.action_keys()
+        trusted = await self._trusted_policies(keys)
+        await self._expire_tombstoned(outcome, keys, until)
+        for case in await self.store.to_erase(self.batch, trusted):
+            if time.monotonic() > until:
+                break
+            if case.held or case.case_id in touched or \
+                    await self._released_unsigned(case.case_id, keys):
+                continue
+            if await self._erase(case):
+                outcome.erased += 1
+                touched.add(case.case_id)
+        for case in await self.store.to_expire(self.batch, trusted):
+            if time.monotonic() > until:
+                break
+            if case.held or await self._released_unsigned(case.case_id, keys):
+                outcome.held += 1
+            elif case.case_id not in touched and await self._append_expiry(case):
+                # (a CASE_ERASED appended now is not stored yet: its expiry chains on it
+                # next pass)
+                outcome.expiries_appended += 1
+        backlog = await self.store.backlog(trusted)
+        self._gauges(backlog.past_time, backlog.held, backlog.oldest_due)
+        return outcome
+
+    async def _expire_tombstoned(self, outcome: PassOutcome, keys: Mapping[str, Any],
+                                 until: float) -> None:
+        """Step 1: the cases whose CASE_EXPIRED is stored lose their other events."""
         for case_id in await self.store.tombstoned(self.batch):
             if time.monotonic() > until:
                 break
+            if await self._released_unsigned(case_id, keys):
+                continue
             try:
                 removed = await self.store.expire(case_id)
             except (HeldByLaw, NotYet) as exc:
@@ -117,24 +150,42 @@ class RetentionKeeper:
             metrics.RETENTION_EVENTS_REMOVED.inc(removed)
             log.info("case %s expired: %d events deleted, its tombstone kept", case_id,
                      removed)
-        for case in await self.store.to_erase(self.batch):
-            if time.monotonic() > until:
-                break
-            if not case.held and case.case_id not in touched and await self._erase(case):
-                outcome.erased += 1
-                touched.add(case.case_id)
-        for case in await self.store.to_expire(self.batch):
-            if time.monotonic() > until:
-                break
-            if case.held:
-                outcome.held += 1
-            elif case.case_id not in touched and await self._append_expiry(case):
-                # (a CASE_ERASED appended now is not stored yet: its expiry chains on it
-                # next pass)
-                outcome.expiries_appended += 1
-        backlog = await self.store.backlog()
-        self._gauges(backlog.past_time, backlog.held, backlog.oldest_due)
-        return outcome
+
+    async def _trusted_policies(self, keys: Mapping[str, Any]) -> list[int]:
+        """The policies in force whose version, and approval where it needs one, an
+        action key signed as the rows say: nothing is deleted under any other."""
+        trusted = []
+        for row in await self.store.policies_in_force():
+            why = retention_actions.problem(retention_actions.policy_object(row),
+                                            row["action"], keys)
+            if why is None and row["needs_second"]:
+                why = "no second person approved it" if row["approved_by"] is None else \
+                    retention_actions.problem(retention_actions.approval_object(
+                        row["tenant_id"], row["agent"], row["version"], row["approved_by"],
+                        row["approved_at"]), row["approval_action"], keys)
+            if why is None:
+                trusted.append(row["policy_id"])
+                continue
+            metrics.RETENTION_REFUSED.labels("policy").inc()
+            log.error("retention policy %d (tenant %s, agent %s, version %d) is not acted "
+                      "on: %s", row["policy_id"], row["tenant_id"], row["agent"],
+                      row["version"], why)
+        return trusted
+
+    async def _released_unsigned(self, case_id: uuid.UUID, keys: Mapping[str, Any]) -> bool:
+        """Whether a hold on the case counts as released only by releases no action key
+        signed (two persons' signed releases end a hold; rows alone do not)."""
+        for hold in await self.store.releases_keeping(case_id):
+            signed = {r["person"] for r in hold["releases"] if retention_actions.problem(
+                retention_actions.release_object(hold["hold_id"], r["person"], r["reason"],
+                                                 datetime.fromisoformat(r["releasedAt"])),
+                r["action"], keys) is None}
+            if len(signed) < 2:
+                metrics.RETENTION_REFUSED.labels("release").inc()
+                log.error("case %s: hold %s counts as released by releases no action key "
+                          "signed; the case stays held", case_id, hold["hold_id"])
+                return True
+        return False
 
     async def _unreconciled(self) -> int:
         """How many journal entries the database lacks (a restore of an older backup

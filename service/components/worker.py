@@ -308,7 +308,7 @@ class CaseWorker:
             ExpiryStore(self.store.pool), self.store, self.secrets, self._sink.append,
             f"retention:{self.owner}",
             lambda: journalled(self.connection, self.topology),
-            interval=self.retention_seconds)
+            lambda: self._action_keys_for(None), interval=self.retention_seconds)
         retaining = asyncio.create_task(self.retention.run())
         log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
         if ready is not None:

@@ -264,8 +264,8 @@ def grants(settings: Settings) -> list[str]:
         f"case_key_marks TO {api}",
         f"GRANT EXECUTE ON FUNCTION case_held(uuid, text) TO {api}, {worker}",
         f"GRANT SELECT ON retention_in_force, retention_business_dates, case_tombstones, "
-        f"case_keys, case_key_marks, legal_holds, legal_hold_releases, held_cases "
-        f"TO {worker}",
+        f"case_keys, case_key_marks, legal_holds, legal_hold_releases, held_cases, "
+        f"retention_approvals TO {worker}",
         f"GRANT EXECUTE ON FUNCTION expire_case(uuid), erase_for_retention(uuid, text), "
         f"journal_missing(jsonb) TO {worker}",
     ]

@@ -163,6 +163,10 @@ RETENTION_ERASED = Counter("casetrail_retention_erased", "Cases whose personal d
 RETENTION_BLOCKED = Gauge("casetrail_retention_blocked", "1 while the retention pass does "
                           "not run: the database lacks holds, releases, policies or "
                           "erasures its journal holds (a restore not reconciled yet).")
+RETENTION_REFUSED = Counter("casetrail_retention_refused", "Persons' acts about retention "
+                            "the pass would not act on, by what (policy: a version or "
+                            "approval no action key signed; release: a hold released only by "
+                            "unsigned releases, kept held).", ["what"])
 RETENTION_PAST_TIME = Gauge("casetrail_retention_past_time_cases", "Cases past their time "
                             "under their policy, not held and not expired yet.")
 RETENTION_HELD = Gauge("casetrail_retention_held_cases", "Cases past their time that a "

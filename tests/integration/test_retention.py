@@ -16,6 +16,7 @@ import asyncpg
 import httpx
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from casetrail.adapters.store import ApiKeyStore, component_pool
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
@@ -217,3 +218,58 @@ async def _from_the_command_line(own: Settings, cases: list[str]) -> None:
     refused = await asyncio.to_thread(run_cli, own, "retention", "set", "*", "--keep-days",
                                       "10", "--reason", "too short")
     assert refused.returncode == 1 and "183" in refused.stderr, refused.stderr
+
+
+async def test_a_policy_or_a_release_written_with_the_apis_database_password_deletes_nothing(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection,
+) -> None:
+    """The API's role may insert policies, approvals and releases: rows alone, with no
+    action key's signature, make the pass delete nothing and keep a hold in force."""
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    async with namespace_of_its_own(settings, "retain-forged") as (own, pool, key):
+        try:
+            async with serving(own, amqp, pool, key, children) as logged:
+                base = logged.stack.base_url
+                keeper = logged.stack.worker.retention
+                held, other = await decided(logged.client, 2)
+                for case_id in (held, other):
+                    await backdate(pool, case_id, 200)
+                api = await component_pool(own.identity("api"), 1)
+                try:
+                    await api.execute(
+                        "INSERT INTO retention_policies (tenant_id, agent, version, keep_days, "
+                        "reason, set_by) VALUES ('default', '*', 1, 183, 'x', 'mallory')")
+                    await api.execute(
+                        "INSERT INTO retention_approvals (policy_id, approved_by) SELECT "
+                        "policy_id, 'eve' FROM retention_policies WHERE version = 1")
+                    forged = await keeper.pass_once()
+                    assert (forged.expiries_appended, forged.erased) == (0, 0), forged
+                    assert REGISTRY.get_sample_value("casetrail_retention_refused_total",
+                                                     {"what": "policy"})
+
+                    # A signed policy, and a hold two unsigned rows "release".
+                    alice = await person(pool, base, "alice", "retention:manage")
+                    carol = await person(pool, base, "carol", "holds:manage")
+                    signed = await alice.put("/retention/policies/*", json={
+                        "keepDays": 183, "reason": "six months"})
+                    assert signed.status_code == 201 and signed.json()["inForce"], signed.text
+                    hold = (await carol.post("/holds", json={
+                        "scope": "case", "caseId": held, "reason": "Complaint 9"})).json()
+                    for who in ("x", "y"):
+                        await api.execute(
+                            "INSERT INTO legal_hold_releases (hold_id, person, reason) "
+                            "VALUES ($1, $2, 'gone')", uuid.UUID(hold["holdId"]), who)
+                finally:
+                    await api.close()
+                after = await keeper.pass_once()
+                assert (after.expiries_appended, after.held) == (1, 1), after
+                assert REGISTRY.get_sample_value("casetrail_retention_refused_total",
+                                                 {"what": "release"})
+                await wait_for_sql(pool, "SELECT count(*) FROM case_tombstones WHERE "
+                                   "case_id = $1", uuid.UUID(other))
+                assert await pool.fetchval("SELECT count(*) FROM case_tombstones WHERE "
+                                           "case_id = $1", uuid.UUID(held)) == 0
+                for client in (alice, carol):
+                    await client.aclose()
+        finally:
+            kill_leftovers(children)

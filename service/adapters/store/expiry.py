@@ -111,6 +111,33 @@ def _past(rows: list[asyncpg.Record]) -> list[PastTime]:
 class ExpiryStore:
     pool: asyncpg.Pool
 
+    async def policies_in_force(self) -> list[dict[str, Any]]:
+        """Every policy in force that deletes anything, with its approval, and what the
+        action key signed for each (the pass acts only on those that check)."""
+        async with translate_errors():
+            rows = await self.pool.fetch(
+                "SELECT p.*, a.approved_by, a.approved_at, a.action AS approval_action "
+                "FROM retention_in_force p LEFT JOIN retention_approvals a USING (policy_id) "
+                "WHERE p.keep_days IS NOT NULL OR p.personal_data_days IS NOT NULL")
+        return [dict(r) for r in rows]
+
+    async def releases_keeping(self, case_id: uuid.UUID) -> list[dict[str, Any]]:
+        """The holds on the case that two persons' releases ended (not their end time),
+        each with its releases and what the action key signed for them."""
+        async with translate_errors():
+            rows = await self.pool.fetch(
+                f"""SELECT h.hold_id, jsonb_agg(jsonb_build_object(
+                           'person', r.person, 'reason', r.reason,
+                           'releasedAt', r.released_at, 'action', r.action)) AS releases
+                    FROM legal_holds h JOIN cases c ON c.case_id = $1
+                         AND c.tenant_id = h.tenant_id
+                    JOIN legal_hold_releases r USING (hold_id)
+                    WHERE (h.ends_at IS NULL OR h.ends_at > now())
+                      AND (h.scope = 'tenant' OR h.case_id = $1
+                           OR (h.scope = 'business_key' AND {key_held("$1")}))
+                    GROUP BY h.hold_id HAVING count(*) >= 2""", case_id)
+        return [dict(r) for r in rows]
+
     async def any_policy(self) -> bool:
         """Whether any policy in force deletes anything (else there is nothing to do)."""
         async with translate_errors():
@@ -118,26 +145,30 @@ class ExpiryStore:
                 "SELECT EXISTS (SELECT 1 FROM retention_in_force WHERE keep_days IS NOT NULL "
                 "OR personal_data_days IS NOT NULL)"))
 
-    async def to_expire(self, limit: int) -> list[PastTime]:
-        """Cases past their time, with no tombstone yet, oldest first (held ones too:
-        they are counted, never expired)."""
+    async def to_expire(self, limit: int, trusted: list[int]) -> list[PastTime]:
+        """Cases past their time under a ``trusted`` policy, with no tombstone yet,
+        oldest first (held ones too: they are counted, never expired)."""
         async with translate_errors():
             return _past(await self.pool.fetch(
-                f"{_EXPIRED_DUE} AND NOT EXISTS (SELECT 1 FROM case_tombstones t WHERE "
-                "t.case_id = past.case_id) ORDER BY counted_at LIMIT $1", limit))
+                f"{_EXPIRED_DUE} AND policy_id = ANY($2::bigint[]) AND NOT EXISTS (SELECT 1 "
+                "FROM case_tombstones t WHERE t.case_id = past.case_id) ORDER BY counted_at "
+                "LIMIT $1", limit, trusted))
 
-    async def to_erase(self, limit: int) -> list[PastTime]:
-        """Cases whose personal data is past its deadline and still kept."""
+    async def to_erase(self, limit: int, trusted: list[int]) -> list[PastTime]:
+        """Cases whose personal data is past its ``trusted`` policy's deadline and still
+        kept."""
         async with translate_errors():
-            return _past(await self.pool.fetch(f"{_ERASE_DUE} ORDER BY counted_at LIMIT $1",
-                                               limit))
+            return _past(await self.pool.fetch(
+                f"{_ERASE_DUE} AND policy_id = ANY($2::bigint[]) ORDER BY counted_at "
+                "LIMIT $1", limit, trusted))
 
-    async def backlog(self) -> Backlog:
+    async def backlog(self, trusted: list[int]) -> Backlog:
         async with translate_errors():
             row = await self.pool.fetchrow(
                 f"SELECT count(*) FILTER (WHERE NOT held) AS due, count(*) FILTER (WHERE "
                 f"held) AS held, min(counted_at + make_interval(days => keep_days)) FILTER "
-                f"(WHERE NOT held) AS oldest FROM ({_EXPIRED_DUE}) due")
+                f"(WHERE NOT held) AS oldest FROM ({_EXPIRED_DUE}) due WHERE policy_id = "
+                f"ANY($1::bigint[])", trusted)
         assert row is not None
         return Backlog(row["due"], row["held"], row["oldest"])
 

@@ -36,16 +36,18 @@ async def make_again(pool: asyncpg.Pool, entry: dict[str, Any]) -> bool:
             await pool.execute(
                 "INSERT INTO retention_policies (tenant_id, agent, version, keep_days, "
                 "counted_from, business_key, personal_data_days, preset, reason, set_by, "
-                "set_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                "set_at, action) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                 entry["tenantId"], entry["agent"], entry["version"], entry["keepDays"],
                 entry["countedFrom"], entry["businessKey"], entry["personalDataDays"],
-                entry["preset"], entry["reason"], entry["setBy"], _when(entry["setAt"]))
+                entry["preset"], entry["reason"], entry["setBy"], _when(entry["setAt"]),
+                entry.get("action"))
         elif kind == "approval":
             await pool.execute(
-                "INSERT INTO retention_approvals (policy_id, approved_by, approved_at) "
-                "SELECT policy_id, $4, $5 FROM retention_policies WHERE tenant_id = $1 "
-                "AND agent = $2 AND version = $3", entry["tenantId"], entry["agent"],
-                entry["version"], entry["approvedBy"], _when(entry["approvedAt"]))
+                "INSERT INTO retention_approvals (policy_id, approved_by, approved_at, "
+                "action) SELECT policy_id, $4, $5, $6 FROM retention_policies WHERE "
+                "tenant_id = $1 AND agent = $2 AND version = $3", entry["tenantId"],
+                entry["agent"], entry["version"], entry["approvedBy"],
+                _when(entry["approvedAt"]), entry.get("action"))
         elif kind == "businessDate":
             await pool.execute(
                 "INSERT INTO retention_business_dates (tenant_id, field, value, ended_on, "
@@ -55,16 +57,18 @@ async def make_again(pool: asyncpg.Pool, entry: dict[str, Any]) -> bool:
         elif kind == "hold":
             await pool.execute(
                 "INSERT INTO legal_holds (hold_id, tenant_id, scope, case_id, key_field, "
-                "key_value, reason, ends_at, placed_by, placed_at) VALUES ($1, $2, $3, $4, "
-                "$5, $6, $7, $8, $9, $10)", uuid.UUID(entry["holdId"]), entry["tenantId"],
-                entry["scope"], entry["caseId"] and uuid.UUID(entry["caseId"]),
-                entry["keyField"], entry["keyValue"], entry["reason"],
-                _when(entry["endsAt"]), entry["placedBy"], _when(entry["placedAt"]))
+                "key_value, reason, ends_at, placed_by, placed_at, action) VALUES ($1, $2, "
+                "$3, $4, $5, $6, $7, $8, $9, $10, $11)", uuid.UUID(entry["holdId"]),
+                entry["tenantId"], entry["scope"],
+                entry["caseId"] and uuid.UUID(entry["caseId"]), entry["keyField"],
+                entry["keyValue"], entry["reason"], _when(entry["endsAt"]),
+                entry["placedBy"], _when(entry["placedAt"]), entry.get("action"))
         elif kind == "release":
             await pool.execute(
-                "INSERT INTO legal_hold_releases (hold_id, person, reason, released_at) "
-                "VALUES ($1, $2, $3, $4)", uuid.UUID(entry["holdId"]), entry["person"],
-                entry["reason"], _when(entry["releasedAt"]))
+                "INSERT INTO legal_hold_releases (hold_id, person, reason, released_at, "
+                "action) VALUES ($1, $2, $3, $4, $5)", uuid.UUID(entry["holdId"]),
+                entry["person"], entry["reason"], _when(entry["releasedAt"]),
+                entry.get("action"))
         elif kind == "erasure":
             try:
                 await pool.execute(

@@ -69,7 +69,7 @@ class RetentionStore:
                 "tenant_id = $1 AND agent = $2", tenant, agent))
 
     async def set_policy(self, tenant: str, agent: str, version: int, fields: dict[str, Any],
-                         by: str, at: datetime) -> dict[str, Any]:
+                         by: str, at: datetime, action: dict[str, Any]) -> dict[str, Any]:
         """Version ``version`` of the (tenant, agent) policy (``Taken`` when another
         change took it); whether it needs a second person is the database's answer."""
         async with translate_errors():
@@ -77,12 +77,12 @@ class RetentionStore:
                 row = await self._pool.fetchrow(
                     f"""INSERT INTO retention_policies (tenant_id, agent, version, keep_days,
                             counted_from, business_key, personal_data_days, archive, preset,
-                            reason, set_by, set_at)
-                        VALUES ($1, $2, $3, $4, $5, $6, $7, false, $8, $9, $10, $11)
+                            reason, set_by, set_at, action)
+                        VALUES ($1, $2, $3, $4, $5, $6, $7, false, $8, $9, $10, $11, $12)
                         RETURNING {_POLICY_COLUMNS}""",
                     tenant, agent, version, fields["keep_days"], fields["counted_from"],
                     fields["business_key"], fields["personal_data_days"], fields["preset"],
-                    fields["reason"], by, at)
+                    fields["reason"], by, at, action)
             except asyncpg.UniqueViolationError as exc:
                 raise Taken("another change of this policy was kept at the same time") \
                     from exc
@@ -91,12 +91,13 @@ class RetentionStore:
         assert row is not None
         return dict(row)
 
-    async def approve(self, policy_id: int, by: str, at: datetime) -> None:
+    async def approve(self, policy_id: int, by: str, at: datetime, action: dict[str, Any]
+                      ) -> None:
         async with translate_errors():
             try:
                 await self._pool.execute(
-                    "INSERT INTO retention_approvals (policy_id, approved_by, approved_at) "
-                    "VALUES ($1, $2, $3)", policy_id, by, at)
+                    "INSERT INTO retention_approvals (policy_id, approved_by, approved_at, "
+                    "action) VALUES ($1, $2, $3, $4)", policy_id, by, at, action)
             except asyncpg.UniqueViolationError as exc:
                 raise Taken(f"policy {policy_id} is approved already") from exc
             except asyncpg.CheckViolationError as exc:
@@ -127,13 +128,15 @@ class RetentionStore:
 
     async def place_hold(self, hold_id: uuid.UUID, tenant: str, scope: str,
                          case_id: uuid.UUID | None, key: tuple[str, str] | None, reason: str,
-                         ends_at: datetime | None, by: str, at: datetime) -> dict[str, Any]:
+                         ends_at: datetime | None, by: str, at: datetime,
+                         action: dict[str, Any]) -> dict[str, Any]:
         async with translate_errors():
             row = await self._pool.fetchrow(
                 "INSERT INTO legal_holds (hold_id, tenant_id, scope, case_id, key_field, "
-                "key_value, reason, ends_at, placed_by, placed_at) VALUES ($1, $2, $3, $4, "
-                "$5, $6, $7, $8, $9, $10) RETURNING *", hold_id, tenant, scope, case_id,
-                key[0] if key else None, key[1] if key else None, reason, ends_at, by, at)
+                "key_value, reason, ends_at, placed_by, placed_at, action) VALUES ($1, $2, "
+                "$3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING *", hold_id, tenant, scope,
+                case_id, key[0] if key else None, key[1] if key else None, reason, ends_at,
+                by, at, action)
         assert row is not None
         return dict(row)
 
@@ -162,14 +165,15 @@ class RetentionStore:
                                             hold_id)
         return None if row is None else dict(row)
 
-    async def release(self, hold_id: uuid.UUID, person: str, reason: str, at: datetime
-                      ) -> list[str]:
+    async def release(self, hold_id: uuid.UUID, person: str, reason: str, at: datetime,
+                      action: dict[str, Any]) -> list[str]:
         """Keep ``person``'s release; everyone who has released the hold so far."""
         async with translate_errors():
             try:
                 await self._pool.execute(
-                    "INSERT INTO legal_hold_releases (hold_id, person, reason, released_at) "
-                    "VALUES ($1, $2, $3, $4)", hold_id, person, reason, at)
+                    "INSERT INTO legal_hold_releases (hold_id, person, reason, released_at, "
+                    "action) VALUES ($1, $2, $3, $4, $5)", hold_id, person, reason, at,
+                    action)
             except asyncpg.UniqueViolationError as exc:
                 raise Taken(f"{person} has released this hold already: a second person "
                             "releases it") from exc
