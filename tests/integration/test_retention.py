@@ -18,13 +18,13 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from casetrail.adapters.store import ApiKeyStore, component_pool
+from casetrail.adapters.store import component_pool
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.config import Settings
 from tests.support.cli import run_cli
 from tests.support.helpers import wait_for_sql
 from tests.support.logged import as_superuser, audit, found, logged_everything, serving
-from tests.support.retention import backdate, decided, person
+from tests.support.retention import aclose_all, backdate, cast, decided, person
 from tests.support.stack import kill_leftovers, namespace_of_its_own
 
 
@@ -49,13 +49,9 @@ async def test_a_policy_expires_cases_with_proof_and_holds_keep_theirs(
 async def _expire_hold_and_audit(own: Settings, pool: asyncpg.Pool, logged: Any,
                                  base_url: str) -> None:
     await logged.start_ledger()
-    alice = await person(pool, base_url, "alice", "retention:manage")
-    bob = await person(pool, base_url, "bob", "retention:manage")
-    carol = await person(pool, base_url, "carol", "holds:manage")
-    dave = await person(pool, base_url, "dave", "holds:manage")
-    _, admin_key = await ApiKeyStore(pool).create("default", ["admin"], "operator")
-    admin = httpx.AsyncClient(base_url=base_url, timeout=10,
-                              headers={"Authorization": f"Bearer {admin_key}"})
+    people = await cast(pool, base_url)
+    alice, bob, carol, dave, admin = (people[w] for w in ("alice", "bob", "carol", "dave",
+                                                           "admin"))
     cases = await decided(logged.client, 4)
     keeper = logged.stack.worker.retention
     try:
@@ -77,8 +73,7 @@ async def _expire_hold_and_audit(own: Settings, pool: asyncpg.Pool, logged: Any,
         assert verdict["verified"] is True, verdict
         await _from_the_command_line(own, cases)
     finally:
-        for client in (alice, bob, carol, dave, admin):
-            await client.aclose()
+        await aclose_all(people)
 
 
 async def _two_persons_set_a_policy(pool: asyncpg.Pool, alice: httpx.AsyncClient,

@@ -10,15 +10,13 @@ import uuid
 from pathlib import Path
 
 import aio_pika
-import httpx
 from prometheus_client import REGISTRY
 
-from casetrail.adapters.store import ApiKeyStore
 from casetrail.config import Settings
 from casetrail.ops.retention_journal import reapply
 from tests.support.helpers import wait_for_sql
 from tests.support.logged import back_up, restore, serving
-from tests.support.retention import backdate, decided, person
+from tests.support.retention import aclose_all, backdate, cast, decided
 from tests.support.stack import kill_leftovers, namespace_of_its_own
 
 
@@ -30,12 +28,9 @@ async def test_holds_and_erasures_made_after_a_backup_survive_its_restore(
         try:
             async with serving(own, amqp, pool, key, children) as logged:
                 base = logged.stack.base_url
-                alice = await person(pool, base, "alice", "retention:manage")
-                bob = await person(pool, base, "bob", "retention:manage")
-                carol = await person(pool, base, "carol", "holds:manage")
-                _, admin_key = await ApiKeyStore(pool).create("default", ["admin"], "op")
-                admin = httpx.AsyncClient(base_url=base, timeout=10,
-                                          headers={"Authorization": f"Bearer {admin_key}"})
+                people = await cast(pool, base)
+                alice, bob, carol, admin = (people[w] for w in ("alice", "bob", "carol",
+                                                                 "admin"))
                 held, erased = await decided(logged.client, 2)
                 policy = (await alice.put("/retention/policies/*", json={
                     "preset": "ai-act-minimum", "reason": "six months"})).json()
@@ -73,7 +68,6 @@ async def test_holds_and_erasures_made_after_a_backup_survive_its_restore(
                 await wait_for_sql(pool, "SELECT count(*) FROM case_tombstones WHERE "
                                    "case_id = $1", uuid.UUID(erased))
                 assert await reapply(own) == []  # nothing lacking any more
-                for client in (alice, bob, carol, admin):
-                    await client.aclose()
+                await aclose_all(people)
         finally:
             kill_leftovers(children)

@@ -37,3 +37,20 @@ async def backdate(pool: asyncpg.Pool, case_id: str, days: int) -> None:
     """As if the case had ended ``days`` ago (the floor is six months: a test cannot wait)."""
     await pool.execute("UPDATE cases SET ended_at = now() - make_interval(days => $2) "
                        "WHERE case_id = $1", uuid.UUID(case_id), days)
+
+
+async def cast(pool: asyncpg.Pool, base_url: str) -> dict[str, httpx.AsyncClient]:
+    """The people of the retention tests: alice and bob manage retention, carol and dave
+    holds, and an operator's admin key; close them with ``aclose_all``."""
+    clients = {who: await person(pool, base_url, who, scope) for who, scope in (
+        ("alice", "retention:manage"), ("bob", "retention:manage"),
+        ("carol", "holds:manage"), ("dave", "holds:manage"))}
+    _, admin_key = await ApiKeyStore(pool).create("default", ["admin"], "operator")
+    clients["admin"] = httpx.AsyncClient(base_url=base_url, timeout=10,
+                                         headers={"Authorization": f"Bearer {admin_key}"})
+    return clients
+
+
+async def aclose_all(clients: dict[str, httpx.AsyncClient]) -> None:
+    for client in clients.values():
+        await client.aclose()
