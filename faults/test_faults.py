@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -104,6 +106,27 @@ async def test_broker_restart_while_50_cases_run(stack: Stack, pool: asyncpg.Poo
     await all_ended(pool, accepted)
     await wait_until(stack.ready, timeout=60)
     await settle_and_check(stack, pool, "broker restart, 50 cases", accepted)
+
+
+async def test_setup_waits_for_a_broker_that_is_starting(stack: Stack, pool: asyncpg.Pool
+                                                        ) -> None:
+    """`make demo` right after the broker (re)started used to fail: setup's import of the
+    broker definitions needs the 'rabbit' app running. It waits for it now."""
+    await asyncio.to_thread(rabbit, "stop_app")
+    try:
+        setting_up = asyncio.create_task(asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "casetrail.cli", "setup"],
+            capture_output=True, text=True, env=stack.settings.environment(), timeout=180))
+        await asyncio.sleep(5)
+        assert not setting_up.done(), "setup did not wait for the broker"
+    finally:
+        await asyncio.to_thread(rabbit, "start_app")
+    done = await asyncio.wait_for(setting_up, 150)
+    assert done.returncode == 0, done.stderr[-2000:]
+    await wait_until(stack.ready, timeout=60)
+    accepted = await submit(stack, 5)
+    await all_ended(pool, accepted)
+    await settle_and_check(stack, pool, "setup beside a starting broker", accepted)
 
 
 async def test_postgres_down_for_10s_while_ingesting(stack: Stack, pool: asyncpg.Pool) -> None:

@@ -512,6 +512,10 @@ def _management(settings: Settings) -> tuple[str, tuple[str, str]]:
     return urlunsplit((base.scheme, host, base.path.rstrip("/"), "", "")), auth
 
 
+BROKER_STARTUP_SECONDS = 90
+"""How long setup waits for a starting broker before it gives up, saying so."""
+
+
 def _rabbitmqctl(settings: Settings, *args: str, stdin: str | None = None) -> str:
     if shutil.which("rabbitmqctl") is None:
         raise PermanentError(
@@ -539,6 +543,9 @@ def apply_broker_definitions(settings: Settings, definitions: dict[str, Any]) ->
             raise PermanentError(f"importing definitions over HTTP failed: "
                                  f"{reply.status_code} {reply.text[:200]}")
         return
+    # A broker that is (re)starting refuses imports until its 'rabbit' app runs: wait
+    # for it, as long as a restart takes, instead of failing the demo's first run.
+    _rabbitmqctl(settings, "await_startup", "--timeout", str(BROKER_STARTUP_SECONDS))
     # On standard input: no file with password hashes is left anywhere.
     _rabbitmqctl(settings, "import_definitions", "--format", "json",
                  stdin=json.dumps(definitions))

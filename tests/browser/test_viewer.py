@@ -389,3 +389,19 @@ async def test_the_list_follows_cases_live_and_a_running_case_is_cancelled_from_
     await expect(outcome).to_contain_text("cancelled in the trail viewer")
     assert await page.get_by_role("button", name="Cancel case").count() == 0
     await page.close()
+
+
+async def test_a_decisions_reason_codes_read_as_codes(
+    browser: Browser, stack: InProcessStack, lender: httpx.AsyncClient, viewer_key: str,
+) -> None:
+    """A refer's panel read `Reason codes: ,[object HTMLElement] ,[object HTMLElement]`."""
+    case_id = (await lender.post("/cases", json={"agent": "loan-officer",
+                                                 "input": SAMPLE_APPLICATIONS[1]})
+               ).json()["caseId"]
+    view = await ended(lender, case_id)
+    codes = view["answer"]["reasonCodes"]
+    assert codes, view["answer"]
+    page = await signed_in(browser, stack, viewer_key, f"/ui/cases/{case_id}")
+    shown = page.locator("p.codes").first
+    await expect(shown).to_have_text("Reason codes: " + " ".join(codes), timeout=10_000)
+    await page.close()

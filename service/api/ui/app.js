@@ -589,7 +589,7 @@ function decisionSummary(answer) {
   return [
     el("p", {}, decisionBadge(answer.decision)),
     answer.rationale ? el("p", { class: "rationale", text: answer.rationale }) : null,
-    codes.length ? el("p", { class: "codes" }, "Reason codes: ", codes.map((c, i) => [i ? " " : "", el("code", { text: c })])) : null,
+    codes.length ? el("p", { class: "codes" }, "Reason codes: ", codes.flatMap((c, i) => [i ? " " : "", el("code", { text: c })])) : null,
   ].filter(Boolean);
 }
 
