@@ -30,8 +30,19 @@ DATABASE_COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "ledg
 """The capability workers reach no database."""
 CAPABILITY_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
-LOCAL_DIR = Path(".casetrail")
-"""Where a developer stack keeps what it makes: signing keys, the secrets file."""
+def local_dir(start: Path | None = None) -> Path:
+    """Where a developer stack keeps what it makes (signing keys, the secrets file):
+    ``CASETRAIL_HOME``, else the nearest ``.casetrail/`` in ``start`` (the working
+    directory) or a folder above it, so that the command line works from anywhere in
+    the project; else ``./.casetrail`` (where setup makes it)."""
+    if home := os.environ.get("CASETRAIL_HOME"):
+        return Path(home)
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / ".casetrail").is_dir():
+            return folder / ".casetrail"
+    return Path(".casetrail")
+
 
 
 @dataclass(frozen=True)
@@ -523,7 +534,7 @@ class Settings(BaseSettings):
         return unquote(path[1:]) if len(path) > 1 else "/"
 
     def secrets_path(self) -> Path:
-        return Path(self.secrets_file or LOCAL_DIR / f"{self.namespace}.identities.json")
+        return Path(self.secrets_file or local_dir() / f"{self.namespace}.identities.json")
 
     def identity(self, component: Component) -> Identity:
         """The component's own least-privileged identity: its ``CASETRAIL_<C>_*_URL``
@@ -539,7 +550,8 @@ class Settings(BaseSettings):
                 raise PermanentError(
                     f"no identity for the {component}: set CASETRAIL_{component.upper()}_"
                     f"AMQP_URL (and _DATABASE_URL), or run `casetrail setup`, which writes "
-                    f"them to {self.secrets_path()}")
+                    f"them to {self.secrets_path().resolve()} (no .casetrail/ here or above: "
+                    f"run from the project, or set CASETRAIL_HOME)")
             configured = configured or stored["amqp_url"]
             database = database or stored.get("database_url")
         # Never the bootstrap identity, nor another component's: consumers check

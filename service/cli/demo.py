@@ -23,7 +23,7 @@ from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.evidence import Evidence, verify_bundle
 from casetrail.audit.rendering import AUDITOR_SQL, format_event, format_trail
 from casetrail.components.supervisor import Stack, stack_commands
-from casetrail.config import LOCAL_DIR, Settings
+from casetrail.config import Settings, local_dir
 from casetrail.contract.auth import Scope
 from casetrail.contract.events import EVENT_TYPES, PARKING_EVENT_TYPE, TERMINAL_EVENT_TYPES
 from casetrail.contract.integrity import public_key_text
@@ -325,7 +325,7 @@ async def _show_log(settings: Settings, ledger: LedgerStore, names: dict[str, st
     it against the log's key (consistent with the checkpoint the witness saw first)."""
     _say("\n-- transparency log: every stored event a leaf of one Merkle tree --")
     log_key = log_signer(settings).verifier
-    witness = Witness(log_key, LOCAL_DIR / f"{settings.namespace}.demo-witness.json",
+    witness = Witness(log_key, local_dir() / f"{settings.namespace}.demo-witness.json",
                       LogClient(base_url))
     witness.state_file.unlink(missing_ok=True)
     latest = None
@@ -362,7 +362,7 @@ async def _show_bundle(settings: Settings, evidence: Evidence, names: dict[str, 
     first = next(iter(names))
     bundle = await evidence.bundle(uuid.UUID(first))
     assert bundle is not None
-    path = LOCAL_DIR / f"{settings.namespace}-{first}.bundle.json"
+    path = local_dir() / f"{settings.namespace}-{first}.bundle.json"
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(orjson.dumps(bundle, option=orjson.OPT_INDENT_2))
     signer, actions = worker_signer(settings), action_signer(settings)

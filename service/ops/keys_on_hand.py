@@ -17,7 +17,7 @@ from pathlib import Path
 
 import asyncpg
 
-from casetrail.config import LOCAL_DIR, Settings
+from casetrail.config import Settings, local_dir
 from casetrail.errors import PermanentError
 from casetrail.privacy.sensitive import Vault
 from casetrail.trail.key_source import is_file
@@ -33,7 +33,7 @@ class KeyFile:
     table: str
 
     def local(self, settings: Settings) -> Path:
-        return LOCAL_DIR / self.default_name.format(ns=settings.namespace)
+        return local_dir() / self.default_name.format(ns=settings.namespace)
 
     def path(self, settings: Settings) -> Path:
         configured = getattr(settings, self.setting)

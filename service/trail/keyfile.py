@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from casetrail.config import LOCAL_DIR, Settings
+from casetrail.config import Settings, local_dir
 from casetrail.contract.integrity import (
     IntegrityError,
     Signer,
@@ -94,7 +94,7 @@ def _ensure_local_key(settings: Settings, setting: Literal["signing_key_file",
     children started later inherit it)."""
     if getattr(settings, setting):
         return settings
-    path = LOCAL_DIR / f"{settings.namespace}.{kind}.pem"
+    path = local_dir() / f"{settings.namespace}.{kind}.pem"
     if not path.exists():
         write_signer(path, Signer.generate())
     os.environ[f"CASETRAIL_{setting.upper()}"] = str(path.resolve())

@@ -155,3 +155,20 @@ def test_a_taken_default_metrics_port_falls_back_and_a_taken_chosen_one_is_refus
             fallback.server_close()
     finally:
         holder.close()
+
+
+def test_the_command_line_finds_the_projects_keys_from_any_folder_below_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`casetrail reviews list` from another directory said "no identity for the api":
+    the nearest .casetrail/ above the working directory is the project's."""
+    from casetrail.config import local_dir
+
+    monkeypatch.delenv("CASETRAIL_HOME", raising=False)
+    (tmp_path / ".casetrail").mkdir()
+    deep = tmp_path / "src" / "agents"
+    deep.mkdir(parents=True)
+    assert local_dir(deep) == (tmp_path / ".casetrail").resolve()
+    assert local_dir(tmp_path / "src") == (tmp_path / ".casetrail").resolve()
+    monkeypatch.setenv("CASETRAIL_HOME", str(tmp_path / "elsewhere"))
+    assert local_dir(deep) == tmp_path / "elsewhere"
