@@ -82,8 +82,9 @@ class HoldToRecord:
     ended_at: datetime | None = None
 
 
-_HOLD_ACTIVE = ("(h.ends_at IS NULL OR h.ends_at > now()) AND (SELECT count(*) FROM "
+HOLD_ACTIVE = ("(h.ends_at IS NULL OR h.ends_at > now()) AND (SELECT count(*) FROM "
                 "legal_hold_releases r WHERE r.hold_id = h.hold_id) < 2")
+"""SQL: the hold ``h`` keeps what it names now (the rule case_held() applies)."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class ExpiryStore:
                 f"""SELECT c.case_id, h.hold_id, h.scope, h.reason, h.placed_by,
                            h.placed_at, h.ends_at
                     FROM legal_holds h JOIN cases c ON c.tenant_id = h.tenant_id
-                    WHERE {_HOLD_ACTIVE} AND c.status IN ({ENDED_SQL})
+                    WHERE {HOLD_ACTIVE} AND c.status IN ({ENDED_SQL})
                       AND (h.scope = 'tenant' OR (h.scope = 'case' AND c.case_id = h.case_id)
                            OR (h.scope = 'business_key' AND {key_held("c.case_id")}))
                       AND NOT EXISTS (SELECT 1 FROM held_cases x WHERE x.hold_id = h.hold_id
@@ -223,7 +224,7 @@ class ExpiryStore:
                                 legal_hold_releases r WHERE r.hold_id = h.hold_id) END
                              AS ended_at
                     FROM held_cases x JOIN legal_holds h USING (hold_id)
-                    WHERE NOT x.released AND NOT ({_HOLD_ACTIVE})
+                    WHERE NOT x.released AND NOT ({HOLD_ACTIVE})
                     ORDER BY h.placed_at, x.case_id LIMIT $1""", limit)
         return [HoldToRecord(r["case_id"], r["hold_id"], r["scope"], r["reason"],
                              r["placed_by"], r["placed_at"], r["ends_at"],

@@ -11,14 +11,12 @@ from typing import Any
 
 import asyncpg
 
-from casetrail.adapters.store.expiry import PAST_TIME_SQL, key_held
+from casetrail.adapters.store.expiry import HOLD_ACTIVE, PAST_TIME_SQL, key_held
 from casetrail.adapters.store.pool import translate_errors
 
 _POLICY_COLUMNS = ("policy_id, tenant_id, agent, version, keep_days, counted_from, "
                    "business_key, personal_data_days, archive, preset, reason, set_by, set_at, "
                    "needs_second")
-_HOLD_ENDED = ("(h.ends_at IS NOT NULL AND h.ends_at <= now()) OR (SELECT count(*) FROM "
-               "legal_hold_releases r WHERE r.hold_id = h.hold_id) >= 2")
 
 
 class Refused(Exception):
@@ -146,14 +144,14 @@ class RetentionStore:
         those that keep that case."""
         async with translate_errors():
             rows = await self._pool.fetch(
-                f"""SELECT h.*, NOT ({_HOLD_ENDED}) AS active,
+                f"""SELECT h.*, ({HOLD_ACTIVE}) AS active,
                            coalesce((SELECT jsonb_agg(jsonb_build_object(
                                'person', r.person, 'reason', r.reason,
                                'releasedAt', r.released_at) ORDER BY r.released_at)
                             FROM legal_hold_releases r WHERE r.hold_id = h.hold_id),
                             '[]'::jsonb) AS releases
                     FROM legal_holds h WHERE h.tenant_id = $1
-                      AND (NOT $2 OR NOT ({_HOLD_ENDED}))
+                      AND (NOT $2 OR ({HOLD_ACTIVE}))
                       AND ($3::uuid IS NULL OR h.scope = 'tenant' OR h.case_id = $3
                            OR (h.scope = 'business_key' AND {key_held("$3")}))
                     ORDER BY h.placed_at DESC""", tenant, active_only, case_id)
