@@ -24,7 +24,7 @@ from casetrail.config import Settings
 from casetrail.contract.integrity import Signer
 from casetrail.ledger.log_key import write_log_key
 from casetrail.ledger.note import NoteSigner
-from casetrail.ops.setup import remove, setup
+from casetrail.ops.setup import rabbitmqctl_environment, remove, setup
 from casetrail.trail.keyfile import worker_signer, write_signer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,7 +154,7 @@ def unacked(namespace: str) -> int:
     """Messages delivered and not yet acked on a namespace's queues (``rabbitmqctl``)."""
     listed = subprocess.run(["rabbitmqctl", "-q", "list_queues", "--no-table-headers", "name",
                              "messages_unacknowledged"], check=True, capture_output=True,
-                            text=True, timeout=60).stdout
+                            text=True, timeout=60, env=rabbitmqctl_environment()).stdout
     return sum(int(n) for name, n in (line.split() for line in listed.splitlines()
                                       if line.strip()) if name.startswith(namespace))
 

@@ -59,7 +59,9 @@ class Node:
     def environment(self) -> dict[str, str]:
         d = self.directory
         return {
-            **{k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")},
+            # (without XDG_CONFIG_HOME: Erlang would read .erlang from the suite's own)
+            **{k: v for k, v in os.environ.items()
+               if not k.startswith("RABBITMQ_") and k != "XDG_CONFIG_HOME"},
             "HOME": "/var/lib/rabbitmq",
             "RABBITMQ_NODENAME": self.name,
             "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",

@@ -24,7 +24,7 @@ from casetrail.config import Settings
 from casetrail.contract.integrity import Signer
 from casetrail.ledger.log_key import write_log_key
 from casetrail.ledger.note import NoteSigner
-from casetrail.ops.setup import remove, setup
+from casetrail.ops.setup import rabbitmqctl_environment, remove, setup
 from casetrail.trail.keyfile import write_signer
 from faults.checker import Report, declare_witness, table, witness_name
 from tests.support.helpers import wait_until
@@ -48,9 +48,10 @@ def pg_cluster(action: str) -> None:
 
 
 def rabbit(action: str) -> None:
-    subprocess.run(["rabbitmqctl", "-q", action], check=True, timeout=120)
+    env = rabbitmqctl_environment()
+    subprocess.run(["rabbitmqctl", "-q", action], check=True, timeout=120, env=env)
     if action == "start_app":
-        subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=True, timeout=120)
+        subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=True, timeout=120, env=env)
 
 
 @dataclass

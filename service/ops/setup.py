@@ -516,6 +516,14 @@ BROKER_STARTUP_SECONDS = 90
 """How long setup waits for a starting broker before it gives up, saying so."""
 
 
+def rabbitmqctl_environment() -> dict[str, str]:
+    """The environment rabbitmqctl runs in: ours without ``XDG_CONFIG_HOME``. Debian's
+    rabbitmqctl runs Erlang as the ``rabbitmq`` user, which reads ``.erlang`` from that
+    directory; a private one (casetrail's keys may live there) prints an error report
+    on stdout ahead of the answer."""
+    return {name: value for name, value in os.environ.items() if name != "XDG_CONFIG_HOME"}
+
+
 def _rabbitmqctl(settings: Settings, *args: str, stdin: str | None = None) -> str:
     if shutil.which("rabbitmqctl") is None:
         raise PermanentError(
@@ -523,7 +531,8 @@ def _rabbitmqctl(settings: Settings, *args: str, stdin: str | None = None) -> st
             "the broker's management API, or run setup where the broker runs")
     node = ["-n", settings.rabbitmq_node] if settings.rabbitmq_node else []
     result = subprocess.run(["rabbitmqctl", "-q", *node, *args], capture_output=True, text=True,
-                            input=stdin, timeout=120, check=False)
+                            input=stdin, timeout=120, check=False,
+                            env=rabbitmqctl_environment())
     if result.returncode != 0:
         raise PermanentError(f"rabbitmqctl {args[0]} failed: "
                              f"{result.stderr.strip() or result.stdout.strip()}")

@@ -19,6 +19,7 @@ from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.api import create_app
 from casetrail.api.routes import api_routes
 from casetrail.config import Settings
+from casetrail.ops.setup import rabbitmqctl_environment
 from tests.support.helpers import ended
 from tests.support.stack import InProcessStack, module_stack, serve_api
 
@@ -309,7 +310,8 @@ async def test_a_full_start_queue_is_503_with_retry_after_and_nothing_is_kept(
               '{"max-length": 0, "overflow": "reject-publish"}', "--apply-to", "queues",
               "--priority", "10"]  # above the one `casetrail setup` set
     before = await pool.fetchval("SELECT count(*) FROM cases")
-    await asyncio.to_thread(subprocess.run, policy, check=True, capture_output=True)
+    await asyncio.to_thread(subprocess.run, policy, check=True, capture_output=True,
+                            env=rabbitmqctl_environment())
     accepted: list[str] = []
     slow = {**LOAN, "model": {"provider": "scripted", "name": "slow", "latencyMs": 3000}}
     try:
@@ -325,7 +327,8 @@ async def test_a_full_start_queue_is_503_with_retry_after_and_nothing_is_kept(
         kept = await pool.fetchval("SELECT count(*) FROM cases") - before
     finally:
         await asyncio.to_thread(subprocess.run, ["rabbitmqctl", "-q", "clear_policy", name],
-                                check=True, capture_output=True)
+                                check=True, capture_output=True,
+                                env=rabbitmqctl_environment())
         for case_id in accepted:  # slow cases: stop them rather than leave them running
             await client.post(f"/cases/{case_id}/cancel")
     assert kept == len(accepted)  # the refused case left no row

@@ -37,6 +37,7 @@ from casetrail.contract.commands import (
 from casetrail.contract.integrity import Signer
 from casetrail.errors import PublishRejected
 from casetrail.trail.keyfile import write_signer
+from tests.support.broker import rabbitmqctl_json
 from tests.support.events import started
 from tests.support.helpers import CapabilityConnections, dead_letter_for, ended, wait_until
 from tests.support.stack import InProcessStack, kill_leftovers, module_stack, spawn

@@ -11,6 +11,7 @@ import aio_pika
 
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
+from casetrail.config import Settings
 from casetrail.errors import BusUnavailable, PublishRejected
 from tests.support.helpers import drain
 
@@ -77,12 +78,18 @@ async def test_a_body_larger_than_a_frame_arrives_whole(
 
 
 async def test_a_channel_closed_by_the_broker_fails_its_publish_and_the_rest_recover(
-    amqp: aio_pika.abc.AbstractRobustConnection, queue: aio_pika.abc.AbstractQueue
+    settings: Settings, queue: aio_pika.abc.AbstractQueue
 ) -> None:
     """A publish to a missing exchange makes the broker close the channel. That
     publish gives up after its retry time; the ones in flight beside it are retried
-    on the reopened channel and all arrive (at least once)."""
-    publisher = await Publisher.open(amqp, retry_seconds=1.5)
+    on the reopened channel and all arrive (at least once).
+
+    A frame that crosses the channel's close makes the broker close the whole
+    connection (504 "expected 'channel.open'"), so the publisher has a connection of
+    its own: the private queue, exclusive to the fixture's connection, would be
+    deleted with it, and the confirmed messages with the queue."""
+    own = await aio_pika.connect_robust(settings.amqp_url)
+    publisher = await Publisher.open(own, retry_seconds=1.5)
     good = [publisher.publish("", queue.name, str(i).encode(), message_id=f"g-{i}")
             for i in range(40)]
     bad = publisher.publish("no-such-exchange-here", "k", b"x", message_id="bad")
@@ -91,4 +98,4 @@ async def test_a_channel_closed_by_the_broker_fails_its_publish_and_the_rest_rec
     assert results[:-1] == [None] * 40
     arrived = await drain(queue, 40)
     assert {m.body for m in arrived} == {str(i).encode() for i in range(40)}
-    await publisher.channel.close()
+    await own.close()

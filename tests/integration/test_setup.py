@@ -30,14 +30,9 @@ from casetrail.config import DATABASE_COMPONENTS, Settings
 from casetrail.errors import PermanentError
 from casetrail.ops.setup import remove, remove_broker_users, served_capabilities, setup
 from casetrail.trail.keyfile import worker_signer
+from tests.support.broker import rabbitmqctl_json
 from tests.support.helpers import ended
 from tests.support.stack import InProcessStack, module_stack, other_namespace
-
-
-def _rabbitmqctl_json(*args: str) -> list[dict[str, Any]]:
-    listed = subprocess.run(["rabbitmqctl", "-q", *args, "--formatter", "json"],
-                            capture_output=True, text=True, check=True, timeout=60).stdout
-    return json.loads(listed)  # type: ignore[no-any-return]
 
 
 def _casetrail(settings: Settings, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -75,10 +70,10 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
 
         # Broker: one user per component and per capability, no tags, exactly these
         # permissions.
-        users = {u["user"]: u for u in _rabbitmqctl_json("list_users")}
+        users = {u["user"]: u for u in rabbitmqctl_json("list_users")}
         for user in [*map(ns.broker_user, made), *map(ns.capability_user, capabilities)]:
             assert users[user]["tags"] == []
-        permissions = {p["user"]: p for p in _rabbitmqctl_json("list_permissions")}
+        permissions = {p["user"]: p for p in rabbitmqctl_json("list_permissions")}
         escaped = re.escape(ns.namespace)
         watch = rf"{escaped}\.watch\.[0-9a-f]{{32}}"
         assert permissions[ns.broker_user("api")] == {
@@ -93,7 +88,7 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
             "user": ns.capability_user("credit-score"), "configure": "^$",
             "write": rf"^{escaped}\.(replies|dead-letter)$",
             "read": rf"^{escaped}\.capability\.credit\-score$"}
-        topics = {(t["user"], t["exchange"]): t for t in _rabbitmqctl_json(
+        topics = {(t["user"], t["exchange"]): t for t in rabbitmqctl_json(
             "list_topic_permissions")}
         assert topics[(ns.broker_user("worker"), f"{ns.namespace}.events")]["write"] == r"^case\."
         assert topics[(ns.broker_user("api"), f"{ns.namespace}.events")]["write"] == "^$"
@@ -101,7 +96,7 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
         assert topics[(ns.broker_user("consumer"), f"{ns.namespace}.events")]["read"] == "^$"
         assert topics[(ns.broker_user("ledger"), f"{ns.namespace}.events")]["write"] == \
             r"^ledger\."
-        policy = {p["name"]: p for p in _rabbitmqctl_json("list_policies")}[
+        policy = {p["name"]: p for p in rabbitmqctl_json("list_policies")}[
             f"{ns.namespace}-case-start-limit"]
         assert json.loads(str(policy["definition"])) == {"max-length": 1234,
                                                         "overflow": "reject-publish"}
@@ -143,10 +138,10 @@ async def _removal_asks_then_leaves_nothing(ns: Settings, components: list[str],
     assert gone.returncode == 0, gone.stderr
     assert not ns.secrets_path().exists()
     assert f"{ns.namespace}-case-start-limit" not in {
-        p["name"] for p in _rabbitmqctl_json("list_policies")}  # nothing left behind
+        p["name"] for p in rabbitmqctl_json("list_policies")}  # nothing left behind
     assert not ({ns.broker_user(c) for c in components}  # type: ignore[arg-type]
                 | {ns.capability_user(c) for c in served_capabilities(ns)}) & {
-        u["user"] for u in _rabbitmqctl_json("list_users")}
+        u["user"] for u in rabbitmqctl_json("list_users")}
     assert not await pool.fetchval("SELECT count(*) FROM pg_roles WHERE rolname LIKE $1",
                                    ns.namespace + "\\_%")
     assert not await pool.fetchval("SELECT count(*) FROM pg_roles WHERE rolname = $1",

@@ -22,6 +22,7 @@ from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.contract.events import TERMINAL_EVENT_TYPES
 from casetrail.errors import PublishRejected
+from casetrail.ops.setup import rabbitmqctl_environment
 from tests.support.helpers import ended, wait_until
 from tests.support.metrics import scrape, total
 from tests.support.stack import (
@@ -145,12 +146,13 @@ async def assert_ended_once_and_verified(client: httpx.AsyncClient, pool: asyncp
 def close_connections_of(user: str) -> int:
     """Close (as the broker does when a node is lost) every connection of ``user``."""
     listed = subprocess.run(["rabbitmqctl", "-q", "list_connections", "pid", "user"],
-                            check=True, capture_output=True, text=True)
+                            check=True, capture_output=True, text=True,
+                            env=rabbitmqctl_environment())
     rows = [line.split("\t") for line in listed.stdout.splitlines() if "\t" in line]
     pids = [pid for pid, owner in rows if owner == user]
     for pid in pids:
         subprocess.run(["rabbitmqctl", "-q", "close_connection", pid, "node lost (test)"],
-                       check=True, capture_output=True)
+                       check=True, capture_output=True, env=rabbitmqctl_environment())
     return len(pids)
 
 

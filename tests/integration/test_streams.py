@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from casetrail.adapters.store import ApiKeyStore
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.config import Settings
+from tests.support.broker import rabbitmqctl_json
 from tests.support.helpers import ended, wait_until
 from tests.support.records import tamper
 from tests.support.stack import InProcessStack, module_stack, serve_api
@@ -141,17 +141,13 @@ async def test_another_tenants_case_stream_is_a_404_and_its_events_never_reach_u
 
 def _watch_queues(namespace: str) -> dict[str, int]:
     """The API's stream queues on the broker: name -> number of consumers."""
-    listed = subprocess.run(["rabbitmqctl", "list_queues", "--formatter", "json", "name",
-                             "consumers"], capture_output=True, text=True, check=True)
-    return {q["name"]: q["consumers"] for q in json.loads(listed.stdout)
+    return {q["name"]: q["consumers"] for q in rabbitmqctl_json("list_queues", "name", "consumers")
             if q["name"].startswith(f"{namespace}.watch.")}
 
 
 def _watch_bindings(namespace: str) -> list[str]:
-    listed = subprocess.run(["rabbitmqctl", "list_bindings", "--formatter", "json",
-                             "source_name", "destination_name", "routing_key"],
-                            capture_output=True, text=True, check=True)
-    return [b["routing_key"] for b in json.loads(listed.stdout)
+    bindings = rabbitmqctl_json("list_bindings", "source_name", "destination_name", "routing_key")
+    return [b["routing_key"] for b in bindings
             if b["destination_name"].startswith(f"{namespace}.watch.")
             and b["source_name"] == f"{namespace}.events"]
 
