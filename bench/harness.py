@@ -54,6 +54,7 @@ def bench_settings(**overrides: object) -> Settings:
         "log_key_file": str(log_key), "log_origin": LOG_ORIGIN,
         # A load generator is one tenant starting thousands of cases a second.
         "tenant_max_active_cases": 1_000_000, "tenant_max_starts_per_minute": 10_000_000,
+        "tenant_max_key_searches_per_minute": 10_000_000,
         **overrides,
     })
 

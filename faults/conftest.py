@@ -4,7 +4,9 @@ processes, and the levers that break things (broker, database, processes)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -32,6 +34,9 @@ from tests.support.stack import free_port, spawn
 
 REPORTS: list[Report] = []
 RESULTS = Path(__file__).resolve().parent / "last-run.md"
+
+# A stack's files default to the user's configuration directory: the suite's own.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="casetrail-faults-config-")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -123,6 +123,7 @@ async def test_setup_waits_for_a_broker_that_is_starting(stack: Stack, pool: asy
         await asyncio.to_thread(rabbit, "start_app")
     done = await asyncio.wait_for(setting_up, 150)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "waiting for RabbitMQ at" in done.stderr  # it said what it waited for
     await wait_until(stack.ready, timeout=60)
     accepted = await submit(stack, 5)
     await all_ended(pool, accepted)

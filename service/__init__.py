@@ -10,6 +10,9 @@ is the stable surface; every module not named here may move between releases.
 - ``AssistantTurn``, ``ChatMessage``, ``call``, ``case_input``, ``observed``: for a
   scripted brain (a function from the conversation so far to the next turn), which an
   agent needs only when its model is the scripted provider.
+- ``ChatModel``: the whole provider surface (``request(messages, tools) ->
+  AssistantTurn``), for a model of your own that ``casetrail.testing.run_case`` takes
+  (it also takes a ``ModelRef`` to a configured endpoint).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
     from casetrail.agents.profile import case_input, observed
     from casetrail.contract.events import Limits, ModelRef
     from casetrail.engine.answers import FINAL_ANSWER, Check, CheckContext, Review
-    from casetrail.engine.chat import AssistantTurn, ChatMessage, ToolCallRequest
+    from casetrail.engine.chat import AssistantTurn, ChatMessage, ChatModel, ToolCallRequest
     from casetrail.engine.scripted import call
     from casetrail.privacy.sensitive import Sensitive
 
@@ -50,12 +53,14 @@ _PUBLIC = {
     "FINAL_ANSWER": "casetrail.engine.answers", "Check": "casetrail.engine.answers",
     "CheckContext": "casetrail.engine.answers", "Review": "casetrail.engine.answers",
     "AssistantTurn": "casetrail.engine.chat", "ChatMessage": "casetrail.engine.chat",
+    "ChatModel": "casetrail.engine.chat",
     "ToolCallRequest": "casetrail.engine.chat", "call": "casetrail.engine.scripted",
     "Sensitive": "casetrail.privacy.sensitive",
 }
 
-__all__ = ["CASETRAIL_VERSION", "FINAL_ANSWER", "Agent", "AssistantTurn", "ChatMessage", "Check",
-           "CheckContext", "DeclarationError", "Limits", "LocalTool", "McpTool", "ModelRef",
+__all__ = ["CASETRAIL_VERSION", "FINAL_ANSWER", "Agent", "AssistantTurn", "ChatMessage",
+           "ChatModel", "Check", "CheckContext", "DeclarationError", "Limits", "LocalTool",
+           "McpTool", "ModelRef",
            "Review", "Sensitive", "ToolCallRequest", "WorkerTool", "call", "capability",
            "case_input", "observed"]
 

@@ -30,19 +30,49 @@ DATABASE_COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "ledg
 """The capability workers reach no database."""
 CAPABILITY_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
-def local_dir(start: Path | None = None) -> Path:
-    """Where a developer stack keeps what it makes (signing keys, the secrets file):
-    ``CASETRAIL_HOME``, else the nearest ``.casetrail/`` in ``start`` (the working
-    directory) or a folder above it, so that the command line works from anywhere in
-    the project; else ``./.casetrail`` (where setup makes it)."""
+def config_home() -> Path:
+    """The user's configuration directory for casetrail: ``$XDG_CONFIG_HOME/casetrail``,
+    else ``~/.config/casetrail``."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "casetrail"
+
+
+def project_dir(start: Path | None = None) -> Path | None:
+    """The nearest ``.casetrail/`` in ``start`` (the working directory) or a folder above
+    it: where an earlier casetrail kept a developer stack's files."""
+    here = (start or Path.cwd()).resolve()
+    return next((folder / ".casetrail" for folder in (here, *here.parents)
+                 if (folder / ".casetrail").is_dir()), None)
+
+
+def local_dir() -> Path:
+    """Where a stack keeps what it makes (signing keys, the secrets file):
+    ``CASETRAIL_HOME``, else the user's configuration directory (``config_home``)."""
     if home := os.environ.get("CASETRAIL_HOME"):
         return Path(home)
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / ".casetrail").is_dir():
-            return folder / ".casetrail"
-    return Path(".casetrail")
+    return config_home()
 
+
+def local_file(name: str, start: Path | None = None) -> Path:
+    """The file ``name`` of a stack, found so that the command line works from any
+    directory: under ``CASETRAIL_HOME`` when it is set; else in the user's configuration
+    directory, or — only when it is not there — in the project's ``.casetrail/``
+    (``project_dir``). The two holding different files of that name is an error, never
+    a guess; a file found in neither is made in the configuration directory."""
+    if os.environ.get("CASETRAIL_HOME"):
+        return local_dir() / name
+    home, project = config_home() / name, project_dir(start)
+    old = None if project is None else project / name
+    if old is None or not old.is_file():
+        return home
+    if not home.is_file():
+        return old
+    if home.read_bytes() != old.read_bytes():
+        raise PermanentError(f"{home} and {old.resolve()} both hold {name}, and they differ: "
+                             "which one this namespace's data is under is not for casetrail "
+                             "to guess. Keep one (or set CASETRAIL_HOME to the folder that "
+                             "holds the right one)")
+    return home
 
 
 @dataclass(frozen=True)
@@ -262,6 +292,12 @@ class Settings(BaseSettings):
         "(`McpTool`): each served by the capability `mcp-<name>`, which `casetrail setup` "
         "gives a queue, a broker user and a sealing key (JSON list of {name, transport: "
         "stdio|http, command | url, env | headersEnv, timeoutSeconds, attempts}).")
+    services_wait_seconds: float = Field(
+        default=60.0, ge=0, le=3600, description="How long setup, up and demo wait for "
+        "RabbitMQ and PostgreSQL to accept connections before giving up.")
+    mcp_catalog_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="How often a worker reads each MCP "
+        "server's catalog again, in the background (a case start takes the one it has).")
     extra_capabilities: list[Annotated[str, Field(pattern=CAPABILITY_NAME)]] = Field(
         default_factory=list, description="Capabilities served beyond those of the installed "
         "agents: `casetrail setup` gives each its queue and broker user as it does the "

@@ -12,14 +12,21 @@ from typing import Any
 
 from casetrail.agents.authoring import Agent, DeclarationError
 from casetrail.agents.profile import AgentProfile
-from casetrail.config import McpServer
-from casetrail.contract.events import PARKING_EVENT_TYPE, CaseStatus, Event, status_for
+from casetrail.config import McpServer, ModelEndpoint, get_settings
+from casetrail.contract.events import (
+    PARKING_EVENT_TYPE,
+    CaseStatus,
+    Event,
+    ModelRef,
+    status_for,
+)
 from casetrail.engine.case import CaseSpec
 from casetrail.engine.chat import ChatModel
 from casetrail.engine.loop import ReactEngine
 from casetrail.engine.scripted import ScriptedModel
 from casetrail.engine.tools import InProcessWorkerRuntime, ToolBox
 from casetrail.mcp import Catalogs, mcp_capabilities
+from casetrail.providers import ModelFactory, model_problem
 
 
 @dataclass
@@ -64,25 +71,50 @@ class CaseRun:
 
 
 async def run_case(agent: Agent | AgentProfile, case_input: dict[str, Any], *,
-                   model: ChatModel | None = None,
-                   mcp_servers: Sequence[Mapping[str, Any]] = ()) -> CaseRun:
+                   model: ChatModel | ModelRef | None = None,
+                   mcp_servers: Sequence[Mapping[str, Any]] = (),
+                   endpoints: Sequence[Mapping[str, Any]] | None = None) -> CaseRun:
     """Run one case of ``agent`` on ``case_input`` (validated against its input model)
     to its terminal event, or to the wait for a person its ``review`` asks for.
-    ``mcp_servers`` are the MCP servers its ``McpTool``s need, as the operator would
-    configure them (``CASETRAIL_MCP_SERVERS`` entries): each is started (stdio) or
-    reached (http) by this process, and its catalog read, as a capability worker would."""
+
+    ``model``: none for the agent's scripted brain; a ``ModelRef`` for a real model —
+    ``ModelRef(provider="openai", name=..., endpoint="local")`` speaks to a configured
+    endpoint (``endpoints``: ``CASETRAIL_MODEL_ENDPOINTS`` entries, e.g. a local
+    OpenAI-compatible server; by default this process's settings), with the same client
+    a worker uses; or any ``ChatModel`` of your own. ``mcp_servers`` are the MCP servers
+    its ``McpTool``s need, as the operator would configure them
+    (``CASETRAIL_MCP_SERVERS`` entries): each is started (stdio) or reached (http) by
+    this process, and its catalog read, as a capability worker would."""
     profile = agent.profile() if isinstance(agent, Agent) else agent
+    ref = profile.default_model
+    factory: ModelFactory | None = None
+    if isinstance(model, ModelRef):
+        settings = get_settings() if endpoints is None else get_settings().model_copy(
+            update={"model_endpoints": [ModelEndpoint.model_validate(e) for e in endpoints]})
+        if problem := model_problem(model, settings):
+            raise DeclarationError(f"run_case: model.{problem[0]}: {problem[1]}")
+        ref, factory = model, ModelFactory(settings)
+        model = factory(model, profile)
     if model is None:
         if profile.script is None:
             raise DeclarationError(f"agent {profile.name!r} has no script: give run_case a "
                                    "model")
         model = ScriptedModel(profile.script)
+    try:
+        return await _run(profile, case_input, model, ref, mcp_servers)
+    finally:
+        if factory is not None:
+            await factory.aclose()
+
+
+async def _run(profile: AgentProfile, case_input: dict[str, Any], model: ChatModel,
+               ref: ModelRef, mcp_servers: Sequence[Mapping[str, Any]]) -> CaseRun:
     validated = profile.input_model.model_validate(case_input)
     spec = CaseSpec(
         case_id=uuid.uuid4(), attempt=1, agent=profile.name,
         system_prompt=profile.system_prompt,
         input=validated.model_dump(mode="json", by_alias=True),
-        limits=profile.default_limits, model=profile.default_model,
+        limits=profile.default_limits, model=ref,
         agent_version=profile.version, context_budget=profile.context_budget_tokens,
         answering=profile.answering, agent_digest=profile.digest)
     run = CaseRun()
@@ -90,7 +122,8 @@ async def run_case(agent: Agent | AgentProfile, case_input: dict[str, Any], *,
     runtime = InProcessWorkerRuntime(
         {capability.name: capability for capability in [*profile.capabilities, *served]})
     try:
-        tools = ToolBox(await Catalogs(runtime).resolve(profile.tools), runtime)
+        resolved, catalogs = await Catalogs(runtime).offer(profile.tools)
+        tools = ToolBox(resolved, runtime, catalogs=catalogs)
         await ReactEngine(run).run(spec, model, tools)
     finally:
         for capability in served:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,10 @@ from casetrail.contract.integrity import Signer
 from casetrail.ledger.log_key import write_log_key
 from casetrail.ledger.note import NoteSigner
 from casetrail.trail.keyfile import worker_signer, write_signer
+
+# A stack's files (keys, secrets) default to the user's configuration directory: the
+# tests' own, so that no test reads or leaves anything in the real one.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="casetrail-tests-config-")
 
 _LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0", ""}
 _real_getaddrinfo = socket.getaddrinfo

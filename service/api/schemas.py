@@ -195,6 +195,11 @@ class ReviewItem(BaseModel):
                           "still waits for a person (a deadline never decides).")
     startedBy: str | None
     createdAt: str | None
+    keys: dict[str, str] = Field(default_factory=dict, description="The agent's business "
+                                 "keys, as people know the case (sensitive ones not shown).")
+    toolCalls: list[dict[str, Any]] | None = Field(
+        default=None, description="GET /reviews/{id} only: the tool calls the answer rests "
+        "on, in order (cycle, toolName, toolArgs, toolResult or error, mcpServer).")
 
 
 class ReviewList(BaseModel):
@@ -317,6 +322,9 @@ class CaseSummary(BaseModel):
         "the key's name, a key's name, or the OIDC subject.")
     createdAt: str | None
     endedAt: str | None
+    keys: dict[str, str] = Field(default_factory=dict, description="The agent's business "
+                                 "keys (e.g. the applicant's id), as people know the case; "
+                                 "a sensitive key is kept as a digest only and not shown.")
 
 
 class CaseList(BaseModel):

@@ -37,7 +37,7 @@ _ASSETS = {"app.js": "text/javascript", "style.css": "text/css",
            "favicon.svg": "image/svg+xml", "vocabulary.json": "application/json"}
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                               "connect-src 'self'; img-src 'self'; base-uri 'none'; "
+                               "connect-src 'self'; img-src 'self' blob:; base-uri 'none'; "
                                "form-action 'self'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from casetrail.engine.tools import without_bytes
+
 AUDITOR_SQL = (
     "SELECT event_id, attempt, seq, event_type, occurred_at, payload\n"
     "FROM event_log\n"
@@ -47,7 +49,7 @@ def format_event(event: dict[str, Any]) -> str:
                  f"out={usage['outputTokens']}", _indent(payload["reasoningText"])]
         for call in payload["toolCalls"]:
             outcome = (f"ERROR {call['error']}" if "error" in call
-                       else f"→ {_json(call.get('toolResult'))}")
+                       else f"→ {_json(without_bytes(call.get('toolResult')))}")
             lines.append(f"      ⚙ {call['toolName']}({_json(call['toolArgs'], 120)}) "
                          f"[{call['toolSource']}"
                          + (f" MCP {call['mcp']['server']}/{call['mcp']['tool']}"

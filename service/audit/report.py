@@ -14,6 +14,7 @@ the PDF core fonts with characters beyond Latin-1 replaced. fpdf2 writes the PDF
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +25,8 @@ from fpdf import FPDF
 from fpdf.enums import WrapMode, XPos, YPos
 
 from casetrail.contract.events import TERMINAL_EVENT_TYPES
+from casetrail.engine.tools import without_bytes
+from casetrail.ledger.note import Checkpoint, Note, NoteError
 from casetrail.privacy.sensitive import restore
 
 FONTS = Path("/usr/share/fonts/truetype/dejavu")
@@ -207,10 +210,15 @@ def _logged(bundle: Mapping[str, Any]) -> str:
     proofs = sum(1 for e in bundle["events"] if e.get("logProof"))
     if not log:
         return "not in the log yet (the bundle carries no checkpoint)"
-    checkpoint = log.get("checkpoint") or {}
-    size = checkpoint.get("treeSize", checkpoint.get("size", "?")) \
-        if isinstance(checkpoint, dict) else "?"
-    return f"{proofs} event(s) with an inclusion proof, checkpoint of tree size {size}"
+    try:
+        note = Note.parse(str(log.get("checkpoint")))
+        checkpoint = Checkpoint.parse(note.text)
+    except NoteError as exc:
+        return f"{proofs} event(s) with an inclusion proof; the checkpoint is unreadable: {exc}"
+    signers = ", ".join(dict.fromkeys(s.name for s in note.signatures))
+    return (f"{proofs} event(s) with an inclusion proof, in the checkpoint of tree size "
+            f"{checkpoint.size:,} (log {checkpoint.origin}, root "
+            f"{base64.b64encode(checkpoint.root).decode()}; signed by {signers})")
 
 
 def _event(pdf: _Report, event: Mapping[str, Any]) -> None:
@@ -237,7 +245,8 @@ def _event(pdf: _Report, event: Mapping[str, Any]) -> None:
                 f"{call.get('durationMs', '?')} ms" + (" — ERROR" if call.get("error") else "")),
                 new_x=XPos.LMARGIN, new_y=YPos.NEXT)
             pdf.para("arguments " + _json(call.get("toolArgs")), mono=True, size=7.5)
-            shown = call.get("error") if call.get("error") else call.get("toolResult")
+            shown = call.get("error") if call.get("error") else without_bytes(
+                call.get("toolResult"))
             pdf.para(("error " if call.get("error") else "result ") + _json(shown), mono=True,
                      size=7.5)
         if p.get("answer") is not None:

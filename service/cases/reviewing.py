@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from casetrail.adapters.bus.start_commands import send_start
 from casetrail.adapters.store import Wait, principal_names, utc_text
+from casetrail.adapters.store.evidence_views import business_keys, recorded_tool_calls
 from casetrail.agents import AGENTS
 from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotAccepted, NotFound
 from casetrail.cases.reading import owned
@@ -243,7 +244,9 @@ async def open_reviews(services: CaseServices, principal: Principal, *,
     rows = await services.store.open_reviews(tenant, agent, decision, checks_failed, limit,
                                              overdue=overdue)
     names = await principal_names(services.pool, (row["started_by"] for row in rows))
-    return [review_item(row) | {"startedByName": names.get(row["started_by"])}
+    keys = await business_keys(services.pool, [row["case_id"] for row in rows])
+    return [review_item(row) | {"startedByName": names.get(row["started_by"]),
+                                "keys": keys.get(row["case_id"], {})}
             for row in rows]
 
 
@@ -285,4 +288,7 @@ async def one_review(services: CaseServices, principal: Principal, case_id: uuid
     found = await services.store.open_reviews(row["tenant_id"], None, None, None, 1, case_id)
     if not found:
         raise NotFound(f"case {case_id} is not awaiting review")
-    return review_item(found[0])
+    keys = await business_keys(services.pool, [case_id])
+    return review_item(found[0]) | {
+        "keys": keys.get(case_id, {}),
+        "toolCalls": await recorded_tool_calls(services.pool, case_id)}

@@ -35,7 +35,9 @@ from casetrail.adapters.store.batching import Coalescer
 from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.adapters.store.retention import RetentionStore
 from casetrail.adapters.store.search import CaseIndex
+from casetrail.agents import AGENTS, CAPABILITIES
 from casetrail.audit.evidence import Evidence
+from casetrail.cases.configured import described, misconfigured
 from casetrail.config import Settings
 from casetrail.contract.integrity import Signer
 from casetrail.errors import CasetrailError
@@ -117,6 +119,9 @@ class CaseServices:
     action_signer: Signer | None = None
     """The API's action key (CASETRAIL_ACTION_KEY_FILE): it signs every action of a
     person's it keeps; without one, no such action is kept."""
+    unconfigured: dict[str, list[str]] = field(default_factory=dict)
+    """Each agent that cannot run as this deployment is configured, with its reasons
+    (service/cases/configured.py): a case for it is refused, naming them."""
     _noting: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
@@ -173,7 +178,10 @@ async def case_services(settings: Settings, *, pool_size: int = 20, patience: fl
                 TenantLoads(lambda *args: tenant_counts(pool, *args)),
                 Coalescer(store.mark_starts_confirmed),
                 KeySearches(settings.tenant_max_key_searches_per_minute),
-                action_signer(settings) if settings.action_key_file else None)
+                action_signer(settings) if settings.action_key_file else None,
+                misconfigured(AGENTS, settings, CAPABILITIES))
+            for agent, problems in services.unconfigured.items():
+                log.error("%s", described(agent, problems))
             try:
                 yield services
             finally:

@@ -17,6 +17,7 @@ from casetrail.adapters.bus.start_commands import send_start
 from casetrail.adapters.store import NewCase, rate_wait
 from casetrail.agents import AGENTS
 from casetrail.agents.profile import AgentProfile
+from casetrail.cases.configured import described
 from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotAccepted, OverQuota
 from casetrail.cases.requests import CaseRequest, LimitsRequest
 from casetrail.cases.services import CaseServices, TenantLoad
@@ -52,7 +53,8 @@ def offered(settings: Settings) -> list[str]:
     return [name for name, agent in AGENTS.items() if settings.bench_mode or not agent.bench_only]
 
 
-def _agent(settings: Settings, name: str) -> AgentProfile:
+def _agent(services: CaseServices, name: str) -> AgentProfile:
+    settings = services.settings
     agent = AGENTS.get(name)
     if agent is not None and agent.bench_only and not settings.bench_mode:
         raise Invalid(Issue(("body", "agent"), f"agent {agent.name!r} is for benchmarks and "
@@ -60,6 +62,8 @@ def _agent(settings: Settings, name: str) -> AgentProfile:
     if agent is None:
         raise Invalid(Issue(("body", "agent"), f"unknown agent {name!r}; the agents are: "
                             + ", ".join(sorted(offered(settings)))))
+    if problems := services.unconfigured.get(agent.name):
+        raise Invalid(Issue(("body", "agent"), described(agent.name, problems)))
     return agent
 
 

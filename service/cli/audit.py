@@ -320,20 +320,8 @@ def verify_bundle_command(
         "--trust", help="A signing key you trust: KEY[@NOT_VALID_AFTER] (base64, and the "
         "time after which you no longer trust it, ISO 8601), or a trust file of such "
         "lines; repeatable. Trust comes from you only, never from the bundle.")],
-    trust_log: Annotated[list[str] | None, typer.Option(
-        "--trust-log", help="The transparency log's verifier key (<origin>+<hash>+<key>) "
-        "or a file with one; then every event must be in a checkpoint it signed.")] = None,
-    trust_witness: Annotated[list[str] | None, typer.Option(
-        "--trust-witness", help="A witness's verifier key (cosignature/v1) or a file with "
-        "one; its cosignature is then required. Repeatable.")] = None,
-    trust_action: Annotated[list[str] | None, typer.Option(
-        "--trust-action", help="An action key you trust (base64, or a trust file of "
-        "such lines; repeatable): every person's action the trail records (reviews, "
-        "answers) must be signed by one. Without it their signatures are not checked, "
-        "and the report says so.")] = None,
-    log: Annotated[str | None, typer.Option(
-        "--log", help="The log's base URL (the API's): also check that the log today still "
-        "extends the bundle's checkpoint (nothing removed or rewritten since).")] = None,
+    trust_log: TrustLog = None, trust_witness: TrustWitness = None,
+    trust_action: TrustAction = None, log: LogToday = None,
     raw: Annotated[bool, typer.Option("--json", help="Print the whole report as JSON.")]
     = False,
 ) -> None:

@@ -12,6 +12,23 @@ from casetrail.telemetry import logs
 
 T = TypeVar("T")
 
+# What an offline check (``verify-bundle``, ``archive verify``) trusts: the auditor's
+# word only, never the file's.
+TrustLog = Annotated[list[str] | None, typer.Option(
+    "--trust-log", help="The transparency log's verifier key (ORIGIN+HASH+KEY) or a "
+    "file with one; then every event must be in a checkpoint it signed.")]
+TrustWitness = Annotated[list[str] | None, typer.Option(
+    "--trust-witness", help="A witness's verifier key (cosignature/v1) or a file with one; "
+    "its cosignature is then required. Repeatable.")]
+TrustAction = Annotated[list[str] | None, typer.Option(
+    "--trust-action", help="An action key you trust (base64, or a trust file of such "
+    "lines; repeatable): every person's action the trail records (reviews, answers) must "
+    "be signed by one. Without it their signatures are not checked, and the report says "
+    "so.")]
+LogToday = Annotated[str | None, typer.Option(
+    "--log", help="The log's base URL (the API's): also check that the log today still "
+    "extends the checkpoint (nothing removed or rewritten since).")]
+
 
 def run(main: Coroutine[Any, Any, T], *, long_running: bool = False) -> T:
     """Run ``main`` on uvloop where it is installed (a faster event loop, same

@@ -31,6 +31,7 @@ from casetrail.ledger.log_key import ensure_local_log_key, log_signer
 from casetrail.ledger.witness import LogClient, LogMisbehaved, LogUnreachable, Witness
 from casetrail.ops.keys_on_hand import refuse_new_keys
 from casetrail.ops.setup import setup
+from casetrail.ops.waiting import wait_for_services
 from casetrail.trail.keyfile import (
     action_signer,
     ensure_local_action_key,
@@ -79,6 +80,7 @@ async def _wait_ready(base_url: str, stack: Stack, timeout: float = 60.0) -> Non
 
 async def run_stack(settings: Settings) -> int:
     """``casetrail up``: the whole stack as child processes until Ctrl-C or SIGTERM."""
+    await wait_for_services(settings)
     await refuse_new_keys(settings)
     settings = ensure_local_action_key(ensure_local_log_key(ensure_local_signer(settings)))
     report = await setup(settings)
@@ -207,6 +209,7 @@ async def _prepare(settings: Settings) -> tuple[Settings, str, str]:
     """A signing key for the worker, the identities and schema (``casetrail setup``), an
     API key for the demo's requests (tenant ``default``, the scopes a case needs), and
     one for the person who reviews what waits for one (another person: four eyes)."""
+    await wait_for_services(settings)
     await refuse_new_keys(settings)
     settings = ensure_local_action_key(ensure_local_log_key(ensure_local_signer(settings)))
     await setup(settings)

@@ -370,6 +370,34 @@ class ToolOffer(ContractModel):
                     "schema: two runs offered the same tool only if these agree.")
 
 
+class McpCatalogRead(ContractModel):
+    """One MCP server's catalog as a case was offered it: how old it was, whether it was
+    stale (the server was down: its last catalog was offered), why, and the tools the
+    agent names that it did not hold (not offered)."""
+
+    server: str
+    read_at: datetime | None = Field(default=None, description="When the server's tools "
+                                     "were listed; absent when they never were.")
+    age_seconds: float | None = Field(default=None, ge=0, description="The catalog's age "
+                                      "when the case started.")
+    stale: bool = Field(default=False, description="The server could not be read: its last "
+                        "catalog (if any) was offered, and its calls fail until it answers.")
+    problem: str | None = Field(default=None, description="Why it could not be read.")
+    not_served: tuple[str, ...] = Field(default=(), description="Tools the agent names that "
+                                        "the catalog lacks: not offered.")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        for key in ("readAt", "read_at", "ageSeconds", "age_seconds", "problem"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        for key in ("notServed", "not_served"):
+            if not data.get(key, True):
+                data.pop(key, None)
+        return data
+
+
 class TraceRef(ContractModel):
     """Where an attempt's spans are: its ``invoke_agent`` span in OpenTelemetry (W3C ids,
     lowercase hex), so a trail links to its trace."""
@@ -431,12 +459,15 @@ class CaseStartedPayload(ContractModel):
         default=None, description="The case's start as the API signed it with its action "
         "key (docs/bundle.md, \"A person's action\"); absent on cases accepted before "
         "starts were signed.")
+    mcp_catalogs: tuple[McpCatalogRead, ...] | None = Field(
+        default=None, description="Each MCP server whose tools the agent names: the "
+        "catalog the case was offered; absent when it names none.")
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
         for key in ("trace", "resumedFrom", "resumed_from", "answerSchemaDigest",
-                    "agentDigest", "startAction"):
+                    "agentDigest", "startAction", "mcpCatalogs", "mcp_catalogs"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data

@@ -502,6 +502,7 @@ class ReactEngine:
             answer_schema_digest=None if spec.answering is None
             else spec.answering.schema_digest,
             start_action=spec.start_action,
+            mcp_catalogs=tools.catalogs or None,
         )
 
     def _redactor(self, case_id: uuid.UUID) -> Callable[[str], str]:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from casetrail.contract.events import (
     McpCallRef,
+    McpCatalogRead,
     ToolAttempt,
     ToolCallRecord,
     describe_validation_error,
@@ -295,12 +296,27 @@ class ToolOutcome:
     observation: ToolResultMessage
 
 
+def without_bytes(result: Any) -> Any:
+    """An MCP result's blocks (service/mcp/content.py) with each binary's bytes replaced by
+    a line naming them, for a reader of text (the model cannot read base64; the report
+    names the bytes by their digest): the record keeps the bytes."""
+    if not isinstance(result, list):
+        return result
+    return [{**block, "data": f"[{block.get('bytes', 0):,} bytes of "
+                              f"{block.get('mimeType') or 'binary'}, sha256 "
+                              f"{block.get('sha256', '?')}: kept on the record, not shown]"}
+            if isinstance(block, dict) and "data" in block else block for block in result]
+
+
 class ToolBox:
     """The tools one agent offers, and the dispatch that runs a model's tool call."""
 
     def __init__(self, tools: Sequence[ToolSource], runtime: WorkerRuntime,
-                 observer: Observer = NO_OBSERVER) -> None:
+                 observer: Observer = NO_OBSERVER,
+                 catalogs: Sequence[McpCatalogRead] = ()) -> None:
         self._tools: dict[str, ToolSource] = {tool.name: tool for tool in tools}
+        self.catalogs = tuple(catalogs)
+        """The MCP catalogs the tools were resolved against, for ``CASE_STARTED``."""
         self._runtime = runtime
         self._observer = observer
         self._specs = [_spec_of(tool) for tool in tools]
@@ -368,7 +384,8 @@ class ToolBox:
                 server=tool.mcp.server, tool=tool.mcp.tool,
                 schema_digest=tool.schema_digest),
         )
-        content = f"ERROR: {error}" if error else orjson.dumps(result).decode()
+        content = f"ERROR: {error}" if error else orjson.dumps(
+            without_bytes(result) if record.mcp is not None else result).decode()
         observation = ToolResultMessage(call.id, call.name, content, is_error=error is not None)
         return ToolOutcome(record, observation)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from casetrail.config import Settings, local_dir
+from casetrail.config import Settings, local_file
 from casetrail.errors import PermanentError
 from casetrail.ledger.note import ED25519, NoteError, NoteSigner
 from casetrail.trail.key_source import is_file, key_bytes
@@ -57,10 +57,10 @@ def log_signer(settings: Settings) -> NoteSigner:
 
 def ensure_local_log_key(settings: Settings) -> Settings:
     """For a developer stack (``up``, ``demo``): the configured log key, or one made and
-    kept under ``.casetrail/`` for this namespace. Children started later inherit it."""
+    kept under ``CASETRAIL_HOME`` for this namespace. Children started later inherit it."""
     if settings.log_key_file:
         return settings
-    path = local_dir() / f"{settings.namespace}.log-key"
+    path = local_file(f"{settings.namespace}.log-key")
     if not path.exists():
         write_log_key(path, NoteSigner.generate(settings.origin()))
     os.environ["CASETRAIL_LOG_KEY_FILE"] = str(path.resolve())

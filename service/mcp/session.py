@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
 
 from casetrail.config import McpServer
 from casetrail.engine.tools import (
@@ -26,15 +26,21 @@ from casetrail.engine.tools import (
     schema_digest,
 )
 from casetrail.errors import PermanentError
-from casetrail.mcp import Catalog, CatalogTool, McpRequest
+from casetrail.mcp import CATALOG_SECONDS, Catalog, CatalogTool, McpRequest
+from casetrail.mcp.breaker import Breaker
+from casetrail.mcp.content import recorded, text_of
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
     from mcp import ClientSession
-    from mcp.types import CallToolResult
+    from mcp.types import RequestParamsMeta
 
 log = logging.getLogger("casetrail.mcp")
+
+STREAM_SECONDS = 300.0
+"""How long the HTTP client waits on a server's event stream between events (a request's
+own answer is bounded by the server's ``timeoutSeconds``)."""
 
 IDEMPOTENCY_META = "casetrail/idempotencyKey"
 """The ``_meta`` key of a call that holds its idempotency key, for a server that keeps
@@ -48,12 +54,6 @@ def _described(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def _text(result: CallToolResult) -> str:
-    parts = [getattr(block, "text", None) or f"[{block.type} content]"
-             for block in result.content]
-    return "\n".join(parts)
-
-
 class ServerSession:
     """One MCP server as its capability worker sees it."""
 
@@ -61,11 +61,22 @@ class ServerSession:
         self.server = server
         self._session: ClientSession | None = None
         self._ready = asyncio.Event()
+        self._news = asyncio.Event()  # the keeper opened a session or failed to
         self._broken = asyncio.Event()
         self._closing = False
         self._keeper: asyncio.Task[None] | None = None
         self._problem = "not connected yet"
+        self._refused: str | None = None  # the last HTTP refusal, which the SDK does not name
         self._tools: dict[str, CatalogTool] = {}
+        self._read_at: datetime | None = None  # when the server's tools were last listed
+        self.breaker = Breaker(server.name)
+
+    @property
+    def protocol_version(self) -> str | None:
+        """The protocol version the open session negotiated (none while closed)."""
+        session = self._session
+        result = None if session is None else session.initialize_result
+        return None if result is None else str(result.protocol_version)
 
     @property
     def _wait(self) -> float:
@@ -85,19 +96,32 @@ class ServerSession:
         return known is None or not known.retryable
 
     async def catalog(self) -> Catalog:
-        await self._refresh(await self._open())
-        return Catalog(server=self.server.name, tools=list(self._tools.values()))
+        """The server's tools, listed now while a session is open (workers ask in the
+        background, never while a case waits); while the server is down, the tools as
+        last listed, ``stale`` with the reason, at once (the circuit is open)."""
+        if self._read_at is None:  # never read: wait (a little) for the first session
+            await self._open()
+        if (session := self._session) is not None and self._ready.is_set():
+            with contextlib.suppress(ToolFailed):  # broken now: answered stale below
+                await self._refresh(session)
+        up = self._ready.is_set()
+        return Catalog(server=self.server.name, tools=list(self._tools.values()),
+                       read_at=self._read_at, stale=not up,
+                       problem=None if up else self._problem)
 
     async def _refresh(self, session: ClientSession) -> None:
         """Read the server's tools again (nothing is called: a failure is retryable)."""
         try:
-            self._tools = await self._list(session)
+            self._listed(await self._list(session))
         except Exception as exc:
             raise self._broke(exc, retryable=True) from exc
 
+    def _listed(self, tools: dict[str, CatalogTool]) -> None:
+        self._tools, self._read_at = tools, datetime.now(UTC)
+
     async def call(self, request: McpRequest) -> Any:
-        from mcp.shared.exceptions import McpError
-        from mcp.types import CONNECTION_CLOSED
+        from mcp.shared.exceptions import MCPError
+        from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         session = await self._open()
         name, entry = request.tool or "", self._tools.get(request.tool or "")
@@ -113,29 +137,28 @@ class ServerSession:
             raise ToolFailed(f"the inputSchema of {name!r} changed since it was offered to the "
                              f"model (offered {request.schema_digest}, now "
                              f"{entry.schema_digest}): not called", retryable=False)
-        meta = None if request.idempotency_key is None else {
-            IDEMPOTENCY_META: request.idempotency_key}
+        meta: RequestParamsMeta | None = None if request.idempotency_key is None else cast(
+            "RequestParamsMeta", {IDEMPOTENCY_META: request.idempotency_key})
         try:
             result = await session.call_tool(
                 name, request.arguments, meta=meta,
-                read_timeout_seconds=timedelta(seconds=self.server.timeout_seconds))
-        except McpError as exc:
-            if exc.error.code in (CONNECTION_CLOSED, 408):  # closed, or no answer in time
+                read_timeout_seconds=self.server.timeout_seconds)
+        except MCPError as exc:
+            if exc.error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):  # closed, or no answer
                 raise self._broke(exc, retryable=entry.retryable, sent=True) from exc
             raise ToolFailed(f"the MCP server {self.server.name} refused the call: "
                              f"{exc.error.message} (code {exc.error.code})",
                              retryable=False) from exc
         except Exception as exc:
             raise self._broke(exc, retryable=entry.retryable, sent=True) from exc
-        if result.isError:
-            raise ToolFailed(_text(result) or f"{name} reported an error", retryable=False)
-        return result.structuredContent if result.structuredContent is not None \
-            else _text(result)
+        if result.is_error:
+            raise ToolFailed(text_of(result) or f"{name} reported an error", retryable=False)
+        return recorded(result)
 
     def _broke(self, exc: BaseException, *, retryable: bool, sent: bool = False
                ) -> ToolFailed:
         """The session is broken: the keeper opens a new one; the failure, for the call."""
-        self._problem = _described(exc)
+        self._problem = self._with_refusal(_described(exc))
         self._session = None  # nobody else uses it while the keeper opens another
         self._ready.clear()
         self._broken.set()
@@ -152,11 +175,17 @@ class ServerSession:
         loop = asyncio.get_running_loop()
         until = loop.time() + self._wait
         while self._session is None or not self._ready.is_set():
+            self._news.clear()  # then checked: the keeper's next news wakes this wait
+            if self.breaker.fails_fast:  # down: no call waits for it
+                raise ToolFailed(f"the MCP server {self.server.name} is unavailable: "
+                                 f"{self._problem} (circuit {self.breaker.state.replace('_', '-')}"
+                                 f" after {self.breaker.failures} failed connections: its "
+                                 "calls fail at once until it answers)", retryable=True)
             if loop.time() >= until:  # nothing was sent: a retry is always safe
                 raise ToolFailed(f"the MCP server {self.server.name} is unavailable: "
                                  f"{self._problem}", retryable=True)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), until - loop.time())
+                await asyncio.wait_for(self._news.wait(), until - loop.time())
         return self._session
 
     async def _keep(self) -> None:
@@ -167,20 +196,25 @@ class ServerSession:
 
         delay = 0.2
         while not self._closing:
+            self.breaker.trying_again()
             try:
                 async with self._transport() as streams, ClientSession(
                         streams[0], streams[1],
-                        read_timeout_seconds=timedelta(seconds=self.server.timeout_seconds),
+                        read_timeout_seconds=self.server.timeout_seconds,
                         client_info=Implementation(name="casetrail", version="1")) as session:
                     await session.initialize()
-                    self._tools = await self._list(session)
+                    self._listed(await self._list(session))
                     self._session, delay = session, 0.2
                     self._ready.set()
+                    self._news.set()
+                    self.breaker.session_opened()
                     log.info("MCP server %s: session open, %d tools", self.server.name,
                              len(self._tools))
-                    await self._broken.wait()
+                    await self._hold(session)
             except Exception as exc:
-                self._problem = _described(exc)
+                self._problem = self._with_refusal(_described(exc))
+                self.breaker.session_failed()
+                self._news.set()
                 log.warning("MCP server %s: %s", self.server.name, self._problem)
             finally:
                 self._session = None
@@ -189,6 +223,16 @@ class ServerSession:
             if not self._closing:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    async def _hold(self, session: ClientSession) -> None:
+        """Until the session breaks: list the server's tools again every
+        ``CATALOG_SECONDS`` (a failure breaks it)."""
+        while not self._broken.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._broken.wait(), CATALOG_SECONDS)
+                return
+            with contextlib.suppress(ToolFailed):
+                await self._refresh(session)
 
     def _transport(self) -> AbstractAsyncContextManager[tuple[Any, ...]]:
         server = self.server
@@ -203,12 +247,14 @@ class ServerSession:
             return stdio_client(StdioServerParameters(
                 command=server.command[0], args=server.command[1:],
                 env={**get_default_environment(), **server.from_environment(server.env)}))
-        from mcp.client.streamable_http import streamablehttp_client
+        return _over_http(server, self._note_refusal)
 
-        assert server.url is not None
-        return streamablehttp_client(server.url,
-                                     headers=server.from_environment(server.headers_env),
-                                     timeout=server.timeout_seconds)
+    def _note_refusal(self, status: int, reason: str) -> None:
+        self._refused = f"HTTP {status} {reason}".strip()
+
+    def _with_refusal(self, problem: str) -> str:
+        refused, self._refused = self._refused, None
+        return problem if refused is None else f"{problem} ({refused})"
 
     async def _list(self, session: ClientSession) -> dict[str, CatalogTool]:
         from mcp.types import PaginatedRequestParams
@@ -222,9 +268,10 @@ class ServerSession:
                 hints = tool.annotations
                 tools[tool.name] = CatalogTool(
                     name=tool.name, description=tool.description or "",
-                    input_schema=tool.inputSchema, schema_digest=schema_digest(tool.inputSchema),
-                    retryable=bool(hints and (hints.readOnlyHint or hints.idempotentHint)))
-            cursor = page.nextCursor
+                    input_schema=tool.input_schema,
+                    schema_digest=schema_digest(tool.input_schema),
+                    retryable=bool(hints and (hints.read_only_hint or hints.idempotent_hint)))
+            cursor = page.next_cursor
             if not cursor:
                 return tools
 
@@ -237,6 +284,28 @@ class ServerSession:
                 self._keeper.cancel()
                 with contextlib.suppress(BaseException):
                     await self._keeper
+
+
+@contextlib.asynccontextmanager
+async def _over_http(server: McpServer, refused: Callable[[int, str], None]
+                     ) -> AsyncIterator[tuple[Any, ...]]:
+    """Streamable HTTP to ``server`` through an HTTP client of its own (its headers from
+    the environment), closed with the transport; each answer of 400 or more is told to
+    ``refused`` (the SDK reports it as a bare "error response")."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def noted(response: httpx2.Response) -> None:
+        if response.status_code >= 400:
+            refused(response.status_code, response.reason_phrase)
+
+    assert server.url is not None
+    async with httpx2.AsyncClient(
+            headers=server.from_environment(server.headers_env),
+            event_hooks={"response": [noted]},
+            timeout=httpx2.Timeout(server.timeout_seconds, read=STREAM_SECONDS)) as client, \
+            streamable_http_client(server.url, http_client=client) as streams:
+        yield streams
 
 
 def serving(server: McpServer) -> Capability[McpRequest]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import asyncpg
 
-from casetrail.config import Settings, local_dir
+from casetrail.config import Settings, local_file
 from casetrail.errors import PermanentError
 from casetrail.privacy.sensitive import Vault
 from casetrail.trail.key_source import is_file
@@ -33,15 +33,16 @@ class KeyFile:
     table: str
 
     def local(self, settings: Settings) -> Path:
-        return local_dir() / self.default_name.format(ns=settings.namespace)
+        return local_file(self.default_name.format(ns=settings.namespace))
 
     def path(self, settings: Settings) -> Path:
         configured = getattr(settings, self.setting)
         return Path(configured) if configured else self.local(settings)
 
     def disagreement(self, settings: Settings) -> str | None:
-        """Where the configured file and ``.casetrail/`` both hold this key, and they
-        differ: which one the namespace's data is under is not for a stack to guess."""
+        """Where the configured file and the stack's own (``local_file``) both hold this
+        key, and they differ: which one the namespace's data is under is not for a stack
+        to guess."""
         if not is_file(getattr(settings, self.setting) or ""):
             return None
         configured, local = self.path(settings), self.local(settings)

@@ -61,6 +61,7 @@ from casetrail.ops.migrate import (
     quote_ident,
     with_database,
 )
+from casetrail.ops.waiting import wait_for_services
 from casetrail.privacy import sealing
 from casetrail.privacy.sensitive import Vault
 from casetrail.trail.key_source import is_file
@@ -629,6 +630,7 @@ async def setup(settings: Settings) -> SetupReport:
     """Create or update every identity, migrate as the owner, grant, import the broker
     definitions, declare the topology and write the secrets file. A master key is made
     only for a namespace with no personal data sealed under another."""
+    await wait_for_services(settings)
     await _check_not_others(settings, "set up")  # another namespace's database: refused first
     await refuse_new_keys(settings, key_files=False)
     identities = plan_identities(settings)

@@ -82,6 +82,14 @@ TOOL_CALL_SECONDS = Histogram(
     "casetrail_tool_call_duration_seconds", "One tool call, retries included, by tool, "
     "source (worker, local) and outcome (ok, error).", ["tool", "source", "outcome"],
     buckets=TOOL_SECONDS)
+MCP_CIRCUIT_STATE = Gauge(
+    "casetrail_mcp_circuit_state", "Each MCP server's circuit, as its capability worker "
+    "keeps it: 0 closed (a session is open), 1 half-open (trying again), 2 open (down: its "
+    "calls fail at once).", ["server"])
+MCP_CATALOG_AGE_SECONDS = Gauge(
+    "casetrail_mcp_catalog_age_seconds", "Age of the catalog of each MCP server this "
+    "worker offers cases (kept fresh in the background; stale when its server is down).",
+    ["server"])
 LIVE_CASES = Gauge("casetrail_live_cases", "Cases this worker holds now.")
 SLOTS_BUSY = Gauge("casetrail_worker_slots_busy", "Of this worker's slots "
                    "(CASETRAIL_WORKER_CONCURRENCY), those held by a case at work; when all "

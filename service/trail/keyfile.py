@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from casetrail.config import Settings, local_dir
+from casetrail.config import Settings, local_file
 from casetrail.contract.integrity import (
     IntegrityError,
     Signer,
@@ -82,7 +82,7 @@ def signer_from(spec: str, settings: Settings) -> Signer:
 
 def ensure_local_signer(settings: Settings) -> Settings:
     """For a developer stack (``up``, ``demo``): the configured key, or one made and kept
-    under ``.casetrail/`` for this namespace. Children started later inherit it."""
+    under ``CASETRAIL_HOME`` for this namespace. Children started later inherit it."""
     return _ensure_local_key(settings, "signing_key_file", "signing-key")
 
 
@@ -90,11 +90,11 @@ def _ensure_local_key(settings: Settings, setting: Literal["signing_key_file",
                                                             "action_key_file"],
                       kind: str) -> Settings:
     """``settings`` with ``setting`` naming a key file: the configured one, or one made
-    and kept as ``.casetrail/<namespace>.<kind>.pem`` (and in the environment, so that
+    and kept as ``<namespace>.<kind>.pem`` under ``CASETRAIL_HOME`` (and in the environment, so that
     children started later inherit it)."""
     if getattr(settings, setting):
         return settings
-    path = local_dir() / f"{settings.namespace}.{kind}.pem"
+    path = local_file(f"{settings.namespace}.{kind}.pem")
     if not path.exists():
         write_signer(path, Signer.generate())
     os.environ[f"CASETRAIL_{setting.upper()}"] = str(path.resolve())
@@ -115,5 +115,5 @@ def action_signer(settings: Settings) -> Signer:
 
 def ensure_local_action_key(settings: Settings) -> Settings:
     """For a developer stack (``up``, ``demo``): the configured action key, or one made and
-    kept under ``.casetrail/`` for this namespace, beside (never inside) the secrets file."""
+    kept under ``CASETRAIL_HOME`` for this namespace, beside (never inside) the secrets file."""
     return _ensure_local_key(settings, "action_key_file", "action-key")

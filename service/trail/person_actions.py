@@ -272,15 +272,19 @@ def vet_action(expected: PersonAction, signed: SignedAction | None, keys: Mappin
 
 
 def start_object(case_id: uuid.UUID, tenant_id: str, agent: str, started_by: str | None,
-                 case_input: Mapping[str, Any], acted_at: datetime) -> dict[str, Any]:
+                 case_input: Mapping[str, Any], acted_at: datetime,
+                 via: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What the API signs when it accepts a case: the case, its tenant and agent, who
     started it and the digest of its input as recorded (sensitive values as their
-    placeholders)."""
+    placeholders); for a case another agent started over A2A, ``via``: ``{"protocol":
+    "a2a", "messageId"}`` (absent for REST, so that older starts still check)."""
     signed: dict[str, Any] = {"caseId": str(case_id), "tenantId": tenant_id, "kind": "start",
                               "agent": agent, "inputSha256": json_digest(dict(case_input)),
                               "actedAt": acted_at_text(acted_at)}
     if started_by is not None:
         signed["by"] = started_by
+    if via:
+        signed["via"] = dict(via)
     return signed
 
 

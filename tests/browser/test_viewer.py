@@ -26,7 +26,7 @@ from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.evidence import verify_bundle
 from casetrail.config import Settings
 from casetrail.trail.keyfile import worker_signer
-from tests.support.browser import DOCS, never_in_a_url, shown_in_full, signed_in
+from tests.support.browser import DOCS, never_in_a_url, no_flaws, shown_in_full, signed_in
 from tests.support.helpers import ended, registered
 from tests.support.records import forge_tool_result
 from tests.support.stack import InProcessStack, module_stack
@@ -95,6 +95,7 @@ async def test_a_running_case_fills_in_live_and_ends_with_its_decision(
     assert await page.evaluate("window.shifts") < 0.05  # nothing already shown moved
     # The applicant's name is a placeholder for a key without pii:read.
     await expect(page.locator("article.started")).to_contain_text("[pii:applicantName]")
+    await no_flaws(page)
     await page.screenshot(path=str(DOCS / "viewer-case.png"), full_page=True)
     never_in_a_url(page, viewer_key)
     await page.close()
@@ -122,6 +123,11 @@ async def test_the_list_filters_and_hides_other_tenants_cases(
     shown = await rows.evaluate_all("rows => rows.map(r => r.dataset.caseId)")
     assert {c["caseId"] for c in mine} <= set(shown)
     assert theirs["caseId"] not in shown  # another tenant's case
+    # Each case named as people know it: the applicant's id, then the start of its id.
+    first = page.locator(f"tr[data-case-id='{mine[0]['caseId']}'] a.id")
+    await expect(first).to_have_text(f"{SAMPLE_APPLICATIONS[0]['applicantId']}"
+                                     f"{mine[0]['caseId'][:8]}")
+    await no_flaws(page)
     await page.screenshot(path=str(DOCS / "viewer-list.png"), full_page=True)
 
     decision = mine[-1]["answer"]["decision"]

@@ -340,12 +340,8 @@ async def _running(stack: InProcessStack, case_id: str) -> bool:
 
 
 async def _worker_queues(settings: Settings) -> list[str]:
-    import subprocess
-
-    listed = await asyncio.to_thread(
-        subprocess.run, ["rabbitmqctl", "-q", "list_queues", "name", "--formatter", "json"],
-        capture_output=True, text=True, check=True)
-    return [q["name"] for q in orjson.loads(listed.stdout)
+    listed = await asyncio.to_thread(rabbitmqctl_json, "list_queues", "name")
+    return [q["name"] for q in listed
             if q["name"].startswith(settings.namespace + ".")]
 
 

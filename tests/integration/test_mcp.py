@@ -15,6 +15,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +222,7 @@ async def test_over_http_with_its_credential_and_through_a_restart(
     settings: Settings, database: str, example: Path, http_server: HttpServer,
 ) -> None:
     async for stack in stack_of(settings, example, "mcphttp",
-                                http_server.settings(timeoutSeconds=4, attempts=5),
+                                http_server.settings(timeoutSeconds=4, attempts=10),
                                 POLICIES_AUTH="Bearer s3cret"):
         view, _ = await stack.run(CLAIM)
         assert view["status"] == "completed", view  # the credential was taken
@@ -237,6 +238,40 @@ async def test_over_http_with_its_credential_and_through_a_restart(
         assert outcomes[-1] == "ok" and len(outcomes) > 1, coverage["attempts"]
         assert (await stack.client.get(f"/cases/{view['caseId']}/verify")
                 ).json()["verified"] is True
+
+
+async def test_a_dead_server_holds_no_case_and_the_trail_names_its_stale_catalog(
+    settings: Settings, database: str, example: Path, http_server: HttpServer,
+) -> None:
+    """The server dies while cases keep starting: no start waits on it (the worker
+    offers the catalog it has, read again in the background); once the worker has read
+    it as down, CASE_STARTED names the stale catalog and why, and the call fails at once
+    (the circuit is open), never after its timeout and every retry."""
+    async for stack in stack_of(settings, example, "mcpdown",
+                                http_server.settings(timeoutSeconds=10, attempts=4),
+                                POLICIES_AUTH="Bearer s3cret", CASETRAIL_MCP_CATALOG_SECONDS="1"):
+        view, trail = await stack.run(CLAIM)
+        assert view["status"] == "completed", view
+        [offered] = trail[0]["payload"]["mcpCatalogs"]
+        assert offered["server"] == "policies" and offered["stale"] is False, offered
+        assert 0 <= offered["ageSeconds"] < 60 and "problem" not in offered
+        http_server.kill()
+        for number in range(46, 56):  # until the worker has read it as down
+            view, trail = await stack.run({**CLAIM, "claimId": f"CLM-000{number}"})
+            [offered] = trail[0]["payload"]["mcpCatalogs"]
+            if offered["stale"]:
+                break
+            await asyncio.sleep(0.5)
+        assert offered["stale"] is True, offered
+        assert "Connect" in offered["problem"] or "closed" in offered["problem"], offered
+        assert offered["readAt"] < trail[0]["occurredAt"]  # the last catalog, offered
+        started = datetime.fromisoformat(trail[0]["occurredAt"]) - datetime.fromisoformat(
+            view["createdAt"])
+        assert started < timedelta(seconds=5), started  # it did not wait the 10 s timeout
+        coverage = next(c for c in trail[1]["payload"]["toolCalls"]
+                        if c["toolName"] == "policies_coverage")
+        assert "circuit open" in coverage["error"], coverage
+        assert view["status"] == "awaiting_review", view  # the brain decided without it
 
 
 async def test_a_wrong_credential_is_a_tool_failure_the_model_sees(
@@ -322,7 +357,7 @@ def test_the_examples_own_tests_pass_as_its_team_runs_them(example: Path) -> Non
         cwd=EXAMPLE, env={**os.environ, "PYTHONPATH": str(example)},
         capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "4 passed" in done.stdout, done.stdout
+    assert "5 passed" in done.stdout, done.stdout
 
 
 def test_an_operator_checks_the_configured_servers_with_the_cli(

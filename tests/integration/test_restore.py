@@ -181,8 +181,9 @@ async def test_up_never_makes_new_keys_for_a_namespace_that_has_data(
         for named in ("the worker's signing key", "the API's action key", "the log's key",
                       "signing_keys", "action_keys", "ledger_keys", "k-of-the-backup"):
             assert named in up.stderr, up.stderr
-        assert str(tmp_path / ".casetrail") in up.stderr
-        assert not (tmp_path / ".casetrail").exists()  # nothing made
+        looked = Path(env["XDG_CONFIG_HOME"]) / "casetrail"  # where a stack keeps its keys
+        assert str(looked) in up.stderr
+        assert not list(looked.glob(f"{own.namespace}.*"))  # nothing made
         setup = await asyncio.to_thread(subprocess.run, component_command("setup"),
                                         capture_output=True, text=True, env=env,
                                         timeout=120)

@@ -40,7 +40,7 @@ from casetrail.contract.auth import AuthError, check_key_scopes
 from casetrail.contract.integrity import public_key_text
 from casetrail.engine.answers import ASK_A_PERSON
 from casetrail.trail.keyfile import worker_signer
-from tests.support.browser import DOCS, never_in_a_url, signed_in
+from tests.support.browser import DOCS, never_in_a_url, no_flaws, signed_in
 from tests.support.cli import check_bundle, run_cli
 from tests.support.helpers import ended, registered, wait_until
 from tests.support.stack import InProcessStack, in_process_stack
@@ -154,6 +154,7 @@ async def test_a_refer_waits_holding_no_worker_and_a_second_person_confirms_it(
         assert waiting["reviewReasons"] == ["decision"] and waiting["answer"]["decision"] == \
             "refer"
         assert [r["waitingSince"] for r in queue] == sorted(r["waitingSince"] for r in queue)
+        assert waiting["keys"] == {"applicantId": REFERRED["applicantId"]}  # as people know it
         reply = await rita.post(f"/cases/{case_id}/review", json={
             "verdict": "confirm", "reason": "Thin file: the referral stands."})
         assert reply.status_code == 202, reply.text
@@ -346,7 +347,15 @@ async def test_reviews_from_the_terminal_as_a_person_never_as_the_operator(
     assert listed.returncode == 0, listed.stderr
     assert case_id in listed.stdout and "refer" in listed.stdout
     shown = await asyncio.to_thread(run_cli, settings, "reviews", "show", case_id)
-    assert shown.returncode == 0 and orjson.loads(shown.stdout)["reviewReasons"] == ["decision"]
+    assert shown.returncode == 0, shown.stderr
+    review = orjson.loads(shown.stdout)
+    assert review["reviewReasons"] == ["decision"]
+    # The evidence the reviewer decides on, without opening the viewer: each call made.
+    called = [(c["cycle"], c["toolName"]) for c in review["toolCalls"]]
+    cycles = [cycle for cycle, _ in called]
+    assert called and cycles == sorted(cycles), called  # in the order they were made
+    assert "credit-score" in {name for _, name in called}
+    assert all(("toolResult" in c) != ("error" in c) for c in review["toolCalls"])
     as_operator = await asyncio.to_thread(run_cli, settings, "reviews", "decide", case_id,
                                           "--verdict", "confirm", "--reason", "ok",
                                           CASETRAIL_API_KEY="")
@@ -374,11 +383,14 @@ async def test_a_reviewer_decides_in_the_viewer_and_the_page_shows_who(
     row = page.locator(f"tr[data-case-id='{case_id}']")
     await expect(row).to_contain_text("refer")
     await expect(row).to_contain_text("the agent sends this decision to a person")
+    await expect(row.get_by_role("link")).to_contain_text(REFERRED["applicantId"])
+    await no_flaws(page)
     await row.get_by_role("link").click()
     waiting = page.locator("#waiting")
     await expect(waiting).to_contain_text("Awaiting review", timeout=10_000)
     await expect(page.locator("#f-status")).to_have_text("awaiting review")
     await expect(waiting.locator("table.checks tr")).to_have_count(4)  # head + 3 checks
+    await no_flaws(page)
     await page.get_by_label("Override it").check()
     await expect(page.get_by_label("Your decision (JSON", exact=False)).to_be_visible()
     await page.get_by_label("Confirm the agent's decision").check()

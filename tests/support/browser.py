@@ -34,3 +34,15 @@ async def shown_in_full(page: Page) -> None:
 def never_in_a_url(page: Page, key: str) -> None:
     requested: list[str] = page.requested  # type: ignore[attr-defined]
     assert requested and not [url for url in requested if key in url or "ct_" in url]
+
+
+FLAWS = ("[object ", "undefined", "NaN")
+"""What a page shows when a value was rendered wrong (an element stringified, a missing
+field, a number from nothing)."""
+
+
+async def no_flaws(page: Page) -> None:
+    """The page as a person reads it holds none of ``FLAWS``."""
+    text = await page.locator("body").inner_text()
+    found = [flaw for flaw in FLAWS if flaw in text]
+    assert not found, f"{page.url} shows {found}"

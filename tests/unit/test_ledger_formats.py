@@ -223,3 +223,21 @@ def test_the_log_test_vectors_in_docs_bundle_md() -> None:
                  witness.verifier.text(), cosign(note, witness, 1764547200).line()):
         assert text in doc, text
     assert merkle.verify_inclusion(hashes[1], 1, 2, [hashes[0]], root)
+
+
+def test_the_report_reads_the_bundles_checkpoint_note() -> None:
+    """The PDF said "checkpoint of tree size ?": the bundle holds the signed note's text,
+    which the report now reads (size, origin, root, who signed)."""
+    from casetrail.audit.report import _logged
+    from casetrail.ledger.note import Checkpoint, NoteSigner, sign
+
+    signer = NoteSigner.generate("casetrail.example/log")
+    note = sign(Checkpoint("casetrail.example/log", 12_345, bytes(range(32))).text(), signer)
+    bundle = {"events": [{"logProof": "p"}, {"logProof": "p"}, {}],
+              "log": {"checkpoint": note.render()}}
+    said = _logged(bundle)
+    assert said.startswith("2 event(s) with an inclusion proof, in the checkpoint of tree "
+                           "size 12,345 (log casetrail.example/log, root ")
+    assert "signed by casetrail.example/log" in said and "?" not in said
+    broken = _logged({"events": [], "log": {"checkpoint": "nonsense"}})
+    assert "the checkpoint is unreadable" in broken

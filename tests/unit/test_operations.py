@@ -157,18 +157,31 @@ def test_a_taken_default_metrics_port_falls_back_and_a_taken_chosen_one_is_refus
         holder.close()
 
 
-def test_the_command_line_finds_the_projects_keys_from_any_folder_below_it(
+def test_the_command_line_finds_its_files_from_any_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`casetrail reviews list` from another directory said "no identity for the api":
-    the nearest .casetrail/ above the working directory is the project's."""
-    from casetrail.config import local_dir
+    a stack's files live in the user's configuration directory; a project's .casetrail/
+    (in the working directory or above) is found only as a fallback, and the two
+    holding different files is an error, never a guess."""
+    from casetrail.config import local_file
+    from casetrail.errors import PermanentError
 
     monkeypatch.delenv("CASETRAIL_HOME", raising=False)
-    (tmp_path / ".casetrail").mkdir()
-    deep = tmp_path / "src" / "agents"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    home = tmp_path / "config" / "casetrail"
+    deep = tmp_path / "project" / "src" / "agents"
     deep.mkdir(parents=True)
-    assert local_dir(deep) == (tmp_path / ".casetrail").resolve()
-    assert local_dir(tmp_path / "src") == (tmp_path / ".casetrail").resolve()
+    assert local_file("ns.identities.json", deep) == home / "ns.identities.json"  # new here
+    old = tmp_path / "project" / ".casetrail"
+    old.mkdir()
+    (old / "ns.identities.json").write_text("{}")
+    assert local_file("ns.identities.json", deep) == (old / "ns.identities.json").resolve()
+    home.mkdir(parents=True)
+    (home / "ns.identities.json").write_text("{}")  # the same file in both: one file
+    assert local_file("ns.identities.json", deep) == home / "ns.identities.json"
+    (home / "ns.identities.json").write_text('{"other": 1}')
+    with pytest.raises(PermanentError, match=r"both hold ns\.identities\.json, and they differ"):
+        local_file("ns.identities.json", deep)
     monkeypatch.setenv("CASETRAIL_HOME", str(tmp_path / "elsewhere"))
-    assert local_dir(deep) == tmp_path / "elsewhere"
+    assert local_file("ns.identities.json", deep) == tmp_path / "elsewhere" / "ns.identities.json"

@@ -1,5 +1,6 @@
-"""The agent tested as its team would: in process, with the scripted model and
-casetrail's ``run_case``, against the real policy server over stdio."""
+"""The agent tested as its team would: in process, with casetrail's ``run_case``,
+against the real policy server over stdio — with the scripted model, and with a model
+of our own behind a local OpenAI-compatible server (tests/local_model.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import sys
 
 import pytest
 from claims_triage.agent import CLAIMS_TRIAGE
+from local_model import local_model
 
+from casetrail import ModelRef
 from casetrail.testing import run_case
 
 POLICIES = [{"name": "policies", "transport": "stdio",
@@ -48,3 +51,21 @@ async def test_a_third_claim_waits_for_a_person() -> None:
                          mcp_servers=POLICIES)
     assert run.status == "awaiting_review"
     assert run.answer is not None and run.answer["decision"] == "investigate"
+
+
+@pytest.mark.asyncio
+async def test_a_real_model_behind_a_local_endpoint_decides_the_claim() -> None:
+    """``run_case`` with a ``ModelRef`` speaks to a configured endpoint with casetrail's
+    own OpenAI client, over HTTP, as a worker would."""
+    async with local_model() as (base_url, requests):
+        run = await run_case(
+            CLAIMS_TRIAGE, CLAIM, mcp_servers=POLICIES,
+            model=ModelRef(provider="openai", name="local-llama", endpoint="local"),
+            endpoints=[{"name": "local", "provider": "openai", "baseUrl": base_url}])
+    assert run.status == "completed", run.terminal
+    assert run.answer == {"decision": "pay", "payout": 2_500,
+                          "reason": "covered, deductible applied"}
+    assert run.events[0].payload.model.endpoint == "local"  # on the record
+    assert [r["model"] for r in requests] == ["local-llama", "local-llama"]
+    offered = {t["function"]["name"] for t in requests[0]["tools"]}
+    assert {"policies_coverage", "claims-history", "payout-estimate"} <= offered

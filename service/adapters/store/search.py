@@ -20,6 +20,7 @@ from typing import Any
 import asyncpg
 
 from casetrail.adapters.store import principal_names, translate_errors, utc_text
+from casetrail.adapters.store.evidence_views import business_keys
 from casetrail.contract.events import CaseStatus
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -150,5 +151,7 @@ class CaseIndex:
         rows = rows[:limit]
         following = Cursor(rows[-1]["created_at"], rows[-1]["case_id"]) if more else None
         names = await principal_names(self._pool, (row["started_by"] for row in rows))
-        return [_item(row) | {"startedByName": names.get(row["started_by"])}
+        keys = await business_keys(self._pool, [row["case_id"] for row in rows])
+        return [_item(row) | {"startedByName": names.get(row["started_by"]),
+                              "keys": keys.get(row["case_id"], {})}
                 for row in rows], following

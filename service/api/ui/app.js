@@ -259,9 +259,18 @@ async function listPage(signal) {
   followList(body, params, live, signal);
 }
 
+// A case as people know it: its business keys (the applicant's id, the claim number)
+// where the agent declares them, then the start of its id.
+function caseLink(item) {
+  const known = Object.values(item.keys || {}).join(" · ");
+  return el("a", { class: "id", href: `/ui/cases/${item.caseId}`, title: item.caseId },
+            known ? el("span", { class: "known", text: known }) : null,
+            el("code", { text: item.caseId.slice(0, 8) }));
+}
+
 function caseRow(item) {
   return el("tr", { "data-case-id": item.caseId },
-    el("td", {}, el("a", { class: "id", href: `/ui/cases/${item.caseId}`, text: item.caseId.slice(0, 8) })),
+    el("td", {}, caseLink(item)),
     el("td", { text: item.agent }),
     el("td", { class: "status" }, statusBadge(item.status)),
     el("td", { class: "decision" }, decisionBadge(item.decision)),
@@ -315,7 +324,7 @@ function followList(body, params, live, signal) {
 async function reviewsPage(signal) {
   const { reviews: waiting } = await api("/reviews");
   const body = el("tbody", {}, waiting.map((item) => el("tr", { "data-case-id": item.caseId },
-    el("td", {}, el("a", { class: "id", href: `/ui/cases/${item.caseId}`, text: item.caseId.slice(0, 8) })),
+    el("td", {}, caseLink(item)),
     el("td", { text: item.agent }), el("td", {}, decisionBadge(item.decision)),
     el("td", { text: item.reviewReasons.map((r) => REVIEW_REASONS[r] || r).join("; ") }),
     el("td", {}, item.checks.some((c) => !c.passed) ? checksSummary(item.checks, `/ui/cases/${item.caseId}#waiting`)
@@ -334,6 +343,48 @@ async function reviewsPage(signal) {
 }
 
 // --- one case -------------------------------------------------------------------
+// An MCP result that is not all text is a list of blocks (service/mcp/content.py): text,
+// embedded resources, binaries (media type, size, SHA-256, the bytes as base64) and
+// resource links. A raster image is drawn from its bytes; every binary is named by its
+// digest, which verify checks with the rest of the event.
+const RASTER = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+const isBlocks = (result) => Array.isArray(result) && result.length > 0 &&
+  result.every((b) => b && typeof b === "object" && typeof b.type === "string");
+
+function binaryBlock(block) {
+  const head = el("p", { class: "blob", text: `${block.type} · ${block.mimeType || "binary"} · ` +
+    `${(block.bytes ?? 0).toLocaleString("en")} bytes · sha256 ${block.sha256 || "?"}` +
+    (block.uri ? ` · ${block.uri}` : "") });
+  if (block.type !== "image" || !RASTER.has(block.mimeType) || !block.data) return head;
+  const raw = Uint8Array.from(atob(block.data), (c) => c.charCodeAt(0));
+  const url = URL.createObjectURL(new Blob([raw], { type: block.mimeType }));
+  return el("figure", {}, el("img", { src: url, alt: `image the tool returned, sha256 ${block.sha256}` }),
+            el("figcaption", {}, head));
+}
+
+function resultBlock(block) {
+  if (block.type === "text") return el("pre", { text: block.text });
+  if (block.data !== undefined) return binaryBlock(block);
+  if (block.type === "resource") {
+    return el("details", { open: true },
+      el("summary", { text: `resource ${block.uri} (${block.mimeType || "text"})` }),
+      el("pre", { text: block.text ?? "" }));
+  }
+  if (block.type === "resource_link") {
+    return el("p", { class: "link" }, "link ", el("code", { text: block.uri }),
+      ` ${block.name}` + (block.mimeType ? ` (${block.mimeType})` : "") +
+      (block.description ? ` — ${block.description}` : ""));
+  }
+  return el("pre", { text: json(block) });
+}
+
+function resultOf(call) {
+  if (call.mcp && isBlocks(call.toolResult)) {
+    return el("div", { class: "blocks" }, call.toolResult.map(resultBlock));
+  }
+  return el("pre", { text: json(call.toolResult) });
+}
+
 function toolCard(call) {
   const failed = call.error !== undefined;
   const card = el("div", { class: `tool${failed ? " failed" : ""}`, "data-tool": call.toolName },
@@ -349,8 +400,7 @@ function toolCard(call) {
       el("pre", { text: call.rawArgs ?? json(call.toolArgs) })),
     failed
       ? el("p", { class: "error", text: call.error })
-      : el("details", { open: true }, el("summary", { text: "Result" }),
-          el("pre", { text: json(call.toolResult) })));
+      : el("details", { open: true }, el("summary", { text: "Result" }), resultOf(call)));
   if (call.attempts && call.attempts.length) {
     card.append(el("ol", { class: "attempts", "aria-label": "Attempts" },
       call.attempts.map((a) => el("li", {

@@ -9,12 +9,13 @@ import os
 from typing import Any
 
 import uvicorn
-from mcp.server.fastmcp import FastMCP
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-server = FastMCP("policies")
+server = MCPServer("policies")
 
 _POLICIES: dict[str, dict[str, Any]] = {
     "POL-100001": {"holder": "Ada Lovelace", "active": True, "coverageLimit": 20_000,
@@ -26,13 +27,13 @@ _POLICIES: dict[str, dict[str, Any]] = {
 }
 
 
-@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def coverage(policy_number: str, claimant_name: str) -> dict[str, Any]:
     """The policy's coverage: whether the claimant holds it, whether it is active, its
     limit, its deductible and what it excludes."""
     found = _POLICIES.get(policy_number)
     if found is None:
-        raise ValueError(f"no policy {policy_number}")
+        raise ToolError(f"no policy {policy_number}")  # the model reads this message
     terms = {k: v for k, v in found.items() if k != "holder"}
     return {"policyNumber": policy_number, "holderMatches": claimant_name == found["holder"],
             **terms}
