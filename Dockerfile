@@ -24,10 +24,10 @@ RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 WORKDIR /app
 COPY migrations ./migrations
 # Mount points of the key volumes (the worker's signing key, the API's action key) and
-# of their public halves, and of the ledger's state, owned by the user that writes them
-# (a new named volume takes its owner from the image's directory).
-RUN mkdir /keys /public /action-public /state \
-    && chown casetrail /keys /public /action-public /state
+# of their public halves, of the ledger's state and of the archive, owned by the user
+# that writes them (a new named volume takes its owner from the image's directory).
+RUN mkdir /keys /public /action-public /state /archive \
+    && chown casetrail /keys /public /action-public /state /archive
 USER casetrail
 # The API, and each component's metrics port (api, worker, consumer, capability worker).
 EXPOSE 8000 9101 9102 9103 9104 9105

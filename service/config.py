@@ -315,6 +315,17 @@ class Settings(BaseSettings):
         description="Where `casetrail setup` writes the identities it made (mode 0600) and "
         "where components look for their own when no CASETRAIL_<COMPONENT>_*_URL is set. "
         "Default: .casetrail/<namespace>.identities.json.")
+    a2a_default_agent: str | None = Field(
+        default=None, max_length=100,
+        description="The agent whose A2A card the host's /.well-known/agent-card.json "
+        "serves (every agent has its own at /a2a/<agent>/.well-known/agent-card.json). "
+        "Default: the first agent offered.")
+    archive_dir: str | None = Field(
+        default=None,
+        description="Where the retention pass archives the bundles of cases whose policy "
+        "archives them before they expire: a directory (a mounted WORM volume, an "
+        "object-store mount) every worker shares. Default: archive/<namespace> in the "
+        "folder a stack keeps its files (CASETRAIL_HOME).")
     signing_key_file: str | None = Field(
         default=None,
         description="The worker's Ed25519 signing key (PEM, from `casetrail signer "
@@ -569,8 +580,12 @@ class Settings(BaseSettings):
         path = urlsplit(amqp_nodes(self.amqp_url)[0]).path
         return unquote(path[1:]) if len(path) > 1 else "/"
 
+    def archive_path(self) -> Path:
+        return Path(self.archive_dir) if self.archive_dir else \
+            local_dir() / "archive" / self.namespace
+
     def secrets_path(self) -> Path:
-        return Path(self.secrets_file or local_dir() / f"{self.namespace}.identities.json")
+        return Path(self.secrets_file or local_file(f"{self.namespace}.identities.json"))
 
     def identity(self, component: Component) -> Identity:
         """The component's own least-privileged identity: its ``CASETRAIL_<C>_*_URL``

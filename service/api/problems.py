@@ -20,6 +20,7 @@ from casetrail.api.schemas import Problem, ValidationProblem
 from casetrail.cases.errors import (
     CaseProblem,
     Conflict,
+    Expired,
     Forbidden,
     Invalid,
     NotAccepted,
@@ -32,7 +33,7 @@ MEDIA_TYPE = "application/problem+json"
 RETRY_LATER = {"Retry-After": "5"}
 
 STATUS_OF: dict[type[Exception], int] = {
-    NotFound: 404, Conflict: 409, Forbidden: 403, Invalid: 422, OverQuota: 429,
+    Expired: 410, NotFound: 404, Conflict: 409, Forbidden: 403, Invalid: 422, OverQuota: 429,
     NotAccepted: 503, StoreUnavailable: 503, BusUnavailable: 503,
 }
 """The status of each refusal (a subclass answers as its nearest listed base)."""
@@ -43,6 +44,8 @@ DESCRIBED: dict[int, tuple[type, str]] = {
     403: (Problem, "The API key lacks a scope this route needs (named)"),
     404: (Problem, "No such case (or not the caller's)"),
     409: (Problem, "Conflicts with the case's state or an earlier request"),
+    410: (Problem, "The case expired under its retention policy: only its CASE_EXPIRED "
+                   "and tombstone remain (GET /cases/{id}/verify checks them)"),
     413: (Problem, "The body is larger than CASETRAIL_MAX_BODY_BYTES"),
     422: (ValidationProblem, "A field is invalid: each one with the reason"),
     429: (Problem, "A limit is reached; Retry-After says when to try again"),

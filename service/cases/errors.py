@@ -21,6 +21,11 @@ class NotFound(CaseProblem):
     """No such case for this caller (another tenant's case is not found either)."""
 
 
+class Expired(NotFound):
+    """The case expired under its retention policy: its events and row are gone; its
+    ``CASE_EXPIRED`` and tombstone remain (``verify`` checks them)."""
+
+
 class Conflict(CaseProblem):
     """Refused by the case's state or by an earlier request."""
 

@@ -13,7 +13,7 @@ from typing import Any
 from casetrail.adapters.store import principal_names, utc_text
 from casetrail.adapters.store.search import CaseFilter, Cursor, case_summary
 from casetrail.agents import AGENTS
-from casetrail.cases.errors import Forbidden, Invalid, Issue, NotFound, OverQuota
+from casetrail.cases.errors import Expired, Forbidden, Invalid, Issue, NotFound, OverQuota
 from casetrail.cases.services import CaseServices
 from casetrail.cases.text import refuse_unstorable
 from casetrail.contract.auth import Principal, Scope
@@ -30,6 +30,13 @@ async def owned(services: CaseServices, principal: Principal, case_id: uuid.UUID
     """The case's row, if it is the caller's to see: another tenant's case is not
     found, so its existence is not confirmed."""
     row = await services.store.get_case(case_id)
+    if row is None and (gone := await services.store.tombstone(case_id)) is not None \
+            and principal.sees(gone["tenant_id"]):
+        raise Expired(
+            f"case {case_id} expired on {utc_text(gone['expired_at'])} under retention "
+            f"policy {gone['policy_id']} version {gone['policy_version']} "
+            f"({gone['events_removed']} events removed, by {gone['expired_by']}); its "
+            f"CASE_EXPIRED and tombstone remain: GET /cases/{case_id}/verify checks them")
     if row is None or not principal.sees(row["tenant_id"]):
         raise NotFound(f"no case {case_id}")
     return row

@@ -118,6 +118,10 @@ class PolicyRequest(CamelModel):
     personal_data_days: int | None = Field(default=None, ge=1, le=36_500, description=(
         "How long its personal data (sealed sensitive values) is kept; never longer than "
         "the case itself (a larger value means: with the case)."))
+    archive: bool = Field(default=False, strict=True, description=(
+        "Archive each case's bundle before it expires (a signed manifest per batch; "
+        "`casetrail archive verify` checks it offline). Dropping it later takes a second "
+        "person."))
     reason: str = Field(min_length=1, max_length=2000, description="Why; kept with the "
                         "version.")
 

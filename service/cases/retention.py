@@ -16,6 +16,7 @@ from datetime import UTC, date, datetime
 from typing import Any, Literal
 
 from casetrail.adapters.bus.journal import journal
+from casetrail.adapters.store import KeyRegistry
 from casetrail.adapters.store.retention import Refused, Taken
 from casetrail.agents import AGENTS
 from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotAccepted, NotFound
@@ -28,6 +29,7 @@ from casetrail.trail.person_actions import sign_object
 from casetrail.trail.retention_actions import (
     approval_object,
     hold_object,
+    needs_second_person,
     policy_object,
     release_object,
 )
@@ -133,8 +135,8 @@ async def set_policy(services: CaseServices, principal: Principal, agent: str,
         "kind": "policy", "tenantId": principal.tenant, "agent": agent, "version": version,
         "keepDays": fields["keep_days"], "countedFrom": fields["counted_from"],
         "businessKey": fields["business_key"], "personalDataDays": fields["personal_data_days"],
-        "preset": fields["preset"], "reason": fields["reason"], "setBy": by,
-        "setAt": at.isoformat(), "action": action})
+        "archive": fields["archive"], "preset": fields["preset"], "reason": fields["reason"],
+        "setBy": by, "setAt": at.isoformat(), "action": action})
     try:
         row = await services.retention.set_policy(principal.tenant, agent, version, fields,
                                                   by, at, action)
@@ -142,7 +144,19 @@ async def set_policy(services: CaseServices, principal: Principal, agent: str,
         raise Conflict(str(exc)) from exc
     except Refused as exc:
         raise Invalid(Issue(("body",), str(exc).splitlines()[0])) from exc
-    return _policy_json({**row, "in_force": not row["needs_second"]})
+    needs = await _needs_second(services, row)
+    return _policy_json({**row, "needs_second": needs, "in_force": not needs})
+
+
+async def _needs_second(services: CaseServices, row: dict[str, Any]) -> bool:
+    """The database's answer, or — when an earlier version was written with a database
+    password rather than signed — the answer against the latest signed one
+    (``needs_second_person``): what the retention pass will hold it to."""
+    if row["needs_second"]:
+        return True
+    keys = {k.key_id: k for k in await KeyRegistry(services.pool, "action_keys").all()}
+    earlier = await services.retention.earlier(row["tenant_id"], row["agent"], row["version"])
+    return needs_second_person(row, earlier, keys)
 
 
 def _policy_fields(asked: dict[str, Any]) -> dict[str, Any]:
@@ -163,7 +177,8 @@ def _policy_fields(asked: dict[str, Any]) -> dict[str, Any]:
     reason = asked["reason"]
     refuse_unstorable(reason, "body", "reason")
     return {"keep_days": keep, "personal_data_days": personal, "counted_from": counted,
-            "business_key": key, "archive": False, "preset": preset_name,
+            "business_key": key, "archive": bool(asked.get("archive", False)),
+            "preset": preset_name,
             "reason": reason}
 
 
@@ -177,7 +192,7 @@ async def approve_policy(services: CaseServices, principal: Principal, policy_id
     row = await services.retention.policy(policy_id)
     if row is None or row["tenant_id"] != principal.tenant:
         raise NotFound(f"no policy {policy_id}")
-    if not row["needs_second"]:
+    if not await _needs_second(services, row):
         raise Conflict(f"policy {policy_id} needed no second person: it is in force")
     person = await person_of(services, principal)
     if person == row["set_by"]:

@@ -14,7 +14,14 @@ import orjson
 import typer
 
 from casetrail.cli.cases import case_id_of as _case_id
-from casetrail.cli.common import run, with_evidence
+from casetrail.cli.common import (
+    LogToday,
+    TrustAction,
+    TrustLog,
+    TrustWitness,
+    run,
+    with_evidence,
+)
 from casetrail.config import get_settings
 
 T = TypeVar("T")

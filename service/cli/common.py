@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
+
+import typer
 
 from casetrail.components import gc_tuning
 from casetrail.config import Settings, get_settings

@@ -25,12 +25,14 @@ from casetrail.cli.access import (
     sql_role_app,
     subscribers_app,
 )
+from casetrail.cli.archive import archive_app
 from casetrail.cli.audit import audit_app
 from casetrail.cli.cases import case_id_of as _case_id
 from casetrail.cli.cases import cases_app, report, reviews_app
 from casetrail.cli.common import configure_logging as _logging
 from casetrail.cli.common import run as _run
 from casetrail.cli.common import with_evidence
+from casetrail.cli.configuration import agents, check, mcp_tools
 from casetrail.cli.persons import persons_app
 from casetrail.cli.retention import holds_app, retention_app
 from casetrail.components import gc_tuning
@@ -355,64 +357,6 @@ def witness(
         raise typer.Exit(2) from None
 
 
-@app.command()
-def agents(
-    raw: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
-) -> None:
-    """The agents and capabilities this installation runs (built in, from installed
-    packages' entry points, or named in CASETRAIL_AGENTS) and where each came from.
-    Exit 2 when one does not load, naming it."""
-    from casetrail.agents import PluginError, registry
-
-    try:
-        found = registry()
-    except PluginError as exc:
-        typer.echo(f"casetrail agents: {exc}", err=True)
-        raise typer.Exit(2) from None
-    listed: dict[str, list[dict[str, Any]]] = {
-        "agents": [{"name": a.name, "version": a.version, "from": found.origins[f"agent:{name}"],
-                    "tools": [t.name for t in a.tools],
-                    "scripted": a.script is not None} for name, a in found.agents.items()],
-        "capabilities": [{"name": name, "from": found.origins[f"capability:{name}"]}
-                         for name in found.capabilities]}
-    if raw:
-        typer.echo(orjson.dumps(listed, option=orjson.OPT_INDENT_2).decode())
-        return
-    for agent in listed["agents"]:
-        typer.echo(f"agent {agent['name']} {agent['version']}  tools: "
-                   f"{', '.join(agent['tools']) or '-'}  from {agent['from']}")
-    for capability in listed["capabilities"]:
-        typer.echo(f"capability {capability['name']}  from {capability['from']}")
-
-
-@app.command("mcp-tools")
-def mcp_tools(
-    raw: Annotated[bool, typer.Option("--json", help="Print the catalogs as JSON.")] = False,
-) -> None:
-    """The tools each configured MCP server (CASETRAIL_MCP_SERVERS) serves, read as a
-    capability worker reads them: the name the model sees, and whether a failed call is
-    retried. Exit 2 when a server cannot be reached, naming why."""
-    from casetrail.engine.tools import mcp_tool_name
-    from casetrail.mcp.session import read_catalogs
-
-    _logging("WARNING")
-    read = _run(read_catalogs(get_settings().mcp_servers))
-    if raw:
-        typer.echo(orjson.dumps({name: c if isinstance(c, str) else c.model_dump(by_alias=True)
-                                 for name, c in read.items()}, option=orjson.OPT_INDENT_2).decode())
-    for name, catalog in read.items():
-        if isinstance(catalog, str):
-            typer.echo(f"server {name}: {catalog}", err=True)
-        elif not raw:
-            for tool in catalog.tools:
-                typer.echo(f"{name}  {tool.name}  as {mcp_tool_name(name, tool.name)}  "
-                           f"{'retried' if tool.retryable else 'at most once'}  "
-                           f"schema {tool.schema_digest[:12]}")
-    if not read:
-        typer.echo("no MCP servers are configured (CASETRAIL_MCP_SERVERS)", err=True)
-    raise typer.Exit(2 if any(isinstance(c, str) for c in read.values()) else 0)
-
-
 @app.command("capability-worker")
 def capability_worker(
     names: Annotated[list[str] | None, typer.Argument(help="Capabilities to serve (all if none).")]
@@ -524,6 +468,9 @@ def trail(
                    + (", complete" if report.complete else ", not complete"))
 
 
+app.command()(agents)
+app.command("mcp-tools")(mcp_tools)
+app.command()(check)
 app.add_typer(keys_app, name="keys")
 app.add_typer(dead_letters_app, name="dead-letters")
 app.add_typer(sql_role_app, name="sql-role")
@@ -532,6 +479,7 @@ app.add_typer(signer_app, name="signer")
 app.add_typer(persons_app, name="persons")
 app.add_typer(retention_app, name="retention")
 app.add_typer(holds_app, name="holds")
+app.add_typer(archive_app, name="archive")
 
 app.registered_commands.extend(audit_app.registered_commands)
 

@@ -52,13 +52,17 @@ def set_policy(
     business_key: Annotated[str | None, typer.Option(help=(
         "Count from the date set for this business key (`retention business-date`), not "
         "from the case's end."))] = None,
+    archive: Annotated[bool, typer.Option("--archive", help=(
+        "Archive each case's bundle before it expires (`casetrail archive verify` checks "
+        "the archive offline)."))] = False,
     api_key: ApiKey = None, tenant: Tenant = "default",
 ) -> None:
     """A new version of a policy: in force at once when it keeps at least as much, else
     once another person approves it (`retention approve`)."""
     from casetrail.cases import retention
 
-    asked: dict[str, object] = {"reason": reason, "business_key": business_key}
+    asked: dict[str, object] = {"reason": reason, "business_key": business_key,
+                                "archive": archive}
     if preset:
         asked["preset"] = preset
     if keep_days is not None or keep_forever:

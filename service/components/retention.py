@@ -14,7 +14,9 @@ keeps everything) and the database lacks nothing the retention journal holds, it
    both deadlines is erased first, and expires the next pass, chained on it);
 3. appends a signed ``CASE_EXPIRED`` (the policy, the events it removes, each attempt's
    final chain hash) to each case past its time that no hold keeps; the next pass
-   removes its events, once the consumer has stored it.
+   removes its events, once the consumer has stored it. Under a policy that archives,
+   the case's bundle is written to the archive first (``casetrail.audit.archive``, once
+   the log holds all of its events) and the event names the file and its digest.
 
 A crash anywhere leaves a state the next pass finishes: a case with a tombstone still
 holding events is step 1, one without is step 3 again (the event's id is derived from
@@ -36,7 +38,10 @@ from typing import Any
 from casetrail.adapters.store import CaseSecrets, CaseStore
 from casetrail.adapters.store.expiry import ExpiryStore, NotYet, PastTime
 from casetrail.adapters.store.pool import HeldByLaw
+from casetrail.adapters.store.retention import earlier_policies
+from casetrail.audit.archive import Archived, CaseArchiver
 from casetrail.contract.events import (
+    ArchivedBundle,
     CaseErasedPayload,
     CaseExpiredPayload,
     CaseHeldPayload,
@@ -61,6 +66,10 @@ class PassOutcome:
     events_removed: int = 0
     erased: int = 0
     expiries_appended: int = 0
+    archived: int = 0
+    awaiting_archive: int = 0
+    """Cases past their time under a policy that archives, not archived yet (the log
+    does not hold all their events yet, or no archive is configured)."""
     held: int = 0
     holds_recorded: int = 0
     """CASE_HELD and CASE_RELEASED appended."""
@@ -82,6 +91,8 @@ class RetentionKeeper:
     """The retention journal's entries (casetrail.adapters.bus.journal)."""
     action_keys: Callable[[], Awaitable[Mapping[str, Any]]]
     """The registered action keys, which persons' acts about retention must verify under."""
+    archiver: CaseArchiver | None = None
+    """Writes the bundles of cases whose policy archives them (none: such cases wait)."""
     interval: float = 300.0
     batch: int = 500
     seconds: float = 60.0
@@ -118,14 +129,21 @@ class RetentionKeeper:
             if await self._erase(case):
                 outcome.erased += 1
                 touched.add(case.case_id)
+        due = []
         for case in await self.store.to_expire(self.batch, trusted):
             if time.monotonic() > until:
                 break
             if case.held or await self._released_unsigned(case.case_id, keys):
                 outcome.held += 1
-            elif case.case_id not in touched and await self._append_expiry(case):
+            elif case.case_id not in touched:
                 # (a CASE_ERASED appended now is not stored yet: its expiry chains on it
                 # next pass)
+                due.append(case)
+        archived = await self._archive([c for c in due if c.archive], outcome)
+        for case in due:
+            if case.archive and case.case_id not in archived:
+                outcome.awaiting_archive += 1
+            elif await self._append_expiry(case, archived.get(case.case_id)):
                 outcome.expiries_appended += 1
         backlog = await self.store.backlog(trusted)
         self._gauges(backlog.past_time, backlog.held, backlog.oldest_due)
@@ -158,7 +176,9 @@ class RetentionKeeper:
         for row in await self.store.policies_in_force():
             why = retention_actions.problem(retention_actions.policy_object(row),
                                             row["action"], keys)
-            if why is None and row["needs_second"]:
+            if why is None and (row["needs_second"] or retention_actions.needs_second_person(
+                    row, await earlier_policies(self.store.pool, row["tenant_id"], row["agent"],
+                                                row["version"]), keys)):
                 why = "no second person approved it" if row["approved_by"] is None else \
                     retention_actions.problem(retention_actions.approval_object(
                         row["tenant_id"], row["agent"], row["version"], row["approved_by"],
@@ -249,7 +269,28 @@ class RetentionKeeper:
         log.info("case %s: personal data erased on its policy's deadline", case.case_id)
         return True
 
-    async def _append_expiry(self, case: PastTime) -> bool:
+    async def _archive(self, cases: list[PastTime], outcome: PassOutcome
+                       ) -> dict[uuid.UUID, Archived]:
+        """The bundles of the cases whose policy archives them, written before they
+        expire (``to_expire`` gives only cases without a stored CASE_EXPIRED)."""
+        if not cases:
+            return {}
+        if self.archiver is None:
+            log.error("%d cases wait to expire: their policy archives them and this worker "
+                      "has no archive", len(cases))
+            return {}
+        try:
+            archived = await self.archiver.archive([case.case_id for case in cases])
+        except OSError as exc:
+            metrics.RETENTION_ARCHIVE_FAILURES.inc()
+            log.error("the archive could not be written, so no case of a policy that "
+                      "archives expires this pass: %s", exc)
+            return {}
+        outcome.archived += len(archived)
+        metrics.RETENTION_ARCHIVED.inc(len(archived))
+        return archived
+
+    async def _append_expiry(self, case: PastTime, archived: Archived | None = None) -> bool:
         head = await self.cases.trail_head(case.case_id)
         if head is None or head.event_type == EXPIRED_EVENT_TYPE:
             return False  # nothing stored, or appended already (its tombstone follows)
@@ -258,7 +299,8 @@ class RetentionKeeper:
         payload = CaseExpiredPayload(
             policy_id=case.policy_id, policy_version=case.version, kept_days=case.keep_days,
             counted_from=case.counted_from, events_removed=events, heads=tuple(heads),
-            expired_by=self.ran_by)
+            expired_by=self.ran_by,
+            archive=None if archived is None else ArchivedBundle(**archived.as_payload()))
         await self.append(make_event(case.case_id, head.attempt, head.seq + 1, payload,
                                      tenant_id=head.tenant_id), head.hash)
         log.info("case %s: CASE_EXPIRED appended (policy %d v%d, %d events)", case.case_id,

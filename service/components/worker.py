@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -65,9 +66,13 @@ from casetrail.adapters.store import (
 )
 from casetrail.adapters.store.batching import Coalescer
 from casetrail.adapters.store.expiry import ExpiryStore
-from casetrail.agents import AGENTS
+from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.agents import AGENTS, CAPABILITIES
 from casetrail.agents.profile import AgentProfile
+from casetrail.audit.archive import ArchiveWriter, CaseArchiver
+from casetrail.audit.evidence import Evidence
 from casetrail.audit.resume import record_so_far
+from casetrail.cases.configured import described, misconfigured
 from casetrail.components.retention import EXPIRED_EVENT_TYPE, RetentionKeeper
 from casetrail.components.runtime import component
 from casetrail.components.supervisor import run_until_signal
@@ -104,7 +109,7 @@ from casetrail.errors import (
     StoreUnavailable,
     TransientError,
 )
-from casetrail.mcp import Catalogs
+from casetrail.mcp import CATALOG_SECONDS, Catalogs
 from casetrail.privacy.sealing import CapabilityKeys
 from casetrail.privacy.sensitive import Redaction, Vault, restore
 from casetrail.providers import ModelFactory
@@ -227,6 +232,8 @@ class CaseWorker:
     """How often this worker looks for stranded cases (service/components/sweeper.py)."""
     retention_seconds: float = 300.0
     """How often this worker runs the retention pass (service/components/retention.py)."""
+    archive_dir: Path | None = None
+    """Where the retention pass archives bundles (none: cases whose policy archives wait)."""
     shutdown_grace: float = 10.0
     review_policy: Callable[[str], ReviewPolicy] = lambda tenant: ReviewPolicy()
     """What a tenant asks of the people deciding its cases (its policy, in the settings)."""
@@ -243,6 +250,10 @@ class CaseWorker:
     _claims: Coalescer[uuid.UUID, Claim] = field(init=False)
     _ended: Coalescer[uuid.UUID, None] = field(init=False)
     _slots: asyncio.Semaphore = field(init=False)
+    catalog_seconds: float = CATALOG_SECONDS
+    """How often the MCP servers' catalogs are read again (CASETRAIL_MCP_CATALOG_SECONDS)."""
+    unconfigured: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """Agents that cannot run as configured, with the reasons (their cases are refused)."""
     catalogs: Catalogs = field(init=False)
     """The MCP servers' catalogs, read through ``runtime`` when a case needs one."""
 
@@ -263,7 +274,7 @@ class CaseWorker:
         )
         self._ended = Coalescer(self._mark_terminal_published)
         self._slots = asyncio.Semaphore(self.concurrency)
-        self.catalogs = Catalogs(self.runtime)
+        self.catalogs = Catalogs(self.runtime, self.catalog_seconds)
 
     async def _take_slot(self, live: LiveCase) -> None:
         await self._slots.acquire()
@@ -308,7 +319,8 @@ class CaseWorker:
             ExpiryStore(self.store.pool), self.store, self.secrets, self._sink.append,
             f"retention:{self.owner}",
             lambda: journalled(self.connection, self.topology),
-            lambda: self._action_keys_for(None), interval=self.retention_seconds)
+            lambda: self._action_keys_for(None), archiver=self._archiver(),
+            interval=self.retention_seconds)
         retaining = asyncio.create_task(self.retention.run())
         log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
         if ready is not None:
@@ -480,6 +492,8 @@ class CaseWorker:
         if agent is None:
             raise Reject(f"case {case_id} names an agent this worker does not have: "
                          f"{case.agent!r}")
+        if problems := self.unconfigured.get(agent.name):
+            raise Reject(f"case {case_id}: {described(agent.name, problems)}")
         limits, model = self.caps.vet(case_id, case)
         # The row holds placeholders for the sensitive values: the case runs on the
         # values themselves, and every event it emits has them replaced again.
@@ -518,7 +532,8 @@ class CaseWorker:
         runtime: WorkerRuntime = self.runtime
         if redaction is not None and isinstance(runtime, BusWorkerRuntime):
             runtime = _SealingRuntime(runtime, redaction)
-        tools = ToolBox(await self.catalogs.resolve(agent.tools), runtime, TELEMETRY)
+        offered, catalogs = await self.catalogs.offer(agent.tools)
+        tools = ToolBox(offered, runtime, TELEMETRY, catalogs)
         # However the attempt stops (ended, parked, handed back), its chain is let go.
         with self._sink.attempt(case_id, attempt, redaction), \
                 logs.bound(tenant=case.tenant_id, attempt=attempt):
@@ -685,6 +700,15 @@ class CaseWorker:
         await self._sink.append(event, head.hash)
         log.info("case %s: erasure recorded", command.case_id)
 
+    def _archiver(self) -> CaseArchiver | None:
+        """What archives bundles before expiry, signing each manifest with this worker's
+        key (docs/bundle.md, "Archives")."""
+        if self.archive_dir is None:
+            return None
+        evidence = Evidence(self.store, self.keys, LedgerStore(self.store.pool))
+        return CaseArchiver(evidence, self.secrets, ArchiveWriter(
+            self.archive_dir, self.signer, f"retention:{self.owner}"))
+
     async def _count_reviews(self) -> None:
         """Keep the review gauges (waiting, overdue, oldest wait) current, every sweep;
         an overdue review is seen and alerted on, never decided by the clock."""
@@ -781,9 +805,15 @@ async def run_worker(settings: Settings) -> None:
                             lease_seconds=settings.lease_seconds,
                             sweep_seconds=settings.sweep_seconds,
                             retention_seconds=settings.retention_seconds,
+                            archive_dir=settings.archive_path(),
                             publish_retry_seconds=settings.publish_retry_seconds,
                             review_policy=settings.review_policy,
-                            review_deadline_seconds=settings.review_deadline_seconds)
+                            review_deadline_seconds=settings.review_deadline_seconds,
+                            catalog_seconds=settings.mcp_catalog_seconds,
+                            unconfigured=misconfigured(AGENTS, settings, CAPABILITIES))
+        worker.catalogs.warm([server.name for server in settings.mcp_servers])
+        for name, problems in worker.unconfigured.items():
+            log.error("%s", described(name, problems))
         metrics.LIVE_CASES.set_function(lambda: len(worker.live_cases))
         metrics.SLOTS_BUSY.set_function(lambda: worker.slots_busy)
         probe = QueueProbe(connection, {"case-start": topology.case_start_queue},

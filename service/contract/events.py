@@ -670,6 +670,15 @@ class ChainHead(ContractModel):
     hash: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+class ArchivedBundle(ContractModel):
+    """A case's bundle in the archive (docs/bundle.md, "Archives")."""
+
+    file: str = Field(description="Relative to the archive: "
+                      "``bundles/<tenant>/<case id>-<sha256 prefix>.json``.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The file's SHA-256.")
+    manifest: str = Field(description="The signed manifest that lists it.")
+
+
 class CaseExpiredPayload(ContractModel):
     """Administrative, after the terminal event: the case's time under its retention
     policy is up and no hold keeps it, so its other events are deleted. What stays is
@@ -685,6 +694,9 @@ class CaseExpiredPayload(ContractModel):
     heads: tuple[ChainHead, ...] = Field(min_length=1, description="Each attempt's final "
                                          "chain hash (this event chains on the last).")
     expired_by: str = Field(description="What ran the expiry: ``retention:<worker>``.")
+    archive: ArchivedBundle | None = Field(default=None, description=(
+        "Where the case's bundle was archived before its events went (a policy that "
+        "archives): absent when the policy does not."))
 
 
 class CaseHeldPayload(ContractModel):

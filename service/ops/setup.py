@@ -200,8 +200,8 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT SELECT, INSERT ON cases TO {api}",
         f"GRANT EXECUTE ON FUNCTION withdraw_case(uuid) TO {api}",
         # ... its business keys (values, or digests of sensitive ones, which erasing
-        # deletes).
-        f"GRANT SELECT, INSERT, DELETE ON case_keys TO {api}",
+        # deletes: through the owner's erase_personal_data(), below).
+        f"GRANT SELECT, INSERT ON case_keys TO {api}",
         f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at, "
         f"start_confirmed_at, start_publishing_until) ON cases TO {api}",
         f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls, "
@@ -211,10 +211,10 @@ def grants(settings: Settings) -> list[str]:
         # once per wait: the worker records it in the trail.
         f"GRANT SELECT, INSERT ON case_actions TO {api}",
         # ... seals a new case's sensitive values, opens them for pii:read callers,
-        # shreds them on erase; logs each such access (append-only).
+        # shreds them on erase (a whole case at once, through the owner's function: never
+        # an UPDATE of its own); logs each such access (append-only).
         f"GRANT SELECT, INSERT ON case_secrets TO {api}",
-        f"GRANT UPDATE (wrapped_key, ciphertext, erased_at, erased_by) ON case_secrets "
-        f"TO {api}",
+        f"GRANT EXECUTE ON FUNCTION erase_personal_data(uuid, text) TO {api}",
         f"GRANT INSERT ON access_log TO {api}",
         # The worker claims and leases cases, reads whether one has ended and whether
         # its key is registered, and notes when its sweeper re-sent a stranded case's
@@ -266,9 +266,13 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT EXECUTE ON FUNCTION case_held(uuid, text) TO {api}, {worker}",
         f"GRANT SELECT ON retention_in_force, retention_business_dates, case_tombstones, "
         f"case_keys, case_key_marks, legal_holds, legal_hold_releases, held_cases, "
-        f"retention_approvals TO {worker}",
+        f"retention_approvals, retention_policies TO {worker}",
         f"GRANT EXECUTE ON FUNCTION expire_case(uuid), erase_for_retention(uuid, text), "
         f"journal_missing(jsonb) TO {worker}",
+        # ... and, under a policy that archives, exports the case's bundle first: its
+        # log proofs come from the transparency log (public: /ledger serves it).
+        f"GRANT SELECT ON ledger_leaves, ledger_tiles, ledger_checkpoints, ledger_keys, "
+        f"ledger_cosignatures TO {worker}",
     ]
     # Row-level security (migration 004) shows a SQL reader its tenant's rows; the
     # components serve every tenant and check tenancy themselves.

@@ -168,6 +168,11 @@ RETENTION_EVENTS_REMOVED = Counter("casetrail_retention_events_removed", "Events
                                    "by expiry (every leaf stays in the log).")
 RETENTION_ERASED = Counter("casetrail_retention_erased", "Cases whose personal data was "
                            "erased on their policy's earlier deadline.")
+RETENTION_ARCHIVED = Counter("casetrail_retention_archived", "Cases whose bundle was "
+                             "archived before they expire (their policy archives).")
+RETENTION_ARCHIVE_FAILURES = Counter("casetrail_retention_archive_failures", "Passes that "
+                                     "could not write the archive (no case of a policy "
+                                     "that archives expires meanwhile).")
 RETENTION_BLOCKED = Gauge("casetrail_retention_blocked", "1 while the retention pass does "
                           "not run: the database lacks holds, releases, policies or "
                           "erasures its journal holds (a restore not reconciled yet).")

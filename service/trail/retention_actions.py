@@ -15,7 +15,7 @@ No I/O.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -35,7 +35,9 @@ def policy_object(row: Mapping[str, Any]) -> dict[str, Any]:
             "countedFrom": row["counted_from"], "businessKey": row["business_key"],
             "personalDataDays": row["personal_data_days"],
             "reasonSha256": text_digest(row["reason"]), "by": row["set_by"],
-            "actedAt": acted_at_text(row["set_at"])}
+            "actedAt": acted_at_text(row["set_at"]),
+            # (named only when set, so that versions signed before it existed still check)
+            **({"archive": True} if row.get("archive") else {})}
 
 
 def approval_object(tenant: str, agent: str, version: int, by: str, at: datetime
@@ -72,3 +74,28 @@ def problem(expected: Mapping[str, Any], action: Any, keys: Mapping[str, Any]) -
     if signed.signed != dict(expected):
         return "the row differs from what the action key signed"
     return signature_problem(signed, keys)
+
+
+def keeps_less(new: Mapping[str, Any], earlier: Mapping[str, Any] | None) -> bool:
+    """Whether policy version ``new`` keeps less than ``earlier`` (``None``: nothing was
+    deleted before it): the database's rule for a second person, applied to a row the
+    caller chose."""
+    def shorter(field: str) -> bool:
+        mine = new[field]
+        return mine is not None and (earlier is None or earlier[field] is None
+                                     or mine < earlier[field])
+
+    return shorter("keep_days") or shorter("personal_data_days") or (
+        earlier is not None and new["counted_from"] != earlier["counted_from"]) or (
+        earlier is not None and bool(earlier.get("archive")) and not new.get("archive"))
+
+
+def needs_second_person(new: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]],
+                        keys: Mapping[str, Any]) -> bool:
+    """Whether ``new`` takes a second person, judged against the latest of its ``earlier``
+    versions (newest first) that an action key signed — never against a row alone: a
+    version written with a component's database password cannot make the next one look
+    like no shortening at all."""
+    signed = next((row for row in earlier
+                   if problem(policy_object(row), row.get("action"), keys) is None), None)
+    return keeps_less(new, signed)

@@ -100,6 +100,9 @@ async def capability_publisher(settings: Settings) -> AsyncIterator[Publisher]:
     ("api", "DELETE FROM ledger_checkpoints"),
     ("consumer", "DELETE FROM ledger_queue"),
     ("worker", "INSERT INTO ledger_leaves VALUES (0, gen_random_uuid(), gen_random_uuid())"),
+    # Personal data is erased a whole case at a time, through the owner's function.
+    ("api", "UPDATE case_secrets SET wrapped_key = NULL, erased_at = now(), erased_by = 'x'"),
+    ("api", "DELETE FROM case_keys"),
     # Keys are registered by an operator: a worker's password cannot vouch for a key.
     ("worker", "INSERT INTO signing_keys (key_id, public_key) VALUES ('0123456789abcdef', "
                "'\\x00')"),

@@ -148,6 +148,12 @@ async def _expire_and_erase(pool: asyncpg.Pool, logged: Any, cases: list[str],
     verdict = (await admin.get(f"/cases/{expired}/verify")).json()
     assert verdict["verified"] is True and verdict["expired"]["policyId"] == \
         policy["policyId"], verdict
+    # Reading it says it expired, and how (not "no case"); what remains is verifiable.
+    for path in ("", "/events", "/bundle"):
+        gone = await admin.get(f"/cases/{expired}{path}")
+        assert gone.status_code == 410, (path, gone.text)
+        assert f"under retention policy {policy['policyId']} version 1" in \
+            gone.json()["detail"] and "/verify" in gone.json()["detail"]
     erasure = await pool.fetchval("SELECT payload ->> 'erasedBy' FROM event_log WHERE "
                                   "case_id = $1 AND event_type = 'CASE_ERASED'",
                                   uuid.UUID(erased))
@@ -242,12 +248,22 @@ async def test_a_policy_or_a_release_written_with_the_apis_database_password_del
                     assert REGISTRY.get_sample_value("casetrail_retention_refused_total",
                                                      {"what": "policy"})
 
-                    # A signed policy, and a hold two unsigned rows "release".
+                    # A signed policy, and a hold two unsigned rows "release". Against
+                    # the forged version it keeps no less; against the last signed one
+                    # (none: everything was kept) it deletes: it takes a second person.
                     alice = await person(pool, base, "alice", "retention:manage")
+                    bob = await person(pool, base, "bob", "retention:manage")
                     carol = await person(pool, base, "carol", "holds:manage")
                     signed = await alice.put("/retention/policies/*", json={
                         "keepDays": 183, "reason": "six months"})
-                    assert signed.status_code == 201 and signed.json()["inForce"], signed.text
+                    assert signed.status_code == 201, signed.text
+                    assert signed.json()["needsSecondPerson"] is True, signed.json()
+                    assert signed.json()["inForce"] is False
+                    alone = await keeper.pass_once()
+                    assert alone.expiries_appended == 0, alone  # one person is not enough
+                    approved = await bob.post(
+                        f"/retention/policies/{signed.json()['policyId']}/approve")
+                    assert approved.status_code == 200, approved.text
                     hold = (await carol.post("/holds", json={
                         "scope": "case", "caseId": held, "reason": "Complaint 9"})).json()
                     for who in ("x", "y"):
@@ -264,7 +280,7 @@ async def test_a_policy_or_a_release_written_with_the_apis_database_password_del
                                    "case_id = $1", uuid.UUID(other))
                 assert await pool.fetchval("SELECT count(*) FROM case_tombstones WHERE "
                                            "case_id = $1", uuid.UUID(held)) == 0
-                for client in (alice, carol):
+                for client in (alice, bob, carol):
                     await client.aclose()
         finally:
             kill_leftovers(children)

@@ -123,6 +123,7 @@ async def in_process_stack(
                             lease_seconds=settings.lease_seconds, shutdown_grace=1.0,
                             sweep_seconds=settings.sweep_seconds,
                             retention_seconds=settings.retention_seconds,
+                            archive_dir=settings.archive_path(),
                             review_policy=settings.review_policy,
                             review_deadline_seconds=settings.review_deadline_seconds)
         ring = KeyRing(KeyRegistry(consumer_pool))

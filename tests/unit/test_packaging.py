@@ -168,6 +168,15 @@ def test_the_ledgers_high_water_mark_is_in_a_writable_volume_of_its_own() -> Non
     assert "/state" in (ROOT / "Dockerfile").read_text()
 
 
+def test_the_workers_archive_is_a_writable_volume_of_its_own() -> None:
+    """The retention pass archives bundles to CASETRAIL_ARCHIVE_DIR: a named volume the
+    worker writes (docs/operations.md, "Archives"), a mount point the image's user owns."""
+    worker = OURS["worker"]
+    assert worker["environment"]["CASETRAIL_ARCHIVE_DIR"] == "/archive"
+    assert "archive:/archive" in worker["volumes"] and "archive" in COMPOSE["volumes"]
+    assert "/archive" in (ROOT / "Dockerfile").read_text()
+
+
 def test_dockerfile_is_slim_non_root_and_runs_the_cli() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     stages = dockerfile.split("\nFROM ")

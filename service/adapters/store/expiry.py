@@ -18,7 +18,7 @@ from casetrail.contract.events import ENDED_SQL, ChainHead
 
 PAST_TIME_SQL = f"""
 SELECT c.case_id, c.tenant_id, c.agent, p.policy_id, p.version, p.keep_days,
-       p.counted_from, p.personal_data_days, s.counted_at
+       p.counted_from, p.personal_data_days, p.archive, s.counted_at
 FROM cases c
 JOIN LATERAL (SELECT * FROM retention_in_force p
               WHERE p.tenant_id = c.tenant_id AND p.agent IN (c.agent, '*')
@@ -64,6 +64,8 @@ class PastTime:
     keep_days: int | None
     counted_from: Literal["ended", "business_date"]
     held: bool
+    archive: bool = False
+    """The policy archives the case's bundle before it expires."""
 
 
 @dataclass(frozen=True)
@@ -98,13 +100,14 @@ class Backlog:
 
 
 class NotYet(Exception):
-    """The database refused: the case has no tombstone, or the log has not taken all of
-    its events; the next pass tries again."""
+    """The database refused: the case has no tombstone, the log has not taken all of
+    its events, or its policy archives and its tombstone names no archive; the next pass
+    tries again."""
 
 
 def _past(rows: list[asyncpg.Record]) -> list[PastTime]:
     return [PastTime(r["case_id"], r["tenant_id"], r["agent"], r["policy_id"], r["version"],
-                     r["keep_days"], r["counted_from"], r["held"])
+                     r["keep_days"], r["counted_from"], r["held"], r["archive"])
             for r in rows]
 
 
@@ -258,6 +261,6 @@ def _refusal(exc: asyncpg.PostgresError) -> Exception:
     code = getattr(exc, "sqlstate", None)
     if code == HELD_SQLSTATE:
         return HeldByLaw(str(exc))
-    if code in ("CTTMB", "CTLOG"):
+    if code in ("CTTMB", "CTLOG", "CTARC"):
         return NotYet(str(exc))
     return exc

@@ -36,11 +36,12 @@ async def make_again(pool: asyncpg.Pool, entry: dict[str, Any]) -> bool:
             await pool.execute(
                 "INSERT INTO retention_policies (tenant_id, agent, version, keep_days, "
                 "counted_from, business_key, personal_data_days, preset, reason, set_by, "
-                "set_at, action) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                "set_at, action, archive) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
+                "$11, $12, $13)",
                 entry["tenantId"], entry["agent"], entry["version"], entry["keepDays"],
                 entry["countedFrom"], entry["businessKey"], entry["personalDataDays"],
                 entry["preset"], entry["reason"], entry["setBy"], _when(entry["setAt"]),
-                entry.get("action"))
+                entry.get("action"), bool(entry.get("archive", False)))
         elif kind == "approval":
             await pool.execute(
                 "INSERT INTO retention_approvals (policy_id, approved_by, approved_at, "

@@ -14,6 +14,18 @@ import asyncpg
 from casetrail.adapters.store.expiry import HOLD_ACTIVE, PAST_TIME_SQL, key_held
 from casetrail.adapters.store.pool import translate_errors
 
+
+async def earlier_policies(pool: asyncpg.Pool, tenant: str, agent: str, version: int
+                          ) -> list[dict[str, Any]]:
+    """The versions of a (tenant, agent) policy before ``version``, newest first, with
+    what the action key signed for each."""
+    async with translate_errors():
+        rows = await pool.fetch(
+            f"SELECT {_POLICY_COLUMNS}, action FROM retention_policies WHERE tenant_id = $1 "
+            "AND agent = $2 AND version < $3 ORDER BY version DESC", tenant, agent, version)
+    return [dict(r) for r in rows]
+
+
 _POLICY_COLUMNS = ("policy_id, tenant_id, agent, version, keep_days, counted_from, "
                    "business_key, personal_data_days, archive, preset, reason, set_by, set_at, "
                    "needs_second")
@@ -52,6 +64,10 @@ class RetentionStore:
                 "ORDER BY p.agent, p.version DESC", tenant)
         return [dict(r) for r in rows]
 
+    async def earlier(self, tenant: str, agent: str, version: int) -> list[dict[str, Any]]:
+        """The versions before ``version`` of a (tenant, agent) policy, newest first."""
+        return await earlier_policies(self._pool, tenant, agent, version)
+
     async def policy(self, policy_id: int) -> dict[str, Any] | None:
         async with translate_errors():
             row = await self._pool.fetchrow(
@@ -76,11 +92,11 @@ class RetentionStore:
                     f"""INSERT INTO retention_policies (tenant_id, agent, version, keep_days,
                             counted_from, business_key, personal_data_days, archive, preset,
                             reason, set_by, set_at, action)
-                        VALUES ($1, $2, $3, $4, $5, $6, $7, false, $8, $9, $10, $11, $12)
+                        VALUES ($1, $2, $3, $4, $5, $6, $7, $13, $8, $9, $10, $11, $12)
                         RETURNING {_POLICY_COLUMNS}""",
                     tenant, agent, version, fields["keep_days"], fields["counted_from"],
                     fields["business_key"], fields["personal_data_days"], fields["preset"],
-                    fields["reason"], by, at, action)
+                    fields["reason"], by, at, action, fields.get("archive", False))
             except asyncpg.UniqueViolationError as exc:
                 raise Taken("another change of this policy was kept at the same time") \
                     from exc

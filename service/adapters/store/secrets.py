@@ -63,24 +63,20 @@ class CaseSecrets:
 
     async def erase(self, case_id: uuid.UUID, by: str
                     ) -> tuple[Literal["erased", "already", "nothing"], datetime | None]:
-        """Destroy the data key and the ciphertext (crypto-shredding), recording who;
-        the outcome and when the values were erased (now, or the first time)."""
+        """Destroy the data key and the ciphertext (crypto-shredding), recording who,
+        through the owner's ``erase_personal_data`` (which also deletes the digests of
+        the case's sensitive business keys: nobody can test a guess of an erased value
+        against them any more); the outcome and when the values were erased (now, or
+        the first time)."""
         async with translate_errors():
             try:
                 erased_at = await self._pool.fetchval(
-                    """UPDATE case_secrets SET wrapped_key = NULL, ciphertext = NULL,
-                              erased_at = now(), erased_by = $2
-                       WHERE case_id = $1 AND erased_at IS NULL RETURNING erased_at""",
-                    case_id, by)
+                    "SELECT erase_personal_data($1, $2)", case_id, by)
             except asyncpg.PostgresError as exc:
                 if getattr(exc, "sqlstate", None) == HELD_SQLSTATE:
                     raise HeldByLaw(str(exc)) from exc
                 raise
             if erased_at is not None:
-                # The digests of its sensitive business keys go too: nobody can test a
-                # guess of an erased value against them any more.
-                await self._pool.execute(
-                    "DELETE FROM case_keys WHERE case_id = $1 AND digest", case_id)
                 return "erased", erased_at
             row = await self._pool.fetchrow(
                 "SELECT erased_at FROM case_secrets WHERE case_id = $1", case_id)

@@ -79,7 +79,7 @@ async def start_case(
 
 @router.get("/cases/{case_id}", summary="A case's status, totals and answer",
             response_model=CaseView,
-            responses=responses(200, CaseView, "The case", 401, 403, 404, 422, 503))
+            responses=responses(200, CaseView, "The case", 401, 403, 404, 410, 422, 503))
 async def get_case(case_id: uuid.UUID, principal: Reader, services: Cases) -> Response:
     return OrjsonResponse(await cases.get(services, principal, case_id))
 
@@ -97,7 +97,7 @@ async def verify_case(case_id: uuid.UUID, principal: Reader, services: Cases) ->
             response_model=Bundle,
             responses=responses(200, Bundle, "The events exactly as signed and the public keys "
                                 "(check it with `casetrail verify-bundle`)",
-                                401, 403, 404, 422, 503))
+                                401, 403, 404, 410, 422, 503))
 async def bundle_case(case_id: uuid.UUID, principal: Reader, services: Cases) -> Response:
     return OrjsonResponse(await cases.export(services, principal, case_id), headers={
         "Content-Disposition": f'attachment; filename="casetrail-{case_id}.json"'})
@@ -111,7 +111,7 @@ async def bundle_case(case_id: uuid.UUID, principal: Reader, services: Cases) ->
                                "transparency log, how to verify it, every cycle; the evidence "
                                "bundle attached (its SHA-256 printed and in "
                                "X-Casetrail-Bundle-Sha256)"},
-                       **error_responses(401, 403, 404, 422, 429, 503)})
+                       **error_responses(401, 403, 404, 410, 422, 429, 503)})
 async def report_case(case_id: uuid.UUID, principal: Reader, services: Cases) -> Response:
     made = await reporting.report(services, principal, case_id)
     return Response(made.pdf, media_type="application/pdf", headers={
@@ -122,7 +122,7 @@ async def report_case(case_id: uuid.UUID, principal: Reader, services: Cases) ->
 @router.get("/cases/{case_id}/events", summary="The case's trail, in order",
             response_model=Trail,
             responses=responses(200, Trail, "The trail in (attempt, seq) order",
-                                401, 403, 404, 422, 503))
+                                401, 403, 404, 410, 422, 503))
 async def get_events(case_id: uuid.UUID, request: Request, principal: Reader,
                      services: Cases) -> Response:
     # ``types`` is a comma-separated list (``?types=REACT_CYCLE,CASE_COMPLETED``), read
@@ -175,7 +175,7 @@ search_cases.casetrail_query_prefixes = ("key.",)  # type: ignore[attr-defined]
 @router.post("/cases/{case_id}/cancel", status_code=202, summary="Ask a case to stop",
              response_model=CancelAccepted,
              responses=responses(202, CancelAccepted, "The case is stopping or stopped",
-                                 400, 401, 403, 404, 409, 413, 422, 503))
+                                 400, 401, 403, 404, 410, 409, 413, 422, 503))
 async def cancel_case(
     case_id: uuid.UUID, principal: Canceller, services: Cases,
     request: Annotated[CancelRequest | None, Body()] = None,
@@ -189,7 +189,7 @@ async def cancel_case(
              response_model=EraseAccepted,
              responses=responses(202, EraseAccepted,
                                  "The values are destroyed; CASE_ERASED follows in the trail",
-                                 401, 403, 404, 409, 422, 503))
+                                 401, 403, 404, 410, 409, 422, 503))
 async def erase_case(case_id: uuid.UUID, principal: Administrator, services: Cases) -> Response:
     """Destroy the case's data key and ciphertext. The trail keeps its placeholders and
     every hash still verifies; the worker appends a signed ``CASE_ERASED`` (who, when).

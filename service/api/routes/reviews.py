@@ -27,7 +27,7 @@ router = APIRouter(dependencies=[Depends(known_query_only)])
 @router.post("/cases/{case_id}/review", status_code=202, summary="Review a case awaiting it",
              response_model=ReviewAccepted,
              responses=responses(202, ReviewAccepted, "The review is kept; the case goes on "
-                                 "from it", 400, 401, 403, 404, 409, 413, 422, 503))
+                                 "from it", 400, 401, 403, 404, 410, 409, 413, 422, 503))
 async def review_case(case_id: uuid.UUID, request: ReviewRequest, principal: ReviewerKey,
                       services: Cases) -> Response:
     """Confirm the agent's decision, override it (``decision``, valid for the agent's
@@ -44,7 +44,7 @@ async def review_case(case_id: uuid.UUID, request: ReviewRequest, principal: Rev
 @router.post("/cases/{case_id}/answer", status_code=202,
              summary="Answer the question the model asked a person", response_model=ReviewAccepted,
              responses=responses(202, ReviewAccepted, "The answer is kept; the case goes on "
-                                 "from it", 400, 401, 403, 404, 409, 413, 422, 503))
+                                 "from it", 400, 401, 403, 404, 410, 409, 413, 422, 503))
 async def answer_question(case_id: uuid.UUID, request: AnswerRequest, principal: ReviewerKey,
                           services: Cases) -> Response:
     """The model called ``ask_a_person``; the case waits for your answer. Needs
@@ -79,6 +79,6 @@ async def list_reviews(
 
 @router.get("/reviews/{case_id}", summary="One case awaiting review", response_model=ReviewItem,
             responses=responses(200, ReviewItem, "The case, its waiting answer and checks",
-                                401, 403, 404, 422, 503))
+                                401, 403, 404, 410, 422, 503))
 async def get_review(case_id: uuid.UUID, principal: AnyKey, services: Cases) -> Response:
     return OrjsonResponse(await reviewing.one_review(services, principal, case_id))

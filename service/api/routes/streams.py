@@ -74,7 +74,7 @@ async def _start(
 
 
 Ticket = Annotated[StreamTicket, Depends(_ticket)]
-_streaming = responses(200, Health, "", 401, 403, 404, 422, 429, 503)
+_streaming = responses(200, Health, "", 401, 403, 404, 410, 422, 429, 503)
 del _streaming[200]  # the event stream itself is described by FastAPI
 
 
@@ -95,14 +95,14 @@ async def stream_case(request: Request, start: Annotated[StreamStart, Depends(_s
         async with aclosing(case_stream(request.app.state.watch, services.store,
                                         start.case_id, start.after, start.ended, start.values,
                                         settings.stream_ping_seconds,
-                                        _still_valid(request))) as messages:
+                                        still_valid(request))) as messages:
             async for message in messages:
                 yield message
 
 
 @router.get("/events/stream", response_class=EventSourceResponse,
             summary="Every event of the caller's tenant, live, as Server-Sent Events",
-            responses={k: v for k, v in _streaming.items() if k != 404})
+            responses={k: v for k, v in _streaming.items() if k not in (404, 410)})
 async def stream_tenant(request: Request, principal: Reader, ticket: Ticket,
                         ) -> AsyncIterator[ServerSentEvent]:
     """For dashboards: each event as it is published (`id` is the event id); no replay
