@@ -19,10 +19,12 @@ from typing import Any
 import orjson
 
 from bench import (
+    a2a,
     cluster,
     growth,
     history,
     ledger,
+    mcp_down,
     models,
     operations,
     raw,
@@ -210,6 +212,26 @@ async def run(quick: bool, everything: bool = False) -> dict[str, Any]:
     return results
 
 
+async def starting(scale: float) -> dict[str, Any]:
+    """POST /cases alone, and case starts over A2A against it."""
+    print("POST /cases ...", flush=True)
+    api = await scenarios.api_posts(bench_settings(api_port=8797),
+                                    requests=int(3000 * scale) or 300)
+    print("case starts over A2A against POST /cases ...", flush=True)
+    return {"api": api, "a2a": await a2a.starts(int(2000 * scale) or 200)}
+
+
+async def waits(scale: float) -> dict[str, Any]:
+    """What a case may wait on: people (10,000 parked cases, then reviews) and a dead MCP
+    server (which no start may wait on)."""
+    print("10,000 cases waiting for people, then reviewed ...", flush=True)
+    parked = await review.parked_and_reviewed(
+        bench_settings(api_port=review.PORT), int(10_000 * scale), int(1000 * scale))
+    print("case starts with an MCP server down ...", flush=True)
+    return {"review": parked,
+            "mcpDown": await mcp_down.one_server_down(int(300 * scale) or 100)}
+
+
 async def reading(scale: float, rounds: int) -> dict[str, Any]:
     """Search at 1,000,000 cases; POST /cases beside 500 streams (median of the rounds)."""
     print("case search at 1,000,000 cases ...", flush=True)
@@ -289,6 +311,8 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         *_resume_rows(r),
         *_ledger_rows(r),
         *_retention_rows(r),
+        *_mcp_rows(r),
+        *_a2a_rows(r),
         *_scale_out_rows(r),
     ]
     return rows
@@ -307,6 +331,31 @@ def _retention_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
              f"{x['tableBytesAfterExpiryAndVacuum'] / 2**20:,.0f} MB after expiry and VACUUM; "
              f"{x['tableBytesAfterWritingAsManyAgain'] / 2**20:,.0f} MB after writing as many "
              f"again ({x['growthAfterRewriteRatio']:.3f}x: the space expiry freed is reused)")]
+
+
+def _mcp_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Case starts with one MCP server down (bench/mcp_down.py)."""
+    x = r.get("mcpDown")
+    if not x:
+        return []
+    return [("POST /cases → CASE_STARTED, one MCP server down",
+             f"{x['p99Ratio']}x", f"≤ {TARGETS['mcpDownRatio']}x",
+             f"p99 {x['oneDownP99Ms']:.0f} ms with one of the agent's two servers down, "
+             f"{x['allUpP99Ms']:.0f} ms with both up; {x['cases']} cases at "
+             f"{x['rate']:.0f}/s each")]
+
+
+def _a2a_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Case starts over A2A's SendMessage against POST /cases (bench/a2a.py)."""
+    x = r.get("a2a")
+    if not x:
+        return []
+    rest, over = x["rest"], x["a2a"]
+    return [("case starts, A2A SendMessage / POST /cases", f"{x['ratio']}x", "",
+             f"{over['perSecond']:,.0f} vs {rest['perSecond']:,.0f} accepted/s at "
+             f"concurrency {x['concurrency']}; p99 {over['p99Ms']:.0f} vs "
+             f"{rest['p99Ms']:.0f} ms; API {over['apiCpuUsPerStart']:,.0f} vs "
+             f"{rest['apiCpuUsPerStart']:,.0f} CPU-µs a start")]
 
 
 BATCH_NOTE = "1,000 cases a statement, tombstones checked and holds looked up per row"

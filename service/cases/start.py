@@ -89,14 +89,16 @@ def _limits(requested: LimitsRequest | None, default: Limits, settings: Settings
 
 
 async def start(services: CaseServices, principal: Principal, request: CaseRequest,
-                idempotency_key: str | None = None) -> Started:
+                idempotency_key: str | None = None,
+                via: dict[str, str] | None = None) -> Started:
     """Validate, record the case as ``queued``, publish its start command with a
     confirm. A repeated ``idempotency_key`` returns the first case (``Conflict`` when
-    it was used for another request)."""
+    it was used for another request). ``via``: how another agent started it (A2A), signed
+    with the start and so recorded in ``CASE_STARTED.startAction``."""
     settings = services.settings
     if request.model is not None and not principal.allows(Scope.MODELS_OVERRIDE):
         raise Forbidden("this API key lacks the scope 'models:override' (needed to send model)")
-    agent = _agent(settings, request.agent)
+    agent = _agent(services, request.agent)
     try:
         validated = agent.input_model.model_validate(request.input)
     except ValidationError as exc:
@@ -132,7 +134,8 @@ async def start(services: CaseServices, principal: Principal, request: CaseReque
         request_digest=digest, idempotency_key=idempotency_key,
         tenant_id=principal.tenant, started_by=principal.subject,
         keys=_keys(services, agent, case_input, values),
-        start_action=_signed_start(services, case_id, principal, agent.name, stored_input),
+        start_action=_signed_start(services, case_id, principal, agent.name, stored_input,
+                                   via),
     )
     if idempotency_key is None or not await services.store.idempotency_key_used(
             principal.tenant, idempotency_key):
@@ -157,7 +160,8 @@ async def start(services: CaseServices, principal: Principal, request: CaseReque
 
 
 def _signed_start(services: CaseServices, case_id: uuid.UUID, principal: Principal,
-                  agent: str, stored_input: dict[str, Any]) -> dict[str, Any]:
+                  agent: str, stored_input: dict[str, Any],
+                  via: dict[str, str] | None) -> dict[str, Any]:
     """The case's start, signed with the API's action key: a worker runs only a case
     whose row this signature holds for."""
     if services.action_signer is None:
@@ -165,7 +169,7 @@ def _signed_start(services: CaseServices, case_id: uuid.UUID, principal: Princip
                           "case is accepted only with its start signed")
     return sign_object(services.action_signer, start_object(
         case_id, principal.tenant, agent, principal.subject, stored_input,
-        datetime.now(UTC))).as_json()
+        datetime.now(UTC), via)).as_json()
 
 
 def _keys(services: CaseServices, agent: AgentProfile, case_input: dict[str, Any],

@@ -301,8 +301,10 @@ def start_refusal(action: SignedAction | None, keys: Mapping[str, Any], *,
     if action is None:
         return Refusal("unsigned", "no action key signed the case's start")
     signed = action.signed
+    via = signed.get("via")  # how it came is the signer's word; the row does not hold it
     expected = start_object(case_id, tenant_id, agent, started_by, case_input,
-                            _time(signed.get("actedAt")) or datetime.min.replace(tzinfo=UTC))
+                            _time(signed.get("actedAt")) or datetime.min.replace(tzinfo=UTC),
+                            via if isinstance(via, dict) else None)
     if signed != expected:
         return Refusal("mismatch", "the signed start is not this case's row (another "
                                    "agent, starter or input)")

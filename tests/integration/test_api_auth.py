@@ -27,7 +27,8 @@ PUBLIC = {"/healthz", "/readyz", "/signing-keys", "/asyncapi.json", "/ui/", "/ui
           "/ui/reviews", "/ui/assets/{name}", "/ledger/checkpoint", "/ledger/checkpoints",
           "/ledger/key", "/ledger/proofs/inclusion", "/ledger/proofs/consistency",
           "/ledger/cosignatures", "/ledger/leaves/{event_hash}/proof", "/docs",
-          "/docs/assets/{name}"}
+          "/docs/assets/{name}", "/.well-known/agent-card.json",
+          "/a2a/{agent}/.well-known/agent-card.json"}
 """The public routes (docs/design.md, "Trust"); FastAPI's own /openapi.json too."""
 LOAN = {"agent": "loan-officer", "input": SAMPLE_APPLICATIONS[2]}
 
@@ -80,6 +81,7 @@ async def test_without_a_valid_key_every_private_route_answers_401(
         for route in PUBLIC:
             asset = "swagger-ui.css" if route.startswith("/docs/") else "app.js"
             path = route.replace("{case_id}", str(uuid.uuid4())).replace("{name}", asset) \
+                .replace("{agent}", "loan-officer") \
                 .replace("{event_id}", str(uuid.uuid4())).replace("{event_hash}", "0" * 64)
             method = "POST" if route == "/ledger/cosignatures" else "GET"
             reply = await http.request(method, path)

@@ -33,7 +33,7 @@ from casetrail.contract.events import ENDED_STATUSES
 router = APIRouter(dependencies=[Depends(known_query_only)])
 
 
-def _still_valid(request: Request) -> Callable[[], Awaitable[bool]]:
+def still_valid(request: Request) -> Callable[[], Awaitable[bool]]:
     """Whether the credential a stream was opened with still works (a revoked or
     expired key ends its streams within the recheck interval)."""
     token = request.headers.get("authorization", "").partition(" ")[2].strip()
@@ -113,6 +113,6 @@ async def stream_tenant(request: Request, principal: Reader, ticket: Ticket,
     with ticket:
         async with aclosing(tenant_stream(request.app.state.watch, principal.tenant,
                                           settings.stream_ping_seconds,
-                                          _still_valid(request))) as messages:
+                                          still_valid(request))) as messages:
             async for message in messages:
                 yield message
