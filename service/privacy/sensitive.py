@@ -32,7 +32,7 @@ import types
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import orjson
 from cryptography.exceptions import InvalidTag
@@ -40,6 +40,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from casetrail.contract.integrity import canonical
 from casetrail.errors import PermanentError
@@ -74,18 +75,30 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return []
 
 
+def _marked(field: FieldInfo) -> bool:
+    """Whether a field is marked ``Sensitive()``: on itself, or on a member of its union
+    (``Annotated[str, Sensitive()] | None``, whose mark pydantic keeps in the union)."""
+    if any(isinstance(m, Sensitive) for m in field.metadata):
+        return True
+    if get_origin(field.annotation) not in (Union, types.UnionType):
+        return False
+    return any(get_origin(arg) is Annotated and any(isinstance(m, Sensitive)
+                                                     for m in arg.__metadata__)
+               for arg in get_args(field.annotation))
+
+
 def sensitive_field(model: type[BaseModel], name: str) -> bool:
     """Whether ``model``'s top-level field ``name`` (its JSON name) is marked sensitive."""
     for key, field in model.model_fields.items():
         if (field.alias or key) == name:
-            return any(isinstance(m, Sensitive) for m in field.metadata)
+            return _marked(field)
     return False
 
 
 def sensitive_fields(model: type[BaseModel]) -> bool:
     """Whether ``model`` (or a model inside it) marks any field sensitive."""
     for field in model.model_fields.values():
-        if any(isinstance(m, Sensitive) for m in field.metadata):
+        if _marked(field):
             return True
         if any(sensitive_fields(inner) for inner in _models_in(field.annotation)):
             return True
@@ -108,7 +121,7 @@ def _split(model: type[BaseModel], data: dict[str, Any], prefix: str,
         if key not in out:
             continue
         path = f"{prefix}{key}"
-        if any(isinstance(m, Sensitive) for m in field.metadata):
+        if _marked(field):
             if isinstance(out[key], str) and out[key]:
                 values[placeholder(path)] = out[key]
                 out[key] = placeholder(path)
