@@ -3,7 +3,8 @@ own package; casetrail discovers and runs them (docs/agents.md). What is exporte
 is the stable surface; every module not named here may move between releases.
 
 - ``Agent``, ``LocalTool``, ``WorkerTool``, ``McpTool`` (a tool of an MCP server the
-  operator configured), ``capability``, ``Sensitive``, ``Limits``,
+  operator configured), ``A2aTool`` (a skill of a remote A2A agent the operator
+  configured), ``capability``, ``Sensitive``, ``Limits``,
   ``ModelRef``, ``Check`` (with ``CheckContext``): the declaration; an agent's answer is a
   pydantic model the model gives by calling ``FINAL_ANSWER``; ``Review`` says which
   answers a person decides before the case ends.
@@ -28,6 +29,7 @@ except metadata.PackageNotFoundError:  # a source tree that was never installed
 
 if TYPE_CHECKING:
     from casetrail.agents.authoring import (
+        A2aTool,
         Agent,
         DeclarationError,
         LocalTool,
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 # Where each public name lives. Loaded on first use, so that importing one of
 # casetrail's own modules (a component, the CLI) does not load the authoring API.
 _PUBLIC = {
+    "A2aTool": "casetrail.agents.authoring",
     "Agent": "casetrail.agents.authoring", "DeclarationError": "casetrail.agents.authoring",
     "LocalTool": "casetrail.agents.authoring", "McpTool": "casetrail.agents.authoring",
     "WorkerTool": "casetrail.agents.authoring", "capability": "casetrail.agents.authoring",
@@ -58,7 +61,7 @@ _PUBLIC = {
     "Sensitive": "casetrail.privacy.sensitive",
 }
 
-__all__ = ["CASETRAIL_VERSION", "FINAL_ANSWER", "Agent", "AssistantTurn", "ChatMessage",
+__all__ = ["CASETRAIL_VERSION", "FINAL_ANSWER", "A2aTool", "Agent", "AssistantTurn", "ChatMessage",
            "ChatModel", "Check", "CheckContext", "DeclarationError", "Limits", "LocalTool",
            "McpTool", "ModelRef",
            "Review", "Sensitive", "ToolCallRequest", "WorkerTool", "call", "capability",

@@ -226,6 +226,49 @@ class McpServer(BaseModel):
         return {ours: os.environ[variable] for ours, variable in names.items()}
 
 
+class A2aAgent(BaseModel):
+    """A remote A2A agent that agents may call as a tool (``A2aTool``; docs/a2a.md,
+    "Remote agents as tools"), served by the capability ``a2a-<name>``. Its card is
+    pinned: ``cardDigest`` is the SHA-256 of the card's canonical JSON as the operator
+    accepted it (``casetrail a2a-agents`` prints the one served now); a card that differs
+    is refused until the operator accepts the new digest. Credentials come from the
+    capability worker's environment, named here by variable."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,58}$")
+    card_url: str = Field(max_length=2000, description="The agent's card (its "
+                          "/.well-known/agent-card.json).")
+    card_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description=(
+        "The pinned card's SHA-256 (hex, of its RFC 8785 JSON); without it every call is "
+        "refused, naming the digest served now."))
+    headers_env: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")],
+                      Annotated[str, Field(pattern=ENV_NAME)]] = Field(
+        default_factory=dict, description="Headers sent with every request (the card's and "
+        "the calls'), each the value of a variable of the capability worker's environment.")
+    sensitive_fields: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list, description="The input fields that may carry a case's "
+        "sensitive values to this agent; a sensitive value in any other field is refused.")
+    timeout_seconds: float = Field(default=60.0, gt=0, le=3600, description="How long one "
+                                   "call may take, the remote task followed to its end.")
+    attempts: int = Field(default=3, ge=1, le=10, description="Attempts of a call (each "
+                          "sends the same messageId, so the remote agent starts one task).")
+
+    @model_validator(mode="after")
+    def _https_card(self) -> A2aAgent:
+        self.card_url = _https_or_loopback(self.card_url, f"A2A agent {self.name!r}: cardUrl")
+        return self
+
+    def headers(self) -> dict[str, str]:
+        """``headersEnv`` with each variable's value from this process's environment; a
+        variable that is not set is a ``PermanentError`` naming it."""
+        missing = sorted(v for v in self.headers_env.values() if v not in os.environ)
+        if missing:
+            raise PermanentError(f"A2A agent {self.name!r} takes its credentials from "
+                                 f"{', '.join(missing)}, which this environment does not set")
+        return {header: os.environ[variable] for header, variable in self.headers_env.items()}
+
+
 DEFAULT_DATABASE_SERVER = "postgresql://postgres@127.0.0.1:5432/"
 
 
@@ -292,6 +335,11 @@ class Settings(BaseSettings):
         "(`McpTool`): each served by the capability `mcp-<name>`, which `casetrail setup` "
         "gives a queue, a broker user and a sealing key (JSON list of {name, transport: "
         "stdio|http, command | url, env | headersEnv, timeoutSeconds, attempts}).")
+    a2a_agents: list[A2aAgent] = Field(
+        default_factory=list, description="Remote A2A agents that agents may call as tools "
+        "(`A2aTool`): each served by the capability `a2a-<name>`, which `casetrail setup` "
+        "gives a queue, a broker user and a sealing key (JSON list of {name, cardUrl, "
+        "cardDigest, headersEnv, sensitiveFields, timeoutSeconds, attempts}).")
     services_wait_seconds: float = Field(
         default=60.0, ge=0, le=3600, description="How long setup, up and demo wait for "
         "RabbitMQ and PostgreSQL to accept connections before giving up.")

@@ -10,9 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from casetrail.a2a import a2a_capabilities
 from casetrail.agents.authoring import Agent, DeclarationError
 from casetrail.agents.profile import AgentProfile
-from casetrail.config import McpServer, ModelEndpoint, get_settings
+from casetrail.config import A2aAgent, McpServer, ModelEndpoint, get_settings
 from casetrail.contract.events import (
     PARKING_EVENT_TYPE,
     CaseStatus,
@@ -73,7 +74,8 @@ class CaseRun:
 async def run_case(agent: Agent | AgentProfile, case_input: dict[str, Any], *,
                    model: ChatModel | ModelRef | None = None,
                    mcp_servers: Sequence[Mapping[str, Any]] = (),
-                   endpoints: Sequence[Mapping[str, Any]] | None = None) -> CaseRun:
+                   endpoints: Sequence[Mapping[str, Any]] | None = None,
+                   a2a_agents: Sequence[Mapping[str, Any]] = ()) -> CaseRun:
     """Run one case of ``agent`` on ``case_input`` (validated against its input model)
     to its terminal event, or to the wait for a person its ``review`` asks for.
 
@@ -84,7 +86,10 @@ async def run_case(agent: Agent | AgentProfile, case_input: dict[str, Any], *,
     a worker uses; or any ``ChatModel`` of your own. ``mcp_servers`` are the MCP servers
     its ``McpTool``s need, as the operator would configure them
     (``CASETRAIL_MCP_SERVERS`` entries): each is started (stdio) or reached (http) by
-    this process, and its catalog read, as a capability worker would."""
+    this process, and its catalog read, as a capability worker would. ``a2a_agents`` are
+    the remote A2A agents its ``A2aTool``s ask (``CASETRAIL_A2A_AGENTS`` entries, each
+    with its pinned ``cardDigest``), called from this process as a capability worker
+    would call them."""
     profile = agent.profile() if isinstance(agent, Agent) else agent
     ref = profile.default_model
     factory: ModelFactory | None = None
@@ -101,14 +106,15 @@ async def run_case(agent: Agent | AgentProfile, case_input: dict[str, Any], *,
                                    "model")
         model = ScriptedModel(profile.script)
     try:
-        return await _run(profile, case_input, model, ref, mcp_servers)
+        return await _run(profile, case_input, model, ref, mcp_servers, a2a_agents)
     finally:
         if factory is not None:
             await factory.aclose()
 
 
 async def _run(profile: AgentProfile, case_input: dict[str, Any], model: ChatModel,
-               ref: ModelRef, mcp_servers: Sequence[Mapping[str, Any]]) -> CaseRun:
+               ref: ModelRef, mcp_servers: Sequence[Mapping[str, Any]],
+               a2a_agents: Sequence[Mapping[str, Any]]) -> CaseRun:
     validated = profile.input_model.model_validate(case_input)
     spec = CaseSpec(
         case_id=uuid.uuid4(), attempt=1, agent=profile.name,
@@ -119,8 +125,9 @@ async def _run(profile: AgentProfile, case_input: dict[str, Any], model: ChatMod
         answering=profile.answering, agent_digest=profile.digest)
     run = CaseRun()
     served = mcp_capabilities([McpServer.model_validate(s) for s in mcp_servers])
-    runtime = InProcessWorkerRuntime(
-        {capability.name: capability for capability in [*profile.capabilities, *served]})
+    remote = a2a_capabilities([A2aAgent.model_validate(a) for a in a2a_agents])
+    runtime = InProcessWorkerRuntime({capability.name: capability for capability in [
+        *profile.capabilities, *served, *remote]})
     try:
         resolved, catalogs = await Catalogs(runtime).offer(profile.tools)
         tools = ToolBox(resolved, runtime, catalogs=catalogs)

@@ -21,7 +21,7 @@ from casetrail.engine.tools import Capability
 from casetrail.errors import PermanentError
 
 if TYPE_CHECKING:
-    from casetrail.config import McpServer
+    from casetrail.config import A2aAgent, McpServer
 
 AGENT_GROUP = "casetrail.agents"
 CAPABILITY_GROUP = "casetrail.capabilities"
@@ -99,9 +99,10 @@ def _named(spec: str) -> object:
     return found
 
 
-def discover(named: Sequence[str] = (), mcp_servers: Sequence[McpServer] = ()) -> Registry:
+def discover(named: Sequence[str] = (), mcp_servers: Sequence[McpServer] = (),
+             a2a_agents: Sequence[A2aAgent] = ()) -> Registry:
     """Every agent and capability: built in, installed, or ``named`` (``module:attr``),
-    and the capabilities of the configured MCP servers."""
+    and the capabilities of the configured MCP servers and remote A2A agents."""
     from casetrail.agents.aml_screening import AML_SCREENING
     from casetrail.agents.loan_officer import LOAN_OFFICER
     from casetrail.agents.throughput_probe import THROUGHPUT_PROBE
@@ -129,6 +130,11 @@ def discover(named: Sequence[str] = (), mcp_servers: Sequence[McpServer] = ()) -
 
         for server, served in zip(mcp_servers, mcp_capabilities(mcp_servers), strict=True):
             registry.add(served, f"CASETRAIL_MCP_SERVERS {server.name}")
+    if a2a_agents:
+        from casetrail.a2a import a2a_capabilities
+
+        for remote, calls in zip(a2a_agents, a2a_capabilities(a2a_agents), strict=True):
+            registry.add(calls, f"CASETRAIL_A2A_AGENTS {remote.name}")
     return registry
 
 
@@ -139,7 +145,7 @@ def registry() -> Registry:
     from casetrail.config import get_settings
 
     settings = get_settings()
-    return discover(settings.agents, settings.mcp_servers)
+    return discover(settings.agents, settings.mcp_servers, settings.a2a_agents)
 
 
 @dataclass(frozen=True)

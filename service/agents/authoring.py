@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, get_type_hints
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from casetrail.agents.profile import AgentProfile
 from casetrail.contract.events import Limits, ModelRef
@@ -98,6 +98,37 @@ def McpTool(server: str, tool: str, *, name: str | None = None) -> engine_tools.
     return engine_tools.WorkerTool(tool_name, f"{tool} (from the MCP server {server})",
                                    engine_tools.mcp_capability(server),
                                    mcp=engine_tools.McpBinding(server, tool))
+
+
+class A2aText(BaseModel):
+    """What the model gives an A2A agent's tool declared without an input model: the
+    message's text."""
+
+    text: str = Field(min_length=1, max_length=100_000,
+                      description="What to ask the remote agent, in words.")
+
+
+def A2aTool(agent: str, skill: str | None = None, *, input: type[BaseModel] | None = None,
+            description: str | None = None, name: str | None = None
+            ) -> engine_tools.WorkerTool:
+    """A skill of a remote A2A agent the operator configured (``CASETRAIL_A2A_AGENTS``):
+    a WorkerTool served by that agent's capability worker, which sends a message and
+    follows the task to its end. With ``input`` (a pydantic model) the model's arguments
+    are the message's data part; without it, the model writes the message's text. The
+    model sees it as ``<agent>_<skill>`` unless ``name`` says otherwise; the result is the
+    task's artifacts."""
+    if not re.match(engine_tools.MCP_SERVER_NAME, agent):
+        raise DeclarationError(f"A2A agent name {agent!r} must match "
+                               f"{engine_tools.MCP_SERVER_NAME}")
+    tool_name = name or engine_tools.mcp_tool_name(agent, skill or "ask")
+    if not TOOL_NAME.match(tool_name):
+        raise DeclarationError(f"tool name {tool_name!r} must match {TOOL_NAME.pattern}")
+    said = description or (f"Ask the remote agent {agent}"
+                           + (f" for its skill {skill}" if skill else "")
+                           + "; the answer is its task's artifacts.")
+    return engine_tools.WorkerTool(
+        tool_name, said, engine_tools.a2a_capability(agent), input or A2aText,
+        a2a=engine_tools.A2aBinding(agent, skill, text=input is None))
 
 
 def capability(name: str) -> Callable[[Callable[[ArgsT], Awaitable[Any]]], Capability[ArgsT]]:

@@ -1,7 +1,8 @@
 """Whether each agent can run as this deployment is configured (docs/agents.md, "When an
-agent is not configured"): every MCP server it names is configured, every capability its
-WorkerTools need is served by an installed package, an MCP server or a declared extra
-capability, and its model (a configured endpoint, a scripted brain) may be used.
+agent is not configured"): every MCP server and remote A2A agent it names is
+configured, every capability its WorkerTools need is served by an installed package, an
+MCP server or a declared extra capability, and its model (a configured endpoint, a
+scripted brain) may be used.
 
 A misconfigured agent is loud everywhere: ``casetrail check`` and ``casetrail agents``
 exit 1 naming each reason, the worker logs them at start, and ``POST /cases`` for it is
@@ -25,12 +26,19 @@ def agent_problems(agent: AgentProfile, settings: Settings, served: Iterable[str
     """Why ``agent`` cannot run here (none: it can); ``served`` the capabilities this
     deployment serves."""
     servers = {server.name for server in settings.mcp_servers}
+    remotes = {remote.name for remote in settings.a2a_agents}
     capabilities = set(served) | set(settings.extra_capabilities)
     problems: list[str] = []
     for tool in agent.tools:
         if not isinstance(tool, WorkerTool):
             continue
-        if tool.mcp is not None and tool.mcp.server not in servers:
+        if tool.a2a is not None:
+            if tool.a2a.agent not in remotes:
+                problems.append(
+                    f"tool {tool.name!r} names the A2A agent {tool.a2a.agent!r}, which "
+                    f"CASETRAIL_A2A_AGENTS does not configure (it configures: "
+                    f"{', '.join(sorted(remotes)) or 'none'})")
+        elif tool.mcp is not None and tool.mcp.server not in servers:
             problems.append(
                 f"tool {tool.name!r} names the MCP server {tool.mcp.server!r}, which "
                 f"CASETRAIL_MCP_SERVERS does not configure (it configures: "

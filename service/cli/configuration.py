@@ -1,4 +1,4 @@
-"""``casetrail agents``, ``casetrail mcp-tools`` and ``casetrail check``: what this
+"""``casetrail agents``, ``mcp-tools``, ``a2a-agents`` and ``check``: what this
 installation runs, and whether each agent can run as it is configured
 (service/cases/configured.py). Each exits non-zero naming what is wrong."""
 
@@ -134,3 +134,29 @@ def check() -> None:
                     f"{tool.mcp.tool!r} (it serves: {', '.join(serves) or 'nothing'})")
     _refuse(unconfigured)
     typer.echo(f"casetrail: {len(found.agents)} agents can run as configured")
+
+
+def a2a_agents(
+    raw: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
+) -> None:
+    """Each configured remote A2A agent (CASETRAIL_A2A_AGENTS): the digest of the card it
+    serves now beside the one pinned (cardDigest), to pin a new agent or accept a changed
+    card. Exit 1 when a card is not the pinned one, 2 when one cannot be read."""
+    from casetrail.a2a.remote import read_cards
+
+    configure_logging()
+    read = run_async(read_cards(get_settings().a2a_agents))
+    if raw:
+        typer.echo(orjson.dumps(read, option=orjson.OPT_INDENT_2).decode())
+    for name, card in read.items():
+        if isinstance(card, str):
+            typer.echo(f"agent {name}: {card}", err=True)
+        elif not raw:
+            verdict = "pinned" if card["accepted"] else (
+                "NOT PINNED" if card["pinned"] is None else f"CHANGED (pinned {card['pinned']})")
+            typer.echo(f"{name}  card {card['served']}  {verdict}")
+    if not read:
+        typer.echo("no A2A agents are configured (CASETRAIL_A2A_AGENTS)", err=True)
+    unread = any(isinstance(card, str) for card in read.values())
+    raise typer.Exit(2 if unread else 1 if any(not card["accepted"] for card in read.values()
+                                                if isinstance(card, dict)) else 0)

@@ -32,7 +32,7 @@ from casetrail.cli.cases import cases_app, report, reviews_app
 from casetrail.cli.common import configure_logging as _logging
 from casetrail.cli.common import run as _run
 from casetrail.cli.common import with_evidence
-from casetrail.cli.configuration import agents, check, mcp_tools
+from casetrail.cli.configuration import a2a_agents, agents, check, mcp_tools
 from casetrail.cli.persons import persons_app
 from casetrail.cli.retention import holds_app, retention_app
 from casetrail.components import gc_tuning
@@ -470,6 +470,7 @@ def trail(
 
 app.command()(agents)
 app.command("mcp-tools")(mcp_tools)
+app.command("a2a-agents")(a2a_agents)
 app.command()(check)
 app.add_typer(keys_app, name="keys")
 app.add_typer(dead_letters_app, name="dead-letters")

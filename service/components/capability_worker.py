@@ -182,6 +182,9 @@ class CapabilityWorker:
             values = open_sealed(key, request.sealed, capability.name, request.idempotency_key)
         except PermanentError as exc:
             return request.args, str(exc)
+        if capability.admits is not None and (refusal := capability.admits(request.args,
+                                                                           values)):
+            return request.args, refusal
         return restore(request.args, values), None
 
     async def _run(self, request: ToolRequest, args: dict[str, Any],

@@ -101,7 +101,13 @@ from casetrail.contract.integrity import Signer
 from casetrail.engine.case import CancelSignal, CaseSpec, GivenAnswer, Parked
 from casetrail.engine.chat import ChatModel
 from casetrail.engine.loop import ReactEngine
-from casetrail.engine.tools import ToolBox, WorkerCallResult, WorkerRuntime, mcp_capability
+from casetrail.engine.tools import (
+    ToolBox,
+    WorkerCallResult,
+    WorkerRuntime,
+    a2a_capability,
+    mcp_capability,
+)
 from casetrail.errors import (
     CasetrailError,
     PermanentError,
@@ -789,7 +795,10 @@ async def run_worker(settings: Settings) -> None:
             # a little for the bus), as often as it says.
             policies={mcp_capability(s.name): RetryPolicy(attempts=s.attempts,
                                                           timeout_seconds=s.timeout_seconds + 2)
-                      for s in settings.mcp_servers},
+                      for s in settings.mcp_servers}
+            | {a2a_capability(a.name): RetryPolicy(attempts=a.attempts,
+                                                   timeout_seconds=a.timeout_seconds + 2)
+               for a in settings.a2a_agents},
         )
         await runtime.start()
         parts.stack.push_async_callback(runtime.close)

@@ -193,6 +193,24 @@ class McpCallRef(ContractModel):
                                "canonical JSON, as offered to the model.")
 
 
+class A2aCallRef(ContractModel):
+    """Which remote A2A agent a worker tool call asked, and the task it answered with."""
+
+    agent: str = Field(description="The operator's name of the remote agent.")
+    skill: str | None = Field(default=None, description="The skill asked for, if named.")
+    card_digest: str | None = Field(default=None, description="SHA-256 (hex) of the agent's "
+                                    "card as RFC 8785 JSON: the card pinned and served.")
+    task_id: str | None = Field(default=None, description="The remote task's id.")
+    context_id: str | None = Field(default=None, description="The remote task's context id.")
+    state: str | None = Field(default=None, description="The state the remote task ended "
+                              "in (TASK_STATE_COMPLETED, ...), as the remote agent said.")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        return {key: value for key, value in data.items() if value is not None}
+
+
 class ToolCallRecord(ContractModel):
     """One tool call of a cycle: what was asked, what came back, from where, how long.
 
@@ -220,6 +238,11 @@ class ToolCallRecord(ContractModel):
         default=None, description="For a tool of an MCP server: the server, the tool and "
         "its schema's digest (toolSource stays 'worker')."
     )
+    a2a: A2aCallRef | None = Field(
+        default=None, alias="a2a", description="For a remote A2A agent's tool: the agent, "
+        "its pinned card's digest and the remote task (id, context, final state); the "
+        "result is the task's artifacts (toolSource stays 'worker')."
+    )
 
     @model_validator(mode="after")
     def _error_excludes_result(self) -> ToolCallRecord:
@@ -233,7 +256,7 @@ class ToolCallRecord(ContractModel):
         # Optional keys appear only when they carry something, so the seed's
         # example round-trips key for key; a successful call whose result is
         # JSON null still says so explicitly.
-        for key in ("toolCallId", "tool_call_id", "rawArgs", "raw_args", "mcp"):
+        for key in ("toolCallId", "tool_call_id", "rawArgs", "raw_args", "mcp", "a2a"):
             if data.get(key) is None:
                 data.pop(key, None)
         for key in ("attempts",):

@@ -29,6 +29,7 @@ from jsonschema.exceptions import SchemaError, best_match
 from pydantic import BaseModel, ValidationError
 
 from casetrail.contract.events import (
+    A2aCallRef,
     McpCallRef,
     McpCatalogRead,
     ToolAttempt,
@@ -89,6 +90,26 @@ class McpBinding:
     @property
     def capability(self) -> str:
         return mcp_capability(self.server)
+
+
+@dataclass(frozen=True)
+class A2aBinding:
+    """The remote A2A agent behind a ``WorkerTool`` (docs/a2a.md, "Remote agents as
+    tools"): the operator's name for it (``CASETRAIL_A2A_AGENTS``), the skill asked for,
+    and whether the arguments go as the message's text (``text``) or as its data part."""
+
+    agent: str
+    skill: str | None = None
+    text: bool = False
+
+    @property
+    def capability(self) -> str:
+        return a2a_capability(self.agent)
+
+
+def a2a_capability(agent: str) -> str:
+    """The capability (and queue) that calls one remote A2A agent."""
+    return f"a2a-{agent}"
 
 
 MCP_SERVER_NAME = r"^[a-z0-9][a-z0-9-]{0,58}$"
@@ -156,11 +177,16 @@ class WorkerTool:
     capability: str
     args_model: type[BaseModel] | None = None
     mcp: McpBinding | None = None
+    a2a: A2aBinding | None = None
+    """A remote A2A agent's skill: its arguments are ``args_model``, sent as a message."""
 
     def __post_init__(self) -> None:
         if (self.args_model is None) == (self.mcp is None):
             raise TypeError(f"WorkerTool {self.name!r} needs an args_model or an MCP binding, "
                             "not both")
+        if self.a2a is not None and self.a2a.capability != self.capability:
+            raise TypeError(f"WorkerTool {self.name!r}: an A2A agent's tool is served by "
+                            f"{self.a2a.capability!r}")
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -251,6 +277,10 @@ class Capability(Generic[ArgsT]):
     """Says which requests' replies the capability worker keeps by idempotency key (every
     one when not given): a retry of a kept one gets its answer without running again; a
     read nobody asks twice (an MCP server's catalog) need not take a place."""
+    admits: Callable[[Mapping[str, Any], Mapping[str, str]], str | None] | None = None
+    """Says why a request may not carry the sensitive values sealed to it where they are
+    (``None``: it may), given its arguments and the values opened: a remote agent takes
+    them only in the fields its operator lists."""
 
     async def invoke(self, raw_args: Mapping[str, Any]) -> Any:
         """Validate ``raw_args`` and run the handler; ``ValidationError`` on bad arguments."""
@@ -294,6 +324,16 @@ class ToolOutcome:
 
     record: ToolCallRecord
     observation: ToolResultMessage
+
+
+def _remote_task(binding: A2aBinding, reply: Any) -> tuple[A2aCallRef, Any]:
+    """A remote A2A agent's reply split into what the record names (agent, card, task)
+    and the result (the task's artifacts); a failed call names the agent only."""
+    if not isinstance(reply, dict) or not isinstance(reply.get("a2a"), dict):
+        return A2aCallRef(agent=binding.agent, skill=binding.skill), None
+    return (A2aCallRef.model_validate({**reply["a2a"], "agent": binding.agent,
+                                       "skill": binding.skill}),
+            reply.get("artifacts"))
 
 
 def without_bytes(result: Any) -> Any:
@@ -367,6 +407,9 @@ class ToolBox:
         else:
             with watch.current():
                 result, error, attempts = await self._dispatch(tool, call, key)
+        remote = None
+        if isinstance(tool, WorkerTool) and tool.a2a is not None:
+            remote, result = _remote_task(tool.a2a, result)
         elapsed = time.perf_counter() - started
         watch.done(error, result, elapsed)
         duration = timedelta(seconds=elapsed)
@@ -383,6 +426,7 @@ class ToolBox:
             mcp=None if not isinstance(tool, WorkerTool) or tool.mcp is None else McpCallRef(
                 server=tool.mcp.server, tool=tool.mcp.tool,
                 schema_digest=tool.schema_digest),
+            a2a=remote,
         )
         content = f"ERROR: {error}" if error else orjson.dumps(
             without_bytes(result) if record.mcp is not None else result).decode()
@@ -414,9 +458,11 @@ class ToolBox:
                 except Exception as exc:
                     return None, f"{tool.name} failed: {type(exc).__name__}: {exc}", ()
             case WorkerTool():
-                outcome = await self._runtime.execute(
-                    tool.capability, args.model_dump(mode="json", by_alias=True), call_id=call_key
-                )
+                dumped = args.model_dump(mode="json", by_alias=True)
+                if tool.a2a is not None:  # every retry sends the same messageId
+                    dumped = {"skill": tool.a2a.skill, "arguments": dumped,
+                              "text": tool.a2a.text, "messageId": call_key}
+                outcome = await self._runtime.execute(tool.capability, dumped, call_id=call_key)
                 return outcome.result, outcome.error, outcome.attempts
             case _:
                 assert_never(tool)

@@ -49,7 +49,7 @@ from casetrail.adapters.store.keys import KeyTable
 from casetrail.agents import CAPABILITIES
 from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings, amqp_nodes
 from casetrail.contract.integrity import key_id
-from casetrail.engine.tools import mcp_capability
+from casetrail.engine.tools import a2a_capability, mcp_capability
 from casetrail.errors import PermanentError
 from casetrail.ops import retention_journal, revocations
 from casetrail.ops.keys_on_hand import refuse_new_keys
@@ -98,9 +98,10 @@ def _given_password(url: str | None, expected_user: str, variable: str) -> str |
 
 def served_capabilities(settings: Settings) -> list[str]:
     """Every capability setup gives a queue and a broker user: the installed agents',
-    one per configured MCP server (``mcp-<name>``) and the operator's
-    ``extra_capabilities``."""
+    one per configured MCP server (``mcp-<name>``) and remote A2A agent (``a2a-<name>``)
+    and the operator's ``extra_capabilities``."""
     return sorted({*CAPABILITIES, *(mcp_capability(s.name) for s in settings.mcp_servers),
+                   *(a2a_capability(a.name) for a in settings.a2a_agents),
                    *settings.extra_capabilities})
 
 
