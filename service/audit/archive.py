@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import hashlib
 import logging
 import os
@@ -67,16 +68,27 @@ class Archived:
         return {"file": self.file, "sha256": self.sha256, "manifest": self.manifest}
 
 
+NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS,
+                      errno.EMLINK, errno.EXDEV})
+"""What ``link`` fails with on a mount that has no hard links (some object-store and
+network mounts): the file is then created under its own name, exclusively."""
+
+
 def _durable(path: Path, data: bytes) -> None:
-    """Write ``data`` as a new file ``path`` (never over one) and fsync it and its folder."""
+    """Write ``data`` as a new file ``path`` (never over one) and fsync it and its folder:
+    written aside and linked into place, so the name never holds a partial file; on a
+    mount without hard links, created exclusively under its name (a crash while writing
+    leaves a file whose digest no longer matches its name, which ``archive verify`` and
+    the next write name, and nothing overwrites)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
-    with open(partial, "xb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
+    _written(partial, data)
     try:
         os.link(partial, path)  # fails on an existing name: nothing is ever overwritten
+    except OSError as exc:
+        if exc.errno not in NO_LINKS:
+            raise
+        _written(path, data)
     finally:
         partial.unlink()
     folder = os.open(path.parent, os.O_RDONLY)
@@ -84,6 +96,27 @@ def _durable(path: Path, data: bytes) -> None:
         os.fsync(folder)
     finally:
         os.close(folder)
+
+
+def _written(path: Path, data: bytes) -> None:
+    """``data`` as the new file ``path`` (``FileExistsError`` if there is one), fsynced."""
+    with open(path, "xb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _kept(target: Path, digest: str) -> bool:
+    """Whether ``target`` already holds the bytes of ``digest`` (the same bundle archived
+    before: content-addressed, kept); a file there with other bytes is an error, never
+    overwritten."""
+    if not target.exists():
+        return False
+    if hashlib.sha256(target.read_bytes()).hexdigest() != digest:
+        raise OSError(f"{target} exists and does not hold the bundle its name promises "
+                      "(an interrupted write?): not overwritten; check it with "
+                      "`casetrail archive verify`")
+    return True
 
 
 @dataclass(frozen=True)
@@ -106,7 +139,7 @@ class ArchiveWriter:
             digest = hashlib.sha256(data).hexdigest()
             name = f"bundles/{bundle['tenantId']}/{bundle['caseId']}-{digest[:16]}.json"
             target = self.directory / name
-            if not target.exists():  # the same bytes again (content-addressed): kept
+            if not _kept(target, digest):
                 _durable(target, data)
             entries.append({"file": name, "caseId": bundle["caseId"],
                             "tenantId": bundle["tenantId"], "sha256": digest,

@@ -3,14 +3,16 @@ written once and never over another, and dropping archiving counted as keeping l
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
 import pytest
 
-from casetrail.audit.archive import ArchiveWriter, _durable
+from casetrail.audit.archive import ArchiveWriter, _durable, _kept
 from casetrail.audit.archive_check import verify_archive
 from casetrail.audit.evidence import TrustedKey
 from casetrail.contract.integrity import Signer
@@ -48,6 +50,33 @@ def test_a_file_is_never_written_over_another(tmp_path: Path) -> None:
         _durable(target, b"second")
     assert target.read_bytes() == b"first"
     assert [p.name for p in target.parent.iterdir()] == ["x.json"]  # no partial file left
+
+
+def test_a_mount_without_hard_links_still_never_overwrites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Some object-store mounts refuse link(): the file is then created exclusively."""
+    def no_links(*_: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    target = tmp_path / "bundles" / "x.json"
+    _durable(target, b"first")
+    with pytest.raises(FileExistsError):
+        _durable(target, b"second")
+    assert target.read_bytes() == b"first"
+    assert [p.name for p in target.parent.iterdir()] == ["x.json"]
+
+
+def test_a_bundle_archived_again_is_kept_and_a_torn_one_is_named(tmp_path: Path) -> None:
+    target = tmp_path / "x.json"
+    target.write_bytes(b"whole")
+    assert _kept(target, hashlib.sha256(b"whole").hexdigest())
+    assert not _kept(tmp_path / "absent.json", "0" * 64)
+    target.write_bytes(b"who")  # a write a crash cut short
+    with pytest.raises(OSError, match="not overwritten"):
+        _kept(target, hashlib.sha256(b"whole").hexdigest())
+    assert target.read_bytes() == b"who"
 
 
 def test_dropping_the_archive_keeps_less_and_is_signed_only_when_set() -> None:
