@@ -391,12 +391,16 @@ class PlannedCase(BaseModel):
     expiresAt: str | None
     personalDataUntil: str | None
     held: bool = Field(description="A legal hold keeps it: neither expired nor erased.")
+    archivedFirst: bool = Field(description="Its policy archives: its bundle is written to "
+                                "the archive before it expires.")
 
 
 class RetentionPlan(BaseModel):
     cases: list[PlannedCase]
     held: int
     wouldAct: int
+    wouldArchive: int = Field(description="Of those it would act on, how many are archived "
+                              "before they expire.")
 
 
 class HoldKeyView(BaseModel):

@@ -242,7 +242,8 @@ async def set_business_date(services: CaseServices, principal: Principal, field:
 
 
 async def plan(services: CaseServices, principal: Principal, limit: int) -> dict[str, Any]:
-    """What the next passes would do: the cases past their time, and what holds keep."""
+    """What the next passes would do: the cases past their time, which of them are
+    archived before they go (their policy archives), and what holds keep."""
     if not (principal.allows(Scope.RETENTION) or principal.allows(Scope.HOLDS)):
         raise Forbidden("the retention plan needs 'retention:manage' or 'holds:manage'")
     rows = await services.retention.plan(principal.tenant, limit)
@@ -250,9 +251,11 @@ async def plan(services: CaseServices, principal: Principal, limit: int) -> dict
               "policyVersion": r["version"], "countedFrom": r["counted_at"].isoformat(),
               "expiresAt": r["expires_at"] and r["expires_at"].isoformat(),
               "personalDataUntil": r["personal_data_until"]
-              and r["personal_data_until"].isoformat(), "held": r["held"]} for r in rows]
+              and r["personal_data_until"].isoformat(), "held": r["held"],
+              "archivedFirst": r["archive"]} for r in rows]
     return {"cases": items, "held": sum(1 for i in items if i["held"]),
-            "wouldAct": sum(1 for i in items if not i["held"])}
+            "wouldAct": sum(1 for i in items if not i["held"]),
+            "wouldArchive": sum(1 for i in items if not i["held"] and i["archivedFirst"])}
 
 
 async def place_hold(services: CaseServices, principal: Principal,

@@ -61,6 +61,9 @@ async def _archive_then_expire(own: Settings, pool: asyncpg.Pool, logged: Any,
     for case_id in cases:
         await backdate(pool, case_id, 2200)
     await logged_everything(logged)
+    planned = (await people["alice"].get("/retention/plan")).json()  # the dry run says so
+    assert planned["wouldArchive"] == 2 and all(c["archivedFirst"] for c in planned["cases"]
+                                                if c["caseId"] in cases), planned
 
     first = await keeper.pass_once()
     assert (first.archived, first.expiries_appended, first.awaiting_archive) == (2, 2, 0), \

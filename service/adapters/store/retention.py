@@ -131,7 +131,7 @@ class RetentionStore:
         async with translate_errors():
             rows = await self._pool.fetch(
                 f"WITH past AS ({PAST_TIME_SQL} AND c.tenant_id = $1) SELECT case_id, agent, "
-                "policy_id, version, counted_at, counted_at + make_interval(days => "
+                "policy_id, version, archive, counted_at, counted_at + make_interval(days => "
                 "keep_days) AS expires_at, counted_at + make_interval(days => "
                 "personal_data_days) AS personal_data_until, case_held(case_id, tenant_id) "
                 "AS held FROM past WHERE (keep_days IS NOT NULL AND counted_at + "
