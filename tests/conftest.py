@@ -102,7 +102,8 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         # The tests' own capabilities, beside the agents': a queue and a user each.
         extra_capabilities=["nobody-home", "slow-echo"],
         tenant_quotas={"tiny": TenantQuota(max_active_cases=1),
-                       "hasty": TenantQuota(max_starts_per_minute=2)},
+                       "hasty": TenantQuota(max_starts_per_minute=2),
+                       "a2a-hasty": TenantQuota(max_starts_per_minute=1)},
     )
 
 

@@ -27,7 +27,12 @@ from a2a.types.a2a_pb2 import (
     Task,
     TaskState,
 )
-from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNotFoundError
+from a2a.utils.errors import (
+    InternalError,
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+)
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Value
 
@@ -294,3 +299,25 @@ async def test_the_same_credentials_and_scopes_as_rest(
             assert (await client.list_tasks(ListTasksRequest())).tasks is not None
         finally:
             await client.close()
+
+
+async def test_a_tenant_over_its_quota_is_told_when_to_retry_and_nothing_is_kept(
+    stack: InProcessStack, pool: asyncpg.Pool,
+) -> None:
+    """The same rate limit as REST's 429: an A2A error naming when to retry."""
+    _, hasty = await ApiKeyStore(pool).create("a2a-hasty", ("cases:start", "cases:read"),
+                                              "a2a quota")
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {hasty}"},
+                                 timeout=10) as http:
+        client = await create_client(f"{stack.base_url}/a2a/loan-officer/",
+                                     ClientConfig(httpx_client=http, streaming=False))
+        try:
+            await send(client, message(SAMPLE_APPLICATIONS[0]))
+            with pytest.raises(InternalError) as refused:
+                await send(client, message(SAMPLE_APPLICATIONS[1]))
+        finally:
+            await client.close()
+    assert "started 1 cases in the last minute" in str(refused.value), refused.value
+    assert "retry after" in str(refused.value)
+    assert int(getattr(refused.value, "data", {})["retryAfter"]) >= 1
+    assert await pool.fetchval("SELECT count(*) FROM cases WHERE tenant_id = 'a2a-hasty'") == 1
