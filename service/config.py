@@ -252,7 +252,8 @@ class A2aAgent(BaseModel):
     timeout_seconds: float = Field(default=60.0, gt=0, le=3600, description="How long one "
                                    "call may take, the remote task followed to its end.")
     attempts: int = Field(default=3, ge=1, le=10, description="Attempts of a call (each "
-                          "sends the same messageId, so the remote agent starts one task).")
+                          "sends the same messageId: an agent that keeps message ids, as "
+                          "casetrail's own do, starts one task).")
 
     @model_validator(mode="after")
     def _https_card(self) -> A2aAgent:

@@ -4,10 +4,10 @@ An operator configures remote agents (``CASETRAIL_A2A_AGENTS``); each is served 
 capability ``a2a-<agent>``, whose capability worker holds the official SDK's client
 (``service/a2a/remote.py``). An agent names the skill it may ask for
 (``A2aTool(agent, skill, input=...)``); a call rides the bus like any WorkerTool — its
-timeout, retries (each sending the same ``messageId``, so the remote agent starts one
-task), distribution and sealed sensitive values — and its record names the agent, the
-pinned card's digest and the remote task (``ToolCallRecord.a2a``), with the task's
-artifacts as the result.
+timeout, retries (each sending the same ``messageId``: a remote agent that keeps message
+ids, as casetrail's own do, starts one task), distribution and sealed sensitive values
+— and its record names the agent, the pinned card's digest and the remote task
+(``ToolCallRecord.a2a``), with the task's artifacts as the result.
 """
 
 from __future__ import annotations

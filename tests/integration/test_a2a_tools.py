@@ -165,18 +165,26 @@ async def test_a_remote_agent_that_dies_mid_task_is_a_recorded_tool_failure(
     assert (await client.get(f"/cases/{view['caseId']}/verify")).json()["verified"] is True
 
 
-async def test_run_case_asks_the_remote_agent_from_this_process(running: Remote) -> None:
+@pytest.mark.parametrize("streams", [True, False], ids=["streaming", "polling"])
+async def test_run_case_asks_the_remote_agent_from_this_process(streams: bool) -> None:
     """A team's own test of its agent: ``run_case`` calls the remote agent as a
-    capability worker would, with the same pin."""
+    capability worker would, with the same pin; over the stream where its card says it
+    streams, by polling its task otherwise."""
     from casetrail.testing import run_case
     from tests.plugins.delegating import ONBOARDING
 
-    read = (await read_cards([A2aAgent(name="kyc", card_url=running.card_url)]))["kyc"]
-    assert isinstance(read, dict)
-    run = await run_case(ONBOARDING, {"customerId": "C-5005"}, a2a_agents=[
-        {"name": "kyc", "cardUrl": running.card_url, "cardDigest": read["served"]}])
+    own = Remote()
+    await own.start(*(() if streams else ("--no-streaming",)))
+    try:
+        read = (await read_cards([A2aAgent(name="kyc", card_url=own.card_url)]))["kyc"]
+        assert isinstance(read, dict)
+        run = await run_case(ONBOARDING, {"customerId": "SLOW-5005"}, a2a_agents=[
+            {"name": "kyc", "cardUrl": own.card_url, "cardDigest": read["served"]}])
+    finally:
+        own.stop()
     [cycle, _] = run.cycles
     [called] = cycle["toolCalls"]
     assert called["a2a"]["state"] == "TASK_STATE_COMPLETED", called
+    assert called["durationMs"] >= 2000  # followed to its end, two seconds of work
     assert run.events[-1].payload.model_dump(by_alias=True)["answer"]["checkedBy"] == \
         "remote-kyc"
