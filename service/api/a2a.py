@@ -62,6 +62,7 @@ from casetrail.cases.errors import Conflict, Invalid, NotFound, OverQuota
 from casetrail.cases.requests import CaseRequest
 from casetrail.cases.services import CaseServices
 from casetrail.contract.auth import Principal, Scope
+from casetrail.contract.events import ENDED_STATUSES
 
 SCOPES: dict[str, Scope] = {
     "SendMessage": Scope.START, "SendStreamingMessage": Scope.START,
@@ -95,7 +96,7 @@ def _problem(exc: Exception) -> NoReturn:
         raise InvalidParamsError(exc.detail, data={"errors": [
             {"field": ".".join(map(str, issue.loc)), "message": issue.msg}
             for issue in exc.issues]}) from None
-    if isinstance(exc, NotFound):
+    if isinstance(exc, NotFound):  # an expired case too
         raise TaskNotFoundError(exc.detail) from None
     if isinstance(exc, OverQuota):
         raise InternalError(f"{exc.detail} (retry after {exc.retry_after} s)",
@@ -124,12 +125,18 @@ class CaseTasks(RequestHandler):
             raise TaskNotFoundError(f"no task {task_id!r}: a task id is a case id") from None
 
     async def _task(self, context: ServerCallContext, case_id: uuid.UUID) -> Task:
+        """The task as it is now: a case that has not ended from its row alone (a client
+        polls it), an ended one from the whole case read (its answer and its trail's
+        integrity are the task's artifacts)."""
+        principal = self._principal(context)
         try:
-            view = await cases.get(self.services, self._principal(context), case_id)
+            view = await cases.status(self.services, principal, case_id)
+            if view["agent"] != self.agent:
+                raise TaskNotFoundError(f"no task {case_id} of agent {self.agent!r}")
+            if view["status"] in ENDED_STATUSES:
+                view = await cases.get(self.services, principal, case_id)
         except (NotFound, Invalid) as exc:
             _problem(exc)
-        if view["agent"] != self.agent:
-            raise TaskNotFoundError(f"no task {case_id} of agent {self.agent!r}")
         return task_of(view, context.state["base_url"])
 
     async def on_message_send(self, params: SendMessageRequest,

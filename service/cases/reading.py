@@ -78,6 +78,13 @@ async def sensitive_values(services: CaseServices, principal: Principal,
         "erasedAt": utc_text(state.erased_at), "erasedBy": state.erased_by}
 
 
+async def status(services: CaseServices, principal: Principal, case_id: uuid.UUID
+                 ) -> dict[str, Any]:
+    """The case as a list shows it (status, agent, totals; no answer, no integrity): one
+    row read, for a caller polling a case that has not ended."""
+    return case_summary(await owned(services, principal, case_id))
+
+
 async def get(services: CaseServices, principal: Principal, case_id: uuid.UUID
               ) -> dict[str, Any]:
     """The case: status, totals, answer, its trail's integrity and its sensitive input."""
