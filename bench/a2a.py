@@ -4,7 +4,9 @@ official SDK's dispatcher, a messageId each), closed loop at ``concurrency``, in
 alternating rounds. A start is accepted once its case row is committed and its start
 command confirmed by the broker: what is measured is the API, RabbitMQ and Postgres
 (no worker runs; the cases stay queued). Figures: accepted a second, latency
-percentiles, the API's CPU a start; the ratio A2A / REST.
+percentiles, the API's CPU a start; the ratio A2A / REST. Then ``GetTask`` polls of one
+of those queued tasks, as a client that does not stream makes them: polls a second and
+the API's CPU a poll.
 
 Usage: python -m bench.a2a [cases] [concurrency] [rounds]
 """
@@ -57,6 +59,15 @@ def _a2a(client: httpx.AsyncClient) -> Callable[[], Awaitable[None]]:
     return one
 
 
+def _get(client: httpx.AsyncClient, task_id: str) -> Callable[[], Awaitable[None]]:
+    async def one() -> None:
+        reply = await client.post("/a2a/loan-officer/", headers={"A2A-Version": "1.0"}, json={
+            "jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}})
+        if reply.status_code != 200 or "error" in reply.json():
+            raise RuntimeError(f"GetTask: {reply.status_code} {reply.text}")
+    return one
+
+
 async def _round(start: Callable[[], Awaitable[None]], cases: int, concurrency: int,
                  api_pid: int) -> dict[str, Any]:
     latencies: list[float] = []
@@ -98,13 +109,20 @@ async def starts(cases: int = 2000, concurrency: int = 32, rounds: int = 2) -> d
                                                      api.pid))
                     runs["a2a"].append(await _round(_a2a(client), cases, concurrency,
                                                     api.pid))
+                task = (await client.get("/cases", params={"limit": 1})).json()
+                poll = _get(client, task["items"][0]["caseId"])
+                polls = [await _round(poll, cases, concurrency, api.pid)
+                         for _ in range(rounds)]
             await wait_rows(pool, "SELECT count(*) FROM cases", 100 + 2 * rounds * cases, 60)
         finally:
             stack.stop()
     rest, a2a = ({k: statistics.median(r[k] for r in runs[side]) for k in runs[side][0]}
                  for side in ("rest", "a2a"))
+    get = {k: statistics.median(r[k] for r in polls) for k in polls[0]}
     return {"cases": cases, "concurrency": concurrency, "rounds": rounds, "rest": rest,
-            "a2a": a2a, "ratio": round(a2a["perSecond"] / rest["perSecond"], 2)}
+            "a2a": a2a, "ratio": round(a2a["perSecond"] / rest["perSecond"], 2),
+            "getTask": {"pollsPerSecond": get["perSecond"],
+                        "apiCpuUsPerPoll": get["apiCpuUsPerStart"], "p50Ms": get["p50Ms"]}}
 
 
 if __name__ == "__main__":

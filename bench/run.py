@@ -355,7 +355,10 @@ def _a2a_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
              f"{over['perSecond']:,.0f} vs {rest['perSecond']:,.0f} accepted/s at "
              f"concurrency {x['concurrency']}; p99 {over['p99Ms']:.0f} vs "
              f"{rest['p99Ms']:.0f} ms; API {over['apiCpuUsPerStart']:,.0f} vs "
-             f"{rest['apiCpuUsPerStart']:,.0f} CPU-µs a start")]
+             f"{rest['apiCpuUsPerStart']:,.0f} CPU-µs a start"),
+            ("A2A GetTask polls of a task not ended", f"{x['getTask']['pollsPerSecond']:,.0f}/s",
+             "", f"API {x['getTask']['apiCpuUsPerPoll']:,.0f} CPU-µs a poll; p50 "
+             f"{x['getTask']['p50Ms']:.0f} ms at concurrency {x['concurrency']}")]
 
 
 BATCH_NOTE = "1,000 cases a statement, tombstones checked and holds looked up per row"
