@@ -153,7 +153,7 @@ class RecordedTools:
 
 
 @dataclass
-class _Kept:
+class KeptEvents:
     """The replay's events: kept in a list, never published."""
 
     events: list[Event] = field(default_factory=list)
@@ -193,7 +193,7 @@ def first_divergence(recorded: Sequence[Mapping[str, Any]],
     return None
 
 
-def _as_validated(agent: AgentProfile, case_input: dict[str, Any]) -> dict[str, Any]:
+def as_validated(agent: AgentProfile, case_input: dict[str, Any]) -> dict[str, Any]:
     """The input as the worker had it: through the agent's input model, as the API
     validated it (the record's canonical JSON writes 25000.0 as 25000)."""
     try:
@@ -204,7 +204,7 @@ def _as_validated(agent: AgentProfile, case_input: dict[str, Any]) -> dict[str, 
     return dumped
 
 
-def _decision(answer: Any) -> str | None:
+def decision_of(answer: Any) -> str | None:
     value = answer.get("decision") if isinstance(answer, Mapping) else None
     return None if value is None else str(value)
 
@@ -227,7 +227,7 @@ async def replay_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     # The agent's own decision: the one a person was asked about, if one was.
     waited = next((e for e in events if e.event_type == PARKING_EVENT_TYPE), None)
     decided = terminal if waited is None else waited
-    recorded_decision = _decision(decided.payload.get("answer"))
+    recorded_decision = decision_of(decided.payload.get("answer"))
     cycles = final_chain(events)
     if waited is not None:
         cycles = cycles[: int(waited.payload["cyclesCompleted"])]
@@ -240,18 +240,18 @@ async def replay_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     recorded_limits = Limits.model_validate(started["limits"])
     spec = CaseSpec(
         case_id=case_id, attempt=1, agent=agent.name, system_prompt=agent.system_prompt,
-        input=_as_validated(agent, started["input"]), model=model_ref,
+        input=as_validated(agent, started["input"]), model=model_ref,
         agent_version=agent.version,
         limits=Limits(max_cycles=recorded_limits.max_cycles,
                       deadline_seconds=REPLAY_DEADLINE_SECONDS,
                       max_answer_retries=recorded_limits.max_answer_retries),
         context_budget=agent.context_budget_tokens, answering=agent.answering)
-    kept = _Kept()
+    kept = KeptEvents()
     await ReactEngine(kept).run(spec, model, ToolBox(agent.tools, RecordedTools(answers)))
     replayed = [e.payload.model_dump(mode="json", by_alias=True) for e in kept.events
                 if isinstance(e.payload, ReactCyclePayload)]
     end = kept.events[-1].payload
-    replayed_decision = _decision(end.answer) if isinstance(
+    replayed_decision = decision_of(end.answer) if isinstance(
         end, CaseCompletedPayload | CaseAwaitingReviewPayload) else None
     refused_by = tuple(f"{c.name} {c.version}" for c in end.checks if c.blocking and
                        not c.passed) if isinstance(

@@ -27,6 +27,7 @@ from casetrail.cli.access import (
 )
 from casetrail.cli.archive import archive_app
 from casetrail.cli.audit import audit_app
+from casetrail.cli.backtest import backtest
 from casetrail.cli.cases import case_id_of as _case_id
 from casetrail.cli.cases import cases_app, report, reviews_app
 from casetrail.cli.common import configure_logging as _logging
@@ -471,6 +472,7 @@ def trail(
 app.command()(agents)
 app.command("mcp-tools")(mcp_tools)
 app.command("a2a-agents")(a2a_agents)
+app.command()(backtest)
 app.command()(check)
 app.add_typer(keys_app, name="keys")
 app.add_typer(dead_letters_app, name="dead-letters")

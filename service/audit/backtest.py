@@ -1,0 +1,206 @@
+"""A backtest: how a challenger — the agent's code as installed now, with a model of the
+caller's choosing — would have decided cases already on file (docs/backtests.md).
+
+For each recorded case the agent decided, the challenger runs in process from the
+recorded input, with nothing outside:
+
+- the model is the one the backtest names (a configured endpoint, a real provider, or
+  the agent's scripted brain);
+- a worker tool call whose tool and arguments match a call the record holds answers
+  with the recorded result (the credit bureau is not asked again), each recorded call
+  once; a call the record does not hold is refused (an error the challenger sees,
+  counted and listed) — the record is the only world a backtest may touch;
+- the events go to a list, never to the bus, ``event_log`` or the cases table.
+
+Its comparison: the champion's decision (the agent's own, the one a person was asked
+about if one was), the challenger's, and, for a reviewed case, the reviewer's final
+decision as the label; a decision matrix, agreement with the reviewers for each side,
+the cases whose decision changed, the calls the record could not answer, tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from casetrail.agents.profile import AgentProfile
+from casetrail.audit.replay import REPLAY_DEADLINE_SECONDS, KeptEvents, as_validated, decision_of
+from casetrail.audit.resume import RecordedEvent, final_chain
+from casetrail.contract.events import (
+    ADMINISTRATIVE_EVENT_TYPES,
+    PARKING_EVENT_TYPE,
+    CaseAwaitingReviewPayload,
+    CaseCompletedPayload,
+    Limits,
+    ModelRef,
+    ReactCyclePayload,
+    ToolAttempt,
+)
+from casetrail.contract.integrity import canonical
+from casetrail.engine.case import CaseSpec
+from casetrail.engine.chat import ChatModel
+from casetrail.engine.loop import ReactEngine
+from casetrail.engine.tools import (
+    ToolBox,
+    WorkerCallResult,
+    WorkerTool,
+    a2a_capability,
+    mcp_capability,
+)
+
+NOT_IN_RECORD = "the record holds no such call, and a backtest asks no tool (refused)"
+
+
+def _served_by(call: Mapping[str, Any]) -> str:
+    if call.get("mcp"):
+        return mcp_capability(call["mcp"]["server"])
+    if call.get("a2a"):
+        return a2a_capability(call["a2a"]["agent"])
+    return str(call["toolName"])
+
+
+def _asked(capability: str, args: Mapping[str, Any]) -> bytes:
+    """What a worker tool was asked, as comparable bytes: an MCP server's or a remote
+    agent's request carries the model's arguments inside (``arguments``)."""
+    inner = args.get("arguments") if capability.startswith(("mcp-", "a2a-")) else args
+    return canonical(inner if inner is not None else {})
+
+
+@dataclass
+class RecordedAnswers:
+    """A ``WorkerRuntime`` that answers from a case's recorded calls, matched by tool and
+    arguments, each once; anything else is refused and noted."""
+
+    agent: AgentProfile
+    calls: list[Mapping[str, Any]]
+    unanswered: list[str] = field(default_factory=list)
+    _used: set[int] = field(default_factory=set)
+
+    def _recorded_args(self, call: Mapping[str, Any]) -> bytes:
+        """The recorded arguments as the runtime is handed them now: through the tool's
+        argument model when it has one (defaults filled in, names by alias)."""
+        tool = next((t for t in self.agent.tools if isinstance(t, WorkerTool)
+                     and t.name == call["toolName"]), None)
+        args = call.get("toolArgs") or {}
+        if tool is not None and tool.args_model is not None:
+            with contextlib.suppress(ValueError):  # as recorded, if it no longer validates
+                args = tool.args_model.model_validate(args).model_dump(mode="json",
+                                                                       by_alias=True)
+        return canonical(args)
+
+    async def execute(self, capability: str, args: Mapping[str, Any], *, call_id: str,
+                      retry: bool = True) -> WorkerCallResult:
+        attempt = ToolAttempt(attempt=1, outcome="ok", duration=timedelta(0),
+                              worker="backtest")
+        asked = _asked(capability, args)
+        for index, call in enumerate(self.calls):
+            if index in self._used or _served_by(call) != capability \
+                    or self._recorded_args(call) != asked:
+                continue
+            self._used.add(index)
+            if call.get("error"):
+                return WorkerCallResult(error=call["error"], attempts=(attempt,))
+            return WorkerCallResult(result=call.get("toolResult"), attempts=(attempt,))
+        self.unanswered.append(f"{capability} {asked.decode()}")
+        return WorkerCallResult(error=NOT_IN_RECORD, attempts=(attempt,))
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """One case of a backtest."""
+
+    case_id: uuid.UUID
+    champion: str | None
+    challenger: str | None
+    label: str | None = None
+    """A person's final decision, when one reviewed the case."""
+    unanswered: tuple[str, ...] = ()
+    tokens: int = 0
+    changed_fields: tuple[str, ...] = ()
+    problem: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"caseId": str(self.case_id), "champion": self.champion,
+                "challenger": self.challenger, "label": self.label,
+                "changed": self.problem is None and self.champion != self.challenger,
+                "changedFields": list(self.changed_fields),
+                "unanswered": list(self.unanswered), "tokens": self.tokens,
+                **({"problem": self.problem} if self.problem else {})}
+
+
+def _terminal(events: Sequence[RecordedEvent]) -> tuple[RecordedEvent, RecordedEvent | None]:
+    """The case's last decision event, and the wait for a review before it, if any."""
+    terminal = [e for e in events if e.event_type not in ADMINISTRATIVE_EVENT_TYPES][-1]
+    waited = next((e for e in events if e.event_type == PARKING_EVENT_TYPE), None)
+    return terminal, waited
+
+
+async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
+                        agent: AgentProfile, model: ChatModel, model_ref: ModelRef
+                        ) -> CaseOutcome:
+    """Run the challenger on one recorded case."""
+    if not events or events[0].event_type != "CASE_STARTED":
+        return CaseOutcome(case_id, None, None, problem="no CASE_STARTED in the record")
+    started = events[0].payload
+    terminal, waited = _terminal(events)
+    decided = terminal if waited is None else waited
+    champion_answer = decided.payload.get("answer")
+    label = decision_of(terminal.payload.get("answer")) \
+        if waited is not None and terminal.event_type == "CASE_COMPLETED" else None
+    calls = [call for cycle in final_chain(events) for call in cycle.get("toolCalls") or []]
+    answers = RecordedAnswers(agent, calls)
+    limits = Limits.model_validate(started["limits"])
+    spec = CaseSpec(
+        case_id=case_id, attempt=1, agent=agent.name, system_prompt=agent.system_prompt,
+        input=as_validated(agent, started["input"]), model=model_ref,
+        agent_version=agent.version,
+        limits=Limits(max_cycles=limits.max_cycles, deadline_seconds=REPLAY_DEADLINE_SECONDS,
+                      max_answer_retries=limits.max_answer_retries),
+        context_budget=agent.context_budget_tokens, answering=agent.answering)
+    kept = KeptEvents()
+    await ReactEngine(kept).run(spec, model, ToolBox(agent.tools, answers))
+    end = kept.events[-1].payload
+    answer = end.answer if isinstance(end, CaseCompletedPayload | CaseAwaitingReviewPayload) \
+        else None
+    tokens = sum(e.payload.token_usage.input_tokens + e.payload.token_usage.output_tokens
+                 for e in kept.events if isinstance(e.payload, ReactCyclePayload))
+    changed = tuple(sorted(
+        key for key in {*(champion_answer or {}), *(answer or {})}
+        if canonical((champion_answer or {}).get(key)) != canonical((answer or {}).get(key))))
+    return CaseOutcome(case_id, decision_of(champion_answer), decision_of(answer), label,
+                       tuple(answers.unanswered), tokens, changed,
+                       None if answer is not None else f"the challenger ended "
+                       f"{kept.events[-1].event_type} without an answer")
+
+
+def summary(outcomes: Sequence[CaseOutcome]) -> dict[str, Any]:
+    """What people read of a backtest: the decision matrix (champion by challenger), each
+    side's agreement with the reviewers on reviewed cases, the cases whose decision
+    changed, the calls the record could not answer, tokens."""
+    matrix: Counter[tuple[str, str]] = Counter(
+        (str(o.champion), str(o.challenger)) for o in outcomes)
+    labelled = [o for o in outcomes if o.label is not None]
+
+    def agreement(side: str) -> float | None:
+        if not labelled:
+            return None
+        agreed = sum(1 for o in labelled if getattr(o, side) == o.label)
+        return round(agreed / len(labelled), 4)
+
+    return {
+        "cases": len(outcomes),
+        "matrix": [{"champion": a, "challenger": b, "cases": n}
+                   for (a, b), n in sorted(matrix.items())],
+        "reviewed": len(labelled),
+        "agreementWithReviewers": {"champion": agreement("champion"),
+                                   "challenger": agreement("challenger")},
+        "changed": [str(o.case_id) for o in outcomes
+                    if o.problem is None and o.champion != o.challenger],
+        "unansweredCalls": sum(len(o.unanswered) for o in outcomes),
+        "tokens": sum(o.tokens for o in outcomes),
+        "results": [o.as_json() for o in outcomes]}

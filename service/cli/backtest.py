@@ -1,0 +1,114 @@
+"""``casetrail backtest``: how the agent's installed code, with a model of your choosing,
+would have decided the cases already on file (service/audit/backtest.py). Nothing is
+written and no tool is asked: the record answers, or the call is refused."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+import orjson
+import typer
+
+from casetrail.cli.common import run
+from casetrail.config import get_settings
+
+
+def _since(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        typer.echo(f"--since is not an RFC 3339 time: {text!r}", err=True)
+        raise typer.Exit(2) from None
+
+
+def backtest(
+    agent: Annotated[str, typer.Option(help="The agent whose decided cases are run again.")],
+    model: Annotated[str | None, typer.Option(help=(
+        "The challenger's model, PROVIDER/NAME (default: the agent's own; scripted: its "
+        "scripted brain)."))] = None,
+    endpoint: Annotated[str | None, typer.Option(help=(
+        "A configured model endpoint (CASETRAIL_MODEL_ENDPOINTS) for --model."))] = None,
+    since: Annotated[str | None, typer.Option(help="Cases created at or after this RFC "
+                                              "3339 time.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many cases.")] = 1000,
+    raw: Annotated[bool, typer.Option("--json", help="The whole comparison as JSON.")]
+    = False,
+) -> None:
+    """Run a challenger over recorded cases: the agent's code as installed here, with
+    --model, from each case's recorded input; a worker tool call the record holds is
+    answered with its recorded result, any other is refused. Prints the decision matrix,
+    agreement with reviewers and the cases whose decision changed. Exit 2 when there is
+    nothing to run."""
+    from casetrail.agents import AGENTS
+    from casetrail.contract.events import ModelRef
+    from casetrail.engine.scripted import ScriptedModel
+    from casetrail.providers import ModelFactory, model_problem
+
+    profile = AGENTS.get(agent)
+    if profile is None:
+        typer.echo(f"no agent {agent!r} here (agents: {', '.join(sorted(AGENTS))})", err=True)
+        raise typer.Exit(2)
+    settings = get_settings()
+    ref = profile.default_model
+    if model is not None:
+        provider, _, name = model.partition("/")
+        ref = ModelRef.model_validate({"provider": provider, "name": name,
+                                       **({"endpoint": endpoint} if endpoint else {})})
+    if problem := model_problem(ref, settings):
+        typer.echo(f"--model: {problem[1]}", err=True)
+        raise typer.Exit(2)
+    start = _since(since)
+
+    async def main() -> dict[str, Any]:
+        from casetrail.adapters.store import CaseStore, create_pool
+        from casetrail.audit.backtest import backtest_case, summary
+        from casetrail.audit.replay import recorded
+
+        factory = ModelFactory(settings)
+        chat = ScriptedModel(profile.script, name=ref.name) \
+            if ref.provider == "scripted" and profile.script is not None \
+            else factory(ref, profile)
+        pool = await create_pool(settings.database_url, max_size=2)
+        try:
+            store = CaseStore(pool)
+            ids = await store.decided_cases(agent, start, limit)
+            outcomes = []
+            for chunk in range(0, len(ids), 500):
+                trails = await store.trails(ids[chunk:chunk + 500])
+                for case_id, trail in trails.items():
+                    outcomes.append(await backtest_case(case_id, recorded(trail), profile,
+                                                        chat, ref))
+        finally:
+            await pool.close()
+            await factory.aclose()
+        return {"agent": agent, "agentDigest": profile.digest,
+                "challengerModel": ref.model_dump(mode="json", by_alias=True,
+                                                  exclude_none=True),
+                **summary(outcomes)}
+
+    found = run(main())
+    if raw:
+        typer.echo(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode())
+    else:
+        _print(found)
+    raise typer.Exit(0 if found["cases"] else 2)
+
+
+def _print(found: dict[str, Any]) -> None:
+    typer.echo(f"{found['cases']} cases of {found['agent']}, challenger "
+               f"{found['challengerModel']['provider']}/{found['challengerModel']['name']}")
+    for cell in found["matrix"]:
+        typer.echo(f"  {cell['champion']:>12} -> {cell['challenger']:<12} {cell['cases']}")
+    agreed = found["agreementWithReviewers"]
+    typer.echo(f"reviewed {found['reviewed']}: agreement with reviewers, champion "
+               f"{agreed['champion']}, challenger {agreed['challenger']}")
+    typer.echo(f"changed {len(found['changed'])}; calls the record could not answer "
+               f"{found['unansweredCalls']}; tokens {found['tokens']}")
+    for result in found["results"]:
+        if result["changed"] or result.get("problem"):
+            typer.echo(f"  {result['caseId']}: {result['champion']} -> "
+                       f"{result['challenger']}" + (f" ({result['problem']})"
+                                                    if result.get("problem") else ""))

@@ -1,0 +1,121 @@
+"""Backtests on recorded cases: the demo's loan cases decided by the scripted loan
+officer, then run again by a challenger — the same code (nothing changes), a stricter
+lending policy (one decision changes), through the command line — with the record
+answering every worker tool call and nothing written."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import httpx
+import orjson
+import pytest
+
+from casetrail.adapters.store import CaseStore
+from casetrail.agents import AGENTS, loan_officer
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.audit.backtest import NOT_IN_RECORD, RecordedAnswers, backtest_case, summary
+from casetrail.audit.replay import recorded
+from casetrail.config import Settings
+from casetrail.engine.scripted import ScriptedModel
+from tests.support.helpers import ended
+from tests.support.stack import module_stack
+
+stack = module_stack(worker_concurrency=4)
+SINCE: list[datetime] = []
+
+
+@pytest.fixture(scope="module")
+async def decided(stack: Any, auth_headers: dict[str, str], pool: asyncpg.Pool
+                  ) -> dict[uuid.UUID, Any]:
+    """Three sample applications decided (approve, refer, decline): case id → trail."""
+    SINCE.append(datetime.now(UTC))
+    async with httpx.AsyncClient(base_url=stack.base_url, headers=auth_headers,
+                                 timeout=10) as client:
+        ids = []
+        for application in SAMPLE_APPLICATIONS[:3]:
+            reply = await client.post("/cases", json={"agent": "loan-officer",
+                                                      "input": application})
+            assert reply.status_code == 202
+            ids.append(uuid.UUID(reply.json()["caseId"]))
+        for case_id in ids:
+            assert (await ended(client, case_id))["status"] in ("completed", "awaiting_review")
+    await asyncio.sleep(0.3)  # the terminal events reach Postgres
+    trails = await CaseStore(pool).trails(ids)
+    return {case_id: recorded(trail) for case_id, trail in trails.items()}
+
+
+async def _run(decided: dict[uuid.UUID, Any]) -> dict[str, Any]:
+    officer = AGENTS["loan-officer"]
+    assert officer.script is not None
+    model = ScriptedModel(officer.script, name="challenger")
+    return summary([await backtest_case(c, trail, officer, model, officer.default_model)
+                    for c, trail in decided.items()])
+
+
+async def test_the_same_code_decides_every_case_the_same_from_the_record(
+    decided: dict[uuid.UUID, Any], pool: asyncpg.Pool,
+) -> None:
+    stored = await pool.fetchval("SELECT count(*) FROM event_log")
+    found = await _run(decided)
+    assert found["matrix"] == [
+        {"champion": "approve", "challenger": "approve", "cases": 1},
+        {"champion": "decline", "challenger": "decline", "cases": 1},
+        {"champion": "refer", "challenger": "refer", "cases": 1}]
+    assert found["changed"] == [] and found["unansweredCalls"] == 0  # the record answered
+    assert found["tokens"] > 0
+    assert await pool.fetchval("SELECT count(*) FROM event_log") == stored  # nothing written
+
+
+async def test_a_stricter_policy_shows_the_decision_it_changes(
+    decided: dict[uuid.UUID, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Maria Okafor's score is 742: approved at 700, referred at 750."""
+    monkeypatch.setattr(loan_officer, "AUTO_APPROVE_SCORE", 750)
+    found = await _run(decided)
+    maria = next(iter(decided))
+    assert found["changed"] == [str(maria)], found
+    [changed] = [r for r in found["results"] if r["changed"]]
+    assert (changed["champion"], changed["challenger"]) == ("approve", "refer")
+    assert "decision" in changed["changedFields"]
+
+
+async def test_a_call_the_record_does_not_hold_is_refused_and_counted(
+    decided: dict[uuid.UUID, Any],
+) -> None:
+    officer = AGENTS["loan-officer"]
+    trail = next(iter(decided.values()))
+    calls = [c for e in trail if e.event_type == "REACT_CYCLE"
+             for c in e.payload.get("toolCalls") or []]
+    answers = RecordedAnswers(officer, calls)
+    [scored] = [c for c in calls if c["toolName"] == "credit-score"]
+    held = await answers.execute("credit-score", scored["toolArgs"], call_id="x:0:0")
+    assert held.result == scored["toolResult"]
+    again = await answers.execute("credit-score", scored["toolArgs"], call_id="x:1:0")
+    other = await answers.execute("credit-score", {"applicantId": "Z-0000"}, call_id="x:2:0")
+    assert again.error == other.error == NOT_IN_RECORD  # each recorded call answers once
+    assert len(answers.unanswered) == 2 and "Z-0000" in answers.unanswered[1]
+
+
+async def test_the_cli_prints_the_comparison(
+    decided: dict[uuid.UUID, Any], settings: Settings,
+) -> None:
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "casetrail.cli", "backtest", "--agent",
+                         "loan-officer", "--since", SINCE[0].isoformat(), "--json"],
+        env=settings.environment(), capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = orjson.loads(done.stdout)
+    assert found["cases"] == 3 and found["changed"] == [], found
+    assert found["agentDigest"] == AGENTS["loan-officer"].digest
+    none = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "casetrail.cli", "backtest", "--agent",
+                         "loan-officer", "--since", "2999-01-01T00:00:00Z"],
+        env=settings.environment(), capture_output=True, text=True, timeout=120, check=False)
+    assert none.returncode == 2, none.stdout + none.stderr  # nothing to run
