@@ -29,7 +29,13 @@ from datetime import timedelta
 from typing import Any
 
 from casetrail.agents.profile import AgentProfile
-from casetrail.audit.replay import REPLAY_DEADLINE_SECONDS, KeptEvents, as_validated, decision_of
+from casetrail.audit.replay import (
+    REPLAY_DEADLINE_SECONDS,
+    KeptEvents,
+    as_validated,
+    decision_of,
+    served_by,
+)
 from casetrail.audit.resume import RecordedEvent, final_chain
 from casetrail.contract.events import (
     ADMINISTRATIVE_EVENT_TYPES,
@@ -45,23 +51,9 @@ from casetrail.contract.integrity import canonical
 from casetrail.engine.case import CaseSpec
 from casetrail.engine.chat import ChatModel
 from casetrail.engine.loop import ReactEngine
-from casetrail.engine.tools import (
-    ToolBox,
-    WorkerCallResult,
-    WorkerTool,
-    a2a_capability,
-    mcp_capability,
-)
+from casetrail.engine.tools import ToolBox, WorkerCallResult, WorkerTool
 
 NOT_IN_RECORD = "the record holds no such call, and a backtest asks no tool (refused)"
-
-
-def _served_by(call: Mapping[str, Any]) -> str:
-    if call.get("mcp"):
-        return mcp_capability(call["mcp"]["server"])
-    if call.get("a2a"):
-        return a2a_capability(call["a2a"]["agent"])
-    return str(call["toolName"])
 
 
 def _asked(capability: str, args: Mapping[str, Any]) -> bytes:
@@ -99,7 +91,7 @@ class RecordedAnswers:
                               worker="backtest")
         asked = _asked(capability, args)
         for index, call in enumerate(self.calls):
-            if index in self._used or _served_by(call) != capability \
+            if index in self._used or served_by(call) != capability \
                     or self._recorded_args(call) != asked:
                 continue
             self._used.add(index)

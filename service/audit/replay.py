@@ -53,7 +53,7 @@ from casetrail.engine.chat import AssistantTurn, ChatMessage, ToolSpec
 from casetrail.engine.loop import ReactEngine
 from casetrail.engine.recorded import recorded_calls
 from casetrail.engine.scripted import ScriptedModel
-from casetrail.engine.tools import ToolBox, WorkerCallResult, mcp_capability
+from casetrail.engine.tools import ToolBox, WorkerCallResult, a2a_capability, mcp_capability
 from casetrail.errors import ModelRejected
 
 REPLAY_DEADLINE_SECONDS = 3600.0
@@ -131,6 +131,16 @@ def _turn(cycle: Mapping[str, Any]) -> AssistantTurn:
                          model=cycle.get("model") or "")
 
 
+def served_by(call: Mapping[str, Any]) -> str:
+    """The capability that served a recorded worker tool call: an MCP server's, a remote
+    A2A agent's, or the tool's own."""
+    if call.get("mcp"):
+        return mcp_capability(call["mcp"]["server"])
+    if call.get("a2a"):
+        return a2a_capability(call["a2a"]["agent"])
+    return str(call["toolName"])
+
+
 @dataclass
 class RecordedTools:
     """The worker tools' recorded answers, by ``<case>:<cycle>:<call index>``."""
@@ -141,10 +151,7 @@ class RecordedTools:
                       retry: bool = True) -> WorkerCallResult:
         recorded = self.answers.get(call_id)
         attempt = ToolAttempt(attempt=1, outcome="ok", duration=timedelta(0), worker="replay")
-        served_by = None if recorded is None else (
-            mcp_capability(recorded["mcp"]["server"]) if recorded.get("mcp")
-            else recorded["toolName"])
-        if recorded is None or served_by != capability:
+        if recorded is None or served_by(recorded) != capability:
             return WorkerCallResult(error=f"the record has no {capability} call here",
                                     attempts=(attempt,))
         if recorded.get("error"):
