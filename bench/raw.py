@@ -22,12 +22,13 @@ from casetrail.contract.events import (
     ToolCallRecord,
     event_payload_json,
     make_event,
+    new_case_id,
 )
 
 
 def sample_cycles(count: int, case_id: uuid.UUID | None = None) -> list[Event]:
     """``count`` realistic REACT_CYCLE events (two tool calls each)."""
-    case_id = case_id or uuid.uuid4()
+    case_id = case_id or new_case_id()
     calls = (
         ToolCallRecord(tool_name="credit-score", tool_args={"applicantId": "A-1001"},
                        tool_result={"score": 742, "bureau": "Equinox"}, tool_source="worker",

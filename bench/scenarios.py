@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,7 +29,7 @@ from casetrail.adapters.bus.publisher import Publisher, event_emitter
 from casetrail.adapters.bus.topology import Topology
 from casetrail.config import Settings
 from casetrail.contract.commands import CaseStartCommand
-from casetrail.contract.events import Limits, ModelRef, make_event
+from casetrail.contract.events import Limits, ModelRef, make_event, new_case_id
 from casetrail.trail.keyfile import action_signer, worker_signer
 from casetrail.trail.person_actions import sign_object, start_object
 
@@ -52,7 +51,7 @@ async def latency_at(settings: Settings, rates: list[int], seconds: float = 8.0
             for rate in rates:
                 total = int(rate * seconds)
                 template = sample_cycles(1)[0]
-                case_id = uuid.uuid4()
+                case_id = new_case_id()
                 interval = 1.0 / rate
                 started = time.perf_counter()
                 pending = set()
@@ -88,7 +87,7 @@ async def submit_direct(settings: Settings, pool: asyncpg.Pool, cases: int, cycl
     HTTP, so the worker alone is what is measured."""
     model = ModelRef(provider="scripted", name="probe-slow", latency_ms=latency_ms)
     limits = Limits(max_cycles=cycles + 1, deadline_seconds=300)
-    ids = [uuid.uuid4() for _ in range(cases)]
+    ids = [new_case_id() for _ in range(cases)]
     # Signed as the API signs a start (a worker runs no case whose start is not).
     signer, now = action_signer(settings), datetime.now(UTC)
     await pool.executemany(

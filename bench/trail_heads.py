@@ -10,11 +10,10 @@ import asyncio
 import gc
 import sys
 import tracemalloc
-import uuid
 from typing import Any
 
 from bench.raw import sample_cycles
-from casetrail.contract.events import Event
+from casetrail.contract.events import Event, new_case_id
 from casetrail.contract.integrity import Integrity, Signer
 from casetrail.trail.emitter import TrailEmitter
 
@@ -34,7 +33,7 @@ def _rss_kib() -> int:
 
 async def _attempts(trail: TrailEmitter, count: int, crash: bool) -> None:
     for _ in range(count):
-        case_id = uuid.uuid4()
+        case_id = new_case_id()
         try:
             with trail.attempt(case_id, 1):
                 for event in sample_cycles(2, case_id):

@@ -5,7 +5,6 @@ in process instead of over the bus. Nothing is published or stored."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from casetrail.contract.events import (
     CaseStatus,
     Event,
     ModelRef,
+    new_case_id,
     status_for,
 )
 from casetrail.engine.case import CaseSpec
@@ -117,7 +117,7 @@ async def _run(profile: AgentProfile, case_input: dict[str, Any], model: ChatMod
                a2a_agents: Sequence[Mapping[str, Any]]) -> CaseRun:
     validated = profile.input_model.model_validate(case_input)
     spec = CaseSpec(
-        case_id=uuid.uuid4(), attempt=1, agent=profile.name,
+        case_id=new_case_id(), attempt=1, agent=profile.name,
         system_prompt=profile.system_prompt,
         input=validated.model_dump(mode="json", by_alias=True),
         limits=profile.default_limits, model=ref,

@@ -24,7 +24,7 @@ from casetrail.cases.services import CaseServices, TenantLoad
 from casetrail.cases.text import refuse_unstorable
 from casetrail.config import Settings
 from casetrail.contract.auth import Principal, Scope
-from casetrail.contract.events import CaseStatus, Limits
+from casetrail.contract.events import CaseStatus, Limits, new_case_id
 from casetrail.engine.answers import DEFAULT_ANSWER_RETRIES
 from casetrail.errors import BusUnavailable, PublishRejected
 from casetrail.privacy.sensitive import placeholder, split
@@ -119,7 +119,7 @@ async def start(services: CaseServices, principal: Principal, request: CaseReque
                                                              "tests only (CASETRAIL_BENCH_MODE=1)"))
     case_input = validated.model_dump(mode="json", by_alias=True)
     stored_input, values = split(agent.input_model, case_input)
-    case_id = uuid.uuid4()
+    case_id = new_case_id()
     # Keyed: the digest of a request that held a sensitive value must not let anyone
     # who reads `cases` test guesses of that value (after an erasure too).
     digest = services.secrets.vault.request_digest(orjson.dumps(

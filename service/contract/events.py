@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal, Self, TypeAlias, get_args
 
 import orjson
+import uuid6
 from pydantic import (
     AwareDatetime,
     BaseModel,
@@ -65,6 +66,13 @@ JsonObject: TypeAlias = dict[str, Any]
 
 class InvalidEvent(ValueError):
     """Raised by :func:`event_from_json` with a message naming the bad field."""
+
+
+def new_case_id() -> uuid.UUID:
+    """A new case's id: a UUIDv7 (RFC 9562), whose first 48 bits are the start's Unix
+    time in milliseconds, so that ``event_log``'s partitions by case-id range are
+    partitions by month of start (docs/design.md, "A log partitioned for years")."""
+    return uuid.UUID(int=uuid6.uuid7().int)
 
 
 def event_id_for(case_id: uuid.UUID, attempt: int, seq: int) -> uuid.UUID:
