@@ -131,9 +131,9 @@ SELECT event_id FROM inserted
 
 _CONFLICTS = """
 SELECT r.idx
-FROM unnest($1::uuid[], $2::text[], $3::int[])
-    AS r(event_id, hash, idx)
-JOIN event_log e USING (event_id)
+FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::int[])
+    AS r(case_id, event_id, hash, idx)
+JOIN event_log e USING (case_id, event_id)
 WHERE e.hash IS DISTINCT FROM r.hash
 """
 
@@ -223,6 +223,7 @@ class EventLogWriter:
             return {}
         rows = await conn.fetch(
             _CONFLICTS,
+            [events[i].case_id for i in candidates],
             [events[i].event_id for i in candidates],
             [signed[i].integrity.hash for i in candidates],
             candidates,

@@ -1,14 +1,18 @@
 """The worker's retention pass (docs/design.md, "Keeping records as long as the law
 says"; docs/operations.md, "Retention and legal holds").
 
-Every ``interval`` seconds, one pass, bounded in cases and in time. It appends a signed
+Every ``interval`` seconds, one pass, bounded in cases and in time. It keeps the log's
+monthly partitions made two years ahead (the owner's ``event_log_prepare_partitions``:
+nothing to do but once a month), appends a signed
 ``CASE_HELD`` to each ended case a legal hold keeps (once per hold) and ``CASE_RELEASED``
 once that hold ended; then, only when some policy in force deletes anything (the default
 keeps everything) and the database lacks nothing the retention journal holds, it
 
 1. expires the cases whose ``CASE_EXPIRED`` is stored (the tombstone is there): the
    owner's ``expire_case`` checks the tombstone, the holds and that the log has every
-   event, then deletes the events and the case row;
+   event, then deletes the events and the case row; a month of the log whose every
+   case has expired (and that ended the floor's six months ago) is then dropped whole
+   by the owner's ``event_log_drop_expired_partitions``, its CASE_EXPIRED rows kept;
 2. erases the personal data of cases past their policy's earlier deadline (the
    owner's ``erase_for_retention``) and appends the signed ``CASE_ERASED`` (a case past
    both deadlines is erased first, and expires the next pass, chained on it);
@@ -31,7 +35,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -75,6 +79,8 @@ class PassOutcome:
     """CASE_HELD and CASE_RELEASED appended."""
     blocked: int = 0
     """Journal entries the database lacks: while any, the pass does nothing."""
+    partitions_dropped: list[str] = field(default_factory=list)
+    """The log's monthly partitions dropped whole (every case in them expired)."""
 
 
 @dataclass
@@ -110,6 +116,8 @@ class RetentionKeeper:
         outcome = PassOutcome()
         until = time.monotonic() + self.seconds
         touched: set[uuid.UUID] = set()
+        if made := await self.store.prepare_partitions():
+            log.info("event_log: %d monthly partitions made ahead", made)
         outcome.holds_recorded = await self._record_holds(touched, until)
         if not await self.store.any_policy():
             self._gauges(0, 0, None)
@@ -168,6 +176,9 @@ class RetentionKeeper:
             metrics.RETENTION_EVENTS_REMOVED.inc(removed)
             log.info("case %s expired: %d events deleted, its tombstone kept", case_id,
                      removed)
+        outcome.partitions_dropped = await self.store.drop_expired_partitions()
+        for name in outcome.partitions_dropped:
+            log.info("event_log: partition %s dropped, every case in it expired", name)
 
     async def _trusted_policies(self, keys: Mapping[str, Any]) -> list[int]:
         """The policies in force whose version, and approval where it needs one, an

@@ -270,6 +270,11 @@ def grants(settings: Settings) -> list[str]:
         f"retention_approvals, retention_policies TO {worker}",
         f"GRANT EXECUTE ON FUNCTION expire_case(uuid), erase_for_retention(uuid, text), "
         f"journal_missing(jsonb) TO {worker}",
+        # ... keeps the log's monthly partitions made ahead, and drops a month whole once
+        # every case in it expired: the owner's functions check that in the database (a
+        # component is granted nothing on a partition itself).
+        f"GRANT EXECUTE ON FUNCTION event_log_prepare_partitions(integer), "
+        f"event_log_drop_expired_partitions() TO {worker}",
         # ... and, under a policy that archives, exports the case's bundle first: its
         # log proofs come from the transparency log (public: /ledger serves it).
         f"GRANT SELECT ON ledger_leaves, ledger_tiles, ledger_checkpoints, ledger_keys, "

@@ -34,6 +34,10 @@ WHERE c.status IN ({ENDED_SQL}) AND s.counted_at IS NOT NULL
 """Every ended case under a policy, with the time its policy counts from (none until a
 business date is set, for a policy counted from one)."""
 
+PARTITION_MONTHS_AHEAD = 24
+"""How far ahead of today the log's monthly partitions are kept made (migration 031)."""
+
+
 def key_held(case: str) -> str:
     """SQL: the hold ``h`` names a business key the case ``case`` has, or had (a
     sensitive key's digest, kept after erasure or expiry in case_key_marks)."""
@@ -244,6 +248,19 @@ class ExpiryStore:
                 return int(await self.pool.fetchval("SELECT expire_case($1)", case_id))
             except asyncpg.PostgresError as exc:
                 raise _refusal(exc) from exc
+
+    async def prepare_partitions(self, months_ahead: int = PARTITION_MONTHS_AHEAD) -> int:
+        """The owner's ``event_log_prepare_partitions``: the months' partitions made now
+        (none, but once a month)."""
+        async with translate_errors():
+            return int(await self.pool.fetchval("SELECT event_log_prepare_partitions($1)",
+                                                months_ahead))
+
+    async def drop_expired_partitions(self) -> list[str]:
+        """The owner's ``event_log_drop_expired_partitions``: the months dropped whole,
+        every case in them expired and none held."""
+        async with translate_errors():
+            return list(await self.pool.fetchval("SELECT event_log_drop_expired_partitions()"))
 
     async def erase(self, case_id: uuid.UUID, by: str) -> datetime | None:
         """The owner's ``erase_for_retention``: when the values were erased (``None``:
