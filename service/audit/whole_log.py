@@ -13,7 +13,9 @@ somebody asks about exactly those cases. The audit asks about all of them:
   problems);
 - the stored tree still has the root of every checkpoint a witness cosigned since the
   last pass, and of the latest one (``checkpoint_inconsistent``);
-- no append-only trigger is switched off now (``trigger_disabled``);
+- no append-only trigger is switched off now (``trigger_disabled``), and each of the
+  log's monthly partitions has its unique key and TRUNCATE trigger and grants nothing
+  (``partition_unguarded``);
 - an expired case (its events deleted by policy, its tombstone kept) is ``expired``,
   not a finding: every pass checks each tombstone against its stored ``CASE_EXPIRED``
   and the number of the case's leaves, and the expired trail's verdict (signature,
@@ -53,6 +55,9 @@ class FindingKind(StrEnum):
     """The stored tree's root at a signed (and witnessed) size is not the signed one."""
     TRIGGER_DISABLED = "trigger_disabled"
     """An append-only trigger is switched off."""
+    PARTITION_UNGUARDED = "partition_unguarded"
+    """A partition of the log lacks its unique key or TRUNCATE trigger, or grants a role
+    anything."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,10 @@ class WholeLog:
             Finding(FindingKind.TRIGGER_DISABLED, f"the append-only trigger {trigger} of "
                     f"{table} is switched off")
             for table, trigger in await self.store.triggers_off()]
+        report.findings += [
+            Finding(FindingKind.PARTITION_UNGUARDED, f"the log's partition {partition} "
+                    f"lacks {', '.join(lacks)}")
+            for partition, lacks in await self.store.partitions_unguarded()]
         await self._trails(report, last.failing_cases if last else [])
         report.seconds = time.perf_counter() - began
         await self.store.keep_run(started, full, report.from_leaf, size,

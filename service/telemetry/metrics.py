@@ -155,7 +155,8 @@ LEDGER_HALTED = Gauge("casetrail_ledger_halted", "1 while the ledger refuses to 
                       "no_anchor (its high-water mark is lost).", ["reason"])
 AUDIT_FINDINGS = Gauge("casetrail_audit_findings", "What the last pass of `casetrail audit` "
                        "found, by kind (removed_after_logging, altered, not_logged, "
-                       "checkpoint_inconsistent, trigger_disabled).", ["kind"])
+                       "checkpoint_inconsistent, trigger_disabled, "
+                       "partition_unguarded).", ["kind"])
 AUDIT_PASSES = Counter("casetrail_audit_passes", "Passes of `casetrail audit` over the log, "
                        "by outcome (clean, findings, failed).", ["outcome"])
 AUDIT_CASES_CHECKED = Counter("casetrail_audit_cases_checked", "Cases whose trails the "

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import aio_pika
+import asyncpg
 
 from casetrail.config import Settings
 from tests.support.helpers import wait_until
@@ -74,6 +75,9 @@ async def test_the_audit_finds_every_deletion_and_change_an_owner_makes(
                                        "event_log_no_update_or_delete")
                 assert code == 1 and report["fromLeaf"] == 0 and report["casesChecked"] == 3
                 assert ("trigger_disabled", None) in found(report), report
+                assert report["byKind"]["partition_unguarded"] == 0, report
+
+                await _an_unguarded_partition_is_found(own, pool, uuid.UUID(changed))
 
                 # An event taken out of the ledger's queue never becomes a leaf.
                 await logged.stop_ledger()
@@ -98,3 +102,25 @@ async def test_the_audit_finds_every_deletion_and_change_an_owner_makes(
                 assert kept >= 5
         finally:
             kill_leftovers(children)
+
+
+async def _an_unguarded_partition_is_found(own: Settings, pool: asyncpg.Pool,
+                                           case_id: uuid.UUID) -> None:
+    # A month's partition whose key is gone (duplicates would be stored) or
+    # that a role may reach directly is a finding too.
+    month = await pool.fetchval(
+        "SELECT tableoid::regclass::text FROM event_log WHERE case_id = $1 "
+        "LIMIT 1", case_id)
+    await pool.execute(f"ALTER TABLE {month} DROP CONSTRAINT "
+                       f"{month}_case_attempt_seq")
+    await pool.execute(f"GRANT SELECT ON {month} TO PUBLIC")
+    code, report = await audit(own)
+    assert code == 1, report
+    (finding,) = [f for f in report["findings"]
+                  if f["kind"] == "partition_unguarded"]
+    assert month in finding["detail"] and "its unique key" in finding["detail"] \
+        and "no grants" in finding["detail"], finding
+    await pool.execute(f"REVOKE SELECT ON {month} FROM PUBLIC")
+    await pool.execute(f"ALTER TABLE {month} ADD CONSTRAINT "
+                       f"{month}_case_attempt_seq UNIQUE (case_id, attempt, seq) "
+                       "INCLUDE (event_type)")

@@ -67,7 +67,7 @@ class AuditStore:
         rows = await self.pool.fetch(
             "SELECT l.case_id, l.leaf_index, l.event_id, e.hash AS stored, "
             "l.event_hash AS leaf FROM ledger_leaves l LEFT JOIN event_log e "
-            "USING (event_id) WHERE l.kind = 'event' AND (e.event_id IS NULL "
+            "USING (case_id, event_id) WHERE l.kind = 'event' AND (e.event_id IS NULL "
             "OR e.hash IS DISTINCT FROM l.event_hash) AND NOT (e.event_id IS NULL AND "
             "EXISTS (SELECT 1 FROM case_tombstones t WHERE t.case_id = l.case_id AND "
             "t.event_id <> l.event_id) AND NOT EXISTS (SELECT 1 FROM cases c WHERE "
@@ -81,7 +81,8 @@ class AuditStore:
         rows = await self.pool.fetch(
             "SELECT t.case_id FROM case_tombstones t WHERE NOT EXISTS (SELECT 1 FROM cases "
             "c WHERE c.case_id = t.case_id) AND (NOT EXISTS (SELECT 1 FROM event_log e "
-            "WHERE e.event_id = t.event_id AND e.hash = t.event_hash) OR (SELECT count(*) "
+            "WHERE e.case_id = t.case_id AND e.event_id = t.event_id "
+            "AND e.hash = t.event_hash) OR (SELECT count(*) "
             "FROM ledger_leaves l WHERE l.case_id = t.case_id AND l.kind = 'event' AND "
             "l.event_id <> t.event_id) <> t.events_removed) ORDER BY t.expired_at")
         return [r["case_id"] for r in rows]
@@ -99,13 +100,33 @@ class AuditStore:
             "(SELECT 1 FROM ledger_queue q WHERE q.event_id = e.event_id)")
         return [Mismatch(r["case_id"], None, r["event_id"], r["hash"], None) for r in rows]
 
+    async def partitions_unguarded(self) -> list[tuple[str, list[str]]]:
+        """(partition, what it lacks) of each of the log's partitions that lacks its
+        unique key on (case_id, attempt, seq) (exactly once rests on it), its own
+        TRUNCATE trigger, or that grants a role anything (reached directly, a partition
+        bypasses the log's triggers and row policies)."""
+        rows = await self.pool.fetch(
+            "SELECT c.relname, ARRAY_REMOVE(ARRAY["
+            "CASE WHEN NOT EXISTS (SELECT 1 FROM pg_index x WHERE x.indrelid = c.oid "
+            "AND x.indisunique AND pg_get_indexdef(x.indexrelid) "
+            "LIKE '%(case_id, attempt, seq)%') THEN 'its unique key' END, "
+            "CASE WHEN NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid "
+            "AND t.tgname = 'event_log_no_truncate' AND t.tgenabled <> 'D') "
+            "THEN 'its TRUNCATE trigger' END, "
+            "CASE WHEN EXISTS (SELECT 1 FROM aclexplode(c.relacl) a "
+            "WHERE a.grantee <> c.relowner) THEN 'no grants' END], NULL) AS lacks "
+            "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = 'event_log'::regclass ORDER BY 1")
+        return [(r["relname"], list(r["lacks"])) for r in rows if r["lacks"]]
+
     async def triggers_off(self) -> list[tuple[str, str]]:
         """(table, trigger) of every append-only trigger that is switched off now."""
         rows = await self.pool.fetch(
             "SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c "
             "ON c.oid = t.tgrelid WHERE NOT t.tgisinternal AND t.tgenabled = 'D' "
-            "AND c.relname = ANY($1::text[]) AND c.relnamespace = "
-            "'public'::regnamespace ORDER BY 1, 2", list(APPEND_ONLY_TABLES))
+            "AND c.relnamespace = 'public'::regnamespace AND (c.relname = ANY($1::text[]) "
+            "OR c.oid IN (SELECT inhrelid FROM pg_inherits "
+            "WHERE inhparent = 'event_log'::regclass)) ORDER BY 1, 2", list(APPEND_ONLY_TABLES))
         return [(r["relname"], r["tgname"]) for r in rows]
 
     async def witnessed_sizes(self, since: int) -> list[tuple[int, bytes]]:
