@@ -373,8 +373,14 @@ class Settings(BaseSettings):
         default=None,
         description="Where the retention pass archives the bundles of cases whose policy "
         "archives them before they expire: a directory (a mounted WORM volume, an "
-        "object-store mount) every worker shares. Default: archive/<namespace> in the "
-        "folder a stack keeps its files (CASETRAIL_HOME).")
+        "object-store mount) every worker shares, or an S3 bucket, s3://bucket[/prefix] "
+        "(credentials from the AWS SDK's chain: AWS_* variables, profile, instance role). "
+        "Default: archive/<namespace> in the folder a stack keeps its files "
+        "(CASETRAIL_HOME).")
+    archive_s3_endpoint: str | None = Field(
+        default=None, pattern=r"^https?://",
+        description="The endpoint of an S3-compatible store (MinIO, Ceph, a cloud's own) "
+        "when CASETRAIL_ARCHIVE_DIR is s3://...; default: AWS's.")
     signing_key_file: str | None = Field(
         default=None,
         description="The worker's Ed25519 signing key (PEM, from `casetrail signer "
@@ -629,7 +635,10 @@ class Settings(BaseSettings):
         path = urlsplit(amqp_nodes(self.amqp_url)[0]).path
         return unquote(path[1:]) if len(path) > 1 else "/"
 
-    def archive_path(self) -> Path:
+    def archive_path(self) -> Path | str:
+        """The archive's directory, or its ``s3://`` URL."""
+        if self.archive_dir and self.archive_dir.startswith("s3://"):
+            return self.archive_dir
         return Path(self.archive_dir) if self.archive_dir else \
             local_dir() / "archive" / self.namespace
 

@@ -2,7 +2,8 @@
 manifest per batch (docs/design.md, "Keeping records as long as the law says";
 docs/bundle.md, "Archives").
 
-An archive is a directory (a mounted WORM volume or object-store mount by default):
+An archive is a directory (a mounted WORM volume or object-store mount by default) or an
+S3 bucket (``casetrail.audit.archive_store``):
 
     bundles/<tenant>/<case id>-<sha256 prefix>.json   one case's bundle
     manifests/<UTC time>-<batch id>.json              one a batch, signed
@@ -21,20 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import errno
 import hashlib
 import logging
-import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from casetrail.adapters.store import CaseSecrets
+from casetrail.audit.archive_store import ArchiveStore
 from casetrail.audit.evidence import Evidence
 from casetrail.contract.integrity import Signer, canonical
 
@@ -68,62 +67,11 @@ class Archived:
         return {"file": self.file, "sha256": self.sha256, "manifest": self.manifest}
 
 
-NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS,
-                      errno.EMLINK, errno.EXDEV})
-"""What ``link`` fails with on a mount that has no hard links (some object-store and
-network mounts): the file is then created under its own name, exclusively."""
-
-
-def _durable(path: Path, data: bytes) -> None:
-    """Write ``data`` as a new file ``path`` (never over one) and fsync it and its folder:
-    written aside and linked into place, so the name never holds a partial file; on a
-    mount without hard links, created exclusively under its name (a crash while writing
-    leaves a file whose digest no longer matches its name, which ``archive verify`` and
-    the next write name, and nothing overwrites)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
-    _written(partial, data)
-    try:
-        os.link(partial, path)  # fails on an existing name: nothing is ever overwritten
-    except OSError as exc:
-        if exc.errno not in NO_LINKS:
-            raise
-        _written(path, data)
-    finally:
-        partial.unlink()
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-
-
-def _written(path: Path, data: bytes) -> None:
-    """``data`` as the new file ``path`` (``FileExistsError`` if there is one), fsynced."""
-    with open(path, "xb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-
-
-def _kept(target: Path, digest: str) -> bool:
-    """Whether ``target`` already holds the bytes of ``digest`` (the same bundle archived
-    before: content-addressed, kept); a file there with other bytes is an error, never
-    overwritten."""
-    if not target.exists():
-        return False
-    if hashlib.sha256(target.read_bytes()).hexdigest() != digest:
-        raise OSError(f"{target} exists and does not hold the bundle its name promises "
-                      "(an interrupted write?): not overwritten; check it with "
-                      "`casetrail archive verify`")
-    return True
-
-
 @dataclass(frozen=True)
 class ArchiveWriter:
-    """Writes bundles and their signed manifest into an archive directory."""
+    """Writes bundles and their signed manifest into an archive."""
 
-    directory: Path
+    store: ArchiveStore
     signer: Signer
     written_by: str
 
@@ -138,9 +86,7 @@ class ArchiveWriter:
             data = orjson.dumps(bundle)
             digest = hashlib.sha256(data).hexdigest()
             name = f"bundles/{bundle['tenantId']}/{bundle['caseId']}-{digest[:16]}.json"
-            target = self.directory / name
-            if not _kept(target, digest):
-                _durable(target, data)
+            self.store.put_new(name, data)
             entries.append({"file": name, "caseId": bundle["caseId"],
                             "tenantId": bundle["tenantId"], "sha256": digest,
                             "bytes": len(data), "events": len(bundle["events"])})
@@ -149,8 +95,7 @@ class ArchiveWriter:
             "writtenAt": now.isoformat().replace("+00:00", "Z"), "bundles": entries}
         manifest["signature"] = {"keyId": self.signer.key_id,
                                  "sig": self.signer.sign_message(manifest_message(manifest))}
-        _durable(self.directory / manifest_name, orjson.dumps(manifest,
-                                                              option=orjson.OPT_INDENT_2))
+        self.store.put_new(manifest_name, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
         return [Archived(uuid.UUID(e["caseId"]), e["file"], e["sha256"], manifest_name)
                 for e in entries]
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from casetrail.audit.archive import MANIFEST_FORMAT, manifest_message
+from casetrail.audit.archive_store import ArchiveStore
 from casetrail.audit.evidence import BundleError, TrustedKey, verify_bundle
 from casetrail.contract.integrity import key_id, message_signature_valid
 from casetrail.ledger.note import Verifier
@@ -69,17 +69,16 @@ def _manifest_problem(manifest: Any, trusted: Sequence[TrustedKey]) -> str | Non
     return None
 
 
-def verify_archive(directory: Path, trusted: Sequence[TrustedKey],
+def verify_archive(store: ArchiveStore, trusted: Sequence[TrustedKey],
                    log_keys: Sequence[Verifier] = (), witnesses: Sequence[Verifier] = (),
                    action_keys: Sequence[bytes] | None = None) -> ArchiveReport:
-    """Check every manifest and bundle under ``directory``."""
+    """Check every manifest and bundle in the archive ``store``."""
     report = ArchiveReport()
     listed: set[str] = set()
-    for path in sorted((directory / "manifests").glob("*.json")):
-        name = path.relative_to(directory).as_posix()
+    for name in store.names("manifests"):
         report.manifests += 1
         try:
-            manifest = orjson.loads(path.read_bytes())
+            manifest = orjson.loads(store.read(name) or b"")
         except (OSError, orjson.JSONDecodeError) as exc:
             report.problems.append(ArchiveProblem(name, "manifest", f"unreadable: {exc}"))
             continue
@@ -92,26 +91,24 @@ def verify_archive(directory: Path, trusted: Sequence[TrustedKey],
             if not isinstance(file, str) or file in listed:
                 continue
             listed.add(file)
-            _check_bundle(directory, file, entry, report, trusted, log_keys, witnesses,
+            _check_bundle(store, file, entry, report, trusted, log_keys, witnesses,
                           action_keys)
-    for path in sorted((directory / "bundles").rglob("*.json")):
-        name = path.relative_to(directory).as_posix()
+    for name in store.names("bundles"):
         if name not in listed:
             report.problems.append(ArchiveProblem(
                 name, "unlisted", "no manifest you trust lists this bundle"))
     return report
 
 
-def _check_bundle(directory: Path, file: str, entry: dict[str, Any], report: ArchiveReport,
-                  trusted: Sequence[TrustedKey], log_keys: Sequence[Verifier],
-                  witnesses: Sequence[Verifier], action_keys: Sequence[bytes] | None
-                  ) -> None:
+def _check_bundle(store: ArchiveStore, file: str, entry: dict[str, Any],
+                  report: ArchiveReport, trusted: Sequence[TrustedKey],
+                  log_keys: Sequence[Verifier], witnesses: Sequence[Verifier],
+                  action_keys: Sequence[bytes] | None) -> None:
     report.bundles += 1
-    path = directory / file
-    if ".." in Path(file).parts or not path.is_file():
+    data = store.read(file)
+    if data is None:
         report.problems.append(ArchiveProblem(file, "missing", "listed, and not there"))
         return
-    data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
         report.problems.append(ArchiveProblem(
             file, "digest", "its SHA-256 is not the one its manifest names: changed"))

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import orjson
@@ -17,31 +16,37 @@ archive_app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown", hel
 
 @archive_app.command("verify")
 def verify(
-    directory: Annotated[Path, typer.Argument(help="The archive (CASETRAIL_ARCHIVE_DIR).")],
+    directory: Annotated[str, typer.Argument(help="The archive (CASETRAIL_ARCHIVE_DIR): a "
+                                             "directory or s3://bucket[/prefix].")],
     trust: Annotated[list[str], typer.Option(
         "--trust", help="A signing key you trust: KEY[@NOT_VALID_AFTER], or a trust file "
         "of such lines; repeatable. Manifests and events must be signed by one.")],
     trust_log: TrustLog = None, trust_witness: TrustWitness = None,
     trust_action: TrustAction = None, log: LogToday = None,
+    s3_endpoint: Annotated[str | None, typer.Option(
+        "--s3-endpoint", envvar="CASETRAIL_ARCHIVE_S3_ENDPOINT",
+        help="An S3-compatible store's endpoint (default: AWS's).")] = None,
     raw: Annotated[bool, typer.Option("--json", help="Print the whole report as JSON.")]
     = False,
 ) -> None:
     """Check every manifest's signature, every file's digest and every bundle offline:
     exit 0 verified, 1 not, 2 could not check."""
     from casetrail.audit.archive_check import ArchiveProblem, verify_archive
+    from casetrail.audit.archive_store import open_archive
     from casetrail.audit.evidence import BundleError, trusted_keys
     from casetrail.ledger.note import NoteError
     from casetrail.ledger.witness import LogUnreachable, check_log_today, verifier_key
 
     try:
-        if not (directory / "manifests").is_dir():
+        store = open_archive(directory, s3_endpoint)
+        if not store.names("manifests"):
             raise BundleError(f"{directory} holds no manifests/: not an archive")
         keys = [key for t in trust for key in trusted_keys(t)]
         log_keys = [verifier_key(t) for t in trust_log or []]
         if log is not None and not log_keys:
             raise BundleError("--log needs --trust-log: the log's answers are checked "
                               "against its key")
-        report = verify_archive(directory, keys, log_keys,
+        report = verify_archive(store, keys, log_keys,
                                 [verifier_key(t) for t in trust_witness or []],
                                 None if trust_action is None else [
                                     k.public_key for t in trust_action

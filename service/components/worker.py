@@ -70,6 +70,7 @@ from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.agents import AGENTS, CAPABILITIES
 from casetrail.agents.profile import AgentProfile
 from casetrail.audit.archive import ArchiveWriter, CaseArchiver
+from casetrail.audit.archive_store import open_archive
 from casetrail.audit.evidence import Evidence
 from casetrail.audit.resume import record_so_far
 from casetrail.cases.configured import described, misconfigured
@@ -238,8 +239,10 @@ class CaseWorker:
     """How often this worker looks for stranded cases (service/components/sweeper.py)."""
     retention_seconds: float = 300.0
     """How often this worker runs the retention pass (service/components/retention.py)."""
-    archive_dir: Path | None = None
-    """Where the retention pass archives bundles (none: cases whose policy archives wait)."""
+    archive_dir: Path | str | None = None
+    """Where the retention pass archives bundles, a directory or an ``s3://`` URL (none:
+    cases whose policy archives wait)."""
+    archive_s3_endpoint: str | None = None
     shutdown_grace: float = 10.0
     review_policy: Callable[[str], ReviewPolicy] = lambda tenant: ReviewPolicy()
     """What a tenant asks of the people deciding its cases (its policy, in the settings)."""
@@ -713,7 +716,8 @@ class CaseWorker:
             return None
         evidence = Evidence(self.store, self.keys, LedgerStore(self.store.pool))
         return CaseArchiver(evidence, self.secrets, ArchiveWriter(
-            self.archive_dir, self.signer, f"retention:{self.owner}"))
+            open_archive(self.archive_dir, self.archive_s3_endpoint), self.signer,
+            f"retention:{self.owner}"))
 
     async def _count_reviews(self) -> None:
         """Keep the review gauges (waiting, overdue, oldest wait) current, every sweep;
@@ -815,6 +819,7 @@ async def run_worker(settings: Settings) -> None:
                             sweep_seconds=settings.sweep_seconds,
                             retention_seconds=settings.retention_seconds,
                             archive_dir=settings.archive_path(),
+                            archive_s3_endpoint=settings.archive_s3_endpoint,
                             publish_retry_seconds=settings.publish_retry_seconds,
                             review_policy=settings.review_policy,
                             review_deadline_seconds=settings.review_deadline_seconds,

@@ -124,6 +124,7 @@ async def in_process_stack(
                             sweep_seconds=settings.sweep_seconds,
                             retention_seconds=settings.retention_seconds,
                             archive_dir=settings.archive_path(),
+                            archive_s3_endpoint=settings.archive_s3_endpoint,
                             review_policy=settings.review_policy,
                             review_deadline_seconds=settings.review_deadline_seconds)
         ring = KeyRing(KeyRegistry(consumer_pool))
