@@ -20,10 +20,12 @@ the cases whose decision changed, the calls the record could not answer, tokens.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -34,6 +36,7 @@ from casetrail.audit.replay import (
     KeptEvents,
     as_validated,
     decision_of,
+    recorded,
     served_by,
 )
 from casetrail.audit.resume import RecordedEvent, final_chain
@@ -168,6 +171,71 @@ async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
                        tuple(answers.unanswered), tokens, changed,
                        None if answer is not None else f"the challenger ended "
                        f"{kept.events[-1].event_type} without an answer")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a backtest may spend: cases run at once, the challenger's tokens, seconds.
+    Once tokens or time are spent no further case starts; those running finish."""
+
+    concurrency: int = 4
+    max_tokens: int | None = None
+    max_seconds: float | None = None
+
+
+@dataclass
+class Run:
+    """A backtest's cases as they were run, and why it stopped early, if it did."""
+
+    outcomes: list[CaseOutcome] = field(default_factory=list)
+    stopped: str | None = None
+    seconds: float = 0.0
+
+
+async def run_backtest(ids: Sequence[uuid.UUID],
+                       trails: Callable[[Sequence[uuid.UUID]],
+                                        Awaitable[Mapping[uuid.UUID, Any]]],
+                       agent: AgentProfile, model: ChatModel, model_ref: ModelRef,
+                       budget: Budget, progress: Callable[[int, int], None] | None = None,
+                       ) -> Run:
+    """The challenger over the cases ``ids`` (their trails read ``trails`` a chunk at a
+    time), ``budget.concurrency`` at once; ``progress(done, total)`` after each case."""
+    run, began = Run(), time.monotonic()
+    spent = 0
+    gate = asyncio.Semaphore(budget.concurrency)
+
+    def exhausted() -> str | None:
+        if budget.max_tokens is not None and spent >= budget.max_tokens:
+            return f"the token budget ({budget.max_tokens:,}) is spent"
+        if budget.max_seconds is not None and time.monotonic() - began >= budget.max_seconds:
+            return f"the time budget ({budget.max_seconds:g} s) is spent"
+        return None
+
+    async def one(case_id: uuid.UUID, trail: Any) -> None:
+        nonlocal spent
+        async with gate:
+            if (why := exhausted()) is not None:
+                run.stopped = run.stopped or why
+                return
+            outcome = await backtest_case(case_id, recorded(trail), agent, model, model_ref)
+            spent += outcome.tokens
+            run.outcomes.append(outcome)
+            if progress is not None:
+                progress(len(run.outcomes), len(ids))
+
+    for chunk in range(0, len(ids), CHUNK):
+        if run.stopped:
+            break
+        read = await trails(ids[chunk:chunk + CHUNK])
+        await asyncio.gather(*(one(case_id, trail) for case_id, trail in read.items()))
+    order = {case_id: index for index, case_id in enumerate(ids)}
+    run.outcomes.sort(key=lambda o: order[o.case_id])
+    run.seconds = time.monotonic() - began
+    return run
+
+
+CHUNK = 500
+"""Trails read a query."""
 
 
 def summary(outcomes: Sequence[CaseOutcome]) -> dict[str, Any]:

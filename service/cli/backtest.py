@@ -4,7 +4,9 @@ written and no tool is asked: the record answers, or the call is refused."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
@@ -14,14 +16,37 @@ from casetrail.cli.common import run
 from casetrail.config import get_settings
 
 
-def _since(text: str | None) -> datetime | None:
-    if text is None:
-        return None
+def _instant(text: str | None, option: str) -> datetime | None:
+    from casetrail.cases.errors import Invalid
+    from casetrail.cases.reading import instant
+
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        typer.echo(f"--since is not an RFC 3339 time: {text!r}", err=True)
+        return instant(text, option)
+    except Invalid:
+        typer.echo(f"{option} is not an RFC 3339 time with its offset: {text!r}", err=True)
         raise typer.Exit(2) from None
+
+
+def _case_ids(path: Path | None) -> list[uuid.UUID] | None:
+    """The case ids in ``path``, one a line (blank lines and ``#`` comments skipped)."""
+    if path is None:
+        return None
+    ids = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            ids.append(uuid.UUID(text))
+        except ValueError:
+            typer.echo(f"--cases {path}, line {number}: not a case id: {text!r}", err=True)
+            raise typer.Exit(2) from None
+    return ids
+
+
+def _progress(done: int, total: int) -> None:
+    if done == total or done % max(1, total // 10) == 0:
+        typer.echo(f"backtest: {done} of {total} cases", err=True)
 
 
 def backtest(
@@ -33,7 +58,18 @@ def backtest(
         "A configured model endpoint (CASETRAIL_MODEL_ENDPOINTS) for --model."))] = None,
     since: Annotated[str | None, typer.Option(help="Cases created at or after this RFC "
                                               "3339 time.")] = None,
+    until: Annotated[str | None, typer.Option(help="Cases created before this RFC 3339 "
+                                              "time.")] = None,
+    cases: Annotated[Path | None, typer.Option(
+        "--cases", exists=True, dir_okay=False,
+        help="Only these cases: a file of case ids, one a line.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many cases.")] = 1000,
+    concurrency: Annotated[int, typer.Option(min=1, max=256, help=(
+        "Cases run at once."))] = 4,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help=(
+        "Start no further case once the challenger has used this many tokens."))] = None,
+    max_seconds: Annotated[float | None, typer.Option(min=0.001, help=(
+        "Start no further case after this many seconds."))] = None,
     raw: Annotated[bool, typer.Option("--json", help="The whole comparison as JSON.")]
     = False,
 ) -> None:
@@ -43,6 +79,7 @@ def backtest(
     agreement with reviewers and the cases whose decision changed. Exit 2 when there is
     nothing to run."""
     from casetrail.agents import AGENTS
+    from casetrail.audit.backtest import Budget
     from casetrail.contract.events import ModelRef
     from casetrail.engine.scripted import ScriptedModel
     from casetrail.providers import ModelFactory, model_problem
@@ -60,12 +97,13 @@ def backtest(
     if problem := model_problem(ref, settings):
         typer.echo(f"--model: {problem[1]}", err=True)
         raise typer.Exit(2)
-    start = _since(since)
+    start, end, among = _instant(since, "--since"), _instant(until, "--until"), \
+        _case_ids(cases)
+    budget = Budget(concurrency, max_tokens, max_seconds)
 
     async def main() -> dict[str, Any]:
         from casetrail.adapters.store import CaseStore, create_pool
-        from casetrail.audit.backtest import backtest_case, summary
-        from casetrail.audit.replay import recorded
+        from casetrail.audit.backtest import run_backtest, summary
 
         factory = ModelFactory(settings)
         chat = ScriptedModel(profile.script, name=ref.name) \
@@ -74,20 +112,18 @@ def backtest(
         pool = await create_pool(settings.database_url, max_size=2)
         try:
             store = CaseStore(pool)
-            ids = await store.decided_cases(agent, start, limit)
-            outcomes = []
-            for chunk in range(0, len(ids), 500):
-                trails = await store.trails(ids[chunk:chunk + 500])
-                for case_id, trail in trails.items():
-                    outcomes.append(await backtest_case(case_id, recorded(trail), profile,
-                                                        chat, ref))
+            ids = await store.decided_cases(agent, start, limit, until=end, among=among)
+            done = await run_backtest(ids, store.trails, profile, chat, ref, budget,
+                                      None if raw else _progress)
         finally:
             await pool.close()
             await factory.aclose()
         return {"agent": agent, "agentDigest": profile.digest,
                 "challengerModel": ref.model_dump(mode="json", by_alias=True,
                                                   exclude_none=True),
-                **summary(outcomes)}
+                "selected": len(ids), "seconds": round(done.seconds, 3),
+                **({"stopped": done.stopped} if done.stopped else {}),
+                **summary(done.outcomes)}
 
     found = run(main())
     if raw:
@@ -98,8 +134,11 @@ def backtest(
 
 
 def _print(found: dict[str, Any]) -> None:
-    typer.echo(f"{found['cases']} cases of {found['agent']}, challenger "
+    typer.echo(f"{found['cases']} of {found['selected']} cases of {found['agent']} in "
+               f"{found['seconds']} s, challenger "
                f"{found['challengerModel']['provider']}/{found['challengerModel']['name']}")
+    if "stopped" in found:
+        typer.echo(f"stopped early: {found['stopped']}")
     for cell in found["matrix"]:
         typer.echo(f"  {cell['champion']:>12} -> {cell['challenger']:<12} {cell['cases']}")
     agreed = found["agreementWithReviewers"]

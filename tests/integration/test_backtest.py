@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -119,3 +120,36 @@ async def test_the_cli_prints_the_comparison(
                          "loan-officer", "--since", "2999-01-01T00:00:00Z"],
         env=settings.environment(), capture_output=True, text=True, timeout=120, check=False)
     assert none.returncode == 2, none.stdout + none.stderr  # nothing to run
+
+
+async def test_the_cli_takes_a_list_of_cases_a_window_and_budgets(
+    decided: dict[uuid.UUID, Any], settings: Settings, tmp_path: Path,
+) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "casetrail.cli", "backtest", "--agent",
+                               "loan-officer", *args], env=settings.environment(),
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    first, *rest = decided
+    listed = tmp_path / "cases.txt"
+    listed.write_text(f"# the validation sample\n{first}\n\n{rest[1]}  # a decline\n")
+    done = await asyncio.to_thread(cli, "--cases", str(listed), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = orjson.loads(done.stdout)
+    assert [r["caseId"] for r in found["results"]] == [str(first), str(rest[1])], found
+    # A window that ends before the cases were made holds none of them.
+    before = await asyncio.to_thread(cli, "--since", SINCE[0].isoformat(), "--until",
+                                     SINCE[0].isoformat(), "--json")
+    assert before.returncode == 2, before.stdout + before.stderr
+    # A token budget smaller than one case's: the first case runs, no other starts.
+    spent = await asyncio.to_thread(cli, "--since", SINCE[0].isoformat(), "--concurrency",
+                                    "1", "--max-tokens", "1")
+    assert spent.returncode == 0, spent.stdout + spent.stderr
+    assert spent.stdout.startswith("1 of 3 cases") and "stopped early: the token budget" \
+        in spent.stdout, spent.stdout
+    assert "backtest: 1 of 3 cases" in spent.stderr  # progress
+    listed.write_text("not-a-case\n")
+    bad = await asyncio.to_thread(cli, "--cases", str(listed))
+    assert bad.returncode == 2 and "line 1: not a case id" in bad.stderr, bad.stderr
+    late = await asyncio.to_thread(cli, "--until", "yesterday")
+    assert late.returncode == 2 and "--until is not an RFC 3339 time" in late.stderr

@@ -446,10 +446,12 @@ class CaseStore:
         return found
 
     async def decided_cases(self, agent: str | None, since: datetime | None,
-                            limit: int) -> list[uuid.UUID]:
+                            limit: int, *, until: datetime | None = None,
+                            among: Sequence[uuid.UUID] | None = None) -> list[uuid.UUID]:
         """Cases the agent decided (completed, or waiting for a person to review its
         decision), oldest first: of ``agent`` (any when ``None``), created at or after
-        ``since``; at most ``limit``."""
+        ``since`` and before ``until``, among the ids ``among`` when given; at most
+        ``limit``."""
         async with translate_errors():
             rows = await self._pool.fetch(
                 f"""SELECT case_id FROM cases
@@ -457,7 +459,10 @@ class CaseStore:
                                     '{CaseStatus.AWAITING_REVIEW.value}')
                      AND ($1::text IS NULL OR agent = $1)
                      AND ($2::timestamptz IS NULL OR created_at >= $2)
-                   ORDER BY created_at, case_id LIMIT $3""", agent, since, limit)
+                     AND ($4::timestamptz IS NULL OR created_at < $4)
+                     AND ($5::uuid[] IS NULL OR case_id = ANY($5::uuid[]))
+                   ORDER BY created_at, case_id LIMIT $3""", agent, since, limit, until,
+                None if among is None else list(among))
         return [row["case_id"] for row in rows]
 
     async def claim(self, case_id: uuid.UUID, owner: str, lease_seconds: float) -> Claim:
