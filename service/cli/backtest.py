@@ -16,7 +16,7 @@ from casetrail.cli.common import run
 from casetrail.config import get_settings
 
 
-def _instant(text: str | None, option: str) -> datetime | None:
+def instant_option(text: str | None, option: str) -> datetime | None:
     from casetrail.cases.errors import Invalid
     from casetrail.cases.reading import instant
 
@@ -27,7 +27,7 @@ def _instant(text: str | None, option: str) -> datetime | None:
         raise typer.Exit(2) from None
 
 
-def _case_ids(path: Path | None) -> list[uuid.UUID] | None:
+def case_ids(path: Path | None) -> list[uuid.UUID] | None:
     """The case ids in ``path``, one a line (blank lines and ``#`` comments skipped)."""
     if path is None:
         return None
@@ -97,8 +97,8 @@ def backtest(
     if problem := model_problem(ref, settings):
         typer.echo(f"--model: {problem[1]}", err=True)
         raise typer.Exit(2)
-    start, end, among = _instant(since, "--since"), _instant(until, "--until"), \
-        _case_ids(cases)
+    start, end, among = instant_option(since, "--since"), instant_option(until, "--until"), \
+        case_ids(cases)
     budget = Budget(concurrency, max_tokens, max_seconds)
 
     async def main() -> dict[str, Any]:

@@ -34,6 +34,7 @@ from casetrail.cli.common import configure_logging as _logging
 from casetrail.cli.common import run as _run
 from casetrail.cli.common import with_evidence
 from casetrail.cli.configuration import a2a_agents, agents, check, mcp_tools
+from casetrail.cli.dataset import dataset_app
 from casetrail.cli.persons import persons_app
 from casetrail.cli.retention import holds_app, retention_app
 from casetrail.components import gc_tuning
@@ -483,6 +484,7 @@ app.add_typer(persons_app, name="persons")
 app.add_typer(retention_app, name="retention")
 app.add_typer(holds_app, name="holds")
 app.add_typer(archive_app, name="archive")
+app.add_typer(dataset_app, name="dataset")
 
 app.registered_commands.extend(audit_app.registered_commands)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import jsonschema
 import orjson
 import pytest
 
@@ -26,6 +27,7 @@ from casetrail.audit.replay import recorded
 from casetrail.config import Settings
 from casetrail.engine.scripted import ScriptedModel
 from tests.support.helpers import ended
+from tests.support.retention import person
 from tests.support.stack import module_stack
 
 stack = module_stack(worker_concurrency=4)
@@ -153,3 +155,51 @@ async def test_the_cli_takes_a_list_of_cases_a_window_and_budgets(
     assert bad.returncode == 2 and "line 1: not a case id" in bad.stderr, bad.stderr
     late = await asyncio.to_thread(cli, "--until", "yesterday")
     assert late.returncode == 2 and "--until is not an RFC 3339 time" in late.stderr
+
+
+async def test_a_dataset_export_validates_against_its_schema_and_round_trips(
+    decided: dict[uuid.UUID, Any], settings: Settings, stack: Any, pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> None:
+    """The refer is reviewed (confirmed) by a person first: it carries the label."""
+    approve, refer, decline = decided
+    async with await person(pool, stack.base_url, "rita", "cases:review", "cases:read") as rita:
+        reviewed = await rita.post(f"/cases/{refer}/review", json={
+            "verdict": "confirm", "reason": "The bureau's file is thin: refer stands."})
+        assert reviewed.status_code == 202, reviewed.text
+        assert (await ended(rita, refer, statuses=("awaiting_review",)))["status"] == \
+            "completed"
+    await asyncio.sleep(0.3)  # the terminal event reaches Postgres
+    schema = orjson.loads((Path(__file__).parents[2] / "docs" / "dataset.schema.json")
+                          .read_bytes())
+
+    def export(*args: str) -> list[dict[str, Any]]:
+        out = tmp_path / "cases.jsonl"
+        done = subprocess.run(
+            [sys.executable, "-m", "casetrail.cli", "dataset", "export", "--agent",
+             "loan-officer", "--since", SINCE[0].isoformat(), "-o", str(out), *args],
+            env=settings.environment(), capture_output=True, text=True, timeout=120,
+            check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        raw = out.read_bytes()
+        lines = [orjson.loads(line) for line in raw.splitlines()]
+        assert b"".join(orjson.dumps(line) + b"\n" for line in lines) == raw  # round trip
+        for line in lines:
+            jsonschema.validate(line, schema, format_checker=jsonschema.FormatChecker())
+        return lines
+
+    every = export()
+    assert [line["caseId"] for line in every] == [str(c) for c in (approve, refer, decline)]
+    by_case = {line["caseId"]: line for line in every}
+    labelled = by_case[str(refer)]
+    assert labelled["output"]["decision"] == "refer" == labelled["expectedOutput"]["decision"]
+    assert labelled["review"]["verdict"] == "confirm" and labelled["review"]["reviewer"] == \
+        "rita" and "thin" in labelled["review"]["reason"]
+    assert by_case[str(approve)]["expectedOutput"] is None
+    scored = [c for c in by_case[str(approve)]["toolCalls"] if c["toolName"] == "credit-score"]
+    assert scored and scored[0]["toolResult"] is not None
+    # No sensitive value in clear: the applicant's name is its placeholder.
+    name = SAMPLE_APPLICATIONS[0]["applicantName"]
+    assert name not in orjson.dumps(every).decode()
+    assert by_case[str(approve)]["input"]["applicantName"] == "[pii:applicantName]"
+    assert [line["caseId"] for line in export("--reviewed-only")] == [str(refer)]
