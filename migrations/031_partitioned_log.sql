@@ -98,20 +98,52 @@ CREATE FUNCTION uuid7_floor(at timestamptz) RETURNS uuid
             || repeat('0', 20))::uuid
 $$;
 
--- Makes the partitions of the months from last month to `months_ahead` ahead that do
--- not exist yet; returns how many it made. A month whose range already holds rows in the
--- default partition (an older random id that happens to fall there) gets none: its
--- cases stay in the default partition. Creating a partition scans the default one under
--- a lock that pauses inserts; the migration makes three years ahead while the default
--- partition is not attached yet, and the worker's retention pass keeps two years ahead.
+-- Creating a partition scans the default one under a lock that pauses inserts: the
+-- migration makes three years ahead while the default partition is not attached yet,
+-- and the worker's retention pass keeps two years ahead, one month at a time.
+-- Makes the partition of the calendar month (UTC) of `month`, with its unique keys and
+-- its own TRUNCATE trigger, unless it exists or the default partition already holds
+-- rows of its range (an older random id that happens to fall there: the month's cases
+-- then stay in the default partition); says whether it made it.
+CREATE FUNCTION event_log_make_partition(month timestamptz) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    name text;
+    lo uuid;
+    hi uuid;
+BEGIN
+    month := date_trunc('month', month, 'UTC');
+    name := 'event_log_' || to_char(month AT TIME ZONE 'UTC', 'YYYY_MM');
+    IF to_regclass(name) IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    -- One maker at a time; look again once it is ours.
+    PERFORM pg_advisory_xact_lock(hashtext('casetrail.event_log partitions'));
+    lo := uuid7_floor(month);
+    hi := uuid7_floor(month + interval '1 month');
+    IF to_regclass(name) IS NOT NULL OR EXISTS (
+            SELECT 1 FROM event_log_default WHERE case_id >= lo AND case_id < hi) THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('CREATE TABLE %I PARTITION OF event_log FOR VALUES FROM (%L) TO (%L)',
+                   name, lo, hi);
+    -- Serves the auditor's query straight from the index:
+    --   WHERE case_id = $1 AND event_type = ANY($2) ORDER BY attempt, seq
+    EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I UNIQUE (case_id, attempt, seq) '
+                   'INCLUDE (event_type), ADD CONSTRAINT %I UNIQUE (case_id, event_id)',
+                   name, name || '_case_attempt_seq', name || '_case_event');
+    EXECUTE format('CREATE TRIGGER event_log_no_truncate BEFORE TRUNCATE ON %I '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION event_log_append_only()', name);
+    EXECUTE format('ALTER TABLE %I ENABLE ALWAYS TRIGGER event_log_no_truncate', name);
+    RETURN true;
+END;
+$$;
+
+-- The months from last month to `months_ahead` ahead; returns how many it made now.
 CREATE FUNCTION event_log_prepare_partitions(months_ahead integer DEFAULT 24)
     RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
-    month timestamptz;
-    name text;
-    lo uuid;
-    hi uuid;
     made integer := 0;
 BEGIN
     IF months_ahead NOT BETWEEN 0 AND 240 THEN
@@ -119,27 +151,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR i IN -1 .. months_ahead LOOP
-        month := date_trunc('month', now(), 'UTC') + make_interval(months => i);
-        name := 'event_log_' || to_char(month AT TIME ZONE 'UTC', 'YYYY_MM');
-        CONTINUE WHEN to_regclass(name) IS NOT NULL;
-        -- One maker at a time; look again once it is ours.
-        PERFORM pg_advisory_xact_lock(hashtext('casetrail.event_log partitions'));
-        CONTINUE WHEN to_regclass(name) IS NOT NULL;
-        lo := uuid7_floor(month);
-        hi := uuid7_floor(month + interval '1 month');
-        CONTINUE WHEN EXISTS (SELECT 1 FROM event_log_default
-                              WHERE case_id >= lo AND case_id < hi);
-        EXECUTE format('CREATE TABLE %I PARTITION OF event_log FOR VALUES FROM (%L) TO (%L)',
-                       name, lo, hi);
-        -- Serves the auditor's query straight from the index:
-        --   WHERE case_id = $1 AND event_type = ANY($2) ORDER BY attempt, seq
-        EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I UNIQUE (case_id, attempt, seq) '
-                       'INCLUDE (event_type), ADD CONSTRAINT %I UNIQUE (case_id, event_id)',
-                       name, name || '_case_attempt_seq', name || '_case_event');
-        EXECUTE format('CREATE TRIGGER event_log_no_truncate BEFORE TRUNCATE ON %I '
-                       'FOR EACH STATEMENT EXECUTE FUNCTION event_log_append_only()', name);
-        EXECUTE format('ALTER TABLE %I ENABLE ALWAYS TRIGGER event_log_no_truncate', name);
-        made := made + 1;
+        IF event_log_make_partition(now() + make_interval(months => i)) THEN
+            made := made + 1;
+        END IF;
     END LOOP;
     RETURN made;
 END;
@@ -194,4 +208,4 @@ $$;
 
 -- Only the roles setup names may call these (the worker's retention pass).
 REVOKE EXECUTE ON FUNCTION event_log_prepare_partitions(integer),
-    event_log_drop_expired_partitions() FROM PUBLIC;
+    event_log_make_partition(timestamptz), event_log_drop_expired_partitions() FROM PUBLIC;

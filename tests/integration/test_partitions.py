@@ -92,6 +92,7 @@ async def test_a_month_is_dropped_whole_only_once_every_case_in_it_expired(
         assert await audit.expiries_unaccounted() == []
         assert await audit.leaves_unmatched() == []
         assert await audit.events_unlogged() == []
+        assert await audit.partitions_unguarded() == []
 
 
 async def test_new_cases_land_in_their_months_partition(settings: Settings) -> None:
@@ -117,19 +118,12 @@ async def test_new_cases_land_in_their_months_partition(settings: Settings) -> N
 
 
 async def _old_month(pool: asyncpg.Pool) -> str:
-    """A month's partition as the migration makes them (owned by the log's owner), for
-    a month long past: the tests cannot wait."""
+    """A month's partition as the owner's function makes them, for a month long past:
+    the tests cannot wait."""
     start = _month_start(MONTHS_AGO)
-    name = f"event_log_{start:%Y_%m}"
-    owner = await pool.fetchval("SELECT relowner::regrole::text FROM pg_class "
-                                "WHERE oid = 'event_log'::regclass")
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            f"CREATE TABLE {name} PARTITION OF event_log FOR VALUES FROM "
-            f"(uuid7_floor('{start.isoformat()}')) "
-            f"TO (uuid7_floor('{start.isoformat()}'::timestamptz + interval '1 month'))")
-        await conn.execute(f"ALTER TABLE {name} OWNER TO {owner}")
-    return name
+    assert await pool.fetchval("SELECT event_log_make_partition($1)", start) is True
+    assert await pool.fetchval("SELECT event_log_make_partition($1)", start) is False
+    return f"event_log_{start:%Y_%m}"
 
 
 async def _cases_in(pool: asyncpg.Pool, month: str, n: int) -> list[uuid.UUID]:
