@@ -6,10 +6,11 @@ Each history is seeded once into a cached database (``casetrail_bench_events_<N>
 like the proof bench's tree) and used again by every later run; a run adds its own
 10,000 events to it. The seeded cases are of the bench's tenant, ten events each (a
 start, eight cycles, a completion) with compact payloads: the indexes the pipeline
-writes (the log's primary key, its ``(case_id, attempt, seq)`` key, the cases' search
-indexes) are at full size, the heap smaller than real events would make it, which keeps
-two histories within ~25 GB of disk. Seeded events are not in the transparency log
-(they are written with its trigger off): the run's own events are.
+writes (the log's keys, the cases' search indexes) are at full size, the heap smaller
+than real events would make it, which keeps two histories within ~25 GB of disk. Seeded
+events are not in the transparency log (they are written with its trigger off): the
+run's own events are. The seeded cases have random ids, so they are in the log's default
+partition (as an upgraded log's are); the run's own cases are in their month's.
 
     python -m bench.history [N ...]
 """
@@ -102,8 +103,9 @@ async def _seed(conn: asyncpg.Connection, done: int, wanted: int) -> None:
     began = time.monotonic()
     await conn.execute("SET synchronous_commit = off; SET maintenance_work_mem = '1GB'")
     await conn.execute("ALTER TABLE event_log DISABLE TRIGGER event_log_enters_ledger; "
-                       "ALTER TABLE event_log DROP CONSTRAINT IF EXISTS event_log_pkey, "
-                       "DROP CONSTRAINT IF EXISTS event_log_case_attempt_seq")
+                       "ALTER TABLE event_log_default DROP CONSTRAINT IF EXISTS "
+                       "event_log_default_event_id, DROP CONSTRAINT IF EXISTS "
+                       "event_log_default_case_attempt_seq")
     for start in range(done, wanted, _STEP):
         end = min(start + _STEP, wanted)
         async with conn.transaction():
@@ -112,10 +114,11 @@ async def _seed(conn: asyncpg.Connection, done: int, wanted: int) -> None:
             await conn.execute("INSERT INTO bench_history VALUES ($1)", end)
         print(f"  {end * EVENTS_A_CASE:,} events, {time.monotonic() - began:.0f} s",
               flush=True)
-    await conn.execute("ALTER TABLE event_log ADD CONSTRAINT event_log_pkey "
-                       "PRIMARY KEY (event_id)")
-    await conn.execute("ALTER TABLE event_log ADD CONSTRAINT event_log_case_attempt_seq "
-                       "UNIQUE (case_id, attempt, seq) INCLUDE (event_type)")
+    await conn.execute("ALTER TABLE event_log_default ADD CONSTRAINT "
+                       "event_log_default_event_id PRIMARY KEY (event_id)")
+    await conn.execute("ALTER TABLE event_log_default ADD CONSTRAINT "
+                       "event_log_default_case_attempt_seq UNIQUE (case_id, attempt, seq) "
+                       "INCLUDE (event_type)")
     await conn.execute("ALTER TABLE event_log ENABLE ALWAYS TRIGGER event_log_enters_ledger")
     await conn.execute("VACUUM (ANALYZE) event_log")
     await conn.execute("VACUUM (ANALYZE) cases")

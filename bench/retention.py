@@ -1,9 +1,12 @@
 """What expiry costs, and what it gives back: a log of N events (10 a case, each of the
 size a real REACT_CYCLE stores), every case tombstoned as its CASE_EXPIRED leaves it,
 then every case expired through the owner's ``expire_case()`` in batches, as the
-retention pass does. Figures: events removed a second, the table's size on disk before,
-after expiry and VACUUM, and after the same number of events is written again (the space
-expiry freed is reused: the table does not grow beyond it), and bytes per event on disk.
+retention pass does; then their month's partition dropped whole, as the pass drops a
+month every case of which expired. The cases have time-ordered ids of 400 days ago, so
+they are in that month's partition. Figures: events removed a second, the log's size on
+disk (every partition) before, after expiry and VACUUM, after the month is dropped, and
+after the same number of events is written again (into another old month), and bytes per
+event on disk.
 
 The events are written by SQL, not signed by a worker (signing 1,000,000 events is the
 end-to-end benchmark's business, not this one's): the triggers, the checks and the
@@ -32,7 +35,7 @@ BATCH = 1_000
 _CASES = """
 INSERT INTO cases (case_id, agent, status, input, model, limits, request_digest,
                    created_at, ended_at, tenant_id)
-SELECT uuid_generate_v5(ns, 'case' || g), 'loan-officer', 'completed',
+SELECT old_case(ns, g), 'loan-officer', 'completed',
        '{"applicantId": "A-1001", "applicantName": "[pii:applicantName]"}', '{}', '{}',
        md5(g::text), now() - interval '400 days', now() - interval '400 days', 'default'
 FROM generate_series($1::int, $2::int) g, (SELECT $3::uuid AS ns) n
@@ -40,7 +43,7 @@ FROM generate_series($1::int, $2::int) g, (SELECT $3::uuid AS ns) n
 _EVENTS = """
 INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
                        schema_version, payload, tenant_id, prev_hash, hash, key_id, sig, body)
-SELECT gen_random_uuid(), uuid_generate_v5(ns, 'case' || g), 1, s,
+SELECT gen_random_uuid(), old_case(ns, g), 1, s,
        CASE WHEN s = 0 THEN 'CASE_STARTED' WHEN s = $4::int - 1 THEN 'CASE_COMPLETED'
             ELSE 'REACT_CYCLE' END,
        now() - interval '400 days', 2, p.payload, 'default', repeat('0', 64),
@@ -58,13 +61,33 @@ FROM generate_series($1::int, $2::int) g, generate_series(0, $4::int - 1) s,
 _EXPIRED = """
 INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
                        schema_version, payload, tenant_id, prev_hash, hash, key_id, sig, body)
-SELECT gen_random_uuid(), uuid_generate_v5(ns, 'case' || g), 1, $4::int, 'CASE_EXPIRED', now(), 2,
+SELECT gen_random_uuid(), old_case(ns, g), 1, $4::int, 'CASE_EXPIRED', now(), 2,
        jsonb_build_object('policyId', 1, 'policyVersion', 1, 'eventsRemoved', $4::int,
                           'heads', '[]'::jsonb, 'expiredBy', 'bench'),
        'default', repeat('0', 64), md5('x' || g) || md5('y' || g), 'abcdefabcdefabcd',
        repeat('s', 86), '\\x7b7d'
 FROM generate_series($1::int, $2::int) g, (SELECT $3::uuid AS ns) n
 """
+
+
+# Time-ordered ids of cases started 400 days ago (one per "namespace" millisecond), and
+# the partition of their month, made as the migration makes a month's.
+_OLD_CASE = """
+CREATE FUNCTION old_case(ns uuid, g integer) RETURNS uuid LANGUAGE sql IMMUTABLE AS $$
+    SELECT (left(replace(ns::text, '-', ''), 12) || '7' || lpad(to_hex(g), 19, '0'))::uuid
+$$
+"""
+
+
+async def _old_month(conn: asyncpg.Connection, offset_days: int) -> tuple[uuid.UUID, str]:
+    """A millisecond ``offset_days`` ago, as a case id prefix, and its month's partition."""
+    start = await conn.fetchval("SELECT date_trunc('month', now() - make_interval("
+                                "days => $1), 'UTC')", offset_days)
+    name = f"event_log_{start:%Y_%m}"
+    await conn.execute("SELECT event_log_make_partition($1)", start)
+    prefix = await conn.fetchval("SELECT uuid7_floor(now() - make_interval(days => $1))",
+                                 offset_days)
+    return prefix, name
 
 
 async def _write(conn: asyncpg.Connection, cases: int, namespace: uuid.UUID) -> float:
@@ -87,7 +110,9 @@ async def _logged(conn: asyncpg.Connection) -> None:
 
 
 async def _size(conn: asyncpg.Connection) -> int:
-    return int(await conn.fetchval("SELECT pg_total_relation_size('event_log')"))
+    """The log's bytes on disk: every partition's, with its indexes and TOAST."""
+    return int(await conn.fetchval("SELECT sum(pg_total_relation_size(relid)) "
+                                   "FROM pg_partition_tree('event_log')"))
 
 
 async def expiry_cost(events: int) -> dict[str, Any]:
@@ -97,9 +122,9 @@ async def expiry_cost(events: int) -> dict[str, Any]:
     await migrate(url)
     conn = await asyncpg.connect(url)
     try:
-        await conn.execute('CREATE EXTENSION IF NOT EXISTS "uuid-ossp"')
+        await conn.execute(_OLD_CASE)
         cases = events // EVENTS_PER_CASE
-        namespace = uuid.uuid4()
+        namespace, month = await _old_month(conn, 400)
         await _write(conn, cases, namespace)
         await conn.execute("VACUUM ANALYZE event_log")
         before = await _size(conn)
@@ -118,7 +143,13 @@ async def expiry_cost(events: int) -> dict[str, Any]:
         seconds = time.perf_counter() - began
         await conn.execute("VACUUM event_log")
         after_expiry = await _size(conn)
-        await _write(conn, cases, uuid.uuid4())  # the same number of events again
+        began = time.perf_counter()
+        dropped = await conn.fetchval("SELECT event_log_drop_expired_partitions()")
+        drop_seconds = time.perf_counter() - began
+        assert dropped == [month], (dropped, month)
+        after_drop = await _size(conn)
+        namespace, _ = await _old_month(conn, 370)  # the same number of events again
+        await _write(conn, cases, namespace)
         await conn.execute("VACUUM event_log")
         rewritten = await _size(conn)
     finally:
@@ -127,8 +158,10 @@ async def expiry_cost(events: int) -> dict[str, Any]:
     return {"events": stored, "cases": cases, "eventsRemoved": removed,
             "expirySeconds": round(seconds, 1),
             "eventsRemovedPerSecond": round(removed / seconds),
+            "partitionDropSeconds": round(drop_seconds, 2),
             "bytesPerEventOnDisk": round(before / stored),
             "tableBytesBefore": before, "tableBytesAfterExpiryAndVacuum": after_expiry,
+            "tableBytesAfterPartitionDrop": after_drop,
             "tableBytesAfterWritingAsManyAgain": rewritten,
             "growthAfterRewriteRatio": round(rewritten / before, 3)}
 

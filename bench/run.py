@@ -329,6 +329,8 @@ def _retention_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             ("  event_log on disk", f"{x['bytesPerEventOnDisk']:,} B/event", "",
              f"{x['tableBytesBefore'] / 2**20:,.0f} MB before; "
              f"{x['tableBytesAfterExpiryAndVacuum'] / 2**20:,.0f} MB after expiry and VACUUM; "
+             f"{x['tableBytesAfterPartitionDrop'] / 2**20:,.0f} MB once the month is dropped "
+             f"({x['partitionDropSeconds']} s); "
              f"{x['tableBytesAfterWritingAsManyAgain'] / 2**20:,.0f} MB after writing as many "
              f"again ({x['growthAfterRewriteRatio']:.3f}x: the space expiry freed is reused)")]
 

@@ -103,8 +103,10 @@ def test_the_retention_rows_give_the_expiry_rate_and_the_table_after_it() -> Non
         "expirySeconds": 160.2, "eventsRemovedPerSecond": 6_242,
         "bytesPerEventOnDisk": 2_172, "tableBytesBefore": 2_172 * 2**20,
         "tableBytesAfterExpiryAndVacuum": 2_200 * 2**20,
+        "tableBytesAfterPartitionDrop": 9 * 2**20, "partitionDropSeconds": 1.25,
         "tableBytesAfterWritingAsManyAgain": 2_240 * 2**20, "growthAfterRewriteRatio": 1.031}})
     assert rows[0][:2] == ("expiring 1,000,000 events", "160.2 s")
     assert "6,242 events/s" in rows[0][3]
     assert rows[1][1] == "2,172 B/event" and "1.031x" in rows[1][3]
+    assert "9 MB once the month is dropped (1.25 s)" in rows[1][3]
     assert _retention_rows({}) == []
