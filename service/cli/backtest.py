@@ -15,6 +15,13 @@ import typer
 from casetrail.cli.common import run
 from casetrail.config import get_settings
 
+Since = Annotated[str | None, typer.Option(
+    help="Cases created at or after this RFC 3339 time.")]
+Until = Annotated[str | None, typer.Option(help="Cases created before this RFC 3339 time.")]
+CasesFile = Annotated[Path | None, typer.Option(
+    "--cases", exists=True, dir_okay=False,
+    help="Only these cases: a file of case ids, one a line.")]
+
 
 def instant_option(text: str | None, option: str) -> datetime | None:
     from casetrail.cases.errors import Invalid
@@ -56,13 +63,7 @@ def backtest(
         "scripted brain)."))] = None,
     endpoint: Annotated[str | None, typer.Option(help=(
         "A configured model endpoint (CASETRAIL_MODEL_ENDPOINTS) for --model."))] = None,
-    since: Annotated[str | None, typer.Option(help="Cases created at or after this RFC "
-                                              "3339 time.")] = None,
-    until: Annotated[str | None, typer.Option(help="Cases created before this RFC 3339 "
-                                              "time.")] = None,
-    cases: Annotated[Path | None, typer.Option(
-        "--cases", exists=True, dir_okay=False,
-        help="Only these cases: a file of case ids, one a line.")] = None,
+    since: Since = None, until: Until = None, cases: CasesFile = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many cases.")] = 1000,
     concurrency: Annotated[int, typer.Option(min=1, max=256, help=(
         "Cases run at once."))] = 4,

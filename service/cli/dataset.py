@@ -10,7 +10,7 @@ from typing import Annotated
 import orjson
 import typer
 
-from casetrail.cli.backtest import case_ids, instant_option
+from casetrail.cli.backtest import CasesFile, Since, Until, case_ids, instant_option
 from casetrail.cli.common import run
 from casetrail.config import get_settings
 
@@ -24,13 +24,7 @@ def export(
     reviewed_only: Annotated[bool, typer.Option(
         "--reviewed-only", help="Only cases a person reviewed (they carry a label).")]
     = False,
-    since: Annotated[str | None, typer.Option(help="Cases created at or after this RFC "
-                                              "3339 time.")] = None,
-    until: Annotated[str | None, typer.Option(help="Cases created before this RFC 3339 "
-                                              "time.")] = None,
-    cases: Annotated[Path | None, typer.Option(
-        "--cases", exists=True, dir_okay=False,
-        help="Only these cases: a file of case ids, one a line.")] = None,
+    since: Since = None, until: Until = None, cases: CasesFile = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many cases.")] = 100_000,
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", help="Write here (default: standard output).")] = None,
