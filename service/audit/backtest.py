@@ -128,7 +128,7 @@ class CaseOutcome:
                 **({"problem": self.problem} if self.problem else {})}
 
 
-def _terminal(events: Sequence[RecordedEvent]) -> tuple[RecordedEvent, RecordedEvent | None]:
+def decision_events(events: Sequence[RecordedEvent]) -> tuple[RecordedEvent, RecordedEvent | None]:
     """The case's last decision event, and the wait for a review before it, if any."""
     terminal = [e for e in events if e.event_type not in ADMINISTRATIVE_EVENT_TYPES][-1]
     waited = next((e for e in events if e.event_type == PARKING_EVENT_TYPE), None)
@@ -142,7 +142,7 @@ async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     if not events or events[0].event_type != "CASE_STARTED":
         return CaseOutcome(case_id, None, None, problem="no CASE_STARTED in the record")
     started = events[0].payload
-    terminal, waited = _terminal(events)
+    terminal, waited = decision_events(events)
     decided = terminal if waited is None else waited
     champion_answer = decided.payload.get("answer")
     label = decision_of(terminal.payload.get("answer")) \

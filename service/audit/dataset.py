@@ -16,8 +16,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from casetrail.audit.backtest import decision_events
 from casetrail.audit.resume import RecordedEvent, final_chain
-from casetrail.contract.events import ADMINISTRATIVE_EVENT_TYPES, PARKING_EVENT_TYPE
+from casetrail.contract.events import PARKING_EVENT_TYPE
 
 DATASET_FORMAT = "casetrail-dataset/1"
 
@@ -45,9 +46,7 @@ def dataset_record(case_id: uuid.UUID, events: Sequence[RecordedEvent]
     if not events or events[0].event_type != "CASE_STARTED":
         return None
     started = events[0].payload
-    decisions = [e for e in events if e.event_type not in ADMINISTRATIVE_EVENT_TYPES]
-    terminal = decisions[-1]
-    waited = next((e for e in events if e.event_type == PARKING_EVENT_TYPE), None)
+    terminal, waited = decision_events(events)
     output = (waited or terminal).payload.get("answer")
     if output is None:
         return None

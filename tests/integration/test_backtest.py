@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import httpx
 import jsonschema
 import orjson
 import pytest
 
-from casetrail.adapters.store import CaseStore
 from casetrail.agents import AGENTS, loan_officer
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.backtest import NOT_IN_RECORD, RecordedAnswers, backtest_case, summary
@@ -27,7 +25,7 @@ from casetrail.audit.replay import recorded
 from casetrail.config import Settings
 from casetrail.engine.scripted import ScriptedModel
 from tests.support.helpers import ended
-from tests.support.retention import person
+from tests.support.retention import decided_samples, person
 from tests.support.stack import module_stack
 
 stack = module_stack(worker_concurrency=4)
@@ -39,18 +37,7 @@ async def decided(stack: Any, auth_headers: dict[str, str], pool: asyncpg.Pool
                   ) -> dict[uuid.UUID, Any]:
     """Three sample applications decided (approve, refer, decline): case id → trail."""
     SINCE.append(datetime.now(UTC))
-    async with httpx.AsyncClient(base_url=stack.base_url, headers=auth_headers,
-                                 timeout=10) as client:
-        ids = []
-        for application in SAMPLE_APPLICATIONS[:3]:
-            reply = await client.post("/cases", json={"agent": "loan-officer",
-                                                      "input": application})
-            assert reply.status_code == 202
-            ids.append(uuid.UUID(reply.json()["caseId"]))
-        for case_id in ids:
-            assert (await ended(client, case_id))["status"] in ("completed", "awaiting_review")
-    await asyncio.sleep(0.3)  # the terminal events reach Postgres
-    trails = await CaseStore(pool).trails(ids)
+    trails = await decided_samples(stack.base_url, auth_headers, pool)
     return {case_id: recorded(trail) for case_id, trail in trails.items()}
 
 

@@ -12,16 +12,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-import httpx
 import pytest
 
-from casetrail.adapters.store import CaseStore
 from casetrail.agents import AGENTS, loan_officer
-from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.replay import recorded, replay_case, replay_many
 from casetrail.config import Settings
 from casetrail.engine.answers import Check, CheckContext
-from tests.support.helpers import ended
+from tests.support.retention import decided_samples
 from tests.support.stack import module_stack
 
 stack = module_stack(worker_concurrency=4)
@@ -37,18 +34,7 @@ async def decided(stack: Any, auth_headers: dict[str, str], pool: asyncpg.Pool
     """The three sample applications, decided by the scripted loan officer: case id →
     its recorded events."""
     SINCE.append(datetime.now(UTC))
-    async with httpx.AsyncClient(base_url=stack.base_url, headers=auth_headers,
-                                 timeout=10) as client:
-        ids = []
-        for application in SAMPLE_APPLICATIONS[:3]:
-            reply = await client.post("/cases", json={"agent": "loan-officer",
-                                                      "input": application})
-            assert reply.status_code == 202
-            ids.append(uuid.UUID(reply.json()["caseId"]))
-        for case_id in ids:  # the refer waits for a person, with the agent's decision
-            assert (await ended(client, case_id))["status"] in ("completed", "awaiting_review")
-    await asyncio.sleep(0.3)  # the terminal events reach Postgres
-    trails = await CaseStore(pool).trails(ids)
+    trails = await decided_samples(stack.base_url, auth_headers, pool)
     assert [t[-1].event_type for t in trails.values()] == [
         "CASE_COMPLETED", "CASE_AWAITING_REVIEW", "CASE_COMPLETED"]
     return {case_id: recorded(trail) for case_id, trail in trails.items()}

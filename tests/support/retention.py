@@ -3,12 +3,13 @@ and a case's end moved into the past (the floor is six months: a test cannot wai
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import asyncpg
 import httpx
 
-from casetrail.adapters.store import ApiKeyStore
+from casetrail.adapters.store import ApiKeyStore, CaseStore, StoredEvent
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from tests.support.helpers import ended
 
@@ -54,3 +55,21 @@ async def cast(pool: asyncpg.Pool, base_url: str) -> dict[str, httpx.AsyncClient
 async def aclose_all(clients: dict[str, httpx.AsyncClient]) -> None:
     for client in clients.values():
         await client.aclose()
+
+
+async def decided_samples(base_url: str, headers: dict[str, str], pool: asyncpg.Pool
+                          ) -> dict[uuid.UUID, list[StoredEvent]]:
+    """The three sample loan applications decided by the scripted loan officer (approve,
+    refer: waiting for a person with the agent's decision, decline): case id → its
+    stored events, once the terminal events reached Postgres."""
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=10) as client:
+        ids = []
+        for application in SAMPLE_APPLICATIONS[:3]:
+            reply = await client.post("/cases", json={"agent": "loan-officer",
+                                                      "input": application})
+            assert reply.status_code == 202
+            ids.append(uuid.UUID(reply.json()["caseId"]))
+        for case_id in ids:
+            assert (await ended(client, case_id))["status"] in ("completed", "awaiting_review")
+    await asyncio.sleep(0.3)  # the terminal events reach Postgres
+    return await CaseStore(pool).trails(ids)
