@@ -124,12 +124,16 @@ async def _run(profile: AgentProfile, case_input: dict[str, Any], model: ChatMod
         agent_version=profile.version, context_budget=profile.context_budget_tokens,
         answering=profile.answering, agent_digest=profile.digest)
     run = CaseRun()
-    served = mcp_capabilities([McpServer.model_validate(s) for s in mcp_servers])
+    servers = [McpServer.model_validate(s) for s in mcp_servers]
+    served = mcp_capabilities(servers)
     remote = a2a_capabilities([A2aAgent.model_validate(a) for a in a2a_agents])
     runtime = InProcessWorkerRuntime({capability.name: capability for capability in [
         *profile.capabilities, *served, *remote]})
     try:
-        resolved, catalogs = await Catalogs(runtime).offer(profile.tools)
+        # no worker read the catalogs ahead: the case waits for each server to start,
+        # as long as the server's own timeout, so a loaded machine does not change it
+        first_read = max((s.timeout_seconds for s in servers), default=0.0) + 2
+        resolved, catalogs = await Catalogs(runtime, first_read=first_read).offer(profile.tools)
         tools = ToolBox(resolved, runtime, catalogs=catalogs)
         await ReactEngine(run).run(spec, model, tools)
     finally:

@@ -116,7 +116,7 @@ from casetrail.errors import (
     StoreUnavailable,
     TransientError,
 )
-from casetrail.mcp import CATALOG_SECONDS, Catalogs
+from casetrail.mcp import CATALOG_SECONDS, STARTUP_READ_SECONDS, Catalogs
 from casetrail.privacy.sealing import CapabilityKeys
 from casetrail.privacy.sensitive import Redaction, Vault, restore
 from casetrail.providers import ModelFactory
@@ -316,6 +316,7 @@ class CaseWorker:
         await cancel_queue.bind(cancel_exchange)
         cancels = Subscription(channel, cancel_queue.name, self._on_cancel, no_ack=True)
         await cancels.start()
+        await self.catalogs.settled(STARTUP_READ_SECONDS)  # then the first cases find them
         running = TaskPerDelivery(self._handle_start, publisher, self.topology)
         starts = Subscription(channel, self.topology.case_start_queue, running)
         await starts.start()

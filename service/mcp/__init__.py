@@ -46,6 +46,9 @@ for again."""
 FIRST_READ_SECONDS = 2.0
 """How long a case start waits for a server's very first catalog read (a worker reads
 every configured server's when it starts)."""
+STARTUP_READ_SECONDS = 10.0
+"""How long a worker starting waits for its servers' first catalog reads before it takes
+cases (a server still starting then is read behind the cases)."""
 
 
 class _Camel(BaseModel):
@@ -108,6 +111,7 @@ class Catalogs:
 
     runtime: WorkerRuntime
     ttl: float = CATALOG_SECONDS
+    first_read: float = FIRST_READ_SECONDS
     _read: dict[str, _Read] = field(default_factory=dict)
     _reading: dict[str, asyncio.Future[_Read]] = field(default_factory=dict)
 
@@ -116,6 +120,13 @@ class Catalogs:
         case finds them read."""
         for server in servers:
             self._refresh(server, None)
+
+    async def settled(self, within: float) -> None:
+        """Wait (at most ``within`` seconds) for the reads under way: a worker starting
+        takes no case before its servers' first catalogs are in."""
+        reading = list(self._reading.values())
+        if reading:
+            await asyncio.wait(reading, timeout=within)
 
     async def resolve(self, tools: Sequence[ToolSource]) -> list[ToolSource]:
         """``tools`` with every MCP tool described by its server's catalog; one the
@@ -163,11 +174,11 @@ class Catalogs:
             return kept
         try:
             return await asyncio.wait_for(asyncio.shield(self._refresh(server, None)),
-                                          FIRST_READ_SECONDS)
+                                          self.first_read)
         except TimeoutError:  # the cases after this one do not wait for it either
             return self._read.setdefault(server, _Read(
                 None, f"its catalog was still being read for the first time after "
-                f"{FIRST_READ_SECONDS:g} s", time.monotonic()))
+                f"{self.first_read:g} s", time.monotonic()))
 
     def _refresh(self, server: str, kept: _Read | None) -> asyncio.Future[_Read]:
         reading = self._reading.get(server)

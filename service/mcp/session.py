@@ -99,8 +99,8 @@ class ServerSession:
         """The server's tools, listed now while a session is open (workers ask in the
         background, never while a case waits); while the server is down, the tools as
         last listed, ``stale`` with the reason, at once (the circuit is open)."""
-        if self._read_at is None:  # never read: wait (a little) for the first session
-            await self._open()
+        if self._read_at is None:  # never read: wait for the first session to open or fail
+            await self._open(first=True)
         if (session := self._session) is not None and self._ready.is_set():
             with contextlib.suppress(ToolFailed):  # broken now: answered stale below
                 await self._refresh(session)
@@ -168,12 +168,15 @@ class ServerSession:
                        "read-only or idempotent: it is not sent again")
         return ToolFailed(reason, retryable=retryable)
 
-    async def _open(self) -> ClientSession:
-        """The open session, waiting a little for one being opened."""
+    async def _open(self, *, first: bool = False) -> ClientSession:
+        """The open session, waiting a little for one being opened; ``first`` (the
+        server's tools never listed): waiting for one attempt to open it, as long as the
+        server's timeout, so a server slow to start is not taken for a dead one."""
         if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.create_task(self._keep(), name=f"mcp-{self.server.name}")
         loop = asyncio.get_running_loop()
-        until = loop.time() + self._wait
+        until = loop.time() + (self.server.timeout_seconds if first else self._wait)
+        failed = self.breaker.failures
         while self._session is None or not self._ready.is_set():
             self._news.clear()  # then checked: the keeper's next news wakes this wait
             if self.breaker.fails_fast:  # down: no call waits for it
@@ -181,7 +184,8 @@ class ServerSession:
                                  f"{self._problem} (circuit {self.breaker.state.replace('_', '-')}"
                                  f" after {self.breaker.failures} failed connections: its "
                                  "calls fail at once until it answers)", retryable=True)
-            if loop.time() >= until:  # nothing was sent: a retry is always safe
+            if loop.time() >= until or (first and self.breaker.failures > failed):
+                # nothing was sent: a retry is always safe
                 raise ToolFailed(f"the MCP server {self.server.name} is unavailable: "
                                  f"{self._problem}", retryable=True)
             with contextlib.suppress(TimeoutError):

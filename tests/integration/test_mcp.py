@@ -59,7 +59,7 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stdio_policies(**overrides: Any) -> dict[str, Any]:
     return {"name": "policies", "transport": "stdio",
             "command": [sys.executable, "-m", SERVER_MODULE],
-            "env": {"PYTHONPATH": "PYTHONPATH"}, "timeoutSeconds": 4, "attempts": 4,
+            "env": {"PYTHONPATH": "PYTHONPATH"}, "timeoutSeconds": 8, "attempts": 4,
             **overrides}
 
 
@@ -280,7 +280,7 @@ async def test_a_wrong_credential_is_a_tool_failure_the_model_sees(
     """A server that refuses casetrail (here: the wrong token) fails the tool, not the
     worker: the case goes on and the brain decides with what it has."""
     async for stack in stack_of(settings, example, "mcpauth",
-                                http_server.settings(timeoutSeconds=2, attempts=1),
+                                http_server.settings(timeoutSeconds=5, attempts=1),
                                 POLICIES_AUTH="Bearer wrong"):
         view, trail = await stack.run(CLAIM)
         assert view["status"] == "awaiting_review", view  # investigate: a person looks
