@@ -45,6 +45,7 @@ class LostLeaf:
     event_id: uuid.UUID
     case_id: uuid.UUID
     event_hash: str
+    kind: str = "event"
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,14 @@ def leaves_in_bundles(directory: Path) -> dict[int, LostLeaf]:
             bundle = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError):
             continue
-        for event in bundle.get("events", []) if isinstance(bundle, dict) else []:
+        if not isinstance(bundle, dict):
+            continue
+        for event in bundle.get("events", []):
             leaf = _leaf(event)
             if leaf is not None:
                 found.setdefault(leaf.index, leaf)
+        if (leaf := _record_leaf(bundle.get("record"))) is not None:  # a backtest's
+            found.setdefault(leaf.index, leaf)
     return found
 
 
@@ -79,6 +84,19 @@ def _leaf(event: Any) -> LostLeaf | None:
         envelope = orjson.loads(body)
         return LostLeaf(proof.index, uuid.UUID(envelope["eventId"]),
                         uuid.UUID(envelope["caseId"]), integrity["hash"])
+    except (KeyError, TypeError, ValueError, NoteError):
+        return None
+
+
+def _record_leaf(record: Any) -> LostLeaf | None:
+    """A backtest bundle's record (service/audit/backtest_record.py) as its leaf."""
+    try:
+        proof = TlogProof.parse(record["logProof"])
+        body, integrity = record["body"], record["integrity"]
+        if chain_hash(integrity["prevHash"], body.encode()) != integrity["hash"]:
+            return None
+        backtest = uuid.UUID(orjson.loads(body)["backtestId"])
+        return LostLeaf(proof.index, backtest, backtest, integrity["hash"], "backtest")
     except (KeyError, TypeError, ValueError, NoteError):
         return None
 
@@ -105,7 +123,7 @@ async def recover(settings: Settings, directory: Path) -> Recovered:
             found = await asyncio.to_thread(leaves_in_bundles, directory)
             leaves = _complete(lost, found, mark)
             await write_leaves(conn, edge.size,
-                               [(leaf.event_id, leaf.case_id, leaf.event_hash)
+                               [(leaf.event_id, leaf.case_id, leaf.event_hash, leaf.kind)
                                 for leaf in leaves], _extended(edge, leaves, mark))
     return Recovered(len(leaves), mark.head.size, len({leaf.case_id for leaf in leaves}))
 

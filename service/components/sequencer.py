@@ -107,15 +107,17 @@ async def read_edge(conn: Queries) -> merkle.Edge:
 
 
 async def write_leaves(conn: Queries, first: int,
-                       leaves: Sequence[tuple[uuid.UUID, uuid.UUID, str]],
+                       leaves: Sequence[tuple[uuid.UUID, uuid.UUID, str, str]],
                        tiles: dict[merkle.Tile, bytes]) -> None:
-    """Leaves ``first`` … as (event id, case id, event hash), and the tiles they changed
-    (inside the caller's transaction)."""
+    """Leaves ``first`` … as (event id, case id, event hash, kind), and the tiles they
+    changed (inside the caller's transaction). A leaf of the kind ``backtest`` stands for
+    a backtest's record: its ids are the backtest's."""
     await conn.execute(
-        "INSERT INTO ledger_leaves (leaf_index, event_id, case_id, event_hash) "
-        "SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::uuid[], $4::text[])",
+        "INSERT INTO ledger_leaves (leaf_index, event_id, case_id, event_hash, kind) "
+        "SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::uuid[], $4::text[], $5::text[])",
         list(range(first, first + len(leaves))), [leaf[0] for leaf in leaves],
-        [leaf[1] for leaf in leaves], [leaf[2] for leaf in leaves])
+        [leaf[1] for leaf in leaves], [leaf[2] for leaf in leaves],
+        [leaf[3] for leaf in leaves])
     keys = sorted(tiles)
     await conn.execute(
         "INSERT INTO ledger_tiles (level, tile_index, hashes) "
@@ -214,7 +216,7 @@ class Sequencer:
             rows = await conn.fetch(
                 "DELETE FROM ledger_queue WHERE queued_id IN (SELECT queued_id FROM "
                 "ledger_queue ORDER BY queued_id LIMIT $1) "
-                "RETURNING queued_id, event_id, case_id, hash", self.batch_size)
+                "RETURNING queued_id, event_id, case_id, hash, kind", self.batch_size)
             if not rows:
                 return 0
             rows = sorted(rows, key=lambda r: r["queued_id"])
@@ -223,8 +225,8 @@ class Sequencer:
             edge = self.edge.copy()
             first = edge.size
             tiles = edge.append([merkle.leaf_hash(bytes.fromhex(r["hash"])) for r in rows])
-            await write_leaves(conn, first, [(r["event_id"], r["case_id"], r["hash"])
-                                             for r in rows], tiles)
+            await write_leaves(conn, first, [(r["event_id"], r["case_id"], r["hash"],
+                                              r["kind"]) for r in rows], tiles)
         self.edge = edge
         metrics.LEDGER_LEAVES.inc(len(rows))
         metrics.LEDGER_TREE_SIZE.set(edge.size)
