@@ -233,13 +233,13 @@ def verify_bundle(bundle: Any, trusted: Sequence[bytes | TrustedKey],
     checkpoint = checkpoint if isinstance(checkpoint, str) else None
     check = check_log(checkpoint, logged, log_keys, witnesses)
     report.problems.extend(check.problems)
-    report.problems.extend(_signed_while_valid(trail, limits, check.included,
+    report.problems.extend(signed_while_valid(trail, limits, check.included,
                                                check.cosigned_at))
     report.log = check.as_json()
     return report
 
 
-def _signed_while_valid(trail: Sequence[TrailEvent], limits: dict[str, datetime],
+def signed_while_valid(trail: Sequence[TrailEvent], limits: dict[str, datetime],
                         included: set[tuple[int, int]], cosigned_at: Sequence[int]
                         ) -> list[Problem]:
     """A ``retired_key`` problem for each event signed with a key trusted only until a

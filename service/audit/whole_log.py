@@ -38,7 +38,9 @@ from typing import Any
 
 from casetrail.adapters.store import CaseStore, KeyRegistry, create_pool
 from casetrail.adapters.store.audit_log import AuditStore, Mismatch
+from casetrail.adapters.store.backtests import GENESIS
 from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.audit.backtest_record import record_problems
 from casetrail.audit.evidence import Evidence
 from casetrail.config import Settings
 from casetrail.telemetry import metrics
@@ -151,12 +153,40 @@ class WholeLog:
             Finding(FindingKind.PARTITION_UNGUARDED, f"the log's partition {partition} "
                     f"lacks {', '.join(lacks)}")
             for partition, lacks in await self.store.partitions_unguarded()]
+        report.findings += await self._backtests()
         await self._trails(report, last.failing_cases if last else [])
         report.seconds = time.perf_counter() - began
         await self.store.keep_run(started, full, report.from_leaf, size,
                                   report.cases_checked,
                                   [f.as_json() for f in report.findings])
         return report
+
+    async def _backtests(self) -> list[Finding]:
+        """Backtest records (docs/backtests.md, "The record"): each a leaf of the log as
+        stored, the chain unbroken, each signed by a registered key, each result the one
+        its record names."""
+        found = []
+        for m in await self.store.backtests_unmatched():
+            if m.leaf_index is None:
+                found.append(Finding(FindingKind.NOT_LOGGED, f"backtest {m.event_id}'s "
+                                     "record is neither in the log nor waiting for it"))
+            elif m.stored_hash is None:
+                found.append(Finding(FindingKind.REMOVED_AFTER_LOGGING, "the log holds "
+                                     f"backtest {m.event_id}'s record (leaf {m.leaf_index}) "
+                                     "but it is no longer stored"))
+            else:
+                found.append(Finding(FindingKind.ALTERED, f"backtest {m.event_id}'s record "
+                                     f"differs from its leaf {m.leaf_index}"))
+        keys = {k.key_id: k.public_key for k in await self.evidence.keys.all()}
+        prev = GENESIS
+        for record in await self.store.backtest_records():
+            problems = record_problems(record, prev, keys, await self.store.backtest_results(
+                record["backtest_id"]))
+            prev = record["hash"]
+            if problems:
+                found.append(Finding(FindingKind.ALTERED, f"backtest {record['backtest_id']}'s "
+                                     f"record does not verify: {', '.join(problems)}"))
+        return found
 
     async def _checkpoints(self, since: int) -> list[Finding]:
         found = []

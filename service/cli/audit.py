@@ -322,7 +322,9 @@ def _print_audit(report: dict[str, Any], raw: bool) -> None:
 
 @audit_app.command("verify-bundle")
 def verify_bundle_command(
-    bundle_file: Annotated[Path, typer.Argument(help="A bundle from `casetrail export`.")],
+    bundle_file: Annotated[Path, typer.Argument(help=(
+        "A bundle from `casetrail export`, or a backtest's (`casetrail backtest --bundle`, "
+        "GET /backtests/{id}/bundle)."))],
     trust: Annotated[list[str], typer.Option(
         "--trust", help="A signing key you trust: KEY[@NOT_VALID_AFTER] (base64, and the "
         "time after which you no longer trust it, ISO 8601), or a trust file of such "
@@ -334,6 +336,7 @@ def verify_bundle_command(
 ) -> None:
     """Check a bundle offline, with nothing but the file and the keys you trust: exit 0
     verified, 1 not, 2 could not check."""
+    from casetrail.audit.backtest_record import BACKTEST_FORMAT, verify_backtest_bundle
     from casetrail.audit.evidence import BundleError, trusted_keys, verify_bundle
     from casetrail.ledger.note import NoteError
     from casetrail.ledger.witness import LogUnreachable, check_log_today, verifier_key
@@ -345,7 +348,10 @@ def verify_bundle_command(
         bundle = orjson.loads(bundle_file.read_bytes())
         actions = None if trust_action is None else [
             key.public_key for t in trust_action for key in trusted_keys(t)]
-        report = verify_bundle(bundle, keys, log_keys, witnesses, actions)
+        if isinstance(bundle, dict) and bundle.get("format") == BACKTEST_FORMAT:
+            report = verify_backtest_bundle(bundle, keys, log_keys, witnesses)
+        else:
+            report = verify_bundle(bundle, keys, log_keys, witnesses, actions)
         if log is not None:
             if not log_keys:
                 raise BundleError("--log needs --trust-log: the log's answers are checked "

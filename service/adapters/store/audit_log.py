@@ -15,7 +15,8 @@ import orjson
 APPEND_ONLY_TABLES = ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints",
                       "ledger_acceptances", "access_log", "audit_runs", "case_tombstones",
                       "retention_policies", "retention_approvals", "retention_business_dates",
-                      "legal_holds", "legal_hold_releases")
+                      "legal_holds", "legal_hold_releases", "backtest_results",
+                      "backtest_records")
 """The tables whose triggers refuse a change: one switched off is a finding."""
 
 
@@ -99,6 +100,35 @@ class AuditStore:
             "(SELECT 1 FROM ledger_leaves l WHERE l.event_id = e.event_id) AND NOT EXISTS "
             "(SELECT 1 FROM ledger_queue q WHERE q.event_id = e.event_id)")
         return [Mismatch(r["case_id"], None, r["event_id"], r["hash"], None) for r in rows]
+
+    async def backtests_unmatched(self) -> list[Mismatch]:
+        """Backtest leaves whose record is not stored, or stored with another hash; and
+        records that are neither a leaf nor waiting for the ledger (``leaf_index`` None)."""
+        rows = await self.pool.fetch(
+            "SELECT l.case_id, l.leaf_index, l.event_id, r.hash AS stored, "
+            "l.event_hash AS leaf FROM ledger_leaves l LEFT JOIN backtest_records r "
+            "ON r.backtest_id = l.event_id WHERE l.kind = 'backtest' "
+            "AND r.hash IS DISTINCT FROM l.event_hash "
+            "UNION ALL SELECT r.backtest_id, NULL, r.backtest_id, r.hash, NULL "
+            "FROM backtest_records r WHERE NOT EXISTS (SELECT 1 FROM ledger_leaves l "
+            "WHERE l.event_id = r.backtest_id) AND NOT EXISTS (SELECT 1 FROM ledger_queue q "
+            "WHERE q.event_id = r.backtest_id)")
+        return [Mismatch(r["case_id"], r["leaf_index"], r["event_id"], r["stored"],
+                         r["leaf"]) for r in rows]
+
+    async def backtest_records(self) -> list[dict[str, Any]]:
+        """Every backtest record, in the chain's order."""
+        rows = await self.pool.fetch(
+            "SELECT backtest_id, chain_seq, body, prev_hash, hash, key_id, sig "
+            "FROM backtest_records ORDER BY chain_seq")
+        return [dict(r) for r in rows]
+
+    async def backtest_results(self, backtest_id: uuid.UUID) -> list[dict[str, Any]]:
+        rows = await self.pool.fetch(
+            "SELECT result FROM backtest_results WHERE backtest_id = $1 ORDER BY position",
+            backtest_id)
+        return [orjson.loads(r["result"]) if isinstance(r["result"], str) else r["result"]
+                for r in rows]
 
     async def partitions_unguarded(self) -> list[tuple[str, list[str]]]:
         """(partition, what it lacks) of each of the log's partitions that lacks its
