@@ -171,5 +171,17 @@ class _Found(Mapping[str, V], Generic[V]):
 AGENTS: Mapping[str, AgentProfile] = _Found("agents")
 CAPABILITIES: Mapping[str, Capability[Any]] = _Found("capabilities")
 
-__all__ = ["AGENTS", "CAPABILITIES", "AgentProfile", "PluginError", "Registry", "discover",
-           "registry"]
+__all__ = ["AGENTS", "CAPABILITIES", "AgentProfile", "PluginError", "Registry",
+           "challenger_of", "discover", "registry"]
+
+
+def challenger_of(request: Mapping[str, Any], agent: str) -> AgentProfile:
+    """The installed agent a backtest runs as the challenger: ``challenger`` (``NAME`` or
+    ``NAME@VERSION``, checked against what is installed), else the agent itself."""
+    name, _, version = (request.get("challenger") or agent).partition("@")
+    profile = AGENTS.get(name)
+    if profile is None:
+        raise LookupError(f"no agent {name!r} is installed here")
+    if version and profile.version != version:
+        raise LookupError(f"{name} is installed at version {profile.version}, not {version}")
+    return profile

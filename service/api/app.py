@@ -22,7 +22,7 @@ from casetrail.api.ledger import ledger_routes
 from casetrail.api.middleware import BodyLimit, Observed
 from casetrail.api.oidc import OidcVerifier
 from casetrail.api.openapi import exact_openapi
-from casetrail.api.routes import a2a, cases, meta, retention, reviews, streams
+from casetrail.api.routes import a2a, backtests, cases, meta, retention, reviews, streams
 from casetrail.api.routes.cases import OrjsonResponse
 from casetrail.api.security import Caller, anyone, requires
 from casetrail.api.streams import StreamSlots
@@ -61,8 +61,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(Observed)  # outermost: it sees every answer, 413s included
     problems.install(app)
-    for router in (cases.router, reviews.router, retention.router, streams.router,
-                   meta.router, a2a.router):
+    for router in (cases.router, reviews.router, retention.router, backtests.router,
+                   streams.router, meta.router, a2a.router):
         app.include_router(router)
     public = Depends(anyone())
     viewer_routes(app, public)

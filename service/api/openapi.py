@@ -136,6 +136,31 @@ def _refuse_nul(schema: Any) -> None:
             _refuse_nul(item)
 
 
+def _backtest_request(schema: dict[str, Any]) -> None:
+    """A backtest names installed agents only (a challenger by name or name@version), and
+    its model as a case's is described."""
+    _choice_for_ref(schema)
+    properties = schema["properties"]
+    properties["agent"] = {**properties["agent"], "enum": sorted(AGENTS)}
+    properties["challenger"] = {
+        "description": properties["challenger"].get("description", ""),
+        "anyOf": [{"enum": sorted({*AGENTS, *(f"{a.name}@{a.version}"
+                                              for a in AGENTS.values())})},
+                  {"type": "null"}]}
+
+
+def _choice_for_ref(schema: Any) -> None:
+    """A model named elsewhere than a case's request: described by ModelChoice too."""
+    if isinstance(schema, dict):
+        if schema.get("$ref") == "#/components/schemas/ModelRef":
+            schema["$ref"] = "#/components/schemas/ModelChoice"
+        for value in schema.values():
+            _choice_for_ref(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            _choice_for_ref(item)
+
+
 def exact_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
     """FastAPI's document with the parts above written in (built once, then cached)."""
     if app.openapi_schema is not None:
@@ -147,9 +172,10 @@ def exact_openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
     schemas["ModelChoice"] = _model_choice(settings)
     schemas["CaseRequest"] = _case_requests(schemas, settings)
     del schemas["ModelRef"]  # described by ModelChoice now
+    _backtest_request(schemas["BacktestRequest"])
     for name, schema in schemas.items():
         if name.endswith(("CaseRequest", "Input", "Choice")) or name in (
-                "CancelRequest", "LimitsRequest") or name in _input_defs():
+                "CancelRequest", "LimitsRequest", "BacktestRequest") or name in _input_defs():
             _refuse_nul(schema)
     events = document["paths"]["/cases/{case_id}/events"]["get"]
     events.setdefault("parameters", []).append({

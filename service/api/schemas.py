@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -442,3 +442,51 @@ class BusinessDateKept(BaseModel):
     value: str = Field(description="As kept: the value, or its keyed digest for a sensitive "
                        "field.")
     endedOn: str
+
+
+class BacktestProgress(BaseModel):
+    done: int = Field(description="Cases run so far.")
+    selected: int | None = Field(description="Cases the selection found (once read).")
+
+
+class BacktestView(BaseModel):
+    """A backtest: what was asked, how far it got, and once done what its signed record
+    says (``record``, ``summary``) with every per-case result."""
+
+    backtestId: str
+    agent: str
+    status: Literal["queued", "running", "done", "failed"]
+    requestedBy: str
+    requestedAt: str
+    startedAt: str | None
+    finishedAt: str | None
+    progress: BacktestProgress
+    problem: str | None = Field(default=None, description="Why it failed.")
+    request: dict[str, Any]
+    record: dict[str, Any] | None = Field(default=None, description=(
+        "The signed record: hash, prevHash, keyId, chainSeq, leafIndex in the log."))
+    championDigests: list[str] | None = None
+    challenger: dict[str, Any] | None = None
+    selection: dict[str, Any] | None = None
+    seconds: float | None = None
+    stopped: str | None = None
+    summary: dict[str, Any] | None = Field(default=None, description=(
+        "The decision matrix, agreement with reviewers, changed cases, unanswered calls, "
+        "tokens."))
+    results: list[dict[str, Any]] | None = None
+
+
+class BacktestList(BaseModel):
+    backtests: list[BacktestView]
+
+
+class BacktestBundle(BaseModel):
+    """``casetrail-backtest/1`` (docs/bundle.md, "A backtest's bundle")."""
+
+    format: Literal["casetrail-backtest/1"]
+    backtestId: str
+    exportedAt: str
+    record: dict[str, Any] = Field(description="body (the signed bytes), integrity, logProof")
+    results: list[dict[str, Any]]
+    keys: list[dict[str, Any]]
+    log: dict[str, Any] | None = None

@@ -54,7 +54,18 @@ from casetrail.contract.integrity import canonical
 from casetrail.engine.case import CaseSpec
 from casetrail.engine.chat import ChatModel
 from casetrail.engine.loop import ReactEngine
+from casetrail.engine.scripted import ScriptedModel
 from casetrail.engine.tools import ToolBox, WorkerCallResult, WorkerTool
+
+
+def challenger_model(models: Callable[[ModelRef, AgentProfile], ChatModel],
+                     profile: AgentProfile, ref: ModelRef) -> ChatModel:
+    """The challenger's model: the agent's scripted brain for ``scripted``, else the
+    configured provider's."""
+    if ref.provider == "scripted" and profile.script is not None:
+        return ScriptedModel(profile.script, name=ref.name)
+    return models(ref, profile)
+
 
 NOT_IN_RECORD = "the record holds no such call, and a backtest asks no tool (refused)"
 
@@ -118,9 +129,12 @@ class CaseOutcome:
     tokens: int = 0
     changed_fields: tuple[str, ...] = ()
     problem: str | None = None
+    champion_digest: str | None = None
+    """The ``agentDigest`` the champion decided the case with (its CASE_STARTED)."""
 
     def as_json(self) -> dict[str, Any]:
-        return {"caseId": str(self.case_id), "champion": self.champion,
+        return {"caseId": str(self.case_id), "championDigest": self.champion_digest,
+                "champion": self.champion,
                 "challenger": self.challenger, "label": self.label,
                 "changed": self.problem is None and self.champion != self.challenger,
                 "changedFields": list(self.changed_fields),
@@ -170,7 +184,8 @@ async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     return CaseOutcome(case_id, decision_of(champion_answer), decision_of(answer), label,
                        tuple(answers.unanswered), tokens, changed,
                        None if answer is not None else f"the challenger ended "
-                       f"{kept.events[-1].event_type} without an answer")
+                       f"{kept.events[-1].event_type} without an answer",
+                       started.get("agentDigest"))
 
 
 @dataclass(frozen=True)

@@ -179,3 +179,36 @@ HoldRequest = Annotated[HoldOnCase | HoldOnKey | HoldOnTenant, Field(discriminat
 
 class ReleaseRequest(CamelModel):
     reason: str = Field(min_length=1, max_length=2000)
+
+
+class BacktestRequest(CamelModel):
+    """A backtest to run (``POST /backtests``): a challenger over the agent's decided cases."""
+
+    model_config = {"json_schema_extra": {"examples": [
+        {"agent": "loan-officer", "since": "2026-11-01T00:00:00Z", "limit": 500},
+        {"agent": "loan-officer", "challenger": "loan-officer",
+         "model": {"provider": "openai", "name": "gpt-4.1-mini"}, "maxTokens": 2_000_000}]}}
+
+    agent: str = Field(min_length=1, max_length=100, description="The agent whose decided "
+                       "cases are run again (the champion).")
+    challenger: str | None = Field(default=None, max_length=200, description=(
+        "An installed agent, NAME or NAME@VERSION (the version installed must be that one); "
+        "default: the agent itself, as installed now. Never code a request names."))
+    model: ModelRef | None = Field(default=None, description="The challenger's model "
+                                   "(default: the challenger's own).")
+    since: Moment | None = Field(default=None, description="Cases created at or after this "
+                                   "time (RFC 3339, with its offset).")
+    until: Moment | None = Field(default=None, description="Cases created before this time.")
+    cases: list[uuid.UUID] | None = Field(default=None, max_length=100_000, description=(
+        "Only these cases (of the agent, decided)."))
+    limit: int = Field(default=1000, ge=1, le=100_000, description="At most this many cases, "
+                       "oldest first.")
+    concurrency: int = Field(default=4, ge=1, le=64,
+                             description="Cases run at once.")
+    max_tokens: int | None = Field(default=None, ge=1, description=(
+        "Start no further case once the challenger used this many tokens."))
+    max_seconds: float | None = Field(default=None, gt=0, le=86_400, description=(
+        "Start no further case after this many seconds."))
+    tool_policy: Literal["refuse"] = Field(default="refuse", description=(
+        "A worker tool call the record does not hold is refused: an error the challenger "
+        "sees, counted and listed."))

@@ -31,6 +31,7 @@ from casetrail.adapters.store import (
     component_pool,
     tenant_counts,
 )
+from casetrail.adapters.store.backtests import BacktestStore
 from casetrail.adapters.store.batching import Coalescer
 from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.adapters.store.retention import RetentionStore
@@ -128,6 +129,11 @@ class CaseServices:
     def retention(self) -> RetentionStore:
         """Policies, business dates and legal holds (service/cases/retention.py)."""
         return RetentionStore(self.pool)
+
+    @property
+    def backtests(self) -> BacktestStore:
+        """Backtests asked for, their results and records (service/cases/backtests.py)."""
+        return BacktestStore(self.pool)
 
     def note_start_confirmed(self, case_id: uuid.UUID) -> None:
         """Record, off the request's path, that the broker confirmed a start command (a

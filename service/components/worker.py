@@ -64,6 +64,7 @@ from casetrail.adapters.store import (
     RecordedCase,
     Wait,
 )
+from casetrail.adapters.store.backtests import BacktestStore
 from casetrail.adapters.store.batching import Coalescer
 from casetrail.adapters.store.expiry import ExpiryStore
 from casetrail.adapters.store.ledger import LedgerStore
@@ -74,6 +75,7 @@ from casetrail.audit.archive_store import open_archive
 from casetrail.audit.evidence import Evidence
 from casetrail.audit.resume import record_so_far
 from casetrail.cases.configured import described, misconfigured
+from casetrail.components.backtests import BacktestRunner
 from casetrail.components.retention import EXPIRED_EVENT_TYPE, RetentionKeeper
 from casetrail.components.runtime import component
 from casetrail.components.supervisor import run_until_signal
@@ -332,6 +334,9 @@ class CaseWorker:
             lambda: self._action_keys_for(None), archiver=self._archiver(),
             interval=self.retention_seconds)
         retaining = asyncio.create_task(self.retention.run())
+        backtesting = asyncio.create_task(BacktestRunner(
+            BacktestStore(self.store.pool), self.store, self.signer, self.models,
+            f"backtests:{self.owner}").run())
         log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
         if ready is not None:
             ready.set()
@@ -344,6 +349,7 @@ class CaseWorker:
         sweeping.cancel()
         counting.cancel()
         retaining.cancel()
+        backtesting.cancel()
         await publisher.channel.close()
         await channel.close()
 

@@ -30,6 +30,7 @@ class Scope(StrEnum):
     PII_READ = "pii:read"
     RETENTION = "retention:manage"
     HOLDS = "holds:manage"
+    BACKTESTS = "backtests:run"
     ADMIN = "admin"
 
 

@@ -275,6 +275,15 @@ def grants(settings: Settings) -> list[str]:
         # component is granted nothing on a partition itself).
         f"GRANT EXECUTE ON FUNCTION event_log_prepare_partitions(integer), "
         f"event_log_drop_expired_partitions() TO {worker}",
+        # Backtests (docs/backtests.md): the API keeps what people ask for and reads
+        # what came of it; a worker takes one at a time under a lease, keeps its results
+        # and its signed record (append-only: the database chains the records and puts
+        # each in the transparency log). Nothing here writes the log or the case tables.
+        f"GRANT SELECT, INSERT ON backtests TO {api}",
+        f"GRANT SELECT ON backtest_results, backtest_records TO {api}",
+        f"GRANT SELECT, UPDATE (status, runner, lease_expires_at, started_at, cases_done, "
+        f"cases_selected, problem, finished_at) ON backtests TO {worker}",
+        f"GRANT SELECT, INSERT ON backtest_results, backtest_records TO {worker}",
         # ... and, under a policy that archives, exports the case's bundle first: its
         # log proofs come from the transparency log (public: /ledger serves it).
         f"GRANT SELECT ON ledger_leaves, ledger_tiles, ledger_checkpoints, ledger_keys, "

@@ -6,6 +6,7 @@ answering every worker tool call and nothing written."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import subprocess
 import sys
 import uuid
@@ -18,12 +19,22 @@ import jsonschema
 import orjson
 import pytest
 
+from casetrail.adapters.store import CaseStore, KeyRegistry, component_pool
+from casetrail.adapters.store.audit_log import AuditStore
+from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.agents import AGENTS, loan_officer
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.backtest import NOT_IN_RECORD, RecordedAnswers, backtest_case, summary
+from casetrail.audit.backtest_record import verify_backtest_bundle
+from casetrail.audit.evidence import Evidence
 from casetrail.audit.replay import recorded
+from casetrail.audit.whole_log import WholeLog
+from casetrail.components.sequencer import Sequencer, ledger_state
 from casetrail.config import Settings
 from casetrail.engine.scripted import ScriptedModel
+from casetrail.ledger.log_key import log_signer
+from casetrail.ledger.note import Verifier
+from casetrail.trail.keyfile import worker_signer
 from tests.support.helpers import ended
 from tests.support.retention import decided_samples, person
 from tests.support.stack import module_stack
@@ -102,8 +113,15 @@ async def test_the_cli_prints_the_comparison(
         env=settings.environment(), capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     found = orjson.loads(done.stdout)
-    assert found["cases"] == 3 and found["changed"] == [], found
-    assert found["agentDigest"] == AGENTS["loan-officer"].digest
+    assert found["status"] == "done" and found["record"]["hash"], found  # a worker ran it
+    assert found["summary"]["cases"] == 3 and found["summary"]["changed"] == [], found
+    assert found["challenger"]["agentDigest"] == AGENTS["loan-officer"].digest
+    here = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "casetrail.cli", "backtest", "--agent",
+                         "loan-officer", "--since", SINCE[0].isoformat(), "--here"],
+        env=settings.environment(), capture_output=True, text=True, timeout=120, check=False)
+    assert here.returncode == 0, here.stdout + here.stderr
+    assert "not recorded (--here)" in here.stdout and "changed 0" in here.stdout
     none = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "casetrail.cli", "backtest", "--agent",
                          "loan-officer", "--since", "2999-01-01T00:00:00Z"],
@@ -126,6 +144,7 @@ async def test_the_cli_takes_a_list_of_cases_a_window_and_budgets(
     assert done.returncode == 0, done.stdout + done.stderr
     found = orjson.loads(done.stdout)
     assert [r["caseId"] for r in found["results"]] == [str(first), str(rest[1])], found
+    assert found["selection"]["casesListed"] is not None  # the list's digest, signed
     # A window that ends before the cases were made holds none of them.
     before = await asyncio.to_thread(cli, "--since", SINCE[0].isoformat(), "--until",
                                      SINCE[0].isoformat(), "--json")
@@ -136,7 +155,7 @@ async def test_the_cli_takes_a_list_of_cases_a_window_and_budgets(
     assert spent.returncode == 0, spent.stdout + spent.stderr
     assert spent.stdout.startswith("1 of 3 cases") and "stopped early: the token budget" \
         in spent.stdout, spent.stdout
-    assert "backtest: 1 of 3 cases" in spent.stderr  # progress
+    assert "backtest: 1 of 3 cases" in spent.stderr  # progress, read from the worker's notes
     listed.write_text("not-a-case\n")
     bad = await asyncio.to_thread(cli, "--cases", str(listed))
     assert bad.returncode == 2 and "line 1: not a case id" in bad.stderr, bad.stderr
@@ -190,3 +209,142 @@ async def test_a_dataset_export_validates_against_its_schema_and_round_trips(
     assert name not in orjson.dumps(every).decode()
     assert by_case[str(approve)]["input"]["applicantName"] == "[pii:applicantName]"
     assert [line["caseId"] for line in export("--reviewed-only")] == [str(refer)]
+
+
+async def test_a_backtest_asked_over_rest_is_kept_signed_logged_and_verifies_offline(
+    decided: dict[uuid.UUID, Any], stack: Any, pool: asyncpg.Pool, settings: Settings,
+    tmp_path: Path,
+) -> None:
+    """A worker runs it; nothing reaches the cases or their log; its record is chained
+    after the last, enters the transparency log as a leaf of its own kind, and its
+    bundle verifies offline — and fails once one byte of a result or the record changes."""
+    events, cases = (await pool.fetchval("SELECT count(*) FROM event_log"),
+                     await pool.fetchval("SELECT count(*) FROM cases"))
+    async with await person(pool, stack.base_url, "vera", "backtests:run", "cases:read") as vera, \
+            await person(pool, stack.base_url, "carl", "cases:start") as carl:
+        refused = await carl.post("/backtests", json={"agent": "loan-officer"})
+        assert refused.status_code == 403, refused.text
+        unknown = await vera.post("/backtests", json={"agent": "no-such-agent"})
+        assert unknown.status_code == 422 and "no-such-agent" in unknown.text, unknown.text
+        old = await vera.post("/backtests", json={"agent": "loan-officer",
+                                                  "challenger": "loan-officer@0.0.1"})
+        assert old.status_code == 422 and "challenger" in old.text, old.text
+        asked = await vera.post("/backtests", json={
+            "agent": "loan-officer", "since": SINCE[0].isoformat(), "concurrency": 2})
+        assert asked.status_code == 202, asked.text
+        location = asked.headers["location"]
+        assert asked.json()["status"] == "queued" and asked.json()["requestedBy"] == "vera"
+        for _ in range(200):
+            view = (await vera.get(location)).json()
+            if view["status"] not in ("queued", "running"):
+                break
+            await asyncio.sleep(0.1)
+        assert view["status"] == "done", view
+        assert view["progress"] == {"done": 3, "selected": 3}
+        assert view["summary"]["cases"] == 3 and view["summary"]["changed"] == []
+        assert view["challenger"]["agentDigest"] == AGENTS["loan-officer"].digest
+        assert view["championDigests"] == [AGENTS["loan-officer"].digest]
+        assert [r["caseId"] for r in view["results"]] == [str(c) for c in decided]
+        listed = (await vera.get("/backtests")).json()["backtests"]
+        assert listed[0]["backtestId"] == view["backtestId"]
+        backtest_id = uuid.UUID(view["backtestId"])
+        # Nothing of the cases changed: no event, no case.
+        assert await pool.fetchval("SELECT count(*) FROM event_log") == events
+        assert await pool.fetchval("SELECT count(*) FROM cases") == cases
+        # The record waits in the ledger's queue as a leaf of its own kind; appended.
+        assert await pool.fetchval("SELECT kind FROM ledger_queue WHERE event_id = $1",
+                                   backtest_id) == "backtest"
+        await _ledger_appends(settings)
+        assert await pool.fetchval("SELECT kind FROM ledger_leaves WHERE event_id = $1",
+                                   backtest_id) == "backtest"
+        found = await vera.get(f"{location}/bundle")
+        assert found.status_code == 200, found.text
+        bundle = found.json()
+    await _verifies_offline_until_a_byte_changes(bundle, settings, tmp_path)
+    # The record and its results are kept for good, and the chain admits no stranger.
+    with pytest.raises(asyncpg.RaiseError, match="append-only"):
+        await pool.execute("UPDATE backtest_records SET sig = sig WHERE backtest_id = $1",
+                           backtest_id)
+    with pytest.raises(asyncpg.RaiseError, match="append-only"):
+        await pool.execute("DELETE FROM backtest_results WHERE backtest_id = $1", backtest_id)
+    with pytest.raises(asyncpg.PostgresError, match="must follow the last one"):
+        await pool.execute(
+            "INSERT INTO backtest_records (backtest_id, chain_seq, body, prev_hash, hash, "
+            "key_id, sig) SELECT backtest_id, chain_seq + 1, body, $2, $2, key_id, sig "
+            "FROM backtest_records WHERE backtest_id = $1", backtest_id, "0" * 64)
+
+
+async def _ledger_appends(settings: Settings) -> None:
+    """The ledger's work, once: the queue appended to the tree, a checkpoint signed."""
+    ledger_pool = await component_pool(settings.identity("ledger"), 2)
+    try:
+        sequencer = Sequencer(ledger_pool, log_signer(settings), state=ledger_state(settings))
+        await sequencer.start()
+        await sequencer.drain()
+        await sequencer.checkpoint()
+    finally:
+        await ledger_pool.close()
+
+
+async def _verifies_offline_until_a_byte_changes(bundle: dict[str, Any], settings: Settings,
+                                                 tmp_path: Path) -> None:
+    signer = worker_signer(settings)
+    log_key = Verifier.parse(bundle["log"]["verifierKeys"][-1])
+    report = verify_backtest_bundle(bundle, [signer.public_key], [log_key])
+    assert report.verified, [p.as_json() for p in report.problems]
+    assert report.log is not None and report.log["eventsInLog"] == 1
+    path = tmp_path / "backtest.json"
+    path.write_bytes(orjson.dumps(bundle))
+    cli = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "casetrail.cli", "verify-bundle", str(path),
+                         "--trust", base64.b64encode(signer.public_key).decode()],
+        env=settings.environment(), capture_output=True, text=True, timeout=60, check=False)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    # One byte of a result, or of the record, changed: caught.
+    bent = orjson.loads(orjson.dumps(bundle))
+    bent["results"][0]["challenger"] = "decline"
+    assert "results_mismatch" in {p.code for p in verify_backtest_bundle(
+        bent, [signer.public_key]).problems}
+    bent = orjson.loads(orjson.dumps(bundle))
+    bent["record"]["body"] = bent["record"]["body"].replace('"limit":1000', '"limit":1001')
+    assert "hash_mismatch" in {p.code for p in verify_backtest_bundle(
+        bent, [signer.public_key]).problems}
+    path.write_bytes(orjson.dumps(bent))
+    cli = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "casetrail.cli", "verify-bundle", str(path),
+                         "--trust", base64.b64encode(signer.public_key).decode()],
+        env=settings.environment(), capture_output=True, text=True, timeout=60, check=False)
+    assert cli.returncode == 1, cli.stdout + cli.stderr
+
+
+async def test_the_audit_checks_every_backtest_record_and_finds_a_changed_result(
+    decided: dict[uuid.UUID, Any], pool: asyncpg.Pool,
+) -> None:
+    """``casetrail audit``'s backtest pass over the records the tests above kept: clean;
+    then a result changed in place by the owner (triggers off and on again): found."""
+    ledger = LedgerStore(pool)
+    audit = WholeLog(AuditStore(pool), ledger, Evidence(CaseStore(pool), KeyRegistry(pool),
+                                                        ledger))
+    assert await pool.fetchval("SELECT count(*) FROM backtest_records") >= 2
+    assert await audit._backtests() == []
+    backtest_id = await pool.fetchval(
+        "SELECT backtest_id FROM backtest_records ORDER BY chain_seq DESC LIMIT 1")
+    original = await pool.fetchval(
+        "SELECT result FROM backtest_results WHERE backtest_id = $1 AND position = 0",
+        backtest_id)
+
+    async def set_result(value: Any) -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("ALTER TABLE backtest_results DISABLE TRIGGER USER")
+            await conn.execute("UPDATE backtest_results SET result = $2 WHERE backtest_id = $1 "
+                               "AND position = 0", backtest_id, value)
+            await conn.execute("ALTER TABLE backtest_results ENABLE TRIGGER USER")
+
+    await set_result({**original, "challenger": "decline"})
+    try:
+        [finding] = await audit._backtests()
+        assert finding.kind == "altered" and str(backtest_id) in finding.detail \
+            and "results_mismatch" in finding.detail, finding
+    finally:
+        await set_result(original)
+    assert await audit._backtests() == []

@@ -33,7 +33,7 @@ def test_admin_holds_every_scope_but_review_which_is_a_persons() -> None:
 def test_the_names_keys_carry_are_the_members_values() -> None:
     assert SCOPES == ("cases:start", "cases:read", "cases:cancel", "cases:review",
                       "models:override", "pii:read", "retention:manage", "holds:manage",
-                      "admin")
+                      "backtests:run", "admin")
     with pytest.raises(AuthError, match="unknown scopes"):
         parse_scopes("cases:raed")
     with pytest.raises(AuthError, match="cannot also start cases"):

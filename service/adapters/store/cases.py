@@ -447,11 +447,12 @@ class CaseStore:
 
     async def decided_cases(self, agent: str | None, since: datetime | None,
                             limit: int, *, until: datetime | None = None,
-                            among: Sequence[uuid.UUID] | None = None) -> list[uuid.UUID]:
+                            among: Sequence[uuid.UUID] | None = None,
+                            tenant: str | None = None) -> list[uuid.UUID]:
         """Cases the agent decided (completed, or waiting for a person to review its
         decision), oldest first: of ``agent`` (any when ``None``), created at or after
-        ``since`` and before ``until``, among the ids ``among`` when given; at most
-        ``limit``."""
+        ``since`` and before ``until``, among the ids ``among`` when given, of ``tenant``
+        when given; at most ``limit``."""
         async with translate_errors():
             rows = await self._pool.fetch(
                 f"""SELECT case_id FROM cases
@@ -461,8 +462,9 @@ class CaseStore:
                      AND ($2::timestamptz IS NULL OR created_at >= $2)
                      AND ($4::timestamptz IS NULL OR created_at < $4)
                      AND ($5::uuid[] IS NULL OR case_id = ANY($5::uuid[]))
+                     AND ($6::text IS NULL OR tenant_id = $6)
                    ORDER BY created_at, case_id LIMIT $3""", agent, since, limit, until,
-                None if among is None else list(among))
+                None if among is None else list(among), tenant)
         return [row["case_id"] for row in rows]
 
     async def claim(self, case_id: uuid.UUID, owner: str, lease_seconds: float) -> Claim:

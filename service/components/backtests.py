@@ -1,0 +1,133 @@
+"""The worker's backtest runner (docs/backtests.md): takes the backtests people asked for
+(``POST /backtests``, ``casetrail backtest``) one at a time under a lease, runs the
+challenger over the selected recorded cases (service/audit/backtest.py), and keeps the
+results with one signed record chained after the last (service/audit/backtest_record.py),
+which the database puts in the transparency log. A runner that dies leaves its lease to
+run out; the next takes the backtest over from the start (nothing of a run is kept
+before its end)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from casetrail.adapters.store import CaseStore
+from casetrail.adapters.store.backtests import BacktestStore
+from casetrail.agents import challenger_of
+from casetrail.agents.profile import AgentProfile
+from casetrail.audit.backtest import (
+    Budget,
+    challenger_model,
+    run_backtest,
+    summary,
+)
+from casetrail.audit.backtest_record import record_body, result_digest
+from casetrail.contract.events import ModelRef
+from casetrail.contract.integrity import Signer
+from casetrail.engine.chat import ChatModel
+from casetrail.errors import CasetrailError
+
+log = logging.getLogger("casetrail.backtests")
+
+LEASE_SECONDS = 60.0
+"""How long a runner holds a backtest without noting progress before another may take it."""
+
+
+@dataclass
+class BacktestRunner:
+    backtests: BacktestStore
+    cases: CaseStore
+    signer: Signer
+    models: Callable[[ModelRef, AgentProfile], ChatModel]
+    owner: str
+    interval: float = 2.0
+    lease_seconds: float = LEASE_SECONDS
+
+    async def run(self) -> None:
+        while True:
+            try:
+                if not await self.run_next():
+                    await asyncio.sleep(self.interval)
+            except CasetrailError as exc:
+                log.warning("backtests: %s; tried again in %.0f s", exc, self.interval)
+                await asyncio.sleep(self.interval)
+
+    async def run_next(self) -> bool:
+        """Run the next backtest waiting, if there is one."""
+        row = await self.backtests.claim(self.owner, self.lease_seconds)
+        if row is None:
+            return False
+        try:
+            await self._run(row)
+        except (LookupError, ValueError) as exc:
+            await self.backtests.fail(row["backtest_id"], self.owner, str(exc))
+        return True
+
+    async def _run(self, row: dict[str, Any]) -> None:
+        request, backtest_id = row["request"], row["backtest_id"]
+        profile = challenger_of(request, row["agent"])
+        ref = ModelRef.model_validate(request["model"]) if request.get("model") \
+            else profile.default_model
+        among = [uuid.UUID(c) for c in request["cases"]] if request.get("cases") else None
+        since, until = (datetime.fromisoformat(request[k]) if request.get(k) else None
+                        for k in ("since", "until"))
+        ids = await self.cases.decided_cases(row["agent"], since, request["limit"],
+                                             until=until, among=among, tenant=row["tenant_id"])
+        done = 0
+
+        def progressed(count: int, _: int) -> None:
+            nonlocal done
+            done = count
+
+        async def note() -> None:
+            while True:
+                await self.backtests.progress(backtest_id, self.owner, done, len(ids),
+                                              self.lease_seconds)
+                await asyncio.sleep(min(2.0, self.lease_seconds / 3))
+
+        noting = asyncio.create_task(note())
+        try:
+            ran = await run_backtest(
+                ids, self.cases.trails, profile, challenger_model(self.models, profile, ref),
+                ref, Budget(request["concurrency"], request.get("maxTokens"),
+                            request.get("maxSeconds")), progressed)
+        finally:
+            noting.cancel()
+        found = summary(ran.outcomes)
+        results = found["results"]
+        what = {
+            "backtestId": str(backtest_id), "tenantId": row["tenant_id"],
+            "agent": row["agent"],
+            "championDigests": sorted({r["championDigest"] for r in results
+                                       if r["championDigest"]}),
+            "challenger": {"agent": profile.name, "version": profile.version,
+                           "agentDigest": profile.digest,
+                           "model": ref.model_dump(mode="json", by_alias=True,
+                                                   exclude_none=True)},
+            "selection": {"since": request.get("since"), "until": request.get("until"),
+                          "limit": request["limit"],
+                          "casesListed": None if among is None else hashlib.sha256(
+                              "\n".join(sorted(map(str, among))).encode()).hexdigest(),
+                          "selected": len(ids)},
+            "toolPolicy": request.get("toolPolicy", "refuse"),
+            "requestedBy": row["requested_by"], "requestedAt": row["requested_at"].isoformat(),
+            "startedAt": row["started_at"].isoformat(),
+            "finishedAt": datetime.now(UTC).isoformat(), "seconds": round(ran.seconds, 3),
+            **({"stopped": ran.stopped} if ran.stopped else {})}
+        body = record_body(what, found, results)
+        kept = await self.backtests.keep(
+            backtest_id, self.owner,
+            [(uuid.UUID(r["caseId"]), r, result_digest(r)) for r in results],
+            lambda prev: (body, self.signer.seal(prev, body)))
+        if kept is None:
+            log.warning("backtest %s was taken over by another runner: its run here is "
+                        "dropped", backtest_id)
+        else:
+            log.info("backtest %s of %s: %d cases, record %s", backtest_id, row["agent"],
+                     len(results), kept.hash[:16])
