@@ -1,4 +1,6 @@
-"""Replaying many decisions: ``casetrail replay --all`` over N recorded loan cases.
+"""Replaying many decisions: ``casetrail replay --all`` over N recorded loan cases, then
+``casetrail backtest`` over the same N (a worker runs the challenger, the agent as
+installed with its scripted model, and keeps the signed record).
 
 Three sample applications are decided by the real stack (scripted model, worker
 tools on the capability worker); their rows in ``cases`` and ``event_log`` are then
@@ -18,8 +20,17 @@ from typing import Any
 
 import asyncpg
 import httpx
+import orjson
 
-from bench.harness import Processes, api_key, bench_settings, namespace, wait_ready, wait_rows
+from bench.harness import (
+    Processes,
+    api_key,
+    bench_settings,
+    cpu_seconds,
+    namespace,
+    wait_ready,
+    wait_rows,
+)
 from casetrail.adapters.store import ApiKeyStore
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.components.supervisor import component_command
@@ -89,17 +100,50 @@ async def replay_at_scale(cases: int) -> dict[str, Any]:
             subprocess.run, component_command("replay", "--all", "--agent", "loan-officer"),
             env=settings.environment(), capture_output=True, text=True, check=False)
         seconds = time.perf_counter() - started
-    summary = re.search(r"(\d+) cases replayed: (\d+) same, (\d+) diverged", done.stdout)
-    if done.returncode != 0 or summary is None:
-        raise RuntimeError(f"replay failed ({done.returncode}): {done.stdout[-500:]}"
-                           f"{done.stderr[-2000:]}")
-    replayed, same, diverged = (int(g) for g in summary.groups())
-    if same != replayed:
-        raise RuntimeError(f"only {same} of {replayed} cases replayed the same: "
-                           f"{done.stdout[-1000:]}")
+        summary = re.search(r"(\d+) cases replayed: (\d+) same, (\d+) diverged", done.stdout)
+        if done.returncode != 0 or summary is None:
+            raise RuntimeError(f"replay failed ({done.returncode}): {done.stdout[-500:]}"
+                               f"{done.stderr[-2000:]}")
+        replayed, same, diverged = (int(g) for g in summary.groups())
+        if same != replayed:
+            raise RuntimeError(f"only {same} of {replayed} cases replayed the same: "
+                               f"{done.stdout[-1000:]}")
+        backtest = await backtest_at_scale(settings, recorded)
     return {"cases": recorded, "events": events, "replayed": replayed, "same": same,
             "diverged": diverged, "seconds": round(seconds, 2),
-            "casesPerSecond": round(replayed / seconds, 1)}
+            "casesPerSecond": round(replayed / seconds, 1), "backtest": backtest}
+
+
+async def backtest_at_scale(settings: Any, cases: int) -> dict[str, Any]:
+    """``casetrail backtest`` over every recorded case, run by a worker (the challenger is
+    the agent itself with its scripted model: every decision the same), its results and
+    signed record kept; the worker's CPU per case."""
+    stack = Processes(settings)
+    worker = stack.spawn("worker", "worker")
+    try:
+        await asyncio.sleep(3)  # the worker's start (its first catalog reads)
+        before = cpu_seconds(worker.pid)
+        started = time.perf_counter()
+        done = await asyncio.to_thread(
+            subprocess.run, component_command(
+                "backtest", "--agent", "loan-officer", "--limit", str(cases),
+                "--concurrency", "32", "--json"),
+            env=settings.environment(), capture_output=True, text=True, check=False)
+        seconds = time.perf_counter() - started
+        cpu = cpu_seconds(worker.pid) - before
+    finally:
+        stack.stop()
+    if done.returncode != 0:
+        raise RuntimeError(f"backtest failed ({done.returncode}): {done.stdout[-500:]}"
+                           f"{done.stderr[-2000:]}")
+    found = orjson.loads(done.stdout)
+    run = found["summary"]["cases"]
+    if found["summary"]["changed"] or found["summary"]["unansweredCalls"]:
+        raise RuntimeError(f"the same agent changed decisions: {found['summary']}")
+    return {"cases": run, "seconds": round(seconds, 2), "runSeconds": found["seconds"],
+            "casesPerSecond": round(run / seconds, 1),
+            "workerCpuMsPerCase": round(cpu * 1000 / run, 2),
+            "recorded": found["record"]["hash"][:16]}
 
 
 if __name__ == "__main__":

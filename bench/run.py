@@ -56,6 +56,8 @@ TARGETS: dict[str, Any] = {
     "searchP99": 50, "streamsPostP99": 100,
     # casetrail replay --all over 10,000 recorded loan cases.
     "replaySeconds": 60,
+    # casetrail backtest over the same cases, run by a worker and recorded.
+    "backtestCasesPerSecond": 500,
     # The transparency log: leaves appended per second; an inclusion proof from a tree of
     # 10,000,000 leaves (make bench-all).
     "ledgerAppend": 15000, "proofP99": 20,
@@ -449,7 +451,14 @@ def _replay_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
              f"{x['seconds']:.1f} s", f"< {TARGETS['replaySeconds']} s",
              f"{x['casesPerSecond']:,.0f} cases/s, {x['events']:,} events read; "
              f"{x['same']:,} same, {x['diverged']} diverged; no model asked, no worker tool "
-             "run")]
+             "run"),
+            *([(f"casetrail backtest, {b['cases']:,} recorded cases (a worker, scripted model, "
+                "signed record)", f"{b['casesPerSecond']:,.0f} cases/s",
+                f">= {TARGETS['backtestCasesPerSecond']} cases/s",
+                f"{b['seconds']:.1f} s asked to printed ({b['runSeconds']:.1f} s running); "
+                f"worker {b['workerCpuMsPerCase']:.2f} CPU-ms a case; every decision the "
+                "same, every call answered by the record")]
+              if (b := x.get("backtest")) else [])]
 
 
 def _reading_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
