@@ -10,11 +10,13 @@ import base64
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import jsonschema
 import orjson
 import pytest
@@ -348,3 +350,103 @@ async def test_the_audit_checks_every_backtest_record_and_finds_a_changed_result
     finally:
         await set_result(original)
     assert await audit._backtests() == []
+
+
+def _policy(args: dict[str, Any], auto_approve: int) -> str:
+    """The lending policy's decision, written again here with its auto-approve band as a
+    parameter: what the challenger must decide, computed without its code."""
+    if args["creditScore"] < 580 or args["dti"] > 0.5 or args["riskScore"] >= 0.25:
+        return "decline"
+    if args["creditScore"] >= auto_approve and args["dti"] <= 0.36 \
+            and args["riskScore"] < 0.1 and args["loanAmount"] <= 50_000:
+        return "approve"
+    return "refer"
+
+
+async def _two_hundred_decided(stack: Any, auth_headers: dict[str, str], pool: asyncpg.Pool
+                               ) -> tuple[list[str], dict[str, str]]:
+    """200 loan applications decided; of the referred, a person confirms some and
+    overrides others (to approve). The case ids, and each reviewed case's label."""
+    async with httpx.AsyncClient(base_url=stack.base_url, headers=auth_headers,
+                                 timeout=30) as client:
+        ids = []
+        for number in range(200):
+            reply = await client.post("/cases", json={"agent": "loan-officer", "input": {
+                "applicantId": f"A-{7000 + number}", "applicantName": f"Applicant {number}",
+                "loanAmount": 8_000 + 150 * number, "termMonths": 48,
+                "monthlyIncome": 9_000, "monthlyDebt": 1_000 + 10 * number,
+                "purpose": "used car"}})
+            assert reply.status_code == 202, reply.text
+            ids.append(reply.json()["caseId"])
+        views = [await ended(client, c, timeout=120) for c in ids]
+    waiting = [v["caseId"] for v in views if v["status"] == "awaiting_review"]
+    assert len(waiting) >= 4, views  # some of each: confirmed, overridden
+    labels = {}
+    async with await person(pool, stack.base_url, "otto", "cases:review", "cases:read") as otto:
+        for index, case_id in enumerate(waiting[: len(waiting) * 2 // 3]):
+            body: dict[str, Any] = {"verdict": "confirm", "reason": "Refer stands."}
+            if index % 2:
+                body = {"verdict": "override", "reason": "Income verified.", "decision": {
+                    "decision": "approve", "applicantId": "A-0000", "reasonCodes": [],
+                    "rationale": "Verified income covers it."}}
+            reply = await otto.post(f"/cases/{case_id}/review", json=body)
+            assert reply.status_code == 202, reply.text
+            labels[case_id] = "refer" if index % 2 == 0 else "approve"
+        for case_id in labels:
+            await ended(otto, case_id, statuses=("awaiting_review",))
+    return ids, labels
+
+
+async def test_two_hundred_cases_and_a_stricter_policy_give_the_matrix_computed_here(
+    decided: dict[uuid.UUID, Any], stack: Any, auth_headers: dict[str, str],
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """200 recorded loan cases, some reviewed (confirmed or overridden): a challenger
+    whose policy approves from 750 instead of 700. The matrix, the agreement with the
+    reviewers and the changed cases are what the record says they must be."""
+    ids, labels = await _two_hundred_decided(stack, auth_headers, pool)
+    await asyncio.sleep(0.5)  # the reviewed cases' terminal events reach Postgres
+    expected: Counter[tuple[str, str]] = Counter()
+    changed: list[str] = []
+    agreed: Counter[str] = Counter()
+    async with httpx.AsyncClient(base_url=stack.base_url, headers=auth_headers) as client:
+        for case_id in ids:
+            events = (await client.get(f"/cases/{case_id}/events")).json()["events"]
+            [policy] = [c["toolArgs"] for e in events if e["eventType"] == "REACT_CYCLE"
+                        for c in e["payload"].get("toolCalls") or []
+                        if c["toolName"] == "lending-policy"]
+            decided_by_agent = next(e for e in events if e["eventType"] in (
+                "CASE_AWAITING_REVIEW", "CASE_COMPLETED"))["payload"]["answer"]["decision"]
+            challenger = _policy(policy, 750)
+            assert _policy(policy, 700) == decided_by_agent  # the rule, written again
+            expected[(decided_by_agent, challenger)] += 1
+            if challenger != decided_by_agent:
+                changed.append(case_id)
+            if case_id in labels:
+                agreed["champion"] += decided_by_agent == labels[case_id]
+                agreed["challenger"] += challenger == labels[case_id]
+        assert changed, "the stricter band changes no case: the test proves nothing"
+        events_before = await pool.fetchval(
+            "SELECT count(*) FROM event_log WHERE case_id = ANY($1::uuid[])", ids)
+    monkeypatch.setattr(loan_officer, "AUTO_APPROVE_SCORE", 750)
+    async with await person(pool, stack.base_url, "bo", "backtests:run", "cases:read") as bo:
+        asked = await bo.post("/backtests", json={"agent": "loan-officer", "cases": ids,
+                                                  "concurrency": 8})
+        assert asked.status_code == 202, asked.text
+        for _ in range(600):
+            view = (await bo.get(asked.headers["location"])).json()
+            if view["status"] not in ("queued", "running"):
+                break
+            await asyncio.sleep(0.1)
+    assert view["status"] == "done", view
+    found = view["summary"]
+    assert found["cases"] == 200 and found["unansweredCalls"] == 0
+    assert {(m["champion"], m["challenger"]): m["cases"] for m in found["matrix"]} == \
+        dict(expected)
+    assert sorted(found["changed"]) == sorted(changed)
+    assert found["reviewed"] == len(labels)
+    assert found["agreementWithReviewers"] == {
+        side: round(agreed[side] / len(labels), 4) for side in ("champion", "challenger")}
+    assert {r["caseId"]: r["label"] for r in view["results"] if r["label"]} == labels
+    assert await pool.fetchval("SELECT count(*) FROM event_log WHERE case_id = ANY($1::uuid[])",
+                               ids) == events_before  # nothing written for those cases
