@@ -431,6 +431,12 @@ class Settings(BaseSettings):
         description='Per-tenant overrides, JSON: {"acme": {"maxActiveCases": 50, '
         '"maxStartsPerMinute": 120, "reviewEveryCase": true, "overrideReviewers": 2, '
         '"reviewDeadlineSeconds": 14400}}.')
+    backtest_gates: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=dict,
+        description='Agents whose installed version takes no case before a backtest of '
+        'that very version (its agentDigest) passed, JSON: {"loan-officer": 0.9}: agreement '
+        "with reviewers at least 0.9 on the backtest's reviewed cases (docs/backtests.md, "
+        '"A rollout gate"). None by default.')
     review_deadline_seconds: float = Field(
         default=86_400.0, gt=0, description="How long a case may wait for a person before "
         "its review is overdue, unless its agent or tenant says otherwise: overdue reviews "

@@ -39,6 +39,7 @@ from casetrail.adapters.store.search import CaseIndex
 from casetrail.agents import AGENTS, CAPABILITIES
 from casetrail.audit.evidence import Evidence
 from casetrail.cases.configured import described, misconfigured
+from casetrail.cases.gate import RolloutGate
 from casetrail.config import Settings
 from casetrail.contract.integrity import Signer
 from casetrail.errors import CasetrailError
@@ -121,6 +122,8 @@ class CaseServices:
     """The API's action key (CASETRAIL_ACTION_KEY_FILE): it signs every action of a
     person's it keeps; without one, no such action is kept."""
     unconfigured: dict[str, list[str]] = field(default_factory=dict)
+    gate: RolloutGate = field(default_factory=lambda: RolloutGate({}))
+    """The agents that take cases only after a passed backtest (CASETRAIL_BACKTEST_GATES)."""
     """Each agent that cannot run as this deployment is configured, with its reasons
     (service/cases/configured.py): a case for it is refused, naming them."""
     _noting: set[asyncio.Task[None]] = field(default_factory=set)
@@ -185,7 +188,8 @@ async def case_services(settings: Settings, *, pool_size: int = 20, patience: fl
                 Coalescer(store.mark_starts_confirmed),
                 KeySearches(settings.tenant_max_key_searches_per_minute),
                 action_signer(settings) if settings.action_key_file else None,
-                misconfigured(AGENTS, settings, CAPABILITIES))
+                misconfigured(AGENTS, settings, CAPABILITIES),
+                RolloutGate(dict(settings.backtest_gates)))
             for agent, problems in services.unconfigured.items():
                 log.error("%s", described(agent, problems))
             try:

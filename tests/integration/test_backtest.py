@@ -39,7 +39,7 @@ from casetrail.ledger.note import Verifier
 from casetrail.trail.keyfile import worker_signer
 from tests.support.helpers import ended
 from tests.support.retention import decided_samples, person
-from tests.support.stack import module_stack
+from tests.support.stack import module_stack, serve_api
 
 stack = module_stack(worker_concurrency=4)
 SINCE: list[datetime] = []
@@ -274,6 +274,31 @@ async def test_a_backtest_asked_over_rest_is_kept_signed_logged_and_verifies_off
             "INSERT INTO backtest_records (backtest_id, chain_seq, body, prev_hash, hash, "
             "key_id, sig) SELECT backtest_id, chain_seq + 1, body, $2, $2, key_id, sig "
             "FROM backtest_records WHERE backtest_id = $1", backtest_id, "0" * 64)
+
+
+async def test_a_gated_agent_takes_cases_only_after_its_version_passed_a_backtest(
+    decided: dict[uuid.UUID, Any], settings: Settings, pool: asyncpg.Pool,
+) -> None:
+    """An API whose operator gates loan-officer (agreement with reviewers >= 0.99) and
+    claims-triage: the backtest above (the reviewed refer confirmed, the challenger
+    agreeing) opens loan-officer's gate; claims-triage, never backtested, is refused
+    with a problem naming what it needs."""
+    agreed = await pool.fetchval(
+        "SELECT max((convert_from(body, 'UTF8')::jsonb #>> "
+        "'{summary,agreementWithReviewers,challenger}')::float8) FROM backtest_records")
+    assert agreed == 1.0  # what the gate reads, from the signed records kept above
+    gated = settings.model_copy(update={"backtest_gates": {"loan-officer": 0.99,
+                                                           "aml-screening": 0.5}})
+    async with serve_api(gated) as base_url, \
+            await person(pool, base_url, "gus", "cases:start", "cases:read") as gus:
+        opened = await gus.post("/cases", json={"agent": "loan-officer",
+                                                "input": SAMPLE_APPLICATIONS[0]})
+        assert opened.status_code == 202, opened.text
+        shut = await gus.post("/cases", json={"agent": "aml-screening", "input": {}})
+        assert shut.status_code == 409, shut.text
+        problem = shut.json()
+        assert "backtest" in problem["detail"] and AGENTS["aml-screening"].digest in \
+            problem["detail"] and "aml-screening@" in problem["detail"], problem
 
 
 async def _ledger_appends(settings: Settings) -> None:
