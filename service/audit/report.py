@@ -39,17 +39,17 @@ def bundle_bytes(bundle: Mapping[str, Any]) -> bytes:
     return orjson.dumps(bundle)
 
 
-class _Report(FPDF):
-    def __init__(self, case_id: str) -> None:
+class Pages(FPDF):
+    def __init__(self, case_id: str, kind: str = "case report") -> None:
         super().__init__(format="A4")
-        self.case_id = case_id
+        self.case_id, self.kind = case_id, kind
         self.unicode = (FONTS / "DejaVuSans.ttf").exists()
         if self.unicode:
             self.add_font("Sans", "", FONTS / "DejaVuSans.ttf")
             self.add_font("Sans", "B", FONTS / "DejaVuSans-Bold.ttf")
             self.add_font("Mono", "", FONTS / "DejaVuSansMono.ttf")
         self.set_auto_page_break(True, margin=15)
-        self.set_title(f"casetrail case report {case_id}")
+        self.set_title(f"casetrail {kind} {case_id}")
         self.set_creator("casetrail")
 
     def face(self, style: str = "", size: float = 9.5, mono: bool = False) -> None:
@@ -65,7 +65,7 @@ class _Report(FPDF):
         self.set_y(-10)
         self.face(size=7.5)
         self.set_text_color(110)
-        self.cell(0, 5, self.text_of(f"casetrail case report · {self.case_id} · page "
+        self.cell(0, 5, self.text_of(f"casetrail {self.kind} · {self.case_id} · page "
                                      f"{self.page_no()}/{{nb}}"), align="C")
         self.set_text_color(0)
 
@@ -112,7 +112,7 @@ def render(bundle: Mapping[str, Any], verdict: Mapping[str, Any], case: Mapping[
     ends = [e for e in events if e["eventType"] in TERMINAL_EVENT_TYPES]
     end = ends[-1] if ends else None
     waits = [e for e in events if e["eventType"] == "CASE_AWAITING_REVIEW"]
-    pdf = _Report(case_id)
+    pdf = Pages(case_id)
     pdf.alias_nb_pages()
     pdf.add_page()
     pdf.heading("Case report", 17)
@@ -160,7 +160,7 @@ def render(bundle: Mapping[str, Any], verdict: Mapping[str, Any], case: Mapping[
     return bytes(pdf.output()), digest
 
 
-def _decision(pdf: _Report, payload: Mapping[str, Any], answer: Mapping[str, Any] | None,
+def _decision(pdf: Pages, payload: Mapping[str, Any], answer: Mapping[str, Any] | None,
               end: Mapping[str, Any] | None) -> None:
     """The decision first: what, by whom, why, and the agent's checks."""
     pdf.heading("Decision")
@@ -185,7 +185,7 @@ def _decision(pdf: _Report, payload: Mapping[str, Any], answer: Mapping[str, Any
                      f"{' (blocking)' if check.get('blocking') else ''}: {check.get('detail', '')}")
 
 
-def _reviews(pdf: _Report, events: list[dict[str, Any]], waits: list[dict[str, Any]]) -> None:
+def _reviews(pdf: Pages, events: list[dict[str, Any]], waits: list[dict[str, Any]]) -> None:
     """Each wait for a person, and each person's review: who (as authenticated), what,
     why, when."""
     reviews = [e for e in events if e["eventType"] == "CASE_REVIEWED"]
@@ -221,7 +221,7 @@ def _logged(bundle: Mapping[str, Any]) -> str:
             f"{base64.b64encode(checkpoint.root).decode()}; signed by {signers})")
 
 
-def _event(pdf: _Report, event: Mapping[str, Any]) -> None:
+def _event(pdf: Pages, event: Mapping[str, Any]) -> None:
     p = event["payload"]
     kind = event["eventType"]
     pdf.heading(f"{event['attempt']}.{event['seq']}  {kind}  ({event['occurredAt']})", 10)

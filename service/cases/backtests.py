@@ -8,13 +8,15 @@ tenant's caller asks over, and sees, its own tenant's cases only."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
 import orjson
 
 from casetrail.agents import AGENTS, challenger_of
-from casetrail.audit.backtest_record import bundle
+from casetrail.audit.backtest_record import bundle, verify_backtest_bundle
+from casetrail.audit.backtest_report import render_backtest
 from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotFound
 from casetrail.cases.services import CaseServices
 from casetrail.cases.text import refuse_unstorable
@@ -113,6 +115,16 @@ async def evidence(services: CaseServices, principal: Principal, backtest_id: uu
             proof = TlogProof(index, tuple(path), latest.served).render()
     return bundle(record, await services.backtests.results(backtest_id),
                   await services.evidence.keys.describe(), proof, log, checked_at())
+
+
+async def report(services: CaseServices, principal: Principal, backtest_id: uuid.UUID
+                 ) -> tuple[bytes, str]:
+    """The backtest's PDF for the validation file and the SHA-256 of the bundle it embeds,
+    its verdict taken under the registered signing keys."""
+    found = await evidence(services, principal, backtest_id)
+    keys = [k.public_key for k in await services.evidence.keys.all()]
+    verdict = verify_backtest_bundle(found, keys)
+    return await asyncio.to_thread(render_backtest, found, verdict.as_json())
 
 
 def _view(row: dict[str, Any]) -> dict[str, Any]:

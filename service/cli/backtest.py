@@ -82,6 +82,8 @@ def backtest(
     = False,
     bundle: Annotated[Path | None, typer.Option(dir_okay=False, help=(
         "Write the backtest's offline bundle here once it is done."))] = None,
+    report: Annotated[Path | None, typer.Option(dir_okay=False, help=(
+        "Write the backtest's PDF for the validation file here once it is done."))] = None,
     api_key: ApiKey = None,
     raw: Annotated[bool, typer.Option("--json", help="The whole comparison as JSON.")]
     = False,
@@ -111,7 +113,7 @@ def backtest(
         **({"cases": [str(c) for c in among]} if among is not None else {}),
         **({"maxTokens": max_tokens} if max_tokens else {}),
         **({"maxSeconds": max_seconds} if max_seconds else {})}
-    found = _here(asked, raw) if here else _on_a_worker(asked, api_key, bundle, raw)
+    found = _here(asked, raw) if here else _on_a_worker(asked, api_key, (bundle, report), raw)
     if raw:
         typer.echo(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode())
     else:
@@ -121,8 +123,8 @@ def backtest(
     raise typer.Exit(0 if found["summary"]["cases"] else 2)
 
 
-def _on_a_worker(asked: dict[str, Any], api_key: str | None, bundle: Path | None,
-                 raw: bool) -> dict[str, Any]:
+def _on_a_worker(asked: dict[str, Any], api_key: str | None,
+                 files: tuple[Path | None, Path | None], raw: bool) -> dict[str, Any]:
     """Ask for it as REST does, follow it until it ends, read what it found."""
     import asyncio
 
@@ -130,8 +132,10 @@ def _on_a_worker(asked: dict[str, Any], api_key: str | None, bundle: Path | None
     from casetrail.cli.cases import perform
     from casetrail.contract.auth import Scope
 
+    bundle, report = files
+
     async def work(services: Any, principal: Any
-                   ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                   ) -> tuple[dict[str, Any], dict[str, Any] | None, bytes | None]:
         view = await backtests.ask(services, principal, asked)
         if not raw:
             typer.echo(f"backtest {view['backtestId']} asked; a worker runs it", err=True)
@@ -143,15 +147,18 @@ def _on_a_worker(asked: dict[str, Any], api_key: str | None, bundle: Path | None
             if not raw and selected and done != shown:
                 shown = done
                 _progress(done, selected)
-        evidence = None
+        evidence, pdf, backtest_id = None, None, uuid.UUID(view["backtestId"])
         if bundle is not None and view["status"] == "done":
-            evidence = await backtests.evidence(services, principal,
-                                                uuid.UUID(view["backtestId"]))
-        return view, evidence
+            evidence = await backtests.evidence(services, principal, backtest_id)
+        if report is not None and view["status"] == "done":
+            pdf, _ = await backtests.report(services, principal, backtest_id)
+        return view, evidence, pdf
 
-    view, evidence = perform(api_key, Scope.BACKTESTS, None, work)
+    view, evidence, pdf = perform(api_key, Scope.BACKTESTS, None, work)
     if bundle is not None and evidence is not None:
         bundle.write_bytes(orjson.dumps(evidence, option=orjson.OPT_INDENT_2))
+    if report is not None and pdf is not None:
+        report.write_bytes(pdf)
     if view["status"] == "failed":
         return {**view, "summary": {"cases": 0}}
     return view

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import io
 import subprocess
 import sys
 import uuid
@@ -19,6 +21,7 @@ import asyncpg
 import httpx
 import jsonschema
 import orjson
+import pypdf
 import pytest
 
 from casetrail.adapters.store import CaseStore, KeyRegistry, component_pool
@@ -142,8 +145,12 @@ async def test_the_cli_takes_a_list_of_cases_a_window_and_budgets(
     first, *rest = decided
     listed = tmp_path / "cases.txt"
     listed.write_text(f"# the validation sample\n{first}\n\n{rest[1]}  # a decline\n")
-    done = await asyncio.to_thread(cli, "--cases", str(listed), "--json")
+    evidence, pdf = tmp_path / "evidence.json", tmp_path / "validation.pdf"
+    done = await asyncio.to_thread(cli, "--cases", str(listed), "--json", "--bundle",
+                                   str(evidence), "--report", str(pdf))
     assert done.returncode == 0, done.stdout + done.stderr
+    assert orjson.loads(evidence.read_bytes())["format"] == "casetrail-backtest/1"
+    assert pdf.read_bytes().startswith(b"%PDF")
     found = orjson.loads(done.stdout)
     assert [r["caseId"] for r in found["results"]] == [str(first), str(rest[1])], found
     assert found["selection"]["casesListed"] is not None  # the list's digest, signed
@@ -463,6 +470,16 @@ async def test_two_hundred_cases_and_a_stricter_policy_give_the_matrix_computed_
             if view["status"] not in ("queued", "running"):
                 break
             await asyncio.sleep(0.1)
+        made = await bo.get(f"{asked.headers['location']}/report")
+    assert made.status_code == 200 and made.headers["content-type"] == "application/pdf"
+    reader = pypdf.PdfReader(io.BytesIO(made.content))
+    text = " ".join((page.extract_text() or "") for page in reader.pages)
+    [(name, [attached])] = list(reader.attachments.items())
+    assert hashlib.sha256(attached).hexdigest() == made.headers["x-casetrail-bundle-sha256"]
+    assert name == f"casetrail-backtest-{view['backtestId']}.json"
+    assert orjson.loads(attached)["backtestId"] == view["backtestId"]
+    assert "Backtest report" in text and "verified" in text and "DOES NOT" not in text
+    assert f"Decision changed {len(changed)}" in text and changed[0] in text
     assert view["status"] == "done", view
     found = view["summary"]
     assert found["cases"] == 200 and found["unansweredCalls"] == 0

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 
 from casetrail.api.deps import AnyKey, Cases, known_query_only
-from casetrail.api.problems import responses
+from casetrail.api.problems import error_responses, responses
 from casetrail.api.routes.cases import OrjsonResponse
 from casetrail.api.schemas import BacktestBundle, BacktestList, BacktestView
 from casetrail.cases import backtests
@@ -65,3 +65,20 @@ async def backtest_bundle(backtest_id: uuid.UUID, principal: AnyKey, services: C
     409 until the backtest is done (a failed one has none)."""
     return OrjsonResponse(await backtests.evidence(services, principal, backtest_id), headers={
         "Content-Disposition": f'attachment; filename="casetrail-backtest-{backtest_id}.json"'})
+
+
+@router.get("/backtests/{backtest_id}/report", summary="A backtest's PDF for the validation file",
+            response_class=Response,
+            responses={200: {"content": {"application/pdf": {"schema": {
+                "type": "string", "format": "binary"}}},
+                "description": "One PDF: what was run, the decision matrix, agreement with "
+                               "reviewers, the changed cases, integrity; the bundle attached "
+                               "(its SHA-256 printed and in X-Casetrail-Bundle-Sha256)"},
+                **error_responses(401, 403, 404, 409, 422, 503)})
+async def backtest_report(backtest_id: uuid.UUID, principal: AnyKey, services: Cases
+                          ) -> Response:
+    """Needs ``cases:read`` or ``backtests:run``; 409 until the backtest is done."""
+    pdf, digest = await backtests.report(services, principal, backtest_id)
+    return Response(pdf, media_type="application/pdf", headers={
+        "Content-Disposition": f'attachment; filename="casetrail-backtest-{backtest_id}.pdf"',
+        "X-Casetrail-Bundle-Sha256": digest})
