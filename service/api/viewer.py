@@ -32,7 +32,8 @@ from casetrail.contract.events import (
     status_for,
 )
 
-_ASSETS = {"app.js": "text/javascript", "style.css": "text/css",
+_ASSETS = {"app.js": "text/javascript", "backtests.js": "text/javascript",
+           "style.css": "text/css",
            "markdown-it.min.js": "text/javascript",
            "favicon.svg": "image/svg+xml", "vocabulary.json": "application/json"}
 _HEADERS = {
@@ -50,7 +51,8 @@ def _read(name: str) -> bytes:
 
 
 def viewer_routes(app: FastAPI, public: Any) -> None:
-    """Add ``/ui/``, ``/ui/reviews``, ``/ui/cases/{case_id}`` and the shell's assets to ``app``
+    """Add ``/ui/``, ``/ui/reviews``, ``/ui/cases/{case_id}``, ``/ui/backtests``,
+    ``/ui/backtests/{backtest_id}`` and the shell's assets to ``app``
     (``public``: the dependency that marks a route open to anyone)."""
     shell = _read("index.html")
     assets = {name: _read(name) for name in _ASSETS if name != "vocabulary.json"}
@@ -76,6 +78,14 @@ def viewer_routes(app: FastAPI, public: Any) -> None:
 
     @app.get("/ui/cases/{case_id}", include_in_schema=False)
     async def viewer_case(case_id: uuid.UUID, _: Principal = public) -> Response:
+        return page()
+
+    @app.get("/ui/backtests", include_in_schema=False)
+    async def viewer_backtests(_: Principal = public) -> Response:
+        return page()
+
+    @app.get("/ui/backtests/{backtest_id}", include_in_schema=False)
+    async def viewer_backtest(backtest_id: uuid.UUID, _: Principal = public) -> Response:
         return page()
 
     @app.get("/ui/assets/{name}", include_in_schema=False)

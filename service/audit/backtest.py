@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -131,14 +131,24 @@ class CaseOutcome:
     problem: str | None = None
     champion_digest: str | None = None
     """The ``agentDigest`` the champion decided the case with (its CASE_STARTED)."""
+    answers: tuple[Any, Any] = (None, None)
+    """The champion's answer and the challenger's, side by side."""
+    run: tuple[dict[str, Any], ...] = ()
+    """The challenger's cycles, kept for a case whose decision changed (the drill-down)."""
+
+    @property
+    def changed(self) -> bool:
+        return self.problem is None and self.champion != self.challenger
 
     def as_json(self) -> dict[str, Any]:
         return {"caseId": str(self.case_id), "championDigest": self.champion_digest,
                 "champion": self.champion,
                 "challenger": self.challenger, "label": self.label,
-                "changed": self.problem is None and self.champion != self.challenger,
+                "changed": self.changed,
                 "changedFields": list(self.changed_fields),
+                "answers": {"champion": self.answers[0], "challenger": self.answers[1]},
                 "unanswered": list(self.unanswered), "tokens": self.tokens,
+                **({"run": list(self.run)} if self.run else {}),
                 **({"problem": self.problem} if self.problem else {})}
 
 
@@ -181,11 +191,16 @@ async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     changed = tuple(sorted(
         key for key in {*(champion_answer or {}), *(answer or {})}
         if canonical((champion_answer or {}).get(key)) != canonical((answer or {}).get(key))))
-    return CaseOutcome(case_id, decision_of(champion_answer), decision_of(answer), label,
-                       tuple(answers.unanswered), tokens, changed,
-                       None if answer is not None else f"the challenger ended "
-                       f"{kept.events[-1].event_type} without an answer",
-                       started.get("agentDigest"))
+    outcome = CaseOutcome(case_id, decision_of(champion_answer), decision_of(answer), label,
+                          tuple(answers.unanswered), tokens, changed,
+                          None if answer is not None else f"the challenger ended "
+                          f"{kept.events[-1].event_type} without an answer",
+                          started.get("agentDigest"), (champion_answer, answer))
+    if not outcome.changed:
+        return outcome
+    return replace(outcome, run=tuple(
+        e.payload.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for e in kept.events if isinstance(e.payload, ReactCyclePayload)))
 
 
 @dataclass(frozen=True)
@@ -274,8 +289,7 @@ def summary(outcomes: Sequence[CaseOutcome]) -> dict[str, Any]:
         "reviewed": len(labelled),
         "agreementWithReviewers": {"champion": agreement("champion"),
                                    "challenger": agreement("challenger")},
-        "changed": [str(o.case_id) for o in outcomes
-                    if o.problem is None and o.champion != o.challenger],
+        "changed": [str(o.case_id) for o in outcomes if o.changed],
         "unansweredCalls": sum(len(o.unanswered) for o in outcomes),
         "tokens": sum(o.tokens for o in outcomes),
         "results": [o.as_json() for o in outcomes]}

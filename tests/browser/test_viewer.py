@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from casetrail import FINAL_ANSWER, Agent, AssistantTurn, ChatMessage, Limits, call
 from casetrail.adapters.store import ApiKeyStore
+from casetrail.agents import loan_officer
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.evidence import verify_bundle
 from casetrail.config import Settings
@@ -410,4 +411,51 @@ async def test_a_decisions_reason_codes_read_as_codes(
     page = await signed_in(browser, stack, viewer_key, f"/ui/cases/{case_id}")
     shown = page.locator("p.codes").first
     await expect(shown).to_have_text("Reason codes: " + " ".join(codes), timeout=10_000)
+    await page.close()
+
+
+async def test_a_backtest_reads_as_a_matrix_and_a_changed_case_side_by_side(
+    browser: Browser, stack: InProcessStack, lender: httpx.AsyncClient, pool: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Maria Okafor's score (742) is approved at 700: a challenger approving from 750
+    refers her. The backtest's page shows the matrix and the changed case; the case's
+    page puts the recorded trail beside the challenger's run, the differing fields
+    marked."""
+    case_id = (await lender.post("/cases", json={"agent": "loan-officer",
+                                                 "input": SAMPLE_APPLICATIONS[0]})
+               ).json()["caseId"]
+    assert (await ended(lender, case_id))["answer"]["decision"] == "approve"
+    _, key = await ApiKeyStore(pool).create("lender", ("backtests:run", "cases:read"),
+                                            "backtest viewer")
+    monkeypatch.setattr(loan_officer, "AUTO_APPROVE_SCORE", 750)
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=10,
+                                 headers={"Authorization": f"Bearer {key}"}) as tester:
+        asked = await tester.post("/backtests", json={"agent": "loan-officer",
+                                                      "cases": [case_id]})
+        assert asked.status_code == 202, asked.text
+        backtest_id = asked.json()["backtestId"]
+    page = await signed_in(browser, stack, key, "/ui/backtests")
+    row = page.locator(f'tr[data-backtest-id="{backtest_id}"]')
+    await expect(row).to_be_visible(timeout=10_000)
+    await row.get_by_role("link").click()
+    await expect(page.locator('td[data-cell="approve>refer"]')).to_have_text("1", timeout=15_000)
+    await expect(page.locator("dl.outcomes")).to_contain_text("Decision changed1")
+    await expect(page.get_by_role("button", name="Download report (PDF)")).to_be_visible()
+    await shown_in_full(page)
+    await no_flaws(page)
+    await page.screenshot(path=str(DOCS / "viewer-backtest.png"), full_page=True)
+    changed = page.locator(f'table.changed tr[data-case-id="{case_id}"]')
+    await changed.locator("a.id").click()
+    await expect(page.get_by_role("heading", name="Champion, as recorded")).to_be_visible(
+        timeout=10_000)
+    sides = page.locator(".side-by-side > section")
+    await expect(sides.nth(0).locator("article.cycle")).not_to_have_count(0)
+    await expect(sides.nth(1).locator("article.cycle")).not_to_have_count(0)
+    decided = 'tr.differs[data-field="decision"]'
+    await expect(sides.nth(0).locator(decided)).to_contain_text("approve")
+    await expect(sides.nth(1).locator(decided)).to_contain_text("refer")
+    await page.screenshot(path=str(DOCS / "viewer-backtest-case.png"))
+    await shown_in_full(page)
+    await no_flaws(page)
     await page.close()

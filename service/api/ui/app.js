@@ -3,6 +3,8 @@
 // The API key lives in this tab's sessionStorage only and goes out in the
 // Authorization header, streams included (fetch, not EventSource).
 
+import { backtestPage, backtestsPage } from "./backtests.js";
+
 const KEY = "casetrail.apiKey";
 // The contract's words, served by the API from the same definitions the code uses.
 const VOCABULARY = await (await fetch("/ui/assets/vocabulary.json")).json();
@@ -254,7 +256,8 @@ async function listPage(signal) {
   await load();
   const live = el("p", { class: "muted live-list", role: "status", text: "" });
   show(signal, el("h1", { text: "Cases" }),
-       el("p", {}, el("a", { href: "/ui/reviews", text: "Cases awaiting review →" })),
+       el("p", {}, el("a", { href: "/ui/reviews", text: "Cases awaiting review →" }), " ",
+          el("a", { href: "/ui/backtests", text: "Backtests →" })),
        form, live, table, el("div", { class: "more" }, more));
   followList(body, params, live, signal);
 }
@@ -1009,9 +1012,13 @@ function route() {
     api("/me").then(showWho, () => { /* the page's own requests report the problem */ });
   }
   const match = location.pathname.match(/^\/ui\/cases\/([0-9a-f-]{36})$/);
+  const backtest = location.pathname.match(/^\/ui\/backtests\/([0-9a-f-]{36})$/);
   const signal = leaving.signal;
   main.setAttribute("aria-busy", "true");
+  const ui = { el, api, show, badge, decisionBadge, when, cycleCard, json, downloadButton };
   const page = match ? casePage(match[1], signal)
+    : backtest ? backtestPage(backtest[1], signal, ui)
+    : location.pathname === "/ui/backtests" ? backtestsPage(signal, ui)
     : location.pathname === "/ui/reviews" ? reviewsPage(signal) : listPage(signal);
   page.catch((exc) => signal.aborted || fail(exc));
 }
