@@ -74,12 +74,14 @@ def LocalTool(fn: Callable[[Any], Any], *, name: str | None = None,
 
 
 def WorkerTool(capability: str, *, args: type[BaseModel], description: str,
-               name: str | None = None) -> engine_tools.WorkerTool:
+               name: str | None = None, read_only: bool = False) -> engine_tools.WorkerTool:
     """A tool run by a capability worker through the bus (retries, timeout, audit):
-    ``capability`` names what serves it, ``args`` its arguments."""
+    ``capability`` names what serves it, ``args`` its arguments; ``read_only`` when it
+    changes nothing where it runs (a lookup), so a backtest may ask it live."""
     if not NAME.match(capability):
         raise DeclarationError(f"capability name {capability!r} must match {NAME.pattern}")
-    return engine_tools.WorkerTool(name or capability, description, capability, args)
+    return engine_tools.WorkerTool(name or capability, description, capability, args,
+                                   read_only=read_only)
 
 
 def McpTool(server: str, tool: str, *, name: str | None = None) -> engine_tools.WorkerTool:

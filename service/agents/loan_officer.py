@@ -336,9 +336,9 @@ LOAN_OFFICER = AgentProfile(
     ),
     tools=(
         WorkerTool("credit-score", "The applicant's credit bureau score.", "credit-score",
-                   CreditScoreArgs),
+                   CreditScoreArgs, read_only=True),
         WorkerTool("risk-model-retrieval", "Probability of default from a named risk model.",
-                   "risk-model-retrieval", RiskModelArgs),
+                   "risk-model-retrieval", RiskModelArgs, read_only=True),
         LocalTool("debt-to-income", "Monthly debt divided by monthly income.",
                   DebtToIncomeArgs, debt_to_income),
         LocalTool("lending-policy", "The bank's lending policy applied to the figures.",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections import Counter
@@ -55,7 +56,7 @@ from casetrail.engine.case import CaseSpec
 from casetrail.engine.chat import ChatModel
 from casetrail.engine.loop import ReactEngine
 from casetrail.engine.scripted import ScriptedModel
-from casetrail.engine.tools import ToolBox, WorkerCallResult, WorkerTool
+from casetrail.engine.tools import ToolBox, WorkerCallResult, WorkerRuntime, WorkerTool
 
 
 def challenger_model(models: Callable[[ModelRef, AgentProfile], ChatModel],
@@ -85,7 +86,16 @@ class RecordedAnswers:
     agent: AgentProfile
     calls: list[Mapping[str, Any]]
     unanswered: list[str] = field(default_factory=list)
+    live: WorkerRuntime | None = None
+    """Under the tool policy ``live``: what asks a read-only tool the call the record
+    lacks (every such call counted and listed in ``asked_live``)."""
+    asked_live: list[str] = field(default_factory=list)
     _used: set[int] = field(default_factory=set)
+
+    @functools.cached_property
+    def _read_only(self) -> frozenset[str]:
+        return frozenset(t.capability for t in self.agent.tools
+                         if isinstance(t, WorkerTool) and t.read_only)
 
     def _recorded_args(self, call: Mapping[str, Any]) -> bytes:
         """The recorded arguments as the runtime is handed them now: through the tool's
@@ -112,6 +122,10 @@ class RecordedAnswers:
             if call.get("error"):
                 return WorkerCallResult(error=call["error"], attempts=(attempt,))
             return WorkerCallResult(result=call.get("toolResult"), attempts=(attempt,))
+        if self.live is not None and capability in self._read_only:
+            self.asked_live.append(f"{capability} {asked.decode()}")
+            return await self.live.execute(capability, args, call_id=f"backtest:{call_id}",
+                                           retry=retry)
         self.unanswered.append(f"{capability} {asked.decode()}")
         return WorkerCallResult(error=NOT_IN_RECORD, attempts=(attempt,))
 
@@ -135,6 +149,8 @@ class CaseOutcome:
     """The champion's answer and the challenger's, side by side."""
     run: tuple[dict[str, Any], ...] = ()
     """The challenger's cycles, kept for a case whose decision changed (the drill-down)."""
+    asked_live: tuple[str, ...] = ()
+    """Calls the record lacked that a read-only tool answered (the tool policy ``live``)."""
 
     @property
     def changed(self) -> bool:
@@ -148,6 +164,7 @@ class CaseOutcome:
                 "changedFields": list(self.changed_fields),
                 "answers": {"champion": self.answers[0], "challenger": self.answers[1]},
                 "unanswered": list(self.unanswered), "tokens": self.tokens,
+                **({"askedLive": list(self.asked_live)} if self.asked_live else {}),
                 **({"run": list(self.run)} if self.run else {}),
                 **({"problem": self.problem} if self.problem else {})}
 
@@ -160,9 +177,9 @@ def decision_events(events: Sequence[RecordedEvent]) -> tuple[RecordedEvent, Rec
 
 
 async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
-                        agent: AgentProfile, model: ChatModel, model_ref: ModelRef
-                        ) -> CaseOutcome:
-    """Run the challenger on one recorded case."""
+                        agent: AgentProfile, model: ChatModel, model_ref: ModelRef,
+                        live: WorkerRuntime | None = None) -> CaseOutcome:
+    """Run the challenger on one recorded case (``live``: the tool policy ``live``)."""
     if not events or events[0].event_type != "CASE_STARTED":
         return CaseOutcome(case_id, None, None, problem="no CASE_STARTED in the record")
     started = events[0].payload
@@ -172,7 +189,7 @@ async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     label = decision_of(terminal.payload.get("answer")) \
         if waited is not None and terminal.event_type == "CASE_COMPLETED" else None
     calls = [call for cycle in final_chain(events) for call in cycle.get("toolCalls") or []]
-    answers = RecordedAnswers(agent, calls)
+    answers = RecordedAnswers(agent, calls, live=live)
     limits = Limits.model_validate(started["limits"])
     spec = CaseSpec(
         case_id=case_id, attempt=1, agent=agent.name, system_prompt=agent.system_prompt,
@@ -195,7 +212,8 @@ async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
                           tuple(answers.unanswered), tokens, changed,
                           None if answer is not None else f"the challenger ended "
                           f"{kept.events[-1].event_type} without an answer",
-                          started.get("agentDigest"), (champion_answer, answer))
+                          started.get("agentDigest"), (champion_answer, answer),
+                          asked_live=tuple(answers.asked_live))
     if not outcome.changed:
         return outcome
     return replace(outcome, run=tuple(
@@ -227,7 +245,7 @@ async def run_backtest(ids: Sequence[uuid.UUID],
                                         Awaitable[Mapping[uuid.UUID, Any]]],
                        agent: AgentProfile, model: ChatModel, model_ref: ModelRef,
                        budget: Budget, progress: Callable[[int, int], None] | None = None,
-                       ) -> Run:
+                       live: WorkerRuntime | None = None) -> Run:
     """The challenger over the cases ``ids`` (their trails read ``trails`` a chunk at a
     time), ``budget.concurrency`` at once; ``progress(done, total)`` after each case."""
     run, began = Run(), time.monotonic()
@@ -247,7 +265,8 @@ async def run_backtest(ids: Sequence[uuid.UUID],
             if (why := exhausted()) is not None:
                 run.stopped = run.stopped or why
                 return
-            outcome = await backtest_case(case_id, recorded(trail), agent, model, model_ref)
+            outcome = await backtest_case(case_id, recorded(trail), agent, model, model_ref,
+                                          live)
             spent += outcome.tokens
             run.outcomes.append(outcome)
             if progress is not None:
@@ -291,5 +310,6 @@ def summary(outcomes: Sequence[CaseOutcome]) -> dict[str, Any]:
                                    "challenger": agreement("challenger")},
         "changed": [str(o.case_id) for o in outcomes if o.changed],
         "unansweredCalls": sum(len(o.unanswered) for o in outcomes),
+        "liveCalls": sum(len(o.asked_live) for o in outcomes),
         "tokens": sum(o.tokens for o in outcomes),
         "results": [o.as_json() for o in outcomes]}

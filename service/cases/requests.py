@@ -209,6 +209,7 @@ class BacktestRequest(CamelModel):
         "Start no further case once the challenger used this many tokens."))
     max_seconds: float | None = Field(default=None, gt=0, le=86_400, description=(
         "Start no further case after this many seconds."))
-    tool_policy: Literal["refuse"] = Field(default="refuse", description=(
-        "A worker tool call the record does not hold is refused: an error the challenger "
-        "sees, counted and listed."))
+    tool_policy: Literal["refuse", "live"] = Field(default="refuse", description=(
+        "A worker tool call the record does not hold: refused (an error the challenger "
+        "sees, counted and listed), or, with live, asked of the tool itself when it is "
+        "declared read-only (counted and listed; any other is still refused)."))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,6 +16,12 @@ import typer
 from casetrail.cli.cases import ApiKey
 from casetrail.cli.common import run
 from casetrail.config import get_settings
+
+
+class ToolPolicy(StrEnum):
+    REFUSE = "refuse"
+    LIVE = "live"
+
 
 Since = Annotated[str | None, typer.Option(
     help="Cases created at or after this RFC 3339 time.")]
@@ -76,6 +83,9 @@ def backtest(
         "Start no further case once the challenger has used this many tokens."))] = None,
     max_seconds: Annotated[float | None, typer.Option(min=0.001, help=(
         "Start no further case after this many seconds."))] = None,
+    tool_policy: Annotated[ToolPolicy, typer.Option(help=(
+        "A worker tool call the record lacks: refused, or asked live of a tool declared "
+        "read-only."))] = ToolPolicy.REFUSE,
     here: Annotated[bool, typer.Option("--here", help=(
         "Run it in this process, with the code installed here, and keep nothing: a trial, "
         "not evidence (by default a worker runs it and keeps its signed record)."))]
@@ -105,6 +115,7 @@ def backtest(
         case_ids(cases)
     asked: dict[str, Any] = {
         "agent": agent, "limit": limit, "concurrency": concurrency,
+        "toolPolicy": tool_policy.value,
         **({"challenger": challenger} if challenger else {}),
         **({"model": ref.model_dump(mode="json", by_alias=True, exclude_none=True)}
            if ref else {}),
@@ -113,6 +124,10 @@ def backtest(
         **({"cases": [str(c) for c in among]} if among is not None else {}),
         **({"maxTokens": max_tokens} if max_tokens else {}),
         **({"maxSeconds": max_seconds} if max_seconds else {})}
+    if here and tool_policy is ToolPolicy.LIVE:
+        typer.echo("--tool-policy live needs a worker (its capability workers answer): drop "
+                   "--here", err=True)
+        raise typer.Exit(2)
     found = _here(asked, raw) if here else _on_a_worker(asked, api_key, (bundle, report), raw)
     if raw:
         typer.echo(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode())

@@ -31,6 +31,7 @@ from casetrail.audit.backtest_record import record_body, result_digest
 from casetrail.contract.events import ModelRef
 from casetrail.contract.integrity import Signer
 from casetrail.engine.chat import ChatModel
+from casetrail.engine.tools import WorkerRuntime
 from casetrail.errors import CasetrailError
 
 log = logging.getLogger("casetrail.backtests")
@@ -46,6 +47,8 @@ class BacktestRunner:
     signer: Signer
     models: Callable[[ModelRef, AgentProfile], ChatModel]
     owner: str
+    runtime: WorkerRuntime | None = None
+    """What asks a read-only tool live (the tool policy ``live``); none: refused."""
     interval: float = 2.0
     lease_seconds: float = LEASE_SECONDS
 
@@ -96,7 +99,8 @@ class BacktestRunner:
             ran = await run_backtest(
                 ids, self.cases.trails, profile, challenger_model(self.models, profile, ref),
                 ref, Budget(request["concurrency"], request.get("maxTokens"),
-                            request.get("maxSeconds")), progressed)
+                            request.get("maxSeconds")), progressed,
+                self.runtime if request.get("toolPolicy") == "live" else None)
         finally:
             noting.cancel()
         found = summary(ran.outcomes)

@@ -336,7 +336,7 @@ class CaseWorker:
         retaining = asyncio.create_task(self.retention.run())
         backtesting = asyncio.create_task(BacktestRunner(
             BacktestStore(self.store.pool), self.store, self.signer, self.models,
-            f"backtests:{self.owner}").run())
+            f"backtests:{self.owner}", self.runtime).run())
         log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
         if ready is not None:
             ready.set()

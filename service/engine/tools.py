@@ -179,6 +179,9 @@ class WorkerTool:
     mcp: McpBinding | None = None
     a2a: A2aBinding | None = None
     """A remote A2A agent's skill: its arguments are ``args_model``, sent as a message."""
+    read_only: bool = False
+    """It changes nothing where it runs (a lookup): a backtest whose tool policy is
+    ``live`` may ask it what the record lacks."""
 
     def __post_init__(self) -> None:
         if (self.args_model is None) == (self.mcp is None):

@@ -109,6 +109,25 @@ async def test_a_call_the_record_does_not_hold_is_refused_and_counted(
     assert len(answers.unanswered) == 2 and "Z-0000" in answers.unanswered[1]
 
 
+async def test_under_the_live_policy_a_read_only_tool_answers_what_the_record_lacks(
+    decided: dict[uuid.UUID, Any], stack: Any,
+) -> None:
+    """credit-score is declared read-only: a call the record lacks goes to its capability
+    worker over the bus, counted and listed; a tool not declared so is still refused."""
+    officer = AGENTS["loan-officer"]
+    trail = next(iter(decided.values()))
+    calls = [c for e in trail if e.event_type == "REACT_CYCLE"
+             for c in e.payload.get("toolCalls") or []]
+    answers = RecordedAnswers(officer, calls, live=stack.worker.runtime)
+    asked = await answers.execute("credit-score", {"applicantId": "A-1003"}, call_id="x:9:0")
+    assert asked.error is None and asked.result["score"] == 561, asked  # the bureau's
+    assert asked.attempts[0].worker != "backtest"  # a capability worker answered
+    refused = await answers.execute("payments", {"amount": 1}, call_id="x:9:1")
+    assert refused.error == NOT_IN_RECORD
+    assert answers.asked_live == ['credit-score {"applicantId":"A-1003"}']
+    assert answers.unanswered == ['payments {"amount":1}']
+
+
 async def test_the_cli_prints_the_comparison(
     decided: dict[uuid.UUID, Any], settings: Settings,
 ) -> None:
