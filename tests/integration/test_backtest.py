@@ -237,6 +237,13 @@ async def test_a_dataset_export_validates_against_its_schema_and_round_trips(
     assert name not in orjson.dumps(every).decode()
     assert by_case[str(approve)]["input"]["applicantName"] == "[pii:applicantName]"
     assert [line["caseId"] for line in export("--reviewed-only")] == [str(refer)]
+    # In clear only when asked, for a caller with pii:read (the operator here), logged.
+    read_before = await pool.fetchval("SELECT count(*) FROM access_log WHERE case_id = $1",
+                                      approve)
+    clear = {line["caseId"]: line for line in export("--personal-data")}
+    assert clear[str(approve)]["input"]["applicantName"] == name
+    assert await pool.fetchval("SELECT count(*) FROM access_log WHERE case_id = $1",
+                               approve) == read_before + 1
 
 
 async def test_a_backtest_asked_over_rest_is_kept_signed_logged_and_verifies_offline(
