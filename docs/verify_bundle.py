@@ -100,6 +100,42 @@ def check(bundle, trusted):
     return problems, bool(terminals)
 
 
+def _jcs_numbers(value):
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+        return int(value)  # RFC 8785 prints 25000.0 as 25000
+    if isinstance(value, dict):
+        return {k: _jcs_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jcs_numbers(v) for v in value]
+    return value
+
+
+def canonical(value):
+    """RFC 8785 for what a backtest's results hold (strings, integers, decimals between
+    1e-6 and 1e21, booleans, null): keys sorted, no whitespace, numbers as ECMAScript
+    prints them."""
+    return json.dumps(_jcs_numbers(value), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False).encode()
+
+
+def check_backtest(bundle, trusted):
+    """A backtest's bundle (casetrail-backtest/1): the record's hash and signature, and
+    every result against the digest the record names for it."""
+    keys = {hashlib.sha256(raw).hexdigest()[:16]: (raw, until) for raw, until in trusted}
+    record, results = bundle["record"], bundle["results"]
+    integrity, body = record["integrity"], record["body"].encode()
+    problems = []
+    digest = hashlib.sha256(integrity["prevHash"].encode() + b"\n" + body).hexdigest()
+    if digest != integrity["hash"]:
+        problems.append("record: hash_mismatch")
+    problems += signature_problems("record", integrity, keys)
+    named = json.loads(body).get("results", [])
+    mine = [[r.get("caseId"), hashlib.sha256(canonical(r)).hexdigest()] for r in results]
+    if named != mine:
+        problems.append("results_mismatch: the results are not the ones the record names")
+    return problems
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
@@ -110,8 +146,8 @@ def main():
     try:
         with open(args.bundle, "rb") as handle:
             bundle = json.load(handle)
-        if bundle.get("format") != "casetrail-bundle/1":
-            raise ValueError("not a casetrail-bundle/1 file")
+        if bundle.get("format") not in ("casetrail-bundle/1", "casetrail-backtest/1"):
+            raise ValueError("not a casetrail-bundle/1 or casetrail-backtest/1 file")
         trusted = []
         for entry in args.trust:
             key, _, until = entry.partition("@")
@@ -119,6 +155,13 @@ def main():
     except (OSError, ValueError) as exc:
         print(f"could not check: {exc}", file=sys.stderr)
         return 2
+    if bundle["format"] == "casetrail-backtest/1":
+        problems = check_backtest(bundle, trusted)
+        for problem in problems:
+            print(problem)
+        print("NOT verified" if problems else
+              f"verified: a backtest's record and its {len(bundle['results'])} results")
+        return 1 if problems else 0
     problems, complete = check(bundle, trusted)
     for problem in problems:
         print(problem)

@@ -40,6 +40,7 @@ from casetrail.engine.scripted import ScriptedModel
 from casetrail.ledger.log_key import log_signer
 from casetrail.ledger.note import Verifier
 from casetrail.trail.keyfile import worker_signer
+from tests.support.cli import STANDALONE_VERIFIER
 from tests.support.helpers import ended
 from tests.support.retention import decided_samples, person
 from tests.support.stack import module_stack, serve_api
@@ -360,6 +361,12 @@ async def _verifies_offline_until_a_byte_changes(bundle: dict[str, Any], setting
                          "--trust", base64.b64encode(signer.public_key).decode()],
         env=settings.environment(), capture_output=True, text=True, timeout=60, check=False)
     assert cli.returncode == 0, cli.stdout + cli.stderr
+    alone = await asyncio.to_thread(
+        subprocess.run, [sys.executable, str(STANDALONE_VERIFIER), str(path), "--trust",
+                         base64.b64encode(signer.public_key).decode()],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert alone.returncode == 0 and "verified: a backtest's record" in alone.stdout, \
+        alone.stdout + alone.stderr
     # One byte of a result, or of the record, changed: caught.
     bent = orjson.loads(orjson.dumps(bundle))
     bent["results"][0]["challenger"] = "decline"
@@ -370,6 +377,11 @@ async def _verifies_offline_until_a_byte_changes(bundle: dict[str, Any], setting
     assert "hash_mismatch" in {p.code for p in verify_backtest_bundle(
         bent, [signer.public_key]).problems}
     path.write_bytes(orjson.dumps(bent))
+    alone = await asyncio.to_thread(
+        subprocess.run, [sys.executable, str(STANDALONE_VERIFIER), str(path), "--trust",
+                         base64.b64encode(signer.public_key).decode()],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert alone.returncode == 1 and "hash_mismatch" in alone.stdout, alone.stdout
     cli = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "casetrail.cli", "verify-bundle", str(path),
                          "--trust", base64.b64encode(signer.public_key).decode()],
