@@ -24,8 +24,9 @@ import orjson
 import pypdf
 import pytest
 
-from casetrail.adapters.store import CaseStore, KeyRegistry, component_pool
+from casetrail.adapters.store import ApiKeyStore, CaseStore, KeyRegistry, component_pool
 from casetrail.adapters.store.audit_log import AuditStore
+from casetrail.adapters.store.backtests import BacktestStore
 from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.agents import AGENTS, loan_officer
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
@@ -36,12 +37,13 @@ from casetrail.audit.replay import recorded
 from casetrail.audit.whole_log import WholeLog
 from casetrail.components.sequencer import Sequencer, ledger_state
 from casetrail.config import Settings
+from casetrail.contract.integrity import Signer
 from casetrail.engine.scripted import ScriptedModel
 from casetrail.ledger.log_key import log_signer
 from casetrail.ledger.note import Verifier
 from casetrail.trail.keyfile import worker_signer
 from tests.support.cli import STANDALONE_VERIFIER
-from tests.support.helpers import ended
+from tests.support.helpers import ended, wait_for_sql
 from tests.support.retention import decided_samples, person
 from tests.support.stack import module_stack, serve_api
 
@@ -530,3 +532,41 @@ async def test_two_hundred_cases_and_a_stricter_policy_give_the_matrix_computed_
     assert {r["caseId"]: r["label"] for r in view["results"] if r["label"]} == labels
     assert await pool.fetchval("SELECT count(*) FROM event_log WHERE case_id = ANY($1::uuid[])",
                                ids) == events_before  # nothing written for those cases
+
+
+async def test_a_backtest_whose_runner_died_is_taken_over_and_another_tenant_sees_none(
+    decided: dict[uuid.UUID, Any], stack: Any, pool: asyncpg.Pool,
+) -> None:
+    """A runner that stops noting progress loses its lease: the next takes the backtest
+    over from the start, and the first cannot keep a record for it any more. A key of
+    another tenant is told there is no such backtest."""
+    store = BacktestStore(pool)
+    backtest_id = uuid.uuid4()
+    await store.ask(backtest_id, "default", "loan-officer", {
+        "agent": "loan-officer", "cases": [str(c) for c in decided], "limit": 10,
+        "concurrency": 1, "toolPolicy": "refuse"}, "test")
+    # Taken by a runner that then died (its lease already run out)...
+    await pool.execute("UPDATE backtests SET status = 'running', runner = 'gone', "
+                       "lease_expires_at = now() - interval '1 second' WHERE backtest_id = $1",
+                       backtest_id)
+    # ... the worker's runner takes it over and finishes it.
+    await wait_for_sql(pool, "SELECT status = 'done' FROM backtests WHERE backtest_id = $1",
+                       backtest_id, timeout=30)
+    row = await store.get(backtest_id)
+    assert row is not None and row["cases_done"] == 3 and row["problem"] is None
+    kept = await store.keep(backtest_id, "gone", [], lambda prev: (b"{}", Signer.generate()
+                                                                   .seal(prev, b"{}")))
+    assert kept is None  # the dead runner's late result is not kept
+    assert await pool.fetchval("SELECT count(*) FROM backtest_records WHERE backtest_id = $1",
+                               backtest_id) == 1
+    async with await person(pool, stack.base_url, "ida", "cases:read") as ida:
+        mine = await ida.get(f"/backtests/{backtest_id}")
+        assert mine.status_code == 200 and mine.json()["progress"]["done"] == 3
+    _, key = await ApiKeyStore(pool).create("elsewhere", ("cases:read", "backtests:run"),
+                                            "another tenant")
+    async with httpx.AsyncClient(base_url=stack.base_url,
+                                 headers={"Authorization": f"Bearer {key}"}) as other:
+        assert (await other.get(f"/backtests/{backtest_id}")).status_code == 404
+        assert (await other.get(f"/backtests/{backtest_id}/bundle")).status_code == 404
+        listed = (await other.get("/backtests")).json()["backtests"]
+        assert str(backtest_id) not in {b["backtestId"] for b in listed}
