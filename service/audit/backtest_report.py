@@ -74,14 +74,10 @@ def render_backtest(bundle: Mapping[str, Any], verdict: Mapping[str, Any]) -> tu
     ])
     for problem in (verdict.get("problems") or [])[:20]:
         pdf.para(f"problem: {problem}", size=8.5)
-    pdf.para(f"The backtest's bundle this report was made from is attached to this PDF as "
-             f"casetrail-backtest-{backtest_id}.json. Its SHA-256:")
-    pdf.para(digest, mono=True)
-    pdf.para("Check it offline (no database, no broker): save the attachment, then "
-             f"`casetrail verify-bundle casetrail-backtest-{backtest_id}.json --trust KEY` "
-             "(KEY: the operator's signing public key; --trust-log for the log's key). It "
-             "checks the record's signature, every per-case result against the digest the "
-             "record names, and the record's place in the log.")
+    pdf.attached(f"casetrail-backtest-{backtest_id}.json", digest,
+                 "(KEY: the operator's signing public key; --trust-log for the log's key). "
+                 "It checks the record's signature, every per-case result against the digest "
+                 "the record names, and the record's place in the log.")
     pdf.embed_file(bytes=attached, basename=f"casetrail-backtest-{backtest_id}.json",
                    mime_type="application/json",
                    desc=f"The backtest's bundle (SHA-256 {digest})")

@@ -82,6 +82,14 @@ class Pages(FPDF):
                         wrapmode=WrapMode.CHAR if mono else WrapMode.WORD)
         self.face()
 
+    def attached(self, filename: str, digest: str, how: str) -> None:
+        """Where the bundle a report was made from is, its SHA-256, how to check it."""
+        self.para(f"The bundle this report was made from is attached to this PDF as "
+                  f"{filename}. Its SHA-256:")
+        self.para(digest, mono=True)
+        self.para("Check it offline (no database, no broker): save the attachment, then "
+                  f"`casetrail verify-bundle {filename} --trust KEY` {how}")
+
     def facts(self, rows: list[tuple[str, str]]) -> None:
         for label, value in rows:
             self.face("B")
@@ -143,14 +151,10 @@ def render(bundle: Mapping[str, Any], verdict: Mapping[str, Any], case: Mapping[
     ])
     for problem in problems[:20]:
         pdf.para(f"problem: {problem}", size=8.5)
-    pdf.para(f"The evidence bundle this report was made from is attached to this PDF as "
-             f"casetrail-{case_id}.bundle.json. Its SHA-256:")
-    pdf.para(digest, mono=True)
-    pdf.para("Check it offline (no database, no broker): save the attachment, then "
-             f"`casetrail verify-bundle casetrail-{case_id}.bundle.json --trust KEY` (KEY: "
-             "the operator's signing public key), or docs/verify_bundle.py. A bundle "
-             "exported at another moment differs: it carries its export time and the "
-             "latest checkpoint.")
+    pdf.attached(f"casetrail-{case_id}.bundle.json", digest,
+                 "(KEY: the operator's signing public key), or docs/verify_bundle.py. A "
+                 "bundle exported at another moment differs: it carries its export time and "
+                 "the latest checkpoint.")
     pdf.heading("The record, event by event")
     for event in events:
         _event(pdf, event)

@@ -70,33 +70,25 @@ def leaves_in_bundles(directory: Path) -> dict[int, LostLeaf]:
             leaf = _leaf(event)
             if leaf is not None:
                 found.setdefault(leaf.index, leaf)
-        if (leaf := _record_leaf(bundle.get("record"))) is not None:  # a backtest's
+        if (leaf := _leaf(bundle.get("record"), "backtest")) is not None:
             found.setdefault(leaf.index, leaf)
     return found
 
 
-def _leaf(event: Any) -> LostLeaf | None:
+def _leaf(signed: Any, kind: str = "event") -> LostLeaf | None:
+    """An event of a bundle, or a backtest bundle's record (``kind`` ``backtest``:
+    service/audit/backtest_record.py), as its leaf: only when its signed bytes hash to
+    the chain hash it names."""
     try:
-        proof = TlogProof.parse(event["logProof"])
-        body, integrity = event["body"], event["integrity"]
+        proof = TlogProof.parse(signed["logProof"])
+        body, integrity = signed["body"], signed["integrity"]
         if chain_hash(integrity["prevHash"], body.encode()) != integrity["hash"]:
             return None
-        envelope = orjson.loads(body)
-        return LostLeaf(proof.index, uuid.UUID(envelope["eventId"]),
-                        uuid.UUID(envelope["caseId"]), integrity["hash"])
-    except (KeyError, TypeError, ValueError, NoteError):
-        return None
-
-
-def _record_leaf(record: Any) -> LostLeaf | None:
-    """A backtest bundle's record (service/audit/backtest_record.py) as its leaf."""
-    try:
-        proof = TlogProof.parse(record["logProof"])
-        body, integrity = record["body"], record["integrity"]
-        if chain_hash(integrity["prevHash"], body.encode()) != integrity["hash"]:
-            return None
-        backtest = uuid.UUID(orjson.loads(body)["backtestId"])
-        return LostLeaf(proof.index, backtest, backtest, integrity["hash"], "backtest")
+        named = orjson.loads(body)
+        ids = (named["eventId"], named["caseId"]) if kind == "event" \
+            else (named["backtestId"], named["backtestId"])
+        return LostLeaf(proof.index, uuid.UUID(ids[0]), uuid.UUID(ids[1]), integrity["hash"],
+                        kind)
     except (KeyError, TypeError, ValueError, NoteError):
         return None
 
