@@ -35,6 +35,7 @@ from casetrail.audit.backtest_record import verify_backtest_bundle
 from casetrail.audit.evidence import Evidence
 from casetrail.audit.replay import recorded
 from casetrail.audit.whole_log import WholeLog
+from casetrail.components.ledger_recover import leaves_in_bundles
 from casetrail.components.sequencer import Sequencer, ledger_state
 from casetrail.config import Settings
 from casetrail.contract.integrity import Signer
@@ -299,6 +300,14 @@ async def test_a_backtest_asked_over_rest_is_kept_signed_logged_and_verifies_off
         assert found.status_code == 200, found.text
         bundle = found.json()
     await _verifies_offline_until_a_byte_changes(bundle, settings, tmp_path)
+    # A source for `ledger recover`: the record's leaf, by its index, of its kind.
+    kept = tmp_path / "recover"
+    kept.mkdir()
+    (kept / "backtest.json").write_bytes(orjson.dumps(bundle))
+    [leaf] = leaves_in_bundles(kept).values()
+    assert (leaf.index, leaf.event_id, leaf.kind) == (
+        await pool.fetchval("SELECT leaf_index FROM ledger_leaves WHERE event_id = $1",
+                            backtest_id), backtest_id, "backtest")
     # The record and its results are kept for good, and the chain admits no stranger.
     with pytest.raises(asyncpg.RaiseError, match="append-only"):
         await pool.execute("UPDATE backtest_records SET sig = sig WHERE backtest_id = $1",
