@@ -24,7 +24,8 @@ from tests.support.helpers import ended
 from tests.support.stack import InProcessStack, module_stack, serve_api
 
 PUBLIC = {"/healthz", "/readyz", "/signing-keys", "/asyncapi.json", "/ui/", "/ui/cases/{case_id}",
-          "/ui/reviews", "/ui/assets/{name}", "/ledger/checkpoint", "/ledger/checkpoints",
+          "/ui/reviews", "/ui/backtests", "/ui/backtests/{backtest_id}", "/ui/assets/{name}",
+          "/ledger/checkpoint", "/ledger/checkpoints",
           "/ledger/key", "/ledger/proofs/inclusion", "/ledger/proofs/consistency",
           "/ledger/cosignatures", "/ledger/leaves/{event_hash}/proof", "/docs",
           "/docs/assets/{name}", "/.well-known/agent-card.json",
@@ -81,6 +82,7 @@ async def test_without_a_valid_key_every_private_route_answers_401(
         for route in PUBLIC:
             asset = "swagger-ui.css" if route.startswith("/docs/") else "app.js"
             path = route.replace("{case_id}", str(uuid.uuid4())).replace("{name}", asset) \
+                .replace("{backtest_id}", str(uuid.uuid4())) \
                 .replace("{agent}", "loan-officer") \
                 .replace("{event_id}", str(uuid.uuid4())).replace("{event_hash}", "0" * 64)
             method = "POST" if route == "/ledger/cosignatures" else "GET"
