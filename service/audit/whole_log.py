@@ -38,11 +38,12 @@ from typing import Any
 
 from casetrail.adapters.store import CaseStore, KeyRegistry, create_pool
 from casetrail.adapters.store.audit_log import AuditStore, Mismatch
-from casetrail.adapters.store.backtests import GENESIS
+from casetrail.adapters.store.backtests import BacktestStore
 from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.audit.backtest_record import record_problems
 from casetrail.audit.evidence import Evidence
 from casetrail.config import Settings
+from casetrail.contract.integrity import GENESIS
 from casetrail.telemetry import metrics
 
 
@@ -178,9 +179,10 @@ class WholeLog:
                 found.append(Finding(FindingKind.ALTERED, f"backtest {m.event_id}'s record "
                                      f"differs from its leaf {m.leaf_index}"))
         keys = {k.key_id: k.public_key for k in await self.evidence.keys.all()}
+        backtests = BacktestStore(self.store.pool)
         prev = GENESIS
         for record in await self.store.backtest_records():
-            problems = record_problems(record, prev, keys, await self.store.backtest_results(
+            problems = record_problems(record, prev, keys, await backtests.results(
                 record["backtest_id"]))
             prev = record["hash"]
             if problems:

@@ -123,13 +123,6 @@ class AuditStore:
             "FROM backtest_records ORDER BY chain_seq")
         return [dict(r) for r in rows]
 
-    async def backtest_results(self, backtest_id: uuid.UUID) -> list[dict[str, Any]]:
-        rows = await self.pool.fetch(
-            "SELECT result FROM backtest_results WHERE backtest_id = $1 ORDER BY position",
-            backtest_id)
-        return [orjson.loads(r["result"]) if isinstance(r["result"], str) else r["result"]
-                for r in rows]
-
     async def partitions_unguarded(self) -> list[tuple[str, list[str]]]:
         """(partition, what it lacks) of each of the log's partitions that lacks its
         unique key on (case_id, attempt, seq) (exactly once rests on it), its own

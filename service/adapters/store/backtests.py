@@ -12,9 +12,8 @@ from typing import Any
 import asyncpg
 
 from casetrail.adapters.store.pool import translate_errors
-from casetrail.contract.integrity import Integrity
+from casetrail.contract.integrity import GENESIS, Integrity
 
-GENESIS = "0" * 64
 _COLUMNS = ("backtest_id, tenant_id, agent, request, requested_by, requested_at, status, "
             "started_at, cases_done, cases_selected, problem, finished_at")
 
