@@ -521,6 +521,16 @@ class Settings(BaseSettings):
     consumer_prefetch: int = 2000
     consumer_batch_size: int = 500
     consumer_linger_ms: float = 5.0
+    consumer_busy_linger_ms: float = Field(
+        default=25.0, ge=0,
+        description="How long the consumer waits for a batch to fill while it is under "
+        "load (its last batch held 10 events or more); consumer_linger_ms otherwise.",
+    )
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        default="uvloop",
+        description="The event loop the long-running components run on: uvloop (the default, a "
+        "faster loop with asyncio's semantics) or Python's own asyncio loop.",
+    )
     gc_threshold: int = Field(
         default=GC_THRESHOLD, ge=0,
         description="Net allocations between young-object garbage collections in the "

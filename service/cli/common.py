@@ -34,10 +34,14 @@ LogToday = Annotated[str | None, typer.Option(
 
 def run(main: Coroutine[Any, Any, T], *, long_running: bool = False) -> T:
     """Run ``main`` on uvloop where it is installed (a faster event loop, same
-    semantics), else on asyncio's own. A long-running component first gets the
-    garbage collector tuned for it; a short command would only pay for the freeze."""
+    semantics), else on asyncio's own. A long-running component first gets the garbage
+    collector tuned for it (a short command would only pay for the freeze), and runs on
+    asyncio's loop when ``CASETRAIL_EVENT_LOOP=asyncio`` says so."""
     if long_running:
-        gc_tuning.tune(get_settings().gc_threshold)
+        settings = get_settings()
+        gc_tuning.tune(settings.gc_threshold)
+        if settings.event_loop == "asyncio":
+            return asyncio.run(main)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
