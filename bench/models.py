@@ -149,13 +149,16 @@ def _timeline(rows: list[Any], slots: int
 
 
 async def run_cases(provider: Provider, cases: int, concurrency: int,
-                    profile: Path | None = None) -> dict[str, Any]:
+                    profile: Path | None = None, event_loop: str = "uvloop",
+                    workers: int = 1) -> dict[str, Any]:
     """``profile``: a directory where py-spy writes the worker's sampled stacks
-    (``worker.txt``) while the cases run (``python -m bench.profile models``)."""
+    (``worker.txt``) while the cases run (``python -m bench.profile models``);
+    ``workers``: worker processes sharing ``concurrency`` (their CPU is added)."""
     pool_size = max(256, concurrency)
     async with slow_model(provider) as server:
         settings = bench_settings(
-            api_port=free_port(), worker_concurrency=concurrency, model_pool_size=pool_size,
+            api_port=free_port(), worker_concurrency=concurrency // workers,
+            model_pool_size=pool_size, event_loop=event_loop,
             model_endpoints=[ModelEndpoint(name="slow", provider=provider,
                                            base_url=server.base_url)])
         async with namespace(settings) as pool:
@@ -172,8 +175,10 @@ async def run_cases(provider: Provider, cases: int, concurrency: int,
                 # Every case is queued before the worker starts: what is measured is the
                 # worker carrying them at the model's pace, not this script posting them.
                 await post_cases(base, body, cases, key)
-                worker = stack.spawn("worker", "worker")
-                trace = CpuTrace(worker.pid)
+                started = [stack.spawn(f"worker-{i}" if i else "worker", "worker")
+                           for i in range(workers)]
+                worker = started[0]
+                traces = [CpuTrace(w.pid) for w in started]
                 server_cpu = cpu_seconds(server.process.pid)
                 # The model's refer waits for a person (the loan officer's review): the
                 # model's part of the case ends there, as it does with a terminal event.
@@ -181,14 +186,16 @@ async def run_cases(provider: Provider, cases: int, concurrency: int,
                     await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type "
                                     "IN ('CASE_COMPLETED', 'CASE_FAILED', 'CASE_TIMED_OUT', "
                                     "'CASE_AWAITING_REVIEW')", cases, timeout=600)
-                trace.stop()
+                for trace in traces:
+                    trace.stop()
                 # The worker's CPU from its first case on: its start-up (imports, ~0.3
                 # CPU-s) is no model turn's.
                 first = await pool.fetchval("SELECT extract(epoch FROM min(occurred_at)) "
                                             "FROM event_log")
-                cpu = cpu_seconds(worker.pid) - trace.at(float(first))
+                cpu = sum(cpu_seconds(w.pid) - trace.at(float(first))
+                          for w, trace in zip(started, traces, strict=True))
                 server_cpu = cpu_seconds(server.process.pid) - server_cpu
-                rss = peak_rss_mb(worker.pid)
+                rss = max(peak_rss_mb(w.pid) for w in started)
                 rows = await pool.fetch(
                     "SELECT case_id, event_type, extract(epoch FROM occurred_at) AS t "
                     "FROM event_log ORDER BY case_id, attempt, seq")
@@ -204,7 +211,7 @@ async def run_cases(provider: Provider, cases: int, concurrency: int,
     latency = percentiles(gaps)
     ceiling, ceiling_cpu = await server_ceiling(provider, min(concurrency, cases))
     return {
-        "provider": provider, "cases": cases,
+        "provider": provider, "cases": cases, "eventLoop": event_loop, "workers": workers,
         "answered": answered, "concurrency": concurrency, "poolSize": pool_size,
         "turns": turns, "seconds": round(span, 2),
         "turnsPerSecond": round(turns / span, 1), "idealTurnsPerSecond": round(ideal, 1),

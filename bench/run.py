@@ -21,6 +21,7 @@ import orjson
 from bench import (
     a2a,
     cluster,
+    durable,
     growth,
     history,
     ledger,
@@ -211,6 +212,9 @@ async def run(quick: bool, everything: bool = False) -> dict[str, Any]:
     print("real providers against a 300 ms model ...", flush=True)
     results["models"] = [await models.run_cases(provider, int(1000 * scale), level)
                          for provider in ("openai", "anthropic") for level in (128, 256, 1024)]
+    print("durable once: the bus's, Postgres's and the worker's shares, by experiment ...",
+          flush=True)
+    results["durable"] = await durable.measure(scale, rounds)
     return results
 
 
@@ -316,6 +320,7 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         *_mcp_rows(r),
         *_a2a_rows(r),
         *_scale_out_rows(r),
+        *durable.rows(r),
     ]
     return rows
 
