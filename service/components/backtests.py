@@ -4,7 +4,7 @@ challenger over the selected recorded cases (service/audit/backtest.py), and kee
 results with one signed record chained after the last (service/audit/backtest_record.py),
 which the database puts in the transparency log. A runner that dies leaves its lease to
 run out; the next takes the backtest over from the start (nothing of a run is kept
-before its end)."""
+before its end), and a runner still alive stops at its next note of progress."""
 
 from __future__ import annotations
 
@@ -67,12 +67,14 @@ class BacktestRunner:
         if row is None:
             return False
         try:
-            await self._run(row)
+            await self.run_claimed(row)
         except (LookupError, ValueError) as exc:
             await self.backtests.fail(row["backtest_id"], self.owner, str(exc))
         return True
 
-    async def _run(self, row: dict[str, Any]) -> None:
+    async def run_claimed(self, row: dict[str, Any]) -> None:
+        """Run the backtest of ``row``, which this runner holds, and keep its record; stop
+        at once (keeping nothing) when another runner took it over."""
         request, backtest_id = row["request"], row["backtest_id"]
         profile = challenger_of(request, row["agent"])
         ref = ModelRef.model_validate(request["model"]) if request.get("model") \
@@ -88,21 +90,36 @@ class BacktestRunner:
             nonlocal done
             done = count
 
+        running = asyncio.create_task(run_backtest(
+            ids, self.cases.trails, profile, challenger_model(self.models, profile, ref),
+            ref, Budget(request["concurrency"], request.get("maxTokens"),
+                        request.get("maxSeconds")), progressed,
+            self.runtime if request.get("toolPolicy") == "live" else None))
+        lost = False
+
         async def note() -> None:
-            while True:
-                await self.backtests.progress(backtest_id, self.owner, done, len(ids),
-                                              self.lease_seconds)
+            nonlocal lost
+            while not running.done():
+                if not await self.backtests.progress(backtest_id, self.owner, done, len(ids),
+                                                     self.lease_seconds):
+                    lost = True  # its result could not be kept: the rest is wasted work
+                    running.cancel()
+                    return
                 await asyncio.sleep(min(2.0, self.lease_seconds / 3))
 
         noting = asyncio.create_task(note())
         try:
-            ran = await run_backtest(
-                ids, self.cases.trails, profile, challenger_model(self.models, profile, ref),
-                ref, Budget(request["concurrency"], request.get("maxTokens"),
-                            request.get("maxSeconds")), progressed,
-                self.runtime if request.get("toolPolicy") == "live" else None)
+            ran = await running
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if lost and task is not None and not task.cancelling():
+                log.warning("backtest %s was taken over by another runner after %d of %d "
+                            "cases: its run here stops", backtest_id, done, len(ids))
+                return
+            raise
         finally:
             noting.cancel()
+            running.cancel()
         found = summary(ran.outcomes)
         results = found["results"]
         what = {

@@ -35,6 +35,7 @@ from casetrail.audit.backtest_record import verify_backtest_bundle
 from casetrail.audit.evidence import Evidence
 from casetrail.audit.replay import recorded
 from casetrail.audit.whole_log import WholeLog
+from casetrail.components.backtests import BacktestRunner
 from casetrail.components.ledger_recover import leaves_in_bundles
 from casetrail.components.sequencer import Sequencer, ledger_state
 from casetrail.config import Settings
@@ -579,3 +580,65 @@ async def test_a_backtest_whose_runner_died_is_taken_over_and_another_tenant_see
         assert (await other.get(f"/backtests/{backtest_id}/bundle")).status_code == 404
         listed = (await other.get("/backtests")).json()["backtests"]
         assert str(backtest_id) not in {b["backtestId"] for b in listed}
+
+
+class _HeldModel:
+    """The loan officer's script, each turn waiting until the test lets it go."""
+
+    def __init__(self) -> None:
+        officer = AGENTS["loan-officer"]
+        assert officer.script is not None
+        self.inner = ScriptedModel(officer.script, name="challenger")
+        self.asked = asyncio.Event()
+        self.go = asyncio.Event()
+        self.turns = 0
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    async def request(self, messages: Any, tools: Any) -> Any:
+        self.turns += 1
+        self.asked.set()
+        await self.go.wait()
+        return await self.inner.request(messages, tools)
+
+
+async def test_a_runner_whose_backtest_was_taken_over_stops_at_once(
+    decided: dict[uuid.UUID, Any], pool: asyncpg.Pool, settings: Settings,
+) -> None:
+    """A runner that finds at its next note of progress that another runner holds its
+    backtest stops there, keeping nothing, instead of running every case for a result
+    the database would refuse."""
+    store = BacktestStore(pool)
+    backtest_id = uuid.uuid4()
+    await store.ask(backtest_id, "default", "loan-officer", {
+        "agent": "loan-officer", "cases": [str(c) for c in decided], "limit": 10,
+        "concurrency": 1, "toolPolicy": "refuse",
+        # A provider's model is the runner's to make (the scripted one it makes itself).
+        "model": {"provider": "openai", "name": "held"}}, "test")
+    # Held by this test's runner (the worker's own never takes a backtest whose lease runs).
+    row = await pool.fetchrow(
+        "UPDATE backtests SET status = 'running', runner = 'mine', started_at = now(), "
+        "lease_expires_at = now() + interval '1 minute' WHERE backtest_id = $1 "
+        "RETURNING backtest_id", backtest_id)
+    assert row is not None
+    held = await store.get(backtest_id)
+    assert held is not None
+    model = _HeldModel()
+    runner = BacktestRunner(store, CaseStore(pool), worker_signer(settings),
+                            lambda ref, profile: model, "mine", lease_seconds=0.9)
+    running = asyncio.create_task(runner.run_claimed(held))
+    await asyncio.wait_for(model.asked.wait(), 30)  # the first case's first turn
+    await pool.execute("UPDATE backtests SET runner = 'thief' WHERE backtest_id = $1",
+                       backtest_id)
+    # The model never answers: only the lost lease can end the run.
+    await asyncio.wait_for(running, 10)
+    assert model.turns == 1
+    assert await pool.fetchval("SELECT count(*) FROM backtest_records WHERE backtest_id = $1",
+                               backtest_id) == 0
+    assert await pool.fetchval("SELECT runner FROM backtests WHERE backtest_id = $1",
+                               backtest_id) == "thief"
+    await pool.execute("UPDATE backtests SET status = 'failed', problem = 'test', "
+                       "finished_at = now() "
+                       "WHERE backtest_id = $1", backtest_id)
