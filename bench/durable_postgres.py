@@ -10,7 +10,6 @@ import asyncio
 import base64
 import hashlib
 import os
-import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,7 +18,7 @@ from typing import Any
 import asyncpg
 
 from bench.e2e import PORT, end_to_end
-from bench.harness import bench_settings, cpu_seconds, namespace, service_cpu
+from bench.harness import bench_settings, cpu_seconds, median_run, namespace, service_cpu
 from bench.raw import sample_cycles
 from casetrail.config import Settings
 from casetrail.consumers.writer import _INSERT_AND_FOLD
@@ -31,13 +30,6 @@ BATCH = 500
 CYCLES_A_CASE = 10
 CASES_AT_ONCE = 64
 """Cases whose events interleave in a batch, as concurrent cases' do."""
-
-
-def medians(values: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median of each figure over rounds."""
-    return {key: (round(statistics.median(v[key] for v in values), 3)
-                  if isinstance(values[0][key], float | int) else values[0][key])
-            for key in values[0]}
 
 
 def _columns(events: list[Event]) -> tuple[list[Any], ...]:
@@ -207,7 +199,7 @@ async def postgres(events: int, rounds: int = 3, prefill: int = 1_000_000
     rows = []
     for name in _VARIANTS:
         runs = [await postgres_variant(name, events) for _ in range(rounds)]
-        rows.append(medians(runs))
+        rows.append(median_run(runs, "postgresCpuMicroseconds"))
     if prefill:
         rows.append(await postgres_variant("as today", events, prefill))
     return rows

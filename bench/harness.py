@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -204,3 +205,8 @@ def service_cpu() -> dict[str, float]:
         except (OSError, IndexError):
             continue
     return totals
+
+
+def median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The run whose ``key`` is the median (the lower middle one for an even count)."""
+    return sorted(runs, key=lambda run: run[key])[(len(runs) - 1) // 2]

@@ -38,7 +38,7 @@ from bench import (
     viewer,
 )
 from bench.e2e import end_to_end
-from bench.harness import ROOT, bench_settings, namespace
+from bench.harness import ROOT, bench_settings, median_run, namespace
 from bench.integrity import integrity_costs
 from casetrail.config import Settings
 from casetrail.ops.migrate import drop_database, ensure_database
@@ -102,11 +102,6 @@ ROUNDS = 3
 """The machine's speed drifts by 10-30 % from minute to minute, so the figures that
 decide a target are each the median of this many runs, the peer interleaved with
 casetrail so that both see the same spells."""
-
-
-def median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """The run whose ``key`` is the median (the lower middle one for an even count)."""
-    return sorted(runs, key=lambda run: run[key])[(len(runs) - 1) // 2]
 
 
 def spread(values: list[float], fmt: str = "{:,.0f}") -> str:

@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from bench.run import median_run, spread, table
+from bench.harness import median_run
+from bench.run import spread, table
 from tests.support import ROOT
 
 RESULTS = ROOT / "bench" / "results"
