@@ -128,7 +128,8 @@ async def test_what_a_handler_raises_decides_how_its_message_is_settled(
     await subscription.start()
     for message_id in ("fine", "poison", "flaky", "buggy"):
         await publisher.publish("", queue, b"{}", message_id=message_id)
-    await wait_for(lambda: ("flaky", True) in seen)
+    # a message handed back may come again before one published after it
+    await wait_for(lambda: len(seen) >= 5)
     await running.drain(5)
     assert sorted(seen) == [("buggy", False), ("fine", False), ("flaky", False),
                             ("flaky", True), ("poison", False)]
