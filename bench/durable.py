@@ -6,8 +6,10 @@ Three experiments, each against the path as it is, all processes on this machine
     The bus's share of an event: persistent, confirmed publishes of real event bytes
     into a quorum queue (today's ``<ns>.event-log``) and into a stream, consumed as they
     arrive with batched acks (the consumer's prefetch and batch), on the single node and
-    on the three-node cluster (faults/cluster.py). Reported: events/s and the broker's
-    CPU-µs an event (every Erlang VM on the machine).
+    on the three-node cluster (faults/cluster.py). Reported: events/s, the broker's
+    CPU-µs an event (every Erlang VM on the machine) and the client's (publisher and
+    reader in one process: the publisher is the same for both, so their difference is
+    what reading the one or the other costs the consumer).
 ``postgres`` (bench/durable_postgres.py)
     Postgres's share of an event: the consumer's own statement (insert and fold, one
     transaction a batch) writing real-shaped events into the partitioned log, and the
@@ -83,12 +85,13 @@ async def broker_share(url: str, kind: str, count: int, in_flight: int) -> dict[
             async with gate:
                 await confirmed.publish("", queue, body, Properties(message_id=str(i)))
 
-        before = service_cpu()["rabbitmq"]
+        before, client = service_cpu()["rabbitmq"], time.process_time()
         started = time.perf_counter()
         await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
         await asyncio.wait_for(done.wait(), 600)
         elapsed = time.perf_counter() - started
         broker = service_cpu()["rabbitmq"] - before
+        client = time.process_time() - client
         await channel.queue_delete(queue)
     finally:
         await consuming_connection.close()
@@ -96,7 +99,8 @@ async def broker_share(url: str, kind: str, count: int, in_flight: int) -> dict[
     return {"queue": kind, "inFlight": in_flight, "events": count,
             "bodyBytes": len(bodies[0]),
             "eventsPerSecond": round(count / elapsed),
-            "brokerCpuMicroseconds": round(broker / count * 1e6, 1)}
+            "brokerCpuMicroseconds": round(broker / count * 1e6, 1),
+            "clientCpuMicroseconds": round(client / count * 1e6, 1)}
 
 
 async def broker(count: int, rounds: int = 3) -> list[dict[str, Any]]:
@@ -152,7 +156,8 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         return []
     out = [(f"bus share, {b['queue']}, {b['bus']}, {b['inFlight']:,} in flight",
             f"{b['brokerCpuMicroseconds']:,.0f} µs", "",
-            f"broker CPU an event, published confirmed and consumed; {b['eventsPerSecond']:,}"
+            f"broker CPU an event, published confirmed and consumed; client (publisher and "
+            f"reader) {b.get('clientCpuMicroseconds', 0):,.0f} µs; {b['eventsPerSecond']:,}"
             f" events/s; {b['bodyBytes']} B bodies") for b in x["broker"]]
     out += [(f"Postgres share, {p['variant']}", f"{p['postgresCpuMicroseconds']:,.0f} µs", "",
              f"Postgres CPU an event of the consumer's statement; {p['eventsPerSecond']:,} "
