@@ -84,11 +84,14 @@ def WorkerTool(capability: str, *, args: type[BaseModel], description: str,
                                    read_only=read_only)
 
 
-def McpTool(server: str, tool: str, *, name: str | None = None) -> engine_tools.WorkerTool:
+def McpTool(server: str, tool: str, *, name: str | None = None,
+            read_only: bool = False) -> engine_tools.WorkerTool:
     """A tool of an MCP server the operator configured (``CASETRAIL_MCP_SERVERS``): a
     WorkerTool served by that server's capability worker. Its description and argument
     schema are the server's own, read from the catalog when a case starts; the model
-    sees it as ``<server>_<tool>`` unless ``name`` says otherwise."""
+    sees it as ``<server>_<tool>`` unless ``name`` says otherwise. It is read-only (a
+    backtest may ask it live) when ``read_only`` says so or the server annotates it
+    ``readOnlyHint``."""
     if not re.match(engine_tools.MCP_SERVER_NAME, server):
         raise DeclarationError(f"MCP server name {server!r} must match "
                                f"{engine_tools.MCP_SERVER_NAME}")
@@ -99,7 +102,8 @@ def McpTool(server: str, tool: str, *, name: str | None = None) -> engine_tools.
         raise DeclarationError(f"tool name {tool_name!r} must match {TOOL_NAME.pattern}")
     return engine_tools.WorkerTool(tool_name, f"{tool} (from the MCP server {server})",
                                    engine_tools.mcp_capability(server),
-                                   mcp=engine_tools.McpBinding(server, tool))
+                                   mcp=engine_tools.McpBinding(server, tool),
+                                   read_only=read_only)
 
 
 class A2aText(BaseModel):

@@ -56,7 +56,14 @@ from casetrail.engine.case import CaseSpec
 from casetrail.engine.chat import ChatModel
 from casetrail.engine.loop import ReactEngine
 from casetrail.engine.scripted import ScriptedModel
-from casetrail.engine.tools import ToolBox, WorkerCallResult, WorkerRuntime, WorkerTool
+from casetrail.engine.tools import (
+    ToolBox,
+    ToolSource,
+    WorkerCallResult,
+    WorkerRuntime,
+    WorkerTool,
+)
+from casetrail.mcp import Catalogs
 
 
 def challenger_model(models: Callable[[ModelRef, AgentProfile], ChatModel],
@@ -73,8 +80,11 @@ NOT_IN_RECORD = "the record holds no such call, and a backtest asks no tool (ref
 
 def _asked(capability: str, args: Mapping[str, Any]) -> bytes:
     """What a worker tool was asked, as comparable bytes: an MCP server's or a remote
-    agent's request carries the model's arguments inside (``arguments``)."""
+    agent's request carries the model's arguments inside (``arguments``); an MCP
+    server's also names which of its tools."""
     inner = args.get("arguments") if capability.startswith(("mcp-", "a2a-")) else args
+    if capability.startswith("mcp-"):
+        return canonical({"tool": args.get("tool"), "arguments": inner or {}})
     return canonical(inner if inner is not None else {})
 
 
@@ -83,7 +93,9 @@ class RecordedAnswers:
     """A ``WorkerRuntime`` that answers from a case's recorded calls, matched by tool and
     arguments, each once; anything else is refused and noted."""
 
-    agent: AgentProfile
+    tools: Sequence[ToolSource]
+    """The challenger's tools (an MCP server's described by its catalog when one was
+    read: the server's ``readOnlyHint`` makes its tool read-only)."""
     calls: list[Mapping[str, Any]]
     unanswered: list[str] = field(default_factory=list)
     live: WorkerRuntime | None = None
@@ -93,16 +105,20 @@ class RecordedAnswers:
     _used: set[int] = field(default_factory=set)
 
     @functools.cached_property
-    def _read_only(self) -> frozenset[str]:
-        return frozenset(t.capability for t in self.agent.tools
+    def _read_only(self) -> frozenset[tuple[str, str | None]]:
+        """The read-only tools by capability and, for an MCP server's, the tool's name
+        on the server (one capability serves all of a server's tools)."""
+        return frozenset((t.capability, t.mcp.tool if t.mcp else None) for t in self.tools
                          if isinstance(t, WorkerTool) and t.read_only)
 
     def _recorded_args(self, call: Mapping[str, Any]) -> bytes:
         """The recorded arguments as the runtime is handed them now: through the tool's
         argument model when it has one (defaults filled in, names by alias)."""
-        tool = next((t for t in self.agent.tools if isinstance(t, WorkerTool)
+        tool = next((t for t in self.tools if isinstance(t, WorkerTool)
                      and t.name == call["toolName"]), None)
         args = call.get("toolArgs") or {}
+        if call.get("mcp"):
+            return canonical({"tool": call["mcp"]["tool"], "arguments": args})
         if tool is not None and tool.args_model is not None:
             with contextlib.suppress(ValueError):  # as recorded, if it no longer validates
                 args = tool.args_model.model_validate(args).model_dump(mode="json",
@@ -122,7 +138,8 @@ class RecordedAnswers:
             if call.get("error"):
                 return WorkerCallResult(error=call["error"], attempts=(attempt,))
             return WorkerCallResult(result=call.get("toolResult"), attempts=(attempt,))
-        if self.live is not None and capability in self._read_only:
+        tool = args.get("tool") if capability.startswith("mcp-") else None
+        if self.live is not None and (capability, tool) in self._read_only:
             self.asked_live.append(f"{capability} {asked.decode()}")
             return await self.live.execute(capability, args, call_id=f"backtest:{call_id}",
                                            retry=retry)
@@ -176,10 +193,25 @@ def decision_events(events: Sequence[RecordedEvent]) -> tuple[RecordedEvent, Rec
     return terminal, waited
 
 
+async def challenger_tools(agent: AgentProfile, catalogs: Catalogs | None
+                           ) -> list[ToolSource]:
+    """The agent's tools as the challenger is offered them: with ``catalogs`` (the tool
+    policy ``live``), an MCP server's tool described by the server's catalog as a case
+    start would (its schema, its description, whether it is read-only); one the catalog
+    cannot describe now stays as declared, since the record may still answer it."""
+    if catalogs is None:
+        return list(agent.tools)
+    described = {t.name: t for t in await catalogs.resolve(agent.tools)
+                 if isinstance(t, WorkerTool) and t.mcp and t.mcp.unavailable is None}
+    return [described.get(t.name, t) for t in agent.tools]
+
+
 async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
                         agent: AgentProfile, model: ChatModel, model_ref: ModelRef,
-                        live: WorkerRuntime | None = None) -> CaseOutcome:
-    """Run the challenger on one recorded case (``live``: the tool policy ``live``)."""
+                        live: WorkerRuntime | None = None,
+                        catalogs: Catalogs | None = None) -> CaseOutcome:
+    """Run the challenger on one recorded case (``live``: the tool policy ``live``;
+    ``catalogs``: the MCP servers' catalogs read through it, kept across cases)."""
     if not events or events[0].event_type != "CASE_STARTED":
         return CaseOutcome(case_id, None, None, problem="no CASE_STARTED in the record")
     started = events[0].payload
@@ -189,7 +221,10 @@ async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     label = decision_of(terminal.payload.get("answer")) \
         if waited is not None and terminal.event_type == "CASE_COMPLETED" else None
     calls = [call for cycle in final_chain(events) for call in cycle.get("toolCalls") or []]
-    answers = RecordedAnswers(agent, calls, live=live)
+    if live is not None and catalogs is None:
+        catalogs = Catalogs(live)
+    tools = await challenger_tools(agent, catalogs)
+    answers = RecordedAnswers(tools, calls, live=live)
     limits = Limits.model_validate(started["limits"])
     spec = CaseSpec(
         case_id=case_id, attempt=1, agent=agent.name, system_prompt=agent.system_prompt,
@@ -199,7 +234,7 @@ async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
                       max_answer_retries=limits.max_answer_retries),
         context_budget=agent.context_budget_tokens, answering=agent.answering)
     kept = KeptEvents()
-    await ReactEngine(kept).run(spec, model, ToolBox(agent.tools, answers))
+    await ReactEngine(kept).run(spec, model, ToolBox(tools, answers))
     end = kept.events[-1].payload
     answer = end.answer if isinstance(end, CaseCompletedPayload | CaseAwaitingReviewPayload) \
         else None
@@ -249,6 +284,7 @@ async def run_backtest(ids: Sequence[uuid.UUID],
     """The challenger over the cases ``ids`` (their trails read ``trails`` a chunk at a
     time), ``budget.concurrency`` at once; ``progress(done, total)`` after each case."""
     run, began = Run(), time.monotonic()
+    catalogs = None if live is None else Catalogs(live)
     spent = 0
     gate = asyncio.Semaphore(budget.concurrency)
 
@@ -266,7 +302,7 @@ async def run_backtest(ids: Sequence[uuid.UUID],
                 run.stopped = run.stopped or why
                 return
             outcome = await backtest_case(case_id, recorded(trail), agent, model, model_ref,
-                                          live)
+                                          live, catalogs)
             spent += outcome.tokens
             run.outcomes.append(outcome)
             if progress is not None:

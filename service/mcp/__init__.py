@@ -77,6 +77,9 @@ class CatalogTool(_Camel):
     schema_digest: str
     retryable: bool = Field(description="The server annotates it readOnlyHint or "
                             "idempotentHint: a failed call may be sent again.")
+    read_only: bool = Field(default=False, description="The server annotates it "
+                            "readOnlyHint: it changes nothing where it runs, so a "
+                            "backtest under the tool policy live may ask it.")
 
 
 class Catalog(_Camel):
@@ -160,6 +163,7 @@ class Catalogs:
                 lacking[tool.mcp.server].append(tool.mcp.tool)
                 continue
             resolved.append(replace(tool, description=entry.description or tool.description,
+                                    read_only=tool.read_only or entry.read_only,
                                     mcp=McpBinding(tool.mcp.server, entry.name,
                                                    entry.input_schema, entry.schema_digest,
                                                    entry.retryable)))

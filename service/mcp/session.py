@@ -274,7 +274,8 @@ class ServerSession:
                     name=tool.name, description=tool.description or "",
                     input_schema=tool.input_schema,
                     schema_digest=schema_digest(tool.input_schema),
-                    retryable=bool(hints and (hints.read_only_hint or hints.idempotent_hint)))
+                    retryable=bool(hints and (hints.read_only_hint or hints.idempotent_hint)),
+                    read_only=bool(hints and hints.read_only_hint))
             cursor = page.next_cursor
             if not cursor:
                 return tools

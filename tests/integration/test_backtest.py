@@ -104,7 +104,7 @@ async def test_a_call_the_record_does_not_hold_is_refused_and_counted(
     trail = next(iter(decided.values()))
     calls = [c for e in trail if e.event_type == "REACT_CYCLE"
              for c in e.payload.get("toolCalls") or []]
-    answers = RecordedAnswers(officer, calls)
+    answers = RecordedAnswers(officer.tools, calls)
     [scored] = [c for c in calls if c["toolName"] == "credit-score"]
     held = await answers.execute("credit-score", scored["toolArgs"], call_id="x:0:0")
     assert held.result == scored["toolResult"]
@@ -123,7 +123,7 @@ async def test_under_the_live_policy_a_read_only_tool_answers_what_the_record_la
     trail = next(iter(decided.values()))
     calls = [c for e in trail if e.event_type == "REACT_CYCLE"
              for c in e.payload.get("toolCalls") or []]
-    answers = RecordedAnswers(officer, calls, live=stack.worker.runtime)
+    answers = RecordedAnswers(officer.tools, calls, live=stack.worker.runtime)
     asked = await answers.execute("credit-score", {"applicantId": "A-1003"}, call_id="x:9:0")
     assert asked.error is None and asked.result["score"] == 561, asked  # the bureau's
     assert asked.attempts[0].worker != "backtest"  # a capability worker answered

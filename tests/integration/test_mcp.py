@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -331,6 +331,41 @@ async def test_the_catalog_decides_what_is_offered_and_what_is_retried(
     assert tools["policies_coverage"].mcp.retryable is True  # readOnlyHint
     assert tools["policies_open_investigation"].mcp is not None
     assert tools["policies_open_investigation"].mcp.retryable is False
+
+
+async def test_a_backtest_asks_live_only_the_tools_the_server_says_change_nothing(
+    served: tuple[ToolBox, InProcessWorkerRuntime],
+) -> None:
+    """Under the tool policy ``live``, a backtest may ask the server what the record
+    lacks only for a tool annotated ``readOnlyHint`` (coverage), never for one that is
+    not (open_investigation), though one capability serves both; and a recorded call
+    answers only the tool it was made to, not another of the server's with the same
+    arguments."""
+    from casetrail.audit.backtest import NOT_IN_RECORD, RecordedAnswers
+
+    box, runtime = served
+    tools = list(box._tools.values())
+    assert {t.name: t.read_only for t in tools if isinstance(t, WorkerTool)} == {
+        "policies_coverage": True, "policies_open_investigation": False}
+    ada = {"policy_number": "POL-100001", "claimant_name": "Ada Lovelace"}
+    recorded: list[Mapping[str, Any]] = [{
+        "toolName": "policies_open_investigation", "toolArgs": ada,
+        "toolResult": {"investigation": "INV-00001"}, "toolSource": "worker",
+        "mcp": {"server": "policies", "tool": "open_investigation", "schemaDigest": "0" * 64}}]
+    answers = RecordedAnswers(tools, recorded, live=runtime)
+    backtest = ToolBox(tools, answers)
+    before = len(runtime.calls)
+    read = await backtest.run(ToolCallRequest("c1", "policies_coverage", ada), "bt:1")
+    assert read.record.error is None and read.record.tool_result["coverageLimit"] == 20_000
+    assert len(runtime.calls) == before + 1  # the server was asked
+    opened = await backtest.run(ToolCallRequest("c2", "policies_open_investigation", {
+        "claim_id": "CLM-00001", "reason": "a pattern"}), "bt:2")
+    assert opened.record.error is not None and NOT_IN_RECORD in opened.record.error
+    assert len(runtime.calls) == before + 1  # refused: nothing was sent
+    assert answers.asked_live == [
+        'mcp-policies {"arguments":{"claimant_name":"Ada Lovelace","policy_number":'
+        '"POL-100001"},"tool":"coverage"}']
+    assert len(answers.unanswered) == 1 and "open_investigation" in answers.unanswered[0]
 
 
 async def test_arguments_are_checked_against_the_servers_schema_before_sending(
