@@ -68,10 +68,12 @@ class Finding:
     kind: FindingKind
     detail: str
     case_id: uuid.UUID | None = None
+    backtest_id: uuid.UUID | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "detail": self.detail,
-                **({"caseId": str(self.case_id)} if self.case_id else {})}
+                **({"caseId": str(self.case_id)} if self.case_id else {}),
+                **({"backtestId": str(self.backtest_id)} if self.backtest_id else {})}
 
 
 @dataclass
@@ -154,7 +156,8 @@ class WholeLog:
             Finding(FindingKind.PARTITION_UNGUARDED, f"the log's partition {partition} "
                     f"lacks {', '.join(lacks)}")
             for partition, lacks in await self.store.partitions_unguarded()]
-        report.findings += await self._backtests()
+        report.findings += await self._backtests(report.from_leaf,
+                                                 last.failing_backtests if last else [])
         await self._trails(report, last.failing_cases if last else [])
         report.seconds = time.perf_counter() - began
         await self.store.keep_run(started, full, report.from_leaf, size,
@@ -162,32 +165,34 @@ class WholeLog:
                                   [f.as_json() for f in report.findings])
         return report
 
-    async def _backtests(self) -> list[Finding]:
+    async def _backtests(self, from_leaf: int, failing: list[uuid.UUID]) -> list[Finding]:
         """Backtest records (docs/backtests.md, "The record"): each a leaf of the log as
-        stored, the chain unbroken, each signed by a registered key, each result the one
-        its record names."""
+        stored (every record, every pass); and, for the records logged since the last
+        pass and those that failed it (every one in a full pass), the chain unbroken,
+        each signed by a registered key, each result the one its record names."""
         found = []
         for m in await self.store.backtests_unmatched():
             if m.leaf_index is None:
                 found.append(Finding(FindingKind.NOT_LOGGED, f"backtest {m.event_id}'s "
-                                     "record is neither in the log nor waiting for it"))
+                                     "record is neither in the log nor waiting for it",
+                                     backtest_id=m.event_id))
             elif m.stored_hash is None:
                 found.append(Finding(FindingKind.REMOVED_AFTER_LOGGING, "the log holds "
                                      f"backtest {m.event_id}'s record (leaf {m.leaf_index}) "
-                                     "but it is no longer stored"))
+                                     "but it is no longer stored", backtest_id=m.event_id))
             else:
                 found.append(Finding(FindingKind.ALTERED, f"backtest {m.event_id}'s record "
-                                     f"differs from its leaf {m.leaf_index}"))
+                                     f"differs from its leaf {m.leaf_index}",
+                                     backtest_id=m.event_id))
         keys = {k.key_id: k.public_key for k in await self.evidence.keys.all()}
         backtests = BacktestStore(self.store.pool)
-        prev = GENESIS
-        for record in await self.store.backtest_records():
-            problems = record_problems(record, prev, keys, await backtests.results(
-                record["backtest_id"]))
-            prev = record["hash"]
+        for record in await self.store.backtest_records(from_leaf, failing):
+            problems = record_problems(record, record["before"] or GENESIS, keys,
+                                       await backtests.results(record["backtest_id"]))
             if problems:
                 found.append(Finding(FindingKind.ALTERED, f"backtest {record['backtest_id']}'s "
-                                     f"record does not verify: {', '.join(problems)}"))
+                                     f"record does not verify: {', '.join(problems)}",
+                                     backtest_id=record["backtest_id"]))
         return found
 
     async def _checkpoints(self, since: int) -> list[Finding]:

@@ -32,7 +32,7 @@ from casetrail.contract.events import ModelRef
 from casetrail.contract.integrity import Signer
 from casetrail.engine.chat import ChatModel
 from casetrail.engine.tools import WorkerRuntime
-from casetrail.errors import CasetrailError
+from casetrail.errors import CasetrailError, TransientError
 
 log = logging.getLogger("casetrail.backtests")
 
@@ -100,8 +100,14 @@ class BacktestRunner:
         async def note() -> None:
             nonlocal lost
             while not running.done():
-                if not await self.backtests.progress(backtest_id, self.owner, done, len(ids),
-                                                     self.lease_seconds):
+                try:
+                    held = await self.backtests.progress(backtest_id, self.owner, done,
+                                                         len(ids), self.lease_seconds)
+                except TransientError as exc:  # the lease may run out meanwhile: the
+                    held = True  # next note finds whether another runner took it
+                    log.warning("backtest %s: progress not noted (%s); noted again in "
+                                "%.1f s", backtest_id, exc, min(2.0, self.lease_seconds / 3))
+                if not held:
                     lost = True  # its result could not be kept: the rest is wasted work
                     running.cancel()
                     return

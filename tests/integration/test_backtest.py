@@ -28,6 +28,7 @@ from casetrail.adapters.store import ApiKeyStore, CaseStore, KeyRegistry, compon
 from casetrail.adapters.store.audit_log import AuditStore
 from casetrail.adapters.store.backtests import BacktestStore
 from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.adapters.store.pool import create_pool
 from casetrail.agents import AGENTS, loan_officer
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.backtest import NOT_IN_RECORD, RecordedAnswers, backtest_case, summary
@@ -405,12 +406,17 @@ async def test_the_audit_checks_every_backtest_record_and_finds_a_changed_result
     decided: dict[uuid.UUID, Any], pool: asyncpg.Pool,
 ) -> None:
     """``casetrail audit``'s backtest pass over the records the tests above kept: clean;
-    then a result changed in place by the owner (triggers off and on again): found."""
+    then a result changed in place by the owner (triggers off and on again): found by a
+    full pass, and by a pass after one that found it; not by a pass over what was
+    logged since (none of these records)."""
     ledger = LedgerStore(pool)
     audit = WholeLog(AuditStore(pool), ledger, Evidence(CaseStore(pool), KeyRegistry(pool),
                                                         ledger))
     assert await pool.fetchval("SELECT count(*) FROM backtest_records") >= 2
-    assert await audit._backtests() == []
+    assert await audit._backtests(0, []) == []
+    await wait_for_sql(pool, "SELECT NOT EXISTS (SELECT 1 FROM backtest_records r WHERE NOT "
+                       "EXISTS (SELECT 1 FROM ledger_leaves l WHERE l.event_id = r.backtest_id))")
+    size = await AuditStore(pool).tree_size()
     backtest_id = await pool.fetchval(
         "SELECT backtest_id FROM backtest_records ORDER BY chain_seq DESC LIMIT 1")
     original = await pool.fetchval(
@@ -426,12 +432,15 @@ async def test_the_audit_checks_every_backtest_record_and_finds_a_changed_result
 
     await set_result({**original, "challenger": "decline"})
     try:
-        [finding] = await audit._backtests()
+        [finding] = await audit._backtests(0, [])
         assert finding.kind == "altered" and str(backtest_id) in finding.detail \
             and "results_mismatch" in finding.detail, finding
+        assert finding.as_json()["backtestId"] == str(backtest_id)
+        assert await audit._backtests(size, []) == []  # logged before that pass
+        assert await audit._backtests(size, [backtest_id]) == [finding]
     finally:
         await set_result(original)
-    assert await audit._backtests() == []
+    assert await audit._backtests(0, []) == []
 
 
 def _policy(args: dict[str, Any], auto_approve: int) -> str:
@@ -604,20 +613,19 @@ class _HeldModel:
         return await self.inner.request(messages, tools)
 
 
-async def test_a_runner_whose_backtest_was_taken_over_stops_at_once(
-    decided: dict[uuid.UUID, Any], pool: asyncpg.Pool, settings: Settings,
-) -> None:
-    """A runner that finds at its next note of progress that another runner holds its
-    backtest stops there, keeping nothing, instead of running every case for a result
-    the database would refuse."""
-    store = BacktestStore(pool)
+async def _run_held(runner_pool: asyncpg.Pool, pool: asyncpg.Pool, settings: Settings,
+                    decided: dict[uuid.UUID, Any]
+                    ) -> tuple[uuid.UUID, _HeldModel, asyncio.Task[None]]:
+    """A backtest of the decided cases held by the test's runner ``mine`` (the worker's
+    own never takes a backtest whose lease runs), which runs it over ``runner_pool`` with
+    a lease of 0.9 s; returned once its model was first asked."""
+    store = BacktestStore(runner_pool)
     backtest_id = uuid.uuid4()
     await store.ask(backtest_id, "default", "loan-officer", {
         "agent": "loan-officer", "cases": [str(c) for c in decided], "limit": 10,
         "concurrency": 1, "toolPolicy": "refuse",
         # A provider's model is the runner's to make (the scripted one it makes itself).
         "model": {"provider": "openai", "name": "held"}}, "test")
-    # Held by this test's runner (the worker's own never takes a backtest whose lease runs).
     row = await pool.fetchrow(
         "UPDATE backtests SET status = 'running', runner = 'mine', started_at = now(), "
         "lease_expires_at = now() + interval '1 minute' WHERE backtest_id = $1 "
@@ -626,10 +634,20 @@ async def test_a_runner_whose_backtest_was_taken_over_stops_at_once(
     held = await store.get(backtest_id)
     assert held is not None
     model = _HeldModel()
-    runner = BacktestRunner(store, CaseStore(pool), worker_signer(settings),
+    runner = BacktestRunner(store, CaseStore(runner_pool), worker_signer(settings),
                             lambda ref, profile: model, "mine", lease_seconds=0.9)
     running = asyncio.create_task(runner.run_claimed(held))
     await asyncio.wait_for(model.asked.wait(), 30)  # the first case's first turn
+    return backtest_id, model, running
+
+
+async def test_a_runner_whose_backtest_was_taken_over_stops_at_once(
+    decided: dict[uuid.UUID, Any], pool: asyncpg.Pool, settings: Settings,
+) -> None:
+    """A runner that finds at its next note of progress that another runner holds its
+    backtest stops there, keeping nothing, instead of running every case for a result
+    the database would refuse."""
+    backtest_id, model, running = await _run_held(pool, pool, settings, decided)
     await pool.execute("UPDATE backtests SET runner = 'thief' WHERE backtest_id = $1",
                        backtest_id)
     # The model never answers: only the lost lease can end the run.
@@ -642,3 +660,30 @@ async def test_a_runner_whose_backtest_was_taken_over_stops_at_once(
     await pool.execute("UPDATE backtests SET status = 'failed', problem = 'test', "
                        "finished_at = now() "
                        "WHERE backtest_id = $1", backtest_id)
+
+
+async def test_a_runner_whose_database_went_away_holds_its_backtest_and_finishes(
+    decided: dict[uuid.UUID, Any], pool: asyncpg.Pool, settings: Settings,
+) -> None:
+    """The runner's connections to the database are cut while it runs: its notes of
+    progress fail until the pool reconnects, and then hold the lease again — the run is
+    not left without one — and it ends with its record kept."""
+    runner_pool = await create_pool(settings.database_url, max_size=2,
+                                    name="casetrail-test-backtest-runner")
+    try:
+        backtest_id, model, running = await _run_held(runner_pool, pool, settings, decided)
+        cut = await pool.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'casetrail-test-backtest-runner'")
+        assert cut >= 1
+        await asyncio.sleep(2.0)  # more than twice the lease: only new notes can hold it
+        assert await pool.fetchval(
+            "SELECT lease_expires_at > now() AND runner = 'mine' FROM backtests "
+            "WHERE backtest_id = $1", backtest_id) is True
+        assert not running.done()
+        model.go.set()
+        await asyncio.wait_for(running, 60)
+        assert await pool.fetchval("SELECT count(*) FROM backtest_records "
+                                   "WHERE backtest_id = $1", backtest_id) == 1
+    finally:
+        await runner_pool.close()

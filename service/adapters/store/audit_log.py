@@ -5,7 +5,8 @@ witnesses cosigned, and the audit's own passes."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +36,7 @@ class Mismatch:
 class LastRun:
     to_leaf: int
     failing_cases: list[uuid.UUID]
+    failing_backtests: list[uuid.UUID] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ class AuditStore:
             return None
         findings = orjson.loads(row["findings"])
         failing = {f["caseId"] for f in findings if f.get("caseId")}
-        return LastRun(row["to_leaf"], [uuid.UUID(c) for c in sorted(failing)])
+        backtests = {f["backtestId"] for f in findings if f.get("backtestId")}
+        return LastRun(row["to_leaf"], [uuid.UUID(c) for c in sorted(failing)],
+                       [uuid.UUID(b) for b in sorted(backtests)])
 
     async def cases_logged_from(self, first_leaf: int) -> list[uuid.UUID]:
         """The cases with a leaf at ``first_leaf`` or after, in the order first logged."""
@@ -116,11 +120,19 @@ class AuditStore:
         return [Mismatch(r["case_id"], r["leaf_index"], r["event_id"], r["stored"],
                          r["leaf"]) for r in rows]
 
-    async def backtest_records(self) -> list[dict[str, Any]]:
-        """Every backtest record, in the chain's order."""
+    async def backtest_records(self, first_leaf: int = 0, also: Sequence[uuid.UUID] = ()
+                               ) -> list[dict[str, Any]]:
+        """The backtest records logged at ``first_leaf`` or after or not logged yet (every
+        one from 0), and those of ``also``, in the chain's order; each with the hash of
+        the record before it in the chain (``before``, none for the first)."""
         rows = await self.pool.fetch(
-            "SELECT backtest_id, chain_seq, body, prev_hash, hash, key_id, sig "
-            "FROM backtest_records ORDER BY chain_seq")
+            "WITH chain AS (SELECT backtest_id, lag(hash) OVER (ORDER BY chain_seq) AS before "
+            "FROM backtest_records) "
+            "SELECT r.backtest_id, r.chain_seq, r.body, r.prev_hash, r.hash, r.key_id, r.sig, "
+            "c.before FROM backtest_records r JOIN chain c USING (backtest_id) "
+            "WHERE $1 = 0 OR r.backtest_id = ANY($2::uuid[]) OR NOT EXISTS (SELECT 1 "
+            "FROM ledger_leaves l WHERE l.event_id = r.backtest_id AND l.kind = 'backtest' "
+            "AND l.leaf_index < $1) ORDER BY r.chain_seq", first_leaf, list(also))
         return [dict(r) for r in rows]
 
     async def partitions_unguarded(self) -> list[tuple[str, list[str]]]:
