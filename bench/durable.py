@@ -44,8 +44,9 @@ from bench.harness import median_run, service_cpu
 from bench.raw import sample_cycles
 from casetrail.adapters.bus.fastpath import ConfirmedChannel
 from casetrail.adapters.bus.properties import Properties
+from casetrail.config import Settings
 
-PREFETCH = 2000
+PREFETCH: int = Settings.model_fields["consumer_prefetch"].default
 """The consumer's default (``CASETRAIL_CONSUMER_PREFETCH``)."""
 
 async def broker_share(url: str, kind: str, count: int, in_flight: int) -> dict[str, Any]:

@@ -78,13 +78,18 @@ def challenger_model(models: Callable[[ModelRef, AgentProfile], ChatModel],
 NOT_IN_RECORD = "the record holds no such call, and a backtest asks no tool (refused)"
 
 
+def _mcp_asked(tool: str | None, arguments: Mapping[str, Any] | None) -> bytes:
+    """An MCP server's call as comparable bytes: which of its tools, with what."""
+    return canonical({"tool": tool, "arguments": arguments or {}})
+
+
 def _asked(capability: str, args: Mapping[str, Any]) -> bytes:
     """What a worker tool was asked, as comparable bytes: an MCP server's or a remote
     agent's request carries the model's arguments inside (``arguments``); an MCP
     server's also names which of its tools."""
-    inner = args.get("arguments") if capability.startswith(("mcp-", "a2a-")) else args
     if capability.startswith("mcp-"):
-        return canonical({"tool": args.get("tool"), "arguments": inner or {}})
+        return _mcp_asked(args.get("tool"), args.get("arguments"))
+    inner = args.get("arguments") if capability.startswith("a2a-") else args
     return canonical(inner if inner is not None else {})
 
 
@@ -114,11 +119,11 @@ class RecordedAnswers:
     def _recorded_args(self, call: Mapping[str, Any]) -> bytes:
         """The recorded arguments as the runtime is handed them now: through the tool's
         argument model when it has one (defaults filled in, names by alias)."""
-        tool = next((t for t in self.tools if isinstance(t, WorkerTool)
-                     and t.name == call["toolName"]), None)
         args = call.get("toolArgs") or {}
         if call.get("mcp"):
-            return canonical({"tool": call["mcp"]["tool"], "arguments": args})
+            return _mcp_asked(call["mcp"]["tool"], args)
+        tool = next((t for t in self.tools if isinstance(t, WorkerTool)
+                     and t.name == call["toolName"]), None)
         if tool is not None and tool.args_model is not None:
             with contextlib.suppress(ValueError):  # as recorded, if it no longer validates
                 args = tool.args_model.model_validate(args).model_dump(mode="json",

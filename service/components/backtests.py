@@ -95,29 +95,30 @@ class BacktestRunner:
             ref, Budget(request["concurrency"], request.get("maxTokens"),
                         request.get("maxSeconds")), progressed,
             self.runtime if request.get("toolPolicy") == "live" else None))
-        lost = False
+        pause = min(2.0, self.lease_seconds / 3)
 
-        async def note() -> None:
-            nonlocal lost
+        async def note() -> bool:
+            """Hold the lease while the run goes on; ``True`` when it was lost."""
             while not running.done():
                 try:
-                    held = await self.backtests.progress(backtest_id, self.owner, done,
-                                                         len(ids), self.lease_seconds)
+                    if not await self.backtests.progress(backtest_id, self.owner, done,
+                                                         len(ids), self.lease_seconds):
+                        running.cancel()  # its result could not be kept: no more work
+                        return True
                 except TransientError as exc:  # the lease may run out meanwhile: the
-                    held = True  # next note finds whether another runner took it
+                    # next note finds whether another runner took it
                     log.warning("backtest %s: progress not noted (%s); noted again in "
-                                "%.1f s", backtest_id, exc, min(2.0, self.lease_seconds / 3))
-                if not held:
-                    lost = True  # its result could not be kept: the rest is wasted work
-                    running.cancel()
-                    return
-                await asyncio.sleep(min(2.0, self.lease_seconds / 3))
+                                "%.1f s", backtest_id, exc, pause)
+                await asyncio.sleep(pause)
+            return False
 
         noting = asyncio.create_task(note())
         try:
             ran = await running
         except asyncio.CancelledError:
             task = asyncio.current_task()
+            lost = noting.done() and not noting.cancelled() and noting.exception() is None \
+                and noting.result()
             if lost and task is not None and not task.cancelling():
                 log.warning("backtest %s was taken over by another runner after %d of %d "
                             "cases: its run here stops", backtest_id, done, len(ids))
