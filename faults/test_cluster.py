@@ -85,6 +85,17 @@ def node_of(nodes: list[cluster.Node], user: str) -> cluster.Node:
     raise AssertionError(f"{user} is connected to no node")
 
 
+async def _once_connected(victim: Callable[[], cluster.Node]) -> cluster.Node:
+    """``victim()`` once it names a node: a client may be between nodes for a moment
+    after the kill, its robust connection trying the next one (up to 30 s)."""
+    for _ in range(60):
+        try:
+            return victim()
+        except AssertionError:
+            await asyncio.sleep(0.5)
+    return victim()
+
+
 async def _kill_9_while_cases_run(stack: Stack, pool: asyncpg.Pool, cases: int,
                                   victim: Callable[[], cluster.Node], fault: str) -> None:
     """Cases run; the chosen node is killed; every case ends; the node comes back."""
@@ -93,7 +104,7 @@ async def _kill_9_while_cases_run(stack: Stack, pool: asyncpg.Pool, cases: int,
     node = victim()
     await asyncio.to_thread(node.kill)
     await all_ended(pool, accepted, timeout=300)
-    assert victim() != node, f"everything still points at {node.name}"
+    assert await _once_connected(victim) != node, f"everything still points at {node.name}"
     await asyncio.to_thread(node.restart)
     await settle_and_check(stack, pool, fault, accepted)
 
