@@ -13,7 +13,8 @@ events, with neither a gap nor a duplicate at the seam:
    between, waiting up to ``GAP_WAIT_SECONDS`` for the consumer to store it. Such an
    event with nothing after it to reveal the gap (the terminal one, or the last before
    a long model call) is found the same way: while the watch is younger than
-   ``GAP_WAIT_SECONDS``, a quiet feed sends the stream back to the record;
+   ``GAP_WAIT_SECONDS`` and no live event has directly followed what was sent, a
+   quiet feed sends the stream back to the record, less often each time (``_Seam``);
 4. it ends after the terminal event; a comment line keeps it alive meanwhile.
 
 Each event goes out as ``id: <attempt>.<seq>``, ``event: <EVENT_TYPE>``, ``data:``
@@ -147,36 +148,53 @@ def _give_back(counts: Counter[str], holders: tuple[str, str]) -> None:
             del counts[holder]
 
 
+@dataclass
+class _Seam:
+    """A young case stream's doubt: an event published just before its watch began may
+    still be on its way to the record, with nothing after it on the live feed to reveal
+    it. While in doubt, a quiet feed sends the stream back to the record, after 20 ms,
+    then twice as long each time. The doubt ends after ``GAP_WAIT_SECONDS``, or at once
+    when a live event directly follows what was sent: everything before that event is
+    sent, and everything after it was published after the watch began."""
+
+    until: float
+    pause: float = GAP_FIRST_PAUSE_SECONDS
+
+    def doubts(self, now: float) -> bool:
+        return now < self.until
+
+    def settle(self) -> None:
+        self.until = 0.0
+
+
 async def _live(watcher: Watcher, ping_seconds: float,
                 still_allowed: Callable[[], Awaitable[bool]], what: str,
-                seam_seconds: float = 0.0,
+                seam: _Seam | None = None,
                 ) -> AsyncGenerator[LiveEvent | ServerSentEvent | None, None]:
     """The watcher's live events, with a keep-alive comment after ``ping_seconds``
     without one; it ends when the credential no longer works (asked at least every
     ``CREDENTIAL_RECHECK_SECONDS``, events or not) or the watcher fell behind. Besides,
-    for ``seam_seconds`` from its start, a quiet spell (20 ms, doubling to 500 ms)
-    yields ``None``: the caller looks at the record."""
+    while ``seam`` doubts, a quiet spell yields ``None``: the caller looks at the record."""
     recheck_seconds = min(ping_seconds, CREDENTIAL_RECHECK_SECONDS)
     now = time.monotonic()
-    seam_until, ping_at, check_at = now + seam_seconds, now + ping_seconds, now + recheck_seconds
-    pause = GAP_FIRST_PAUSE_SECONDS
+    ping_at, check_at = now + ping_seconds, now + recheck_seconds
     while True:
         now = time.monotonic()
         if now >= check_at:
             if not await still_allowed():
                 return
             check_at = time.monotonic() + recheck_seconds
-        in_seam = now < seam_until
+        in_seam = seam is not None and seam.doubts(now)
         due = min(ping_at, check_at) - now
-        wait = due if not in_seam else min(pause, due)
+        wait = min(seam.pause, due) if seam is not None and in_seam else due
         try:
             live = await asyncio.wait_for(watcher.events.get(), max(wait, 0.0))
         except TimeoutError:
             if time.monotonic() >= ping_at:
                 ping_at = time.monotonic() + ping_seconds
                 yield ServerSentEvent(comment="ping")
-            elif in_seam:
-                pause = min(pause * 2, GAP_MAX_PAUSE_SECONDS)
+            elif seam is not None and in_seam:
+                seam.pause *= 2
                 yield None
             continue
         ping_at = time.monotonic() + ping_seconds
@@ -244,8 +262,8 @@ async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
             yield message
         if sent.ended or ended:  # or it had ended before: resumed after its terminal event
             return
-        async for live in _live(watcher, ping_seconds, still_allowed, f"case {case_id}",
-                                seam_seconds=GAP_WAIT_SECONDS):
+        seam = _Seam(time.monotonic() + GAP_WAIT_SECONDS)
+        async for live in _live(watcher, ping_seconds, still_allowed, f"case {case_id}", seam):
             if live is None:  # quiet while the watch is young: anything stored meanwhile
                 for message in await sent.recorded(None):
                     yield message
@@ -262,6 +280,8 @@ async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
                     yield message
                 if sent.ended:
                     return
+            if _follows(sent.last, live.key):
+                seam.settle()
             yield _message(live.key, live.event_type, live.envelope, values)
             sent.last = live.key
             if live.event_type in TERMINAL_EVENT_TYPES:
