@@ -485,7 +485,9 @@ def _reading_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                          "cases running but no stream open" if "casesRunningNoStream" in t
                          else "") +
             f"; {t['eventsStreamedPerSecond']} events/s streamed; API "
-            f"{t['coresBusyWithStreams']['api']} of a core, {t['apiPeakRssMb']} MB; "
+            f"{t['coresBusyWithStreams']['api']} of a core" + (
+                f" ({t['coresBusyNoStream']['api']} with no stream open)"
+                if "coresBusyNoStream" in t else "") + f", {t['apiPeakRssMb']} MB; "
             f"{spread(runs, '{:.0f} ms')}"))
     return rows
 
