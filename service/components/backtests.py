@@ -23,6 +23,7 @@ from casetrail.agents import challenger_of
 from casetrail.agents.profile import AgentProfile
 from casetrail.audit.backtest import (
     Budget,
+    Run,
     challenger_model,
     run_backtest,
     summary,
@@ -95,38 +96,9 @@ class BacktestRunner:
             ref, Budget(request["concurrency"], request.get("maxTokens"),
                         request.get("maxSeconds")), progressed,
             self.runtime if request.get("toolPolicy") == "live" else None))
-        pause = min(2.0, self.lease_seconds / 3)
-
-        async def note() -> bool:
-            """Hold the lease while the run goes on; ``True`` when it was lost."""
-            while not running.done():
-                try:
-                    if not await self.backtests.progress(backtest_id, self.owner, done,
-                                                         len(ids), self.lease_seconds):
-                        running.cancel()  # its result could not be kept: no more work
-                        return True
-                except TransientError as exc:  # the lease may run out meanwhile: the
-                    # next note finds whether another runner took it
-                    log.warning("backtest %s: progress not noted (%s); noted again in "
-                                "%.1f s", backtest_id, exc, pause)
-                await asyncio.sleep(pause)
-            return False
-
-        noting = asyncio.create_task(note())
-        try:
-            ran = await running
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            lost = noting.done() and not noting.cancelled() and noting.exception() is None \
-                and noting.result()
-            if lost and task is not None and not task.cancelling():
-                log.warning("backtest %s was taken over by another runner after %d of %d "
-                            "cases: its run here stops", backtest_id, done, len(ids))
-                return
-            raise
-        finally:
-            noting.cancel()
-            running.cancel()
+        ran = await self._holding_lease(backtest_id, running, lambda: (done, len(ids)))
+        if ran is None:
+            return
         found = summary(ran.outcomes)
         results = found["results"]
         what = {
@@ -159,3 +131,48 @@ class BacktestRunner:
         else:
             log.info("backtest %s of %s: %d cases, record %s", backtest_id, row["agent"],
                      len(results), kept.hash[:16])
+
+    async def _holding_lease(self, backtest_id: uuid.UUID, running: asyncio.Task[Run],
+                             progress: Callable[[], tuple[int, int]]) -> Run | None:
+        """``running``'s result, its lease held meanwhile by notes of ``progress()``
+        (done, selected); ``None`` when another runner took the backtest over (the run
+        is stopped at once). Any failure of a note but a transient one stops the run
+        too, and is raised: a run without its lease is work nobody may keep."""
+        pause = min(2.0, self.lease_seconds / 3)
+
+        async def note() -> bool:
+            """``True`` once the lease was lost."""
+            while not running.done():
+                try:
+                    if not await self.backtests.progress(backtest_id, self.owner,
+                                                         *progress(), self.lease_seconds):
+                        running.cancel()  # its result could not be kept: no more work
+                        return True
+                except TransientError as exc:  # the lease may run out meanwhile: the
+                    # next note finds whether another runner took it
+                    log.warning("backtest %s: progress not noted (%s); noted again in "
+                                "%.1f s", backtest_id, exc, pause)
+                except Exception:
+                    running.cancel()
+                    raise
+                await asyncio.sleep(pause)
+            return False
+
+        noting = asyncio.create_task(note())
+        try:
+            return await running
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if (task is not None and task.cancelling()) or not noting.done() \
+                    or noting.cancelled():
+                raise
+            if (failed := noting.exception()) is not None:
+                raise failed from None
+            if noting.result():
+                log.warning("backtest %s was taken over by another runner after %d of %d "
+                            "cases: its run here stops", backtest_id, *progress())
+                return None
+            raise
+        finally:
+            noting.cancel()
+            running.cancel()

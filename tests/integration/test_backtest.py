@@ -662,6 +662,33 @@ async def test_a_runner_whose_backtest_was_taken_over_stops_at_once(
                        "WHERE backtest_id = $1", backtest_id)
 
 
+async def test_a_runner_whose_note_of_progress_fails_for_good_stops_and_says_why(
+    decided: dict[uuid.UUID, Any], pool: asyncpg.Pool, settings: Settings,
+) -> None:
+    """A note of progress that fails with anything but a transient error (here Postgres
+    refuses the update) stops the run, keeping nothing, and the run raises that error:
+    a run that cannot hold its lease is not left going on without one, unseen."""
+    backtest_id, model, running = await _run_held(pool, pool, settings, decided)
+    await pool.execute(f"""
+        CREATE FUNCTION test_refuse_progress() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'progress refused by the test'; END $$;
+        CREATE TRIGGER test_refuse_progress BEFORE UPDATE ON backtests FOR EACH ROW
+            WHEN (OLD.backtest_id = '{backtest_id}') EXECUTE FUNCTION test_refuse_progress();
+        """)
+    try:
+        # The model never answers: only the failed note can end the run.
+        with pytest.raises(asyncpg.RaiseError, match="progress refused by the test"):
+            await asyncio.wait_for(running, 10)
+    finally:
+        await pool.execute("DROP TRIGGER test_refuse_progress ON backtests; "
+                           "DROP FUNCTION test_refuse_progress()")
+    assert model.turns == 1
+    assert await pool.fetchval("SELECT count(*) FROM backtest_records WHERE backtest_id = $1",
+                               backtest_id) == 0
+    await pool.execute("UPDATE backtests SET status = 'failed', problem = 'test', "
+                       "finished_at = now() WHERE backtest_id = $1", backtest_id)
+
+
 async def test_a_runner_whose_database_went_away_holds_its_backtest_and_finishes(
     decided: dict[uuid.UUID, Any], pool: asyncpg.Pool, settings: Settings,
 ) -> None:
