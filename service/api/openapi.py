@@ -218,15 +218,26 @@ def _retention_exact(document: dict[str, Any]) -> None:
         _refuse_nul(schemas[name])
 
 
+_SSE_ITEM = {"type": "object", "properties": {
+    "data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"},
+    "retry": {"type": "integer", "minimum": 0}}}
+"""One message of an event stream (OpenAPI 3.2's ``itemSchema`` of text/event-stream)."""
+
+
 def _json_errors_on_streams(document: dict[str, Any]) -> None:
-    """An event-stream route answers its errors (401, 404, 422, ...) in JSON before any
-    stream starts; FastAPI labels them with the stream's media type."""
+    """An event-stream route's 200 is a stream of messages (a route that writes its own
+    response FastAPI describes as a string); its errors (401, 404, 422, ...) are
+    answered in JSON before any stream starts, where FastAPI labels them with the
+    stream's media type."""
     for operations in document["paths"].values():
         for operation in operations.values():
             responses = operation.get("responses", {})
             if "text/event-stream" not in responses.get("200", {}).get("content", {}):
                 continue
             responses["200"]["description"] = "The event stream"
+            stream = responses["200"]["content"]
+            if stream["text/event-stream"] == {"schema": {"type": "string"}}:  # FastAPI's
+                stream["text/event-stream"] = {"itemSchema": _SSE_ITEM}  # word for a body
             for parameter in operation.get("parameters", []):
                 parameter["schema"].pop("default", None)  # absent means from the start
             for code, response in responses.items():

@@ -5,23 +5,25 @@ and ends when its credential stops working."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
-from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.sse import ServerSentEvent
 
 from casetrail.api.deps import Cases, Reader, known_query_only
 from casetrail.api.problems import RETRY_LATER, responses
 from casetrail.api.schemas import Health
 from casetrail.api.security import Caller
 from casetrail.api.streams import (
+    EventStream,
     StreamSlots,
     StreamStart,
     StreamTicket,
     TooManyStreams,
     case_stream,
+    event_stream,
     parse_event_id,
     tenant_stream,
 )
@@ -78,41 +80,46 @@ _streaming = responses(200, Health, "", 401, 403, 404, 410, 422, 429, 503)
 del _streaming[200]  # the event stream itself is described by FastAPI
 
 
-@router.get("/cases/{case_id}/stream", response_class=EventSourceResponse,
+@router.get("/cases/{case_id}/stream", response_class=EventStream, status_code=200,
             summary="The case's events as Server-Sent Events: stored, then live",
             responses=_streaming)
 async def stream_case(request: Request, start: Annotated[StreamStart, Depends(_start)],
-                      ticket: Ticket, services: Cases, _: Reader,
-                      ) -> AsyncIterator[ServerSentEvent]:
+                      ticket: Ticket, services: Cases, _: Reader) -> EventStream:
     """Each event as `id: <attempt>.<seq>`, `event: <EVENT_TYPE>`, `data: <envelope>`;
     the stored trail first, then live events, honouring `Last-Event-ID`; ends after the
     terminal event, or when the credential stops working (checked at least every 15 s).
     A credential or tenant with its limit of streams open gets 429."""
     settings: Settings = request.app.state.settings
-    # Closed here, in order, when the stream ends or is cancelled (not left to the
-    # garbage collector, which would close the inner generator out of order).
-    with ticket:  # the stream's slot, given back when it ends
-        async with aclosing(case_stream(request.app.state.watch, services.store,
-                                        start.case_id, start.after, start.ended, start.values,
-                                        settings.stream_ping_seconds,
-                                        still_valid(request))) as messages:
-            async for message in messages:
-                yield message
+
+    async def messages() -> AsyncGenerator[ServerSentEvent, None]:
+        # Closed here, in order, when the stream ends or is cancelled (not left to the
+        # garbage collector, which would close the inner generator out of order).
+        with ticket:  # the stream's slot, given back when it ends
+            async with aclosing(case_stream(
+                    request.app.state.watch, services.store, start.case_id, start.after,
+                    start.ended, start.values, settings.stream_ping_seconds,
+                    still_valid(request))) as stream:
+                async for message in stream:
+                    yield message
+    return event_stream(messages())
 
 
-@router.get("/events/stream", response_class=EventSourceResponse,
+@router.get("/events/stream", response_class=EventStream, status_code=200,
             summary="Every event of the caller's tenant, live, as Server-Sent Events",
             responses={k: v for k, v in _streaming.items() if k not in (404, 410)})
 async def stream_tenant(request: Request, principal: Reader, ticket: Ticket,
-                        ) -> AsyncIterator[ServerSentEvent]:
+                        ) -> EventStream:
     """For dashboards: each event as it is published (`id` is the event id); no replay
     (the case streams and `GET /cases` have the record); sensitive values stay
     placeholders. Ends when the credential stops working; 429 beyond the limit of open
     streams."""
     settings: Settings = request.app.state.settings
-    with ticket:
-        async with aclosing(tenant_stream(request.app.state.watch, principal.tenant,
-                                          settings.stream_ping_seconds,
-                                          still_valid(request))) as messages:
-            async for message in messages:
-                yield message
+
+    async def messages() -> AsyncGenerator[ServerSentEvent, None]:
+        with ticket:
+            async with aclosing(tenant_stream(request.app.state.watch, principal.tenant,
+                                              settings.stream_ping_seconds,
+                                              still_valid(request))) as stream:
+                async for message in stream:
+                    yield message
+    return event_stream(messages())
