@@ -105,16 +105,16 @@ class EventStream(StreamingResponse):
 
     media_type = "text/event-stream"
 
+    def __init__(self, body: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(body, headers={"Cache-Control": "no-cache",
+                                        "X-Accel-Buffering": "no"})  # no proxy buffering
+        self._body = body
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self._body.aclose()
-
-    def __init__(self, body: AsyncGenerator[bytes, None]) -> None:
-        super().__init__(body, headers={"Cache-Control": "no-cache",
-                                        "X-Accel-Buffering": "no"})  # no proxy buffering
-        self._body = body
 
 
 def event_stream(messages: AsyncGenerator[ServerSentEvent, None]) -> EventStream:
