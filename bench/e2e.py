@@ -19,9 +19,7 @@ from bench.harness import (
     Processes,
     api_key,
     bench_settings,
-    cpu_seconds,
     namespace,
-    service_cpu,
     wait_ready,
     wait_rows,
 )
@@ -125,7 +123,7 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
                                                profile and profile / f"{name}.txt"))
             tree = await pool.fetchval(TREE_SIZE_SQL)
             since = await pool.fetchval("SELECT clock_timestamp()")
-            before = {n: cpu_seconds(c.pid) for n, c in stack.children.items()} | service_cpu()
+            before = stack.cpu()
             started = time.time()
             await post_cases(f"http://127.0.0.1:{settings.api_port}", body, cases, key)
             posted = time.time()
@@ -133,7 +131,7 @@ async def end_to_end(cases: int, cycles: int, workers: int = 1,
             counted = await pool.fetchrow(_RUN_EVENTS, since)
             assert counted is not None
             last, total_cycles, events = counted
-            after = {n: cpu_seconds(c.pid) for n, c in stack.children.items()} | service_cpu()
+            after = stack.cpu()
             sampling.close()
             # The log keeps up: a checkpoint holding every stored event, how long after.
             await wait_rows(pool, "SELECT count(*) FROM ledger_checkpoints "

@@ -82,6 +82,10 @@ class Processes:
         self.children[name] = child
         return child
 
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of each child and of the services (RabbitMQ, Postgres)."""
+        return {n: cpu_seconds(c.pid) for n, c in self.children.items()} | service_cpu()
+
     def stop(self, *names: str) -> None:
         targets = [self.children[n] for n in names] if names else list(self.children.values())
         for child in targets:

@@ -26,11 +26,9 @@ from bench.harness import (
     Processes,
     api_key,
     bench_settings,
-    cpu_seconds,
     namespace,
     peak_rss_mb,
     percentiles,
-    service_cpu,
     wait_ready,
 )
 from casetrail.config import Settings
@@ -229,8 +227,7 @@ async def _with_cores(stack: Processes, phase: Awaitable[dict[str, Any]]
     """``phase``'s figures, and the cores each process was busy with meanwhile (the
     stream readers are this process)."""
     def now() -> dict[str, float]:
-        return {**{n: cpu_seconds(c.pid) for n, c in stack.children.items()},
-                "streamReaders": time.process_time(), **service_cpu()}
+        return stack.cpu() | {"streamReaders": time.process_time()}
     before, started = now(), time.perf_counter()
     figures = await phase
     after, elapsed = now(), time.perf_counter() - started

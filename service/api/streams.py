@@ -117,8 +117,12 @@ class EventStream(StreamingResponse):
             await self._body.aclose()
 
 
-def event_stream(messages: AsyncGenerator[ServerSentEvent, None]) -> EventStream:
-    """``messages`` as a ``text/event-stream`` response, each written as it comes.
+def event_stream(ticket: StreamTicket, messages: AsyncGenerator[ServerSentEvent, None]
+                 ) -> EventStream:
+    """``messages`` as a ``text/event-stream`` response, each written as it comes. When
+    it ends or is cancelled, ``messages`` is closed, then the stream's slot (``ticket``)
+    given back: in order, not left to the garbage collector, which would close the
+    inner generators out of order.
 
     Written here rather than by FastAPI's generator routes, which pass each event
     through two more tasks and a keep-alive timer of their own (these streams send
@@ -126,10 +130,11 @@ def event_stream(messages: AsyncGenerator[ServerSentEvent, None]) -> EventStream
     that hundreds of open streams leave the API's other requests their turn."""
 
     async def encoded() -> AsyncGenerator[bytes, None]:
-        async with aclosing(messages):  # closed with this, in order
-            async for m in messages:
-                yield format_sse_event(data_str=m.raw_data, event=m.event, id=m.id,
-                                       retry=m.retry, comment=m.comment)
+        with ticket:
+            async with aclosing(messages):
+                async for m in messages:
+                    yield format_sse_event(data_str=m.raw_data, event=m.event, id=m.id,
+                                           retry=m.retry, comment=m.comment)
     return EventStream(encoded())
 
 
@@ -224,9 +229,9 @@ async def _live(watcher: Watcher, ping_seconds: float,
             if not await still_allowed():
                 return
             check_at = time.monotonic() + recheck_seconds
-        in_seam = seam is not None and seam.doubts(now)
+        doubting = seam if seam is not None and seam.doubts(now) else None
         due = min(ping_at, check_at) - now
-        wait = min(seam.pause, due) if seam is not None and in_seam else due
+        wait = due if doubting is None else min(doubting.pause, due)
         try:
             # A timeout scope, not wait_for: no task made for each event.
             async with asyncio.timeout(max(wait, 0.0)):
@@ -235,8 +240,8 @@ async def _live(watcher: Watcher, ping_seconds: float,
             if time.monotonic() >= ping_at:
                 ping_at = time.monotonic() + ping_seconds
                 yield ServerSentEvent(comment="ping")
-            elif seam is not None and in_seam:
-                seam.pause *= 2
+            elif doubting is not None:
+                doubting.pause *= 2
                 yield None
             continue
         ping_at = time.monotonic() + ping_seconds

@@ -5,12 +5,10 @@ and ends when its credential stops working."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
-from fastapi.sse import ServerSentEvent
 
 from casetrail.api.deps import Cases, Reader, known_query_only
 from casetrail.api.problems import RETRY_LATER, responses
@@ -90,18 +88,9 @@ async def stream_case(request: Request, start: Annotated[StreamStart, Depends(_s
     terminal event, or when the credential stops working (checked at least every 15 s).
     A credential or tenant with its limit of streams open gets 429."""
     settings: Settings = request.app.state.settings
-
-    async def messages() -> AsyncGenerator[ServerSentEvent, None]:
-        # Closed here, in order, when the stream ends or is cancelled (not left to the
-        # garbage collector, which would close the inner generator out of order).
-        with ticket:  # the stream's slot, given back when it ends
-            async with aclosing(case_stream(
-                    request.app.state.watch, services.store, start.case_id, start.after,
-                    start.ended, start.values, settings.stream_ping_seconds,
-                    still_valid(request))) as stream:
-                async for message in stream:
-                    yield message
-    return event_stream(messages())
+    return event_stream(ticket, case_stream(
+        request.app.state.watch, services.store, start.case_id, start.after, start.ended,
+        start.values, settings.stream_ping_seconds, still_valid(request)))
 
 
 @router.get("/events/stream", response_class=EventStream, status_code=200,
@@ -114,12 +103,6 @@ async def stream_tenant(request: Request, principal: Reader, ticket: Ticket,
     placeholders. Ends when the credential stops working; 429 beyond the limit of open
     streams."""
     settings: Settings = request.app.state.settings
-
-    async def messages() -> AsyncGenerator[ServerSentEvent, None]:
-        with ticket:
-            async with aclosing(tenant_stream(request.app.state.watch, principal.tenant,
+    return event_stream(ticket, tenant_stream(request.app.state.watch, principal.tenant,
                                               settings.stream_ping_seconds,
-                                              still_valid(request))) as stream:
-                async for message in stream:
-                    yield message
-    return event_stream(messages())
+                                              still_valid(request)))
