@@ -86,7 +86,7 @@ async def follow(task: Task, following: Following, subject: str, tenant: str,
                     continue
                 if message.event in TERMINAL_EVENT_TYPES:
                     break
-                envelope = orjson.loads(message.raw_data or "{}")
+                envelope = orjson.loads(message.data)
                 yield TaskStatusUpdateEvent(
                     task_id=task.id, context_id=task.context_id, status=TaskStatus(
                         state=TaskState.TASK_STATE_WORKING, message=Message(

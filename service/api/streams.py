@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from fastapi.sse import ServerSentEvent, format_sse_event
+from fastapi.sse import format_sse_event
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -89,11 +89,32 @@ def _follows(last: Key | None, key: Key) -> bool:
     return key == (1, 0) if last is None else key == (last[0], last[1] + 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One message of a stream: an event (its type, its envelope as JSON, its id), or a
+    keep-alive (``event`` None). Not a validated model: its type is one of the
+    contract's and its id a key or an event id (``casetrail.adapters.bus.watch`` lets no
+    other through), so nothing in it can break a line of the stream."""
+
+    event: str | None
+    data: str = ""
+    id: str | None = None
+
+    def written(self) -> bytes:
+        """The frame as ``text/event-stream`` bytes."""
+        if self.event is None:
+            return _PING
+        return format_sse_event(data_str=self.data, event=self.event, id=self.id)
+
+
+PING = Frame(None)
+_PING = format_sse_event(comment="ping")
+
+
 def _message(key: Key, event_type: str, envelope: dict[str, Any],
-             values: dict[str, str]) -> ServerSentEvent:
+             values: dict[str, str]) -> Frame:
     shown = restore(envelope, values) if values else envelope
-    return ServerSentEvent(raw_data=orjson.dumps(shown).decode(), event=event_type,
-                           id=f"{key[0]}.{key[1]}")
+    return Frame(event_type, orjson.dumps(shown).decode(), f"{key[0]}.{key[1]}")
 
 
 class EventStream(StreamingResponse):
@@ -117,7 +138,7 @@ class EventStream(StreamingResponse):
             await self._body.aclose()
 
 
-def event_stream(ticket: StreamTicket, messages: AsyncGenerator[ServerSentEvent, None]
+def event_stream(ticket: StreamTicket, messages: AsyncGenerator[Frame, None]
                  ) -> EventStream:
     """``messages`` as a ``text/event-stream`` response, each written as it comes. When
     it ends or is cancelled, ``messages`` is closed, then the stream's slot (``ticket``)
@@ -127,15 +148,15 @@ def event_stream(ticket: StreamTicket, messages: AsyncGenerator[ServerSentEvent,
     Written here rather than by FastAPI's generator routes, which pass each event
     through two more tasks and a keep-alive timer of their own (these streams send
     their own keep-alives): one step of the event loop an event instead of four, so
-    that hundreds of open streams leave the API's other requests their turn."""
+    that hundreds of open streams leave the API's other requests their turn. Each
+    message is a plain ``Frame``, not a model validated for each event of each stream."""
 
-    async def encoded() -> AsyncGenerator[bytes, None]:
+    async def written() -> AsyncGenerator[bytes, None]:
         with ticket:
             async with aclosing(messages):
-                async for m in messages:
-                    yield format_sse_event(data_str=m.raw_data, event=m.event, id=m.id,
-                                           retry=m.retry, comment=m.comment)
-    return EventStream(encoded())
+                async for message in messages:
+                    yield message.written()
+    return EventStream(written())
 
 
 CREDENTIAL_RECHECK_SECONDS = 15.0
@@ -215,8 +236,8 @@ class _Seam:
 async def _live(watcher: Watcher, ping_seconds: float,
                 still_allowed: Callable[[], Awaitable[bool]], what: str,
                 seam: _Seam | None = None,
-                ) -> AsyncGenerator[LiveEvent | ServerSentEvent | None, None]:
-    """The watcher's live events, with a keep-alive comment after ``ping_seconds``
+                ) -> AsyncGenerator[LiveEvent | Frame | None, None]:
+    """The watcher's live events, with a keep-alive (``PING``) after ``ping_seconds``
     without one; it ends when the credential no longer works (asked at least every
     ``CREDENTIAL_RECHECK_SECONDS``, events or not) or the watcher fell behind. Besides,
     while ``seam`` doubts, a quiet spell yields ``None``: the caller looks at the record."""
@@ -239,7 +260,7 @@ async def _live(watcher: Watcher, ping_seconds: float,
         except TimeoutError:
             if time.monotonic() >= ping_at:
                 ping_at = time.monotonic() + ping_seconds
-                yield ServerSentEvent(comment="ping")
+                yield PING
             elif doubting is not None:
                 doubting.pause *= 2
                 yield None
@@ -261,7 +282,7 @@ class _Sent:
     last: Key | None
     ended: bool = False
 
-    async def recorded(self, before: Key | None) -> list[ServerSentEvent]:
+    async def recorded(self, before: Key | None) -> list[Frame]:
         """The stored events after ``last`` (and before ``before``), up to a terminal one."""
         sent = []
         for e in await self.store.events_between(self.case_id, self.last, before):
@@ -273,7 +294,7 @@ class _Sent:
         return sent
 
 
-async def _gap(sent: _Sent, before: Key) -> AsyncGenerator[ServerSentEvent, None]:
+async def _gap(sent: _Sent, before: Key) -> AsyncGenerator[Frame, None]:
     """The stored events a live one does not follow yet: read again, backing off, until
     the gap closes (the consumer lagged) or ``GAP_WAIT_SECONDS`` pass."""
     waited_until = time.monotonic() + GAP_WAIT_SECONDS
@@ -299,7 +320,7 @@ async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
                       after: Key | None, ended: bool, values: dict[str, str],
                       ping_seconds: float,
                       still_allowed: Callable[[], Awaitable[bool]]
-                      ) -> AsyncGenerator[ServerSentEvent, None]:
+                      ) -> AsyncGenerator[Frame, None]:
     """The case's events after ``after``: stored, then live (see the module). ``ended``:
     the case had ended when the request came.
     ``still_allowed`` is asked at each keep-alive, so a revoked key's stream ends."""
@@ -317,7 +338,7 @@ async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
                 if sent.ended:
                     return
                 continue
-            if isinstance(live, ServerSentEvent):
+            if isinstance(live, Frame):  # a keep-alive
                 yield live
                 continue
             if sent.last is not None and live.key <= sent.last:
@@ -337,7 +358,7 @@ async def case_stream(watch: EventWatch, store: CaseStore, case_id: uuid.UUID,
 
 async def tenant_stream(watch: EventWatch, tenant: str, ping_seconds: float,
                         still_allowed: Callable[[], Awaitable[bool]]
-                        ) -> AsyncGenerator[ServerSentEvent, None]:
+                        ) -> AsyncGenerator[Frame, None]:
     """Every event of ``tenant`` as it is published (live only; ``id`` is the event
     id). ``still_allowed`` is asked at each keep-alive, so a revoked key's stream ends."""
     async with watch.watch(tenant_key(tenant)) as watcher:
@@ -346,5 +367,5 @@ async def tenant_stream(watch: EventWatch, tenant: str, ping_seconds: float,
                 if live is not None:
                     yield live
                 continue
-            yield ServerSentEvent(raw_data=orjson.dumps(live.envelope).decode(),
-                                  event=live.event_type, id=live.envelope.get("eventId"))
+            yield Frame(live.event_type, orjson.dumps(live.envelope).decode(),
+                        live.envelope["eventId"])

@@ -21,7 +21,8 @@ from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import KeyRegistry
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.config import Settings
-from casetrail.contract.events import CaseErasedPayload, make_event
+from casetrail.consumers.admission import KEY_REFRESH_SECONDS
+from casetrail.contract.events import EVENT_TYPES, CaseErasedPayload, make_event
 from casetrail.contract.integrity import GENESIS, HEADER, Signer
 from tests.support.helpers import CapabilityConnections, ended, wait_until
 from tests.support.stack import module_stack
@@ -164,3 +165,38 @@ async def test_a_live_stream_never_shows_an_event_the_record_would_refuse(
     got = await asyncio.wait_for(reading, 30)
     shown = {e.data["caseId"] for e in got.events}
     assert case_id in shown and str(forged_case) not in shown
+
+
+async def test_a_signed_event_of_no_known_type_neither_shows_nor_breaks_a_stream(
+    settings: Settings, client: httpx.AsyncClient, pool: asyncpg.Pool,
+    worker_amqp: aio_pika.abc.AbstractRobustConnection,
+) -> None:
+    """An event signed with a registered key whose type carries a line break (a worker
+    gone wrong): a stream writes an event's type and id as lines of its own, so such an
+    event must not reach it, and the stream must go on with the events after it."""
+    key = Signer.generate()
+    await KeyRegistry(pool).register(key.key_id, key.public_key)
+    odd_case = uuid.uuid4()
+    event = make_event(odd_case, 1, 0, CaseErasedPayload(
+        erased_by="operator", erased_at="2026-12-01T12:00:00Z", placeholders=()))
+    envelope = json.loads(event.to_json())
+    envelope["eventType"] = 'CASE_ERASED\ndata: {"injected": true}'
+    body = json.dumps(envelope).encode()
+    reading = asyncio.create_task(read_stream(client, "/events/stream", until=6))
+    await asyncio.sleep(0.5)  # the stream's binding is in place
+    publisher = await Publisher.open(worker_amqp)
+    await publisher.publish(Topology(settings.namespace).events_exchange, event.routing_key,
+                            body, message_id=str(event.event_id),
+                            message_type=event.event_type, correlation_id=str(odd_case),
+                            headers={HEADER: key.seal(GENESIS, body).as_json()})
+    await publisher.channel.close()
+    # The API reads the keys again within a second of meeting the new one: the odd event
+    # has reached the stream, or been left out, before the case's first event.
+    await asyncio.sleep(KEY_REFRESH_SECONDS + 0.5)
+    case_id = (await client.post("/cases", json={"agent": "loan-officer",
+                                                 "input": SAMPLE_APPLICATIONS[0]})
+               ).json()["caseId"]
+    got = await asyncio.wait_for(reading, 30)
+    shown = {e.data["caseId"] for e in got.events}
+    assert case_id in shown and str(odd_case) not in shown  # it went on past the odd one
+    assert all(e.event in EVENT_TYPES and "injected" not in e.data for e in got.events)

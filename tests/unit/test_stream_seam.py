@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fastapi.sse import ServerSentEvent
-
 from casetrail.adapters.bus.watch import LiveEvent, Watcher
-from casetrail.api.streams import GAP_FIRST_PAUSE_SECONDS, _live, _Seam
+from casetrail.api.streams import GAP_FIRST_PAUSE_SECONDS, Frame, _live, _Seam
 
 
 async def _allowed() -> bool:
@@ -54,7 +52,7 @@ async def test_a_settled_stream_never_looks_at_the_record_again() -> None:
     watcher.offer(LiveEvent("x", 1, 3, "REACT_CYCLE", {}))
     seen = await _what_a_quiet_feed_yields(seam, 0.3, watcher)
     # The live event, then silence: no look at the record, no keep-alive before 60 s.
-    assert [item for _, item in seen if not isinstance(item, ServerSentEvent)] == [
+    assert [item for _, item in seen if not isinstance(item, Frame)] == [
         LiveEvent("x", 1, 3, "REACT_CYCLE", {})]
 
 

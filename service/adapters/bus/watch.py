@@ -42,6 +42,7 @@ from aio_pika.abc import (
 from casetrail.adapters.bus.deliveries import Delivery, Subscription
 from casetrail.adapters.bus.topology import Topology
 from casetrail.contract.dead_letters import DeadLetterCode
+from casetrail.contract.events import EVENT_TYPES
 from casetrail.contract.integrity import HEADER, Integrity, IntegrityError
 from casetrail.trail.admission import Admission, Refused
 
@@ -93,6 +94,9 @@ class Watcher:
         self.events.put_nowait(event)
 
 
+_KNOWN_TYPES = frozenset(EVENT_TYPES)
+
+
 def _live_event(message: Delivery) -> LiveEvent | None:
     try:
         envelope = orjson.loads(message.body)
@@ -101,9 +105,15 @@ def _live_event(message: Delivery) -> LiveEvent | None:
             envelope["integrity"] = Integrity.from_json(message.headers.get(HEADER)).as_json()
         except IntegrityError:
             envelope["integrity"] = None
-        return LiveEvent(envelope["caseId"], envelope["attempt"], envelope["seq"],
-                         envelope["eventType"], envelope)
-    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        event_type, attempt, seq = envelope["eventType"], envelope["attempt"], envelope["seq"]
+        # What a stream writes as its event's `event:` and `id:` lines: a known type and
+        # whole numbers, never a string that could break a line of the stream.
+        if event_type not in _KNOWN_TYPES or type(attempt) is not int or type(seq) is not int:
+            raise TypeError(f"not an event of a known type at a whole position: "
+                            f"{event_type!r} {attempt!r}.{seq!r}")
+        uuid.UUID(envelope["eventId"])  # a tenant's stream writes it as the `id:` line
+        return LiveEvent(envelope["caseId"], attempt, seq, event_type, envelope)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         log.warning("unreadable event %s not streamed: %s", message.message_id, exc)
         return None
 
