@@ -213,10 +213,9 @@ async def challenger_tools(agent: AgentProfile, catalogs: Catalogs | None
 
 async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
                         agent: AgentProfile, model: ChatModel, model_ref: ModelRef,
-                        live: WorkerRuntime | None = None,
-                        catalogs: Catalogs | None = None) -> CaseOutcome:
-    """Run the challenger on one recorded case (``live``: the tool policy ``live``;
-    ``catalogs``: the MCP servers' catalogs read through it, kept across cases)."""
+                        live: Catalogs | None = None) -> CaseOutcome:
+    """Run the challenger on one recorded case (``live``: the tool policy ``live``, with
+    the MCP servers' catalogs read through the worker's runtime and kept across cases)."""
     if not events or events[0].event_type != "CASE_STARTED":
         return CaseOutcome(case_id, None, None, problem="no CASE_STARTED in the record")
     started = events[0].payload
@@ -226,10 +225,8 @@ async def backtest_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
     label = decision_of(terminal.payload.get("answer")) \
         if waited is not None and terminal.event_type == "CASE_COMPLETED" else None
     calls = [call for cycle in final_chain(events) for call in cycle.get("toolCalls") or []]
-    if live is not None and catalogs is None:
-        catalogs = Catalogs(live)
-    tools = await challenger_tools(agent, catalogs)
-    answers = RecordedAnswers(tools, calls, live=live)
+    tools = await challenger_tools(agent, live)
+    answers = RecordedAnswers(tools, calls, live=None if live is None else live.runtime)
     limits = Limits.model_validate(started["limits"])
     spec = CaseSpec(
         case_id=case_id, attempt=1, agent=agent.name, system_prompt=agent.system_prompt,
@@ -289,7 +286,7 @@ async def run_backtest(ids: Sequence[uuid.UUID],
     """The challenger over the cases ``ids`` (their trails read ``trails`` a chunk at a
     time), ``budget.concurrency`` at once; ``progress(done, total)`` after each case."""
     run, began = Run(), time.monotonic()
-    catalogs = None if live is None else Catalogs(live)
+    catalogs = None if live is None else Catalogs(live)  # read once, for every case
     spent = 0
     gate = asyncio.Semaphore(budget.concurrency)
 
@@ -307,7 +304,7 @@ async def run_backtest(ids: Sequence[uuid.UUID],
                 run.stopped = run.stopped or why
                 return
             outcome = await backtest_case(case_id, recorded(trail), agent, model, model_ref,
-                                          live, catalogs)
+                                          catalogs)
             spent += outcome.tokens
             run.outcomes.append(outcome)
             if progress is not None:
