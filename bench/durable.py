@@ -41,9 +41,7 @@ import aiormq
 
 from bench.durable_postgres import BATCH, postgres, postgres_in_the_case_path
 from bench.harness import median_run, service_cpu
-from bench.raw import sample_cycles
-from casetrail.adapters.bus.fastpath import ConfirmedChannel
-from casetrail.adapters.bus.properties import Properties
+from bench.raw import acking_in_batches, publish_all, sample_cycles
 from casetrail.config import Settings
 
 PREFETCH: int = Settings.model_fields["consumer_prefetch"].default
@@ -64,31 +62,14 @@ async def broker_share(url: str, kind: str, count: int, in_flight: int) -> dict[
         await channel.queue_declare(queue, durable=True, arguments={"x-queue-type": kind})
         reader = await consuming_connection.channel()
         await reader.basic_qos(prefetch_count=PREFETCH)
-        consumed = 0
-        done = asyncio.Event()
-
-        async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
-            nonlocal consumed
-            consumed += 1
-            if consumed % min(BATCH, in_flight) == 0 or consumed == count:
-                await reader.basic_ack(message.delivery_tag or 0, multiple=True)
-            if consumed == count:
-                done.set()
-
+        on_message, done = acking_in_batches(reader, count, min(BATCH, in_flight))
         # A stream is read from an offset (here its first message); a queue hands out
         # what it holds.
         arguments: dict[str, Any] = {"x-stream-offset": "first"} if kind == "stream" else {}
         await reader.basic_consume(queue, on_message, arguments=arguments)
-        confirmed = ConfirmedChannel(channel)
-        gate = asyncio.Semaphore(in_flight)
-
-        async def one(i: int, body: bytes) -> None:
-            async with gate:
-                await confirmed.publish("", queue, body, Properties(message_id=str(i)))
-
         before, client = service_cpu()["rabbitmq"], time.process_time()
         started = time.perf_counter()
-        await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
+        await publish_all(channel, queue, bodies, in_flight)
         await asyncio.wait_for(done.wait(), 600)
         elapsed = time.perf_counter() - started
         broker = service_cpu()["rabbitmq"] - before

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,15 +50,11 @@ def sample_cycles(count: int, case_id: uuid.UUID | None = None) -> list[Event]:
     ]
 
 
-async def publish_confirmed(settings: Settings, count: int, in_flight: int = 1000
-                            ) -> dict[str, Any]:
-    bodies = [e.to_json() for e in sample_cycles(count)]
-    queue = f"{settings.namespace}.raw-{uuid.uuid4().hex[:6]}"
-    connection = await aiormq.connect(settings.amqp_url)
-    channel = await connection.channel(publisher_confirms=True)
-    await channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
-    # The same confirmed-publish path casetrail's publisher uses, so the ceiling is
-    # the broker's, not a slower client's.
+async def publish_all(channel: aiormq.abc.AbstractChannel, queue: str,
+                      bodies: list[bytes], in_flight: int) -> None:
+    """``bodies`` published persistent into ``queue``, each confirmed, ``in_flight``
+    unconfirmed at most: the same confirmed-publish path casetrail's publisher uses, so
+    the ceiling is the broker's, not a slower client's."""
     confirmed = ConfirmedChannel(channel)
     gate = asyncio.Semaphore(in_flight)
 
@@ -65,23 +62,44 @@ async def publish_confirmed(settings: Settings, count: int, in_flight: int = 100
         async with gate:
             await confirmed.publish("", queue, body, Properties(message_id=str(i)))
 
-    started, cpu_started = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
-    published = count / (time.perf_counter() - started)
-    client_cpu = (time.process_time() - cpu_started) / count
 
+
+def acking_in_batches(channel: aiormq.abc.AbstractChannel, count: int, batch: int
+                      ) -> tuple[Callable[[aiormq.abc.DeliveredMessage],
+                                          Coroutine[Any, Any, None]],
+                                 asyncio.Event]:
+    """A consumer's callback that acks every ``batch`` messages with one multiple ack
+    (and the last), as the event-log consumer does, and the event set once ``count``
+    have arrived."""
     consumed = 0
     done = asyncio.Event()
-    await channel.basic_qos(prefetch_count=2000)
 
     async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
         nonlocal consumed
         consumed += 1
-        if consumed % 500 == 0 or consumed == count:
+        if consumed % batch == 0 or consumed == count:
             await channel.basic_ack(message.delivery_tag or 0, multiple=True)
         if consumed == count:
             done.set()
 
+    return on_message, done
+
+
+async def publish_confirmed(settings: Settings, count: int, in_flight: int = 1000
+                            ) -> dict[str, Any]:
+    bodies = [e.to_json() for e in sample_cycles(count)]
+    queue = f"{settings.namespace}.raw-{uuid.uuid4().hex[:6]}"
+    connection = await aiormq.connect(settings.amqp_url)
+    channel = await connection.channel(publisher_confirms=True)
+    await channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    started, cpu_started = time.perf_counter(), time.process_time()
+    await publish_all(channel, queue, bodies, in_flight)
+    published = count / (time.perf_counter() - started)
+    client_cpu = (time.process_time() - cpu_started) / count
+
+    await channel.basic_qos(prefetch_count=2000)
+    on_message, done = acking_in_batches(channel, count, 500)
     started = time.perf_counter()
     consuming = await channel.basic_consume(queue, on_message)
     await asyncio.wait_for(done.wait(), 300)
