@@ -22,7 +22,7 @@ from casetrail.adapters.store import KeyRegistry
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.config import Settings
 from casetrail.consumers.admission import KEY_REFRESH_SECONDS
-from casetrail.contract.events import EVENT_TYPES, CaseErasedPayload, make_event
+from casetrail.contract.events import EVENT_TYPES, CaseErasedPayload, Event, make_event
 from casetrail.contract.integrity import GENESIS, HEADER, Signer
 from tests.support.helpers import CapabilityConnections, ended, wait_until
 from tests.support.stack import module_stack
@@ -43,14 +43,21 @@ async def signed_event(worker_amqp: aio_pika.abc.AbstractRobustConnection,
     the worker's broker identity; its message id."""
     event = make_event(uuid.UUID(case_id), 1, seq, CaseErasedPayload(
         erased_by="operator", erased_at="2026-12-01T12:00:00Z", placeholders=()))
-    body = event.to_json()
+    await publish_as_worker(worker_amqp, topology, event, event.to_json(), signer)
+    return str(event.event_id)
+
+
+async def publish_as_worker(worker_amqp: aio_pika.abc.AbstractRobustConnection,
+                            topology: Topology, event: Event, body: bytes,
+                            signer: Signer) -> None:
+    """``body`` published as ``event`` with the worker's broker identity, signed by
+    ``signer`` as the first of its chain."""
     publisher = await Publisher.open(worker_amqp)
     await publisher.publish(topology.events_exchange, event.routing_key, body,
                             message_id=str(event.event_id), message_type=event.event_type,
-                            correlation_id=case_id,
+                            correlation_id=str(event.case_id),
                             headers={HEADER: signer.seal(GENESIS, body).as_json()})
     await publisher.channel.close()
-    return str(event.event_id)
 
 
 async def listed(settings: Settings, message_id: str) -> str | None:
@@ -153,12 +160,8 @@ async def test_a_live_stream_never_shows_an_event_the_record_would_refuse(
     body = forged.to_json()
     reading = asyncio.create_task(read_stream(client, "/events/stream", until=6))
     await asyncio.sleep(0.5)  # the stream's binding is in place
-    publisher = await Publisher.open(worker_amqp)
-    await publisher.publish(Topology(settings.namespace).events_exchange, forged.routing_key,
-                            body, message_id=str(forged.event_id),
-                            message_type=forged.event_type, correlation_id=str(forged_case),
-                            headers={HEADER: Signer.generate().seal(GENESIS, body).as_json()})
-    await publisher.channel.close()
+    await publish_as_worker(worker_amqp, Topology(settings.namespace), forged, body,
+                            Signer.generate())
     case_id = (await client.post("/cases", json={"agent": "loan-officer",
                                                  "input": SAMPLE_APPLICATIONS[0]})
                ).json()["caseId"]
@@ -184,12 +187,7 @@ async def test_a_signed_event_of_no_known_type_neither_shows_nor_breaks_a_stream
     body = json.dumps(envelope).encode()
     reading = asyncio.create_task(read_stream(client, "/events/stream", until=6))
     await asyncio.sleep(0.5)  # the stream's binding is in place
-    publisher = await Publisher.open(worker_amqp)
-    await publisher.publish(Topology(settings.namespace).events_exchange, event.routing_key,
-                            body, message_id=str(event.event_id),
-                            message_type=event.event_type, correlation_id=str(odd_case),
-                            headers={HEADER: key.seal(GENESIS, body).as_json()})
-    await publisher.channel.close()
+    await publish_as_worker(worker_amqp, Topology(settings.namespace), event, body, key)
     # The API reads the keys again within a second of meeting the new one: the odd event
     # has reached the stream, or been left out, before the case's first event.
     await asyncio.sleep(KEY_REFRESH_SECONDS + 0.5)
