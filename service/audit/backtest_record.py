@@ -80,18 +80,27 @@ def record_problems(record: dict[str, Any], prev_hash: str, keys: dict[str, byte
     body, problems = bytes(record["body"]), []
     if record["prev_hash"] != prev_hash:
         problems.append("chain_broken")
-    if hashlib.sha256(record["prev_hash"].encode() + b"\n" + body).hexdigest() \
-            != record["hash"]:
-        problems.append("hash_mismatch")
-    key = keys.get(record["key_id"])
-    if key is None or not signature_valid(key, record["hash"], record["sig"]):
-        problems.append("bad_signature" if key is not None else "unknown_key")
+    problems += seal_problems(record, keys)
     try:
         named = orjson.loads(body)["results"]
     except (orjson.JSONDecodeError, KeyError, TypeError):
         named = None
     if named != [[r.get("caseId"), result_digest(r)] for r in results]:
         problems.append("results_mismatch")
+    return problems
+
+
+def seal_problems(record: dict[str, Any], keys: dict[str, bytes]) -> list[str]:
+    """Whether a stored record's bytes are the ones its hash names (``hash_mismatch``)
+    and its signature verifies under one of ``keys`` (``unknown_key``,
+    ``bad_signature``): what anyone who reads a record as signed must check first."""
+    problems = []
+    if hashlib.sha256(record["prev_hash"].encode() + b"\n" + bytes(record["body"])
+                      ).hexdigest() != record["hash"]:
+        problems.append("hash_mismatch")
+    key = keys.get(record["key_id"])
+    if key is None or not signature_valid(key, record["hash"], record["sig"]):
+        problems.append("bad_signature" if key is not None else "unknown_key")
     return problems
 
 

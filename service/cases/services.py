@@ -122,10 +122,10 @@ class CaseServices:
     """The API's action key (CASETRAIL_ACTION_KEY_FILE): it signs every action of a
     person's it keeps; without one, no such action is kept."""
     unconfigured: dict[str, list[str]] = field(default_factory=dict)
-    gate: RolloutGate = field(default_factory=lambda: RolloutGate({}))
-    """The agents that take cases only after a passed backtest (CASETRAIL_BACKTEST_GATES)."""
     """Each agent that cannot run as this deployment is configured, with its reasons
     (service/cases/configured.py): a case for it is refused, naming them."""
+    gate: RolloutGate = field(default_factory=lambda: RolloutGate({}))
+    """The agents that take cases only after a passed backtest (CASETRAIL_BACKTEST_GATES)."""
     _noting: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property

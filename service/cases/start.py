@@ -99,7 +99,8 @@ async def start(services: CaseServices, principal: Principal, request: CaseReque
     if request.model is not None and not principal.allows(Scope.MODELS_OVERRIDE):
         raise Forbidden("this API key lacks the scope 'models:override' (needed to send model)")
     agent = _agent(services, request.agent)
-    await services.gate.check(services.backtests, agent, principal.tenant)
+    await services.gate.check(services.backtests, services.evidence.keys, agent,
+                              principal.tenant)
     try:
         validated = agent.input_model.model_validate(request.input)
     except ValidationError as exc:

@@ -15,7 +15,7 @@ import uuid
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import httpx
@@ -36,6 +36,8 @@ from casetrail.audit.backtest_record import verify_backtest_bundle
 from casetrail.audit.evidence import Evidence
 from casetrail.audit.replay import recorded
 from casetrail.audit.whole_log import WholeLog
+from casetrail.cases.errors import Conflict
+from casetrail.cases.gate import RolloutGate
 from casetrail.components.backtests import BacktestRunner
 from casetrail.components.ledger_recover import leaves_in_bundles
 from casetrail.components.sequencer import Sequencer, ledger_state
@@ -346,6 +348,60 @@ async def test_a_gated_agent_takes_cases_only_after_its_version_passed_a_backtes
         problem = shut.json()
         assert "backtest" in problem["detail"] and AGENTS["aml-screening"].digest in \
             problem["detail"] and "aml-screening@" in problem["detail"], problem
+
+
+async def test_a_record_that_does_not_verify_opens_no_gate(
+    decided: dict[uuid.UUID, Any], settings: Settings, pool: asyncpg.Pool,
+) -> None:
+    """A record written straight into the database (as anyone holding a role that may
+    insert records could), naming aml-screening's digest and full agreement: signed by an
+    unregistered key, or its body changed after signing, it opens no gate; the same
+    record signed by the registered worker key does (inside a transaction rolled back,
+    so the chain the other tests audit is untouched)."""
+    agent = AGENTS["aml-screening"]
+    body = orjson.dumps({"challenger": {"agentDigest": agent.digest}, "results": [],
+                         "summary": {"agreementWithReviewers": {"challenger": 1.0}}})
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        try:
+            backtest_id = uuid.uuid4()
+            await conn.execute("INSERT INTO backtests (backtest_id, agent, request, "
+                               "requested_by) VALUES ($1, 'aml-screening', '{}', 'x')",
+                               backtest_id)
+            store = BacktestStore(cast(asyncpg.Pool, conn))
+
+            async def opens_with(signer: Signer, signed: bytes, kept: bytes) -> bool:
+                """The record ``signer`` sealed over ``signed``, kept as ``kept``, chained
+                last: does it open the gate? (Undone before the next.)"""
+                savepoint = conn.transaction()
+                await savepoint.start()
+                try:
+                    last = await conn.fetchrow("SELECT chain_seq, hash FROM backtest_records "
+                                               "ORDER BY chain_seq DESC LIMIT 1")
+                    assert last is not None  # the backtests above kept theirs
+                    seal = signer.seal(last["hash"], signed)
+                    await conn.execute(
+                        "INSERT INTO backtest_records (backtest_id, chain_seq, body, "
+                        "prev_hash, hash, key_id, sig) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                        backtest_id, last["chain_seq"] + 1, kept, seal.prev_hash, seal.hash,
+                        seal.key_id, seal.sig)
+                    # A gate of its own each time: a pass is kept for the gate's life.
+                    await RolloutGate({"aml-screening": 0.9}).check(
+                        store, KeyRegistry(pool), agent, "default")
+                except Conflict:
+                    return False
+                finally:
+                    await savepoint.rollback()
+                return True
+
+            assert not await opens_with(Signer.generate(), body, body)  # a key nobody registered
+            lowered = body.replace(b"1.0", b"0.1")
+            signer = worker_signer(settings)
+            assert not await opens_with(signer, lowered, body)  # it signed other bytes
+            assert await opens_with(signer, body, body)
+        finally:
+            await transaction.rollback()
 
 
 async def _ledger_appends(settings: Settings) -> None:

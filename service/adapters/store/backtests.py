@@ -116,22 +116,24 @@ class BacktestStore:
                 "lease_expires_at = NULL WHERE backtest_id = $1", backtest_id, len(results))
         return integrity
 
-    async def passed(self, agent_digest: str, threshold: float, tenant: str
-                     ) -> uuid.UUID | None:
-        """The newest backtest (the operator's, or ``tenant``'s) whose challenger was
-        ``agent_digest`` and agreed with the reviewers at least ``threshold``, as its
-        signed record says."""
+    async def passing(self, agent_digest: str, threshold: float, tenant: str,
+                      limit: int = 20) -> list[dict[str, Any]]:
+        """The newest records (the operator's backtests, or ``tenant``'s) that name
+        ``agent_digest`` as the challenger and an agreement with the reviewers of at least
+        ``threshold``: as stored, to be checked against their signatures before use."""
         async with translate_errors():
-            found: uuid.UUID | None = await self._pool.fetchval(
-                """SELECT r.backtest_id FROM backtest_records r JOIN backtests b
-                       USING (backtest_id), LATERAL (SELECT convert_from(r.body, 'UTF8')::jsonb
-                                                     AS signed) s
+            rows = await self._pool.fetch(
+                """SELECT r.backtest_id, r.body, r.prev_hash, r.hash, r.key_id, r.sig,
+                          r.recorded_at
+                   FROM backtest_records r JOIN backtests b USING (backtest_id),
+                        LATERAL (SELECT convert_from(r.body, 'UTF8')::jsonb AS signed) s
                    WHERE (b.tenant_id IS NULL OR b.tenant_id = $3)
                      AND s.signed #>> '{challenger,agentDigest}' = $1
                      AND (s.signed #>> '{summary,agreementWithReviewers,challenger}')::float8
                          >= $2
-                   ORDER BY r.chain_seq DESC LIMIT 1""", agent_digest, threshold, tenant)
-        return found
+                   ORDER BY r.chain_seq DESC LIMIT $4""",
+                agent_digest, threshold, tenant, limit)
+        return [dict(r) for r in rows]
 
     async def record(self, backtest_id: uuid.UUID) -> dict[str, Any] | None:
         async with translate_errors():
