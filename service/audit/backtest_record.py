@@ -31,6 +31,7 @@ from casetrail.contract.integrity import (
     Integrity,
     IntegrityError,
     canonical,
+    chain_hash,
     key_id,
     signature_valid,
 )
@@ -95,8 +96,7 @@ def seal_problems(record: dict[str, Any], keys: dict[str, bytes]) -> list[str]:
     and its signature verifies under one of ``keys`` (``unknown_key``,
     ``bad_signature``): what anyone who reads a record as signed must check first."""
     problems = []
-    if hashlib.sha256(record["prev_hash"].encode() + b"\n" + bytes(record["body"])
-                      ).hexdigest() != record["hash"]:
+    if chain_hash(record["prev_hash"], bytes(record["body"])) != record["hash"]:
         problems.append("hash_mismatch")
     key = keys.get(record["key_id"])
     if key is None or not signature_valid(key, record["hash"], record["sig"]):
@@ -131,8 +131,7 @@ def verify_backtest_bundle(found: Any, trusted: Sequence[bytes | TrustedKey],
     def problem(code: str, message: str) -> None:
         report.problems.append(Problem(None, None, code, message))
 
-    if hashlib.sha256(integrity.prev_hash.encode() + b"\n" + body).hexdigest() \
-            != integrity.hash:
+    if chain_hash(integrity.prev_hash, body) != integrity.hash:
         problem("hash_mismatch", "the record's bytes do not hash to the hash it names")
     trust = [t if isinstance(t, TrustedKey) else TrustedKey(t) for t in trusted]
     keys = {key_id(t.public_key): t for t in trust}
