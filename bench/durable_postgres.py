@@ -1,5 +1,6 @@
 """Durable once, the Postgres experiment (``python -m bench.durable postgres``): the
-consumer's own statement (insert and fold into ``cases``, one transaction a batch)
+consumer's own statement (the insert, which the owner's trigger folds into ``cases``, one
+transaction a batch)
 writing real-shaped events into the partitioned log, as it is and with one change each,
 and Postgres's CPU in the case path told apart by the component whose connection spent
 it (``python -m bench.durable attribution``)."""
@@ -16,13 +17,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+import orjson
 
 from bench.e2e import PORT, end_to_end
 from bench.harness import bench_settings, cpu_seconds, median_run, namespace, service_cpu
 from bench.raw import sample_cycles
 from casetrail.config import Settings
-from casetrail.consumers.writer import _INSERT_AND_FOLD
+from casetrail.consumers.writer import _INSERT
 from casetrail.contract.events import Event, event_payload_json, new_case_id
+from casetrail.contract.integrity import canonical, chain_hash
 
 BATCH = 500
 """The consumer's default batch (``CASETRAIL_CONSUMER_BATCH_SIZE``)."""
@@ -34,20 +37,26 @@ CASES_AT_ONCE = 64
 
 def _columns(events: list[Event]) -> tuple[list[Any], ...]:
     """The consumer's statement's arguments for ``events``, signed-shaped: the body is
-    the event's canonical bytes, the hashes and signature of real length."""
-    def digest(e: Event, salt: bytes) -> str:
-        return hashlib.sha256(salt + e.event_id.bytes).hexdigest()
-
-    return (
+    the event's canonical bytes, its hash the chain hash over it (the log's constraint
+    holds the columns to the body), the signature of real length."""
+    bodies = [e.to_json() for e in events]
+    return _signed_shape(
         [e.event_id for e in events], [e.case_id for e in events],
         [e.attempt for e in events], [e.seq for e in events],
         [e.event_type for e in events], [e.occurred_at for e in events],
-        [2 for _ in events], [event_payload_json(e).decode() for e in events],
-        [e.tenant_id for e in events], [digest(e, b"prev") for e in events],
-        [digest(e, b"hash") for e in events], ["0123456789abcdef" for _ in events],
-        [base64.b64encode(os.urandom(64)).decode() for _ in events],
-        [e.to_json() for e in events],
-    )
+        [event_payload_json(e).decode() for e in events],
+        [e.tenant_id for e in events], bodies)
+
+
+def _signed_shape(event_ids: list[Any], case_ids: list[Any], attempts: list[Any],
+                  seqs: list[Any], types: list[Any], times: list[Any], payloads: list[Any],
+                  tenants: list[Any], bodies: list[bytes]) -> tuple[list[Any], ...]:
+    prevs = [hashlib.sha256(b"prev" + e.bytes).hexdigest() for e in event_ids]
+    return (event_ids, case_ids, attempts, seqs, types, times, [2 for _ in bodies],
+            payloads, tenants, prevs,
+            [chain_hash(p, b) for p, b in zip(prevs, bodies, strict=True)],
+            ["0123456789abcdef" for _ in bodies],
+            [base64.b64encode(os.urandom(64)).decode() for _ in bodies], bodies)
 
 
 def _batches(events: int, size: int = BATCH) -> list[tuple[list[Any], ...]]:
@@ -66,10 +75,8 @@ _STAGING = ("CREATE TEMP TABLE IF NOT EXISTS incoming (event_id uuid, case_id uu
             "schema_version smallint, payload text, tenant_id text, prev_hash text, "
             "hash text, key_id text, sig text, body bytea) ON COMMIT DELETE ROWS")
 # The consumer's statement reading the batch from the staging table instead of arrays.
-_FROM_STAGING = (
-    "WITH locked AS MATERIALIZED (SELECT case_id FROM cases WHERE case_id IN "
-    "(SELECT case_id FROM incoming) ORDER BY case_id FOR UPDATE), inserted AS"
-    + _INSERT_AND_FOLD.split("inserted AS", 1)[1])
+_FROM_STAGING = (_INSERT.split("FROM unnest", 1)[0] + "FROM incoming AS r\n"
+                 + "ON CONFLICT" + _INSERT.split("ON CONFLICT", 1)[1])
 
 
 async def _cases_for(conn: asyncpg.Connection, batches: list[tuple[list[Any], ...]]) -> None:
@@ -84,7 +91,7 @@ Write = Callable[[asyncpg.Connection, tuple[list[Any], ...]], Awaitable[None]]
 
 
 async def _with_arrays(conn: asyncpg.Connection, batch: tuple[list[Any], ...]) -> None:
-    await conn.fetch(_INSERT_AND_FOLD, *batch)
+    await conn.fetch(_INSERT, *batch)
 
 
 async def _with_copy(conn: asyncpg.Connection, batch: tuple[list[Any], ...]) -> None:
@@ -128,13 +135,21 @@ of linger)."""
 
 def _renamed(batches: list[tuple[list[Any], ...]]) -> list[tuple[list[Any], ...]]:
     """``batches`` as other cases' events: new case ids (UUIDv7, this month) and event
-    ids, the rest as it was; much cheaper than making events again."""
+    ids in the bodies and the columns, the rest as it was; cheaper than making events
+    again."""
     cases: dict[uuid.UUID, uuid.UUID] = {}
-    return [(
-        [uuid.uuid4() for _ in batch[0]],
-        [cases.setdefault(c, new_case_id()) for c in batch[1]],
-        *batch[2:],
-    ) for batch in batches]
+    renamed = []
+    for batch in batches:
+        event_ids = [uuid.uuid4() for _ in batch[0]]
+        case_ids = [cases.setdefault(c, new_case_id()) for c in batch[1]]
+        bodies = []
+        for event_id, case_id, body in zip(event_ids, case_ids, batch[13], strict=True):
+            wire = orjson.loads(body)
+            wire["eventId"], wire["caseId"] = str(event_id), str(case_id)
+            bodies.append(canonical(wire))
+        renamed.append(_signed_shape(event_ids, case_ids, batch[2], batch[3], batch[4],
+                                     batch[5], batch[7], batch[8], bodies))
+    return renamed
 
 
 _MADE: dict[tuple[int, int], list[tuple[list[Any], ...]]] = {}

@@ -29,6 +29,7 @@ from bench.harness import bench_settings
 from casetrail.config import Settings
 from casetrail.ops.migrate import database_name
 from casetrail.ops.setup import setup
+from tests.support.records import seeded_events
 
 SIZES = (10_000_000, 25_000_000)
 EVENTS_A_CASE = 10
@@ -46,28 +47,25 @@ SELECT md5('seeded case ' || n)::uuid, 'throughput-probe', 'completed', '{"cycle
 FROM (SELECT n, timestamptz '2026-01-01' + n * interval '1 ms' AS at
       FROM generate_series($1::bigint, $2::bigint - 1) n) c
 """
-_EVENTS_SQL = """
-INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
-                       recorded_at, schema_version, payload, tenant_id, prev_hash, hash,
-                       key_id, sig, body)
+_EVENTS_SQL = seeded_events("""
 SELECT gen_random_uuid(), c.case_id, 1, s.seq,
        CASE s.seq WHEN 0 THEN 'CASE_STARTED' WHEN 9 THEN 'CASE_COMPLETED'
                   ELSE 'REACT_CYCLE' END,
-       c.at + s.seq * interval '10 ms', c.at + s.seq * interval '10 ms', 2,
+       c.at + s.seq * interval '10 ms',
        jsonb_build_object('cycleIndex', s.seq - 1, 'reasoningText', 'a seeded cycle',
                           'toolCalls', jsonb_build_array(jsonb_build_object(
                               'toolName', 'probe', 'toolArgs', jsonb_build_object('n', s.seq),
                               'toolResult', jsonb_build_object('ok', true),
                               'toolSource', 'local', 'durationMs', 1))),
-       'default', md5(c.case_id::text || (s.seq - 1)) || md5((s.seq - 1)::text),
-       md5(c.case_id::text || s.seq) || md5(s.seq::text), 'seeded',
-       md5(c.case_id::text) || md5(s.seq::text) || md5(c.case_id::text || 'sig'),
-       convert_to(c.case_id::text || ' seeded event ' || s.seq, 'UTF8')
+       'default', md5(c.case_id::text || (s.seq - 1)) || md5((s.seq - 1)::text), 'seeded',
+       md5(c.case_id::text) || md5(s.seq::text) || md5(c.case_id::text || 'sig')
 FROM (SELECT md5('seeded case ' || n)::uuid AS case_id,
              timestamptz '2026-01-01' + n * interval '1 ms' AS at
       FROM generate_series($1::bigint, $2::bigint - 1) n) c
 CROSS JOIN generate_series(0, 9) AS s(seq)
-"""
+""")
+"""A history's events, shaped as the consumer stores signed ones (the log's constraint
+holds their columns to their bodies); recorded_at is the insert's, not the event's."""
 
 
 def cached(size: int) -> Settings:

@@ -27,6 +27,7 @@ import asyncpg
 
 from casetrail.config import Settings
 from casetrail.ops.migrate import drop_database, migrate, with_database
+from tests.support.records import seeded_events
 
 EVENTS_PER_CASE = 10
 BATCH = 1_000
@@ -40,15 +41,12 @@ SELECT old_case(ns, g), 'loan-officer', 'completed',
        md5(g::text), now() - interval '400 days', now() - interval '400 days', 'default'
 FROM generate_series($1::int, $2::int) g, (SELECT $3::uuid AS ns) n
 """
-_EVENTS = """
-INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
-                       schema_version, payload, tenant_id, prev_hash, hash, key_id, sig, body)
+_EVENTS = seeded_events("""
 SELECT gen_random_uuid(), old_case(ns, g), 1, s,
        CASE WHEN s = 0 THEN 'CASE_STARTED' WHEN s = $4::int - 1 THEN 'CASE_COMPLETED'
             ELSE 'REACT_CYCLE' END,
-       now() - interval '400 days', 2, p.payload, 'default', repeat('0', 64),
-       md5(g || ':' || s) || md5(s || ':' || g), 'abcdefabcdefabcd', repeat('s', 86),
-       convert_to(p.payload::text, 'UTF8')
+       now() - interval '400 days', p.payload, 'default', repeat('0', 64),
+       'abcdefabcdefabcd', repeat('s', 86)
 FROM generate_series($1::int, $2::int) g, generate_series(0, $4::int - 1) s,
      (SELECT $3::uuid AS ns) n,
      (SELECT jsonb_build_object('cycleIndex', 1, 'reasoningText', repeat('reasoning ', 80),
@@ -57,17 +55,14 @@ FROM generate_series($1::int, $2::int) g, generate_series(0, $4::int - 1) s,
         jsonb_build_object('score', 712, 'history', repeat('x', 300)), 'durationMs', 12)),
         'tokenUsage', jsonb_build_object('inputTokens', 900, 'outputTokens', 120))
       AS payload) p
-"""
-_EXPIRED = """
-INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
-                       schema_version, payload, tenant_id, prev_hash, hash, key_id, sig, body)
-SELECT gen_random_uuid(), old_case(ns, g), 1, $4::int, 'CASE_EXPIRED', now(), 2,
+""")
+_EXPIRED = seeded_events("""
+SELECT gen_random_uuid(), old_case(ns, g), 1, $4::int, 'CASE_EXPIRED', now(),
        jsonb_build_object('policyId', 1, 'policyVersion', 1, 'eventsRemoved', $4::int,
                           'heads', '[]'::jsonb, 'expiredBy', 'bench'),
-       'default', repeat('0', 64), md5('x' || g) || md5('y' || g), 'abcdefabcdefabcd',
-       repeat('s', 86), '\\x7b7d'
+       'default', repeat('0', 64), 'abcdefabcdefabcd', repeat('s', 86)
 FROM generate_series($1::int, $2::int) g, (SELECT $3::uuid AS ns) n
-"""
+""")
 
 
 # Time-ordered ids of cases started 400 days ago (one per "namespace" millisecond), and

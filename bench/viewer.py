@@ -1,7 +1,8 @@
-"""What reading costs: case search at 1,000,000 cases, and 500 open event streams
-beside ``POST /cases``.
+"""What reading costs: one case read (``GET /cases/{id}``), case search at 1,000,000
+cases, and 500 open event streams beside ``POST /cases``.
 
-``python -m bench.viewer search [CASES]`` / ``python -m bench.viewer streams [STREAMS]``
+``python -m bench.viewer reads [REQUESTS]`` / ``python -m bench.viewer search [CASES]`` /
+``python -m bench.viewer streams [STREAMS]``
 (``python -m bench.viewer post BASE KEY RATE SECONDS`` is the POST load generator the
 streams scenario runs in a process of its own).
 """
@@ -289,6 +290,51 @@ async def streams_beside_posts(settings: Settings, streams: int = 500, rate: flo
             "coresBusyNoStream": busy_cpu, "coresBusyWithStreams": cpu, "apiPeakRssMb": round(rss)}
 
 
+async def case_reads(settings: Settings, cases: int = 20, requests: int = 2000
+                     ) -> dict[str, Any]:
+    """What one ``GET /cases/{id}`` costs, the view people read (status, answer, its
+    trail verified and its shown values checked against the signed bytes): ``cases``
+    decided 10-cycle cases, then ``requests`` reads one at a time over real HTTP,
+    round-robin; p50/p99 and the API's CPU per read."""
+    async with namespace(settings) as pool:
+        key = await api_key(pool)
+        stack = Processes(settings)
+        stack.spawn("api", "api", "--port", str(settings.api_port))
+        stack.spawn("worker", "worker")
+        stack.spawn("consumer", "consumer")
+        base = f"http://127.0.0.1:{settings.api_port}"
+        try:
+            await wait_ready(base)
+            async with httpx.AsyncClient(base_url=base, timeout=30,
+                                         headers={"Authorization": f"Bearer {key}"}) as http:
+                ids = []
+                for _ in range(cases):
+                    reply = await http.post("/cases", json={
+                        "agent": "throughput-probe", "input": {"cycles": 10}})
+                    ids.append(reply.json()["caseId"])
+                for case_id in ids:
+                    for _ in range(600):
+                        if (await http.get(f"/cases/{case_id}")).json()["status"] not in (
+                                "queued", "running"):
+                            break
+                        await asyncio.sleep(0.1)
+                for case_id in ids[:5]:  # warm: plans, pools, imports
+                    (await http.get(f"/cases/{case_id}")).raise_for_status()
+                times: list[float] = []
+                before = stack.cpu()["api"]
+                for n in range(requests):
+                    started = time.perf_counter()
+                    reply = await http.get(f"/cases/{ids[n % len(ids)]}")
+                    times.append((time.perf_counter() - started) * 1000)
+                    reply.raise_for_status()
+                    assert reply.json()["integrity"]["verified"], reply.text
+                api_cpu = stack.cpu()["api"] - before
+        finally:
+            stack.stop()
+    return {"cases": cases, "requests": requests, **percentiles(times),
+            "apiCpuMicrosecondsPerRead": round(api_cpu / requests * 1e6)}
+
+
 async def main(argv: list[str]) -> None:
     if argv[0] == "post":  # the load generator's own process
         base, key, rate, seconds = argv[1:5]
@@ -297,6 +343,8 @@ async def main(argv: list[str]) -> None:
     size = int(argv[1]) if len(argv) > 1 else None
     if argv[0] == "search":
         result = await search_at_scale(bench_settings(api_port=8795), size or 1_000_000)
+    elif argv[0] == "reads":
+        result = await case_reads(bench_settings(api_port=8797), requests=size or 2000)
     else:
         result = await streams_beside_posts(bench_settings(api_port=8796), size or 500)
     print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())

@@ -15,118 +15,28 @@ from typing import Any
 
 import asyncpg
 
-from casetrail.adapters.store import locked_cases_cte, translate_errors
-from casetrail.contract.events import (
-    ENDED_SQL,
-    PARKING_EVENT_TYPE,
-    RUNNING_EVENT_TYPES,
-    TERMINAL_EVENT_TYPES,
-    CaseStatus,
-    SignedEvent,
-    sql_list,
-    status_for,
-)
+from casetrail.adapters.store import translate_errors
+from casetrail.contract.events import SignedEvent
 
 _LOCK_RETRIES = 5
 
-# One statement: insert what is new, then fold only the newly inserted rows
-# into their cases (so a redelivered event never counts twice). Terminal
-# statuses are sticky, so events arriving out of order cannot reopen a case; the
-# other statuses (and a waiting case's answer) follow a batch only when its latest
-# event is later than the one the row took them from (``folded_attempt``,
-# ``folded_seq``): another consumer may have folded a later event already.
-# Several consumers may fold into the same cases at once, so the case rows are
-# locked in one order (case id) before any is updated: ``locked`` is read through
-# an uncorrelated ARRAY(...) sub-select, which Postgres runs once, before the
-# update's first row, and two batches never wait on each other in a cycle.
-_TERMINAL = sql_list(sorted(TERMINAL_EVENT_TYPES))
-_RUNNING = sql_list(RUNNING_EVENT_TYPES)
-_PARKED = sql_list((PARKING_EVENT_TYPE,))
-_CYCLE = sql_list(("REACT_CYCLE",))
-_STARTED = sql_list(("CASE_STARTED",))
-_COMPLETED = sql_list(("CASE_COMPLETED",))
-# Evaluated against the row as locked (the latest committed), not a snapshot: a later
-# event folded meanwhile by another consumer keeps the row as it is.
-_LATER = ("(c.folded_attempt IS NULL OR (f.last_attempt, f.last_seq) "
-          "> (c.folded_attempt, c.folded_seq))")
-_STATUS_OF_TERMINAL = "CASE f.terminal_type " + " ".join(
-    f"WHEN {sql_list((t,))} THEN '{status_for(t)}'" for t in sorted(TERMINAL_EVENT_TYPES)
-) + " END"
-_INSERT_AND_FOLD = f"""
-WITH incoming AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::text[],
-                         $6::timestamptz[], $7::smallint[], $8::text[], $9::text[],
-                         $10::text[], $11::text[], $12::text[], $13::text[], $14::bytea[])
-        AS r(event_id, case_id, attempt, seq, event_type, occurred_at, schema_version, payload,
-             tenant_id, prev_hash, hash, key_id, sig, body)
-), {locked_cases_cte("$2")}, inserted AS (
-    INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
-                           schema_version, payload, tenant_id, prev_hash, hash, key_id, sig,
-                           body)
-    SELECT event_id, case_id, attempt, seq, event_type, occurred_at, schema_version,
-           payload::jsonb, tenant_id, prev_hash, hash, key_id, sig, body
-    FROM incoming
-    ON CONFLICT DO NOTHING
-    RETURNING event_id, case_id, attempt, seq, event_type, occurred_at, payload
-), folded AS (
-    SELECT case_id,
-           count(*) FILTER (WHERE event_type = {_CYCLE}) AS cycles,
-           coalesce(sum((payload -> 'tokenUsage' ->> 'inputTokens')::bigint)
-                    FILTER (WHERE event_type = {_CYCLE}), 0) AS input_tokens,
-           coalesce(sum((payload -> 'tokenUsage' ->> 'outputTokens')::bigint)
-                    FILTER (WHERE event_type = {_CYCLE}), 0) AS output_tokens,
-           bool_or(event_type IN ({_RUNNING})) AS running,
-           min(occurred_at) FILTER (WHERE event_type = {_STARTED}) AS started_at,
-           (array_agg(event_type ORDER BY attempt DESC, seq DESC)
-                FILTER (WHERE event_type IN ({_TERMINAL})))[1]
-               AS terminal_type,
-           (array_agg(payload ORDER BY attempt DESC, seq DESC)
-                FILTER (WHERE event_type IN ({_TERMINAL})))[1]
-               AS terminal_payload,
-           (array_agg(event_type ORDER BY attempt DESC, seq DESC))[1] AS last_type,
-           (array_agg(payload ORDER BY attempt DESC, seq DESC))[1] AS last_payload,
-           (array_agg(attempt ORDER BY attempt DESC, seq DESC))[1] AS last_attempt,
-           (array_agg(seq ORDER BY attempt DESC, seq DESC))[1] AS last_seq,
-           max(occurred_at) AS last_at
-    FROM inserted
-    GROUP BY case_id
-), updated AS (
-    UPDATE cases c SET
-        cycles = c.cycles + f.cycles,
-        input_tokens = c.input_tokens + f.input_tokens,
-        output_tokens = c.output_tokens + f.output_tokens,
-        status = CASE
-            WHEN c.status IN ({ENDED_SQL}) THEN c.status
-            WHEN f.terminal_type IS NOT NULL THEN ({_STATUS_OF_TERMINAL})
-            WHEN NOT {_LATER} THEN c.status
-            WHEN f.last_type = {_PARKED} THEN '{CaseStatus.AWAITING_REVIEW.value}'
-            WHEN f.running THEN '{CaseStatus.RUNNING.value}'
-            ELSE c.status END,
-        -- A case waiting for a person shows the agent's answer and checks; its
-        -- terminal event's replace them (the reviewed decision).
-        answer = CASE
-            WHEN c.status IN ({ENDED_SQL}) THEN c.answer
-            WHEN f.terminal_type = {_COMPLETED} THEN f.terminal_payload -> 'answer'
-            WHEN f.terminal_type IS NOT NULL THEN NULL
-            WHEN f.last_type = {_PARKED} AND {_LATER}
-                THEN f.last_payload -> 'answer'
-            ELSE c.answer END,
-        outcome = CASE
-            WHEN c.status IN ({ENDED_SQL}) THEN c.outcome
-            WHEN f.terminal_type IS NOT NULL THEN f.terminal_payload - 'answer'
-            WHEN f.last_type = {_PARKED} AND {_LATER} THEN f.last_payload - 'answer'
-            ELSE c.outcome END,
-        folded_attempt = CASE WHEN {_LATER} THEN f.last_attempt ELSE c.folded_attempt END,
-        folded_seq = CASE WHEN {_LATER} THEN f.last_seq ELSE c.folded_seq END,
-        started_at = coalesce(c.started_at, f.started_at),
-        ended_at = CASE WHEN c.ended_at IS NULL AND f.terminal_type IS NOT NULL
-                        THEN f.last_at ELSE c.ended_at END,
-        updated_at = now()
-    FROM folded f
-    WHERE c.case_id = f.case_id AND c.case_id = ANY (ARRAY(SELECT case_id FROM locked))
-    RETURNING c.case_id
-)
-SELECT event_id FROM inserted
+# One statement: insert what is new. The database derives the rest from what was
+# inserted, in the same statement, with the owner's authority (migration 033): each
+# row's columns are held to its signed bytes (a CHECK constraint), and the owner's
+# trigger folds the newly inserted rows (never a redelivered one) into their cases, so
+# this role holds no UPDATE on ``cases`` and cannot write what people are shown.
+_INSERT = """
+INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
+                       schema_version, payload, tenant_id, prev_hash, hash, key_id, sig, body)
+SELECT event_id, case_id, attempt, seq, event_type, occurred_at, schema_version,
+       payload::jsonb, tenant_id, prev_hash, hash, key_id, sig, body
+FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::text[], $6::timestamptz[],
+            $7::smallint[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[],
+            $13::text[], $14::bytea[])
+    AS r(event_id, case_id, attempt, seq, event_type, occurred_at, schema_version, payload,
+         tenant_id, prev_hash, hash, key_id, sig, body)
+ON CONFLICT DO NOTHING
+RETURNING event_id
 """
 
 _CONFLICTS = """
@@ -181,12 +91,12 @@ class EventLogWriter:
             [s.body for s in signed],
         )
         # One statement, so one implicit transaction and one round trip: the insert
-        # and the fold into cases commit together or not at all. The conflict check
+        # and the owner's fold into cases commit together or not at all. The conflict check
         # only reads rows that were already committed, so it needs no transaction.
         for attempt in range(1, _LOCK_RETRIES + 1):
             async with translate_errors(), self._pool.acquire() as conn:
                 try:
-                    rows = await conn.fetch(_INSERT_AND_FOLD, *columns)
+                    rows = await conn.fetch(_INSERT, *columns)
                     conflicts: dict[int, str] = {}
                     if len(rows) < len(events):
                         conflicts = await self._conflicts(conn, signed, rows)

@@ -77,6 +77,10 @@ class IntegritySummary(BaseModel):
     verified: bool
     complete: bool
     checkedAt: str
+    problems: list[str] | None = Field(
+        default=None, description="When it does not verify, the problems' codes; "
+        "`projection_mismatch`: a value the case shows (status, answer, outcome, totals) "
+        "is not what its signed trail says, and is not to be relied on.")
 
 
 class SensitiveSummary(BaseModel):

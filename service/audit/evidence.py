@@ -16,11 +16,14 @@ Each event logged by the checkpoint also carries ``"logProof"``: its C2SP ``tlog
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+import orjson
 
 from casetrail.adapters.store import CaseStore, KeyRegistry, StoredEvent
 from casetrail.adapters.store.ledger import LedgerStore
@@ -28,7 +31,9 @@ from casetrail.contract.events import ENDED_STATUSES
 from casetrail.contract.integrity import Integrity, IntegrityError, key_id, public_key_from_text
 from casetrail.ledger.note import TlogProof, Verifier
 from casetrail.ledger.proofs import LoggedEvent, check_log
+from casetrail.telemetry import metrics
 from casetrail.trail.expiry import verify_expired
+from casetrail.trail.projection import project
 from casetrail.trail.verification import (
     Problem,
     PublicKey,
@@ -40,9 +45,51 @@ from casetrail.trail.verification import (
 
 BUNDLE_FORMAT = "casetrail-bundle/1"
 
+log = logging.getLogger("casetrail.audit")
+
 
 class BundleError(ValueError):
     """A file that is not a readable bundle (``verify-bundle`` exits 2)."""
+
+
+def integrity_summary(report: Report) -> dict[str, Any]:
+    """What a case's view says of its trail (``IntegritySummary``): the verdict, and the
+    problems' codes when it does not verify (``projection_mismatch``: a value shown is
+    not the signed one)."""
+    return {"verified": report.verified, "complete": report.complete,
+            "checkedAt": checked_at(),
+            **({"problems": sorted({p.code for p in report.problems})}
+               if report.problems else {})}
+
+
+def served_mismatch(case_id: uuid.UUID, row: Mapping[str, Any], trail: Sequence[TrailEvent]
+                    ) -> list[Problem]:
+    """A ``projection_mismatch`` when the row shows other values than its trail's signed
+    bytes say (casetrail.trail.projection); logged and counted wherever it is read."""
+    differing = project(_signed_payloads(trail)).differences(row)
+    if not differing:
+        return []
+    log.error("case %s: the case row's %s are not what its signed trail says",
+              case_id, ", ".join(differing))
+    metrics.PROJECTION_MISMATCHES.inc()
+    return [Problem(None, None, "projection_mismatch",
+                    f"the case's {', '.join(differing)} as stored (and shown) are not what "
+                    "its signed trail says")]
+
+
+def _signed_payloads(trail: Iterable[TrailEvent]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each event's type and payload from its signed bytes (the queried columns for an
+    event stored before signing, which has none)."""
+    for event in trail:
+        if event.body is None:
+            yield event.columns.get("eventType", ""), event.columns.get("payload") or {}
+            continue
+        try:
+            envelope = orjson.loads(event.body)
+        except orjson.JSONDecodeError:
+            continue  # verification names it (hash_mismatch, unreadable)
+        if isinstance(envelope, dict) and isinstance(envelope.get("payload"), dict):
+            yield str(envelope.get("eventType")), envelope["payload"]
 
 
 def trail_events(stored: Iterable[StoredEvent]) -> list[TrailEvent]:
@@ -59,36 +106,44 @@ class Evidence:
     ledger: LedgerStore | None = None
     """The transparency log: events it holds must still be stored."""
 
-    async def verify(self, case_id: uuid.UUID, row: dict[str, Any] | None = None
-                     ) -> Report | None:
+    async def verify(self, case_id: uuid.UUID) -> Report | None:
         """The verdict on a case's stored trail; ``None`` for a case neither stored nor
         in the log."""
-        row = row or await self.store.get_case(case_id)
+        return (await self.checked(case_id))[1]
+
+    async def checked(self, case_id: uuid.UUID
+                      ) -> tuple[dict[str, Any] | None, Report | None]:
+        """The case's row and the verdict on it: its trail, and what the row shows
+        against what the trail says (``projection_mismatch``), both read as of one
+        moment. Show that row, never one read before: it is the one checked."""
+        row, stored = await self.store.case_and_trail(case_id)
         if row is None and (tombstone := await self.store.tombstone(case_id)) is not None:
-            return await self._verify_expired(case_id, tombstone)
+            return None, await self._verify_expired(case_id, tombstone)
         logged = await self.ledger.leaves_of_case(case_id) if self.ledger else {}
         if row is None:
             if not logged:
-                return None
+                return None, None
             report = Report(str(case_id))
             report.problems.append(Problem(None, None, "removed_after_logging",
                                            f"the log holds {len(logged)} events of this case "
                                            "(leaves " + _leaves(logged.values()) + ") but the "
                                            "case is not stored"))
-            return report
-        stored = await self.store.find_by_case_and_types(case_id, with_body=True)
+            return None, report
         signing, actions = await self.keys.with_action_keys()
-        report = verify_trail(str(case_id), trail_events(stored),
+        trail = trail_events(stored)
+        report = verify_trail(str(case_id), trail,
                               {k.key_id: k for k in signing},
                               case_ended=row["status"] in ENDED_STATUSES,
                               action_keys={k.key_id: k for k in actions})
+        if not report.problems:  # a broken trail says nothing a row could be held to
+            report.problems += served_mismatch(case_id, row, trail)
         gone = logged.keys() - {e.event_id for e in stored}
         if gone:
             report.problems.append(Problem(None, None, "removed_after_logging",
                                            f"{len(gone)} events of this case are in the log "
                                            "(leaves " + _leaves(logged[e] for e in gone)
                                            + ") but no longer stored"))
-        return report
+        return row, report
 
     async def _verify_expired(self, case_id: uuid.UUID, tombstone: dict[str, Any]
                               ) -> Report:
@@ -100,12 +155,6 @@ class Evidence:
                                         zip(stored, trail_events(stored), strict=True)],
                               {k.key_id: k for k in signing}, tombstone, leaves)
 
-    async def integrity_summary(self, case_id: uuid.UUID, row: dict[str, Any]
-                                ) -> dict[str, Any]:
-        report = await self.verify(case_id, row)
-        assert report is not None
-        return {"verified": report.verified, "complete": report.complete,
-                "checkedAt": checked_at()}
 
     async def bundle(self, case_id: uuid.UUID, row: dict[str, Any] | None = None
                      ) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from typing import Any
 from casetrail.adapters.store import principal_names, utc_text
 from casetrail.adapters.store.search import CaseFilter, Cursor, case_summary
 from casetrail.agents import AGENTS
+from casetrail.audit.evidence import integrity_summary
 from casetrail.cases.errors import Expired, Forbidden, Invalid, Issue, NotFound, OverQuota
 from casetrail.cases.services import CaseServices
 from casetrail.cases.text import refuse_unstorable
@@ -85,14 +86,26 @@ async def status(services: CaseServices, principal: Principal, case_id: uuid.UUI
     return case_summary(await owned(services, principal, case_id))
 
 
+async def checked(services: CaseServices, principal: Principal, case_id: uuid.UUID
+                  ) -> tuple[dict[str, Any], Report]:
+    """The case's row, if it is the caller's to see, read again with its trail as of one
+    moment and checked against it: the row to show (docs/design.md, "Served values")."""
+    await owned(services, principal, case_id)
+    row, report = await services.evidence.checked(case_id)
+    if row is None or report is None:  # expired or withdrawn meanwhile
+        await owned(services, principal, case_id)
+        raise NotFound(f"no case {case_id}")
+    return row, report
+
+
 async def get(services: CaseServices, principal: Principal, case_id: uuid.UUID
               ) -> dict[str, Any]:
     """The case: status, totals, answer, its trail's integrity and its sensitive input."""
-    row = await owned(services, principal, case_id)
+    row, report = await checked(services, principal, case_id)
     view = case_view(row)
     view["startedByName"] = (await principal_names(services.pool, [row["started_by"]])).get(
         row["started_by"])
-    view["integrity"] = await services.evidence.integrity_summary(case_id, row)
+    view["integrity"] = integrity_summary(report)
     view["held"] = await services.retention.held(case_id, row["tenant_id"])
     values, view["sensitive"] = await sensitive_values(services, principal, row)
     shown: dict[str, Any] = restore(view, values)
@@ -200,7 +213,7 @@ async def verify(services: CaseServices, principal: Principal, case_id: uuid.UUI
     elif row is None or not principal.sees(row["tenant_id"]):
         raise NotFound(f"no case {case_id}")
     else:
-        report = await services.evidence.verify(case_id, row)
+        report = await services.evidence.verify(case_id)
     assert report is not None  # the case exists, or expired
     return report
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from casetrail.adapters.store import principal_names
 from casetrail.audit.report import render
 from casetrail.cases.errors import OverQuota
-from casetrail.cases.reading import case_view, owned, sensitive_values
+from casetrail.cases.reading import case_view, checked, owned, sensitive_values
 from casetrail.cases.services import CaseServices
 from casetrail.contract.auth import Principal
 
@@ -31,14 +31,14 @@ class Report:
 
 async def report(services: CaseServices, principal: Principal, case_id: uuid.UUID) -> Report:
     """The case's report. ``OverQuota`` while ``RENDERING_AT_ONCE`` others render."""
-    row = await owned(services, principal, case_id)
+    await owned(services, principal, case_id)
     if _rendering.locked():
         raise OverQuota(f"{RENDERING_AT_ONCE} reports are being rendered; try again shortly",
                         retry_after=2)
     async with _rendering:
+        row, verdict = await checked(services, principal, case_id)
         bundle = await services.evidence.bundle(case_id, row)
-        verdict = await services.evidence.verify(case_id, row)
-        assert bundle is not None and verdict is not None  # the case exists
+        assert bundle is not None  # the case exists
         values, _ = await sensitive_values(services, principal, row)
         view = case_view(row)
         view["startedByName"] = (await principal_names(services.pool, [row["started_by"]])

@@ -955,12 +955,6 @@ ACTIVE_SQL = sql_statuses((CaseStatus.QUEUED, CaseStatus.RUNNING))
 """A case queued or running, as SQL literals."""
 
 
-def sql_list(types: Iterable[str]) -> str:
-    """``'A', 'B'``: event types as SQL string literals (names checked against the contract)."""
-    unknown = set(types) - set(EVENT_TYPES)
-    if unknown:
-        raise ValueError(f"not event types: {sorted(unknown)}")
-    return ", ".join(f"'{t}'" for t in types)
 MAX_EVENT_BYTES = 1_048_576
 """Events larger than this are refused by the consumer, and never produced: the worker
 records a tool result that would make one as a tool error (service/engine/budget.py)."""

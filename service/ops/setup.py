@@ -227,19 +227,18 @@ def grants(settings: Settings) -> list[str]:
         f"start_resent_at, parked_attempt, parked_at, review_due_at, wait_kind, "
         f"wait_call_id, wait_excludes) ON cases TO {worker}",
         # ... and moves an action it refuses to act on (no action key signed it, or it
-        # breaks the wait's rules) out of the wait's way, kept for the investigation.
-        f"GRANT DELETE ON case_actions TO {worker}",
+        # breaks the wait's rules) out of the wait's way, kept for the investigation,
+        # only through the owner's function: it never deletes a person's action.
+        f"GRANT EXECUTE ON FUNCTION refuse_case_action(uuid, integer, text, text) "
+        f"TO {worker}",
         # ... and knows the person behind the key that started a case (four eyes),
         # never a key's hash or scopes.
         f"GRANT SELECT (key_id, person) ON api_keys TO {worker}",
-        f"GRANT INSERT ON case_actions_refused TO {worker}",
-        # The consumer appends to the log and folds each batch into the case row; no
-        # UPDATE, DELETE or TRUNCATE on the log (and the triggers refuse them anyway).
+        # The consumer appends to the log; no UPDATE, DELETE or TRUNCATE on the log (and
+        # the triggers refuse them anyway), and nothing on cases: the owner's trigger
+        # folds each inserted batch into the case rows (migration 033).
         f"GRANT SELECT, INSERT ON event_log TO {consumer}",
-        f"GRANT SELECT ON cases, signing_keys TO {consumer}",
-        f"GRANT UPDATE (status, cycles, input_tokens, output_tokens, answer, outcome, "
-        f"started_at, ended_at, updated_at, folded_attempt, folded_seq) ON cases "
-        f"TO {consumer}",
+        f"GRANT SELECT ON signing_keys TO {consumer}",
         # (Each stored event enters ledger_queue through a trigger of the owner's.)
         # The ledger alone builds the transparency log: takes stored events from the
         # queue, appends leaves and tiles (tiles may only grow, leaves and checkpoints

@@ -68,6 +68,12 @@ PERSON_ACTIONS_REFUSED = Counter(
     "wrong_wait, four_eyes, invalid_decision): written without the API's action key, or "
     "breaking the wait's rules. Each is moved to case_actions_refused and the wait "
     "re-opens.", ["reason"])
+PROJECTION_MISMATCHES = Counter(
+    "casetrail_projection_mismatches", "Reads of a case (GET /cases/{id}, the viewer, the "
+    "report, verify, the audit) that found the case row showing another status, answer, "
+    "outcome or total than its signed trail says: a row written outside the owner's fold, "
+    "by whoever owns the database. The case is shown as not verifying "
+    "(projection_mismatch).")
 MODEL_REQUEST_SECONDS = Histogram(
     "casetrail_model_request_duration_seconds", "One model request as the worker saw it, "
     "by provider, model and outcome (ok, retryable, error).",

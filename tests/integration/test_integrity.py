@@ -34,7 +34,7 @@ from casetrail.contract.events import CaseCompletedPayload, TokenUsage, make_eve
 from casetrail.contract.integrity import GENESIS, HEADER, Signer, canonical, public_key_text
 from tests.support.cli import DOCS, STANDALONE_VERIFIER, check_bundle, run_cli
 from tests.support.helpers import dead_letter_for, ended
-from tests.support.records import forge_tool_result, tamper
+from tests.support.records import as_legacy_row, forge_tool_result, tamper
 from tests.support.stack import module_stack
 
 APPROVE, DECLINE = SAMPLE_APPLICATIONS[0], SAMPLE_APPLICATIONS[2]
@@ -147,10 +147,18 @@ async def test_a_superuser_edit_of_a_tool_result_is_named_at_its_seq(
     seq = await pool.fetchval(
         "SELECT seq FROM event_log WHERE case_id = $1 AND event_type = 'REACT_CYCLE' "
         "AND jsonb_array_length(payload -> 'toolCalls') > 0 ORDER BY seq LIMIT 1", case_id)
-    # In the queried column only: the signed bytes still say what happened.
-    await tamper(pool, """UPDATE event_log SET payload = jsonb_set(payload,
-                          '{toolCalls,0,toolResult}', '{"score": 850}')
-                          WHERE case_id = $1 AND seq = $2""", case_id, seq)
+    edit = """UPDATE event_log SET payload = jsonb_set(payload,
+              '{toolCalls,0,toolResult}', '{"score": 850}') WHERE case_id = $1 AND seq = $2"""
+    # With the append-only trigger off, the constraint still holds the queried column to
+    # the signed bytes: a constraint is not a trigger.
+    with pytest.raises(asyncpg.CheckViolationError, match="event_log_restates_body"):
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "ALTER TABLE event_log DISABLE TRIGGER event_log_no_update_or_delete")
+            await conn.execute(edit, case_id, seq)
+    # In the queried column only, the constraint dropped as well: the signed bytes still
+    # say what happened, and verification names the column.
+    await tamper(pool, edit, case_id, seq)
     report = await verify(client, str(case_id))
     assert report["verified"] is False
     assert codes(report) == [(1, seq, "column_mismatch")]
@@ -182,7 +190,8 @@ async def test_a_deleted_middle_cycle_and_a_deleted_terminal_event_are_named(
     assert [c for _, _, c in codes(report)] == ["missing_terminal"]
     case = (await client.get(f"/cases/{other}")).json()
     assert case["integrity"] == {"verified": False, "complete": False,
-                                 "checkedAt": case["integrity"]["checkedAt"]}
+                                 "checkedAt": case["integrity"]["checkedAt"],
+                                 "problems": ["missing_terminal"]}
 
 
 async def test_version_1_events_verify_as_unsigned(
@@ -192,10 +201,10 @@ async def test_version_1_events_verify_as_unsigned(
     await pool.execute(
         "INSERT INTO cases (case_id, agent, input, model, limits, request_digest, status) "
         "VALUES ($1, 'loan-officer', '{}', '{}', '{}', 'd', 'completed')", case_id)
-    await pool.execute(
-        "INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at, "
-        "schema_version, payload) VALUES ($1, $2, 1, 0, 'CASE_COMPLETED', now(), 1, '{}')",
-        uuid.uuid4(), case_id)
+    await as_legacy_row(
+        pool, "INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, "
+        "occurred_at, schema_version, payload) VALUES ($1, $2, 1, 0, 'CASE_COMPLETED', now(), "
+        "1, '{}')", uuid.uuid4(), case_id)
     report = await verify(client, str(case_id))
     assert codes(report) == [(1, 0, "unsigned")]
     assert "version-1" in report["problems"][0]["message"]

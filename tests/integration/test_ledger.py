@@ -431,11 +431,11 @@ def _copy(source: Path, target: Path) -> Path:
 
 async def _rewrite(logged: Logged, case_id: str, signer: Signer) -> None:
     """Change the case's decision in its terminal event and re-sign its chain from there,
-    so that the trail on its own still verifies."""
+    and the case row's to match, so that the case on its own still verifies."""
     rows = await logged.pool.fetch(
         "SELECT event_id, seq, body FROM event_log WHERE case_id = $1 ORDER BY attempt, seq",
         uuid.UUID(case_id))
-    prev, args = GENESIS, []
+    prev, args, answer = GENESIS, [], None
     for row in rows:
         envelope = orjson.loads(row["body"])
         if envelope["eventType"] == "CASE_COMPLETED":
@@ -452,6 +452,8 @@ async def _rewrite(logged: Logged, case_id: str, signer: Signer) -> None:
             "UPDATE event_log SET prev_hash = $1, hash = $2, sig = $3, body = $4, "
             "payload = $5 WHERE event_id = $6", args)
         await conn.execute("ALTER TABLE event_log ENABLE TRIGGER USER")
+        await conn.execute("UPDATE cases SET answer = $1 WHERE case_id = $2", answer,
+                           uuid.UUID(case_id))
 
 
 async def test_the_ledger_refuses_to_sign_over_a_tree_altered_underneath_it(

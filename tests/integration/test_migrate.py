@@ -12,6 +12,7 @@ import pytest
 from casetrail.errors import PermanentError
 from casetrail.ops.migrate import MIGRATIONS_DIR, drop_database, migrate
 from tests.conftest import BASE_DB
+from tests.support.records import seeded_events
 
 
 async def test_concurrent_migrators_apply_each_file_once(tmp_path: Path) -> None:
@@ -25,9 +26,10 @@ async def test_concurrent_migrators_apply_each_file_once(tmp_path: Path) -> None
         try:
             rows = await conn.fetchval("SELECT count(*) FROM schema_migrations")
             assert rows == len(applied)
-            await conn.execute(
-                "INSERT INTO event_log VALUES (gen_random_uuid(), gen_random_uuid(), 1, 0, "
-                "'CASE_STARTED', now(), now(), 1, '{}')")
+            await conn.execute(seeded_events(
+                "VALUES (gen_random_uuid(), gen_random_uuid(), 1, 0, 'CASE_STARTED', now(), "
+                "'{}'::jsonb, 'default', repeat('0', 64), 'abcdefabcdefabcd', "
+                "repeat('s', 86))"))
             for statement in ("DELETE FROM event_log", "UPDATE event_log SET seq = 5",
                               "TRUNCATE event_log"):
                 with pytest.raises(asyncpg.RaiseError, match="append-only"):

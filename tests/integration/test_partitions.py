@@ -16,6 +16,7 @@ from casetrail.adapters.store import component_pool
 from casetrail.adapters.store.audit_log import AuditStore
 from casetrail.config import Settings
 from casetrail.contract.events import new_case_id
+from tests.support.records import seeded_events
 from tests.support.stack import namespace_of_its_own
 
 MONTHS_AGO = 9
@@ -27,14 +28,9 @@ INSERT INTO cases (case_id, agent, status, input, model, limits, request_digest,
 VALUES ($1::uuid, 'loan-officer', 'completed', '{}', '{}', '{}', md5($1::uuid::text),
         now() - interval '270 days', now() - interval '270 days', 'default')
 """
-_EVENT = """
-INSERT INTO event_log (event_id, case_id, attempt, seq, event_type, occurred_at,
-                       schema_version, payload, tenant_id, prev_hash, hash, key_id, sig, body)
-VALUES (gen_random_uuid(), $1::uuid, 1, $2::int, $3, now(), 2, $4::jsonb, 'default',
-        repeat('0', 64), md5($1::uuid::text || $2::int::text)
-        || md5($2::int::text || $1::uuid::text), 'abcdefabcdefabcd', repeat('s', 86),
-        '\\x7b7d')
-"""
+_EVENT = seeded_events(
+    "VALUES (gen_random_uuid(), $1::uuid, 1, $2::int, $3::text, now(), $4::jsonb, "
+    "'default', repeat('0', 64), 'abcdefabcdefabcd', repeat('s', 86))")
 _LOGGED = """
 INSERT INTO ledger_leaves (leaf_index, event_id, case_id, event_hash)
 SELECT (SELECT coalesce(max(leaf_index) + 1, 0) FROM ledger_leaves)

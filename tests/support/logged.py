@@ -27,6 +27,7 @@ from casetrail.config import Settings
 from casetrail.ledger.log_key import log_signer
 from casetrail.ledger.note import Verifier, open_checkpoint
 from tests.support.helpers import ended, wait_until
+from tests.support.records import RESTATES_BODY
 from tests.support.stack import InProcessStack, in_process_stack, spawn, stop_cleanly
 
 
@@ -121,12 +122,16 @@ async def logged_everything(logged: Logged) -> tuple[int, str]:
 
 async def as_superuser(pool: asyncpg.Pool, *statements: str, args: Any = ()) -> None:
     """What an operator with the database's superuser can do: switch the append-only
-    triggers off, change the record, switch them on again."""
+    triggers off and drop the constraint that holds the log's columns to the signed
+    bytes, change the record, put both back (the constraint NOT VALID)."""
     async with pool.acquire() as conn, conn.transaction():
         for table in ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints"):
             await conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
+        await conn.execute("ALTER TABLE event_log DROP CONSTRAINT event_log_restates_body")
         for statement in statements:
             await conn.execute(statement, *args) if args else await conn.execute(statement)
+        await conn.execute(f"ALTER TABLE event_log ADD CONSTRAINT event_log_restates_body "
+                           f"{RESTATES_BODY} NOT VALID")
         for table in ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints"):
             await conn.execute(f"ALTER TABLE {table} ENABLE TRIGGER USER")
 

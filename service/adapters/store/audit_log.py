@@ -138,8 +138,10 @@ class AuditStore:
     async def partitions_unguarded(self) -> list[tuple[str, list[str]]]:
         """(partition, what it lacks) of each of the log's partitions that lacks its
         unique key on (case_id, attempt, seq) (exactly once rests on it), its own
-        TRUNCATE trigger, or that grants a role anything (reached directly, a partition
-        bypasses the log's triggers and row policies)."""
+        TRUNCATE trigger, the constraint that holds its columns to the signed bytes
+        (migration 033: dropped, an owner can rewrite ``payload``), or that grants a role
+        anything (reached directly, a partition bypasses the log's triggers and row
+        policies)."""
         rows = await self.pool.fetch(
             "SELECT c.relname, ARRAY_REMOVE(ARRAY["
             "CASE WHEN NOT EXISTS (SELECT 1 FROM pg_index x WHERE x.indrelid = c.oid "
@@ -148,6 +150,9 @@ class AuditStore:
             "CASE WHEN NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid "
             "AND t.tgname = 'event_log_no_truncate' AND t.tgenabled <> 'D') "
             "THEN 'its TRUNCATE trigger' END, "
+            "CASE WHEN NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid "
+            "AND k.conname = 'event_log_restates_body' AND k.contype = 'c') "
+            "THEN 'its constraint holding the columns to the signed bytes' END, "
             "CASE WHEN EXISTS (SELECT 1 FROM aclexplode(c.relacl) a "
             "WHERE a.grantee <> c.relowner) THEN 'no grants' END], NULL) AS lacks "
             "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "

@@ -403,6 +403,19 @@ class CaseStore:
             row = await self._pool.fetchrow("SELECT * FROM cases WHERE case_id = $1", case_id)
         return None if row is None else dict(row)
 
+    async def case_and_trail(self, case_id: uuid.UUID
+                             ) -> tuple[dict[str, Any] | None, list[StoredEvent]]:
+        """The case's row and its whole trail with the signed bytes, as of one moment (one
+        snapshot): the row shows exactly the events read beside it, so what it shows can
+        be checked against them (docs/design.md, "Served values")."""
+        async with translate_errors(), self._pool.acquire() as conn, conn.transaction(
+                isolation="repeatable_read", readonly=True):
+            row = await conn.fetchrow("SELECT * FROM cases WHERE case_id = $1", case_id)
+            rows = await conn.fetch(
+                f"""SELECT {_EVENT_COLUMNS}, body FROM event_log WHERE case_id = $1
+                    ORDER BY attempt, seq""", case_id)
+        return (None if row is None else dict(row)), [StoredEvent(**dict(r)) for r in rows]
+
     async def find_by_case_and_types(
         self, case_id: uuid.UUID, types: Sequence[str] | None = None, *,
         with_body: bool = False,
@@ -572,20 +585,13 @@ class CaseStore:
     async def refuse_action(self, case_id: uuid.UUID, parked_attempt: int, why: str,
                             code: str) -> bool:
         """Move the action kept for ``parked_attempt`` out of the wait's way into
-        ``case_actions_refused`` (kept for the investigation), so the wait re-opens;
+        ``case_actions_refused`` (kept for the investigation), so the wait re-opens,
+        through the owner's ``refuse_case_action`` (the worker deletes nothing);
         ``False`` when there was none."""
         async with translate_errors():
-            moved = await self._pool.fetchval(
-                """WITH gone AS (DELETE FROM case_actions WHERE case_id = $1
-                                 AND parked_attempt = $2 RETURNING *),
-                        kept AS (INSERT INTO case_actions_refused (case_id, parked_attempt,
-                                     kind, verdict, reason, decision, reviewer, acted_at,
-                                     signed, key_id, sig, why, why_code)
-                                 SELECT case_id, parked_attempt, kind, verdict, reason,
-                                        decision, reviewer, acted_at, signed, key_id, sig,
-                                        $3, $4 FROM gone RETURNING 1)
-                   SELECT count(*) FROM kept""", case_id, parked_attempt, why, code)
-        return bool(moved)
+            return bool(await self._pool.fetchval(
+                "SELECT refuse_case_action($1, $2, $3, $4)", case_id, parked_attempt,
+                why[:2000], code))
 
     async def mark_terminal_published(self, *case_ids: uuid.UUID) -> None:
         """The worker's note that these cases' terminal events are confirmed by the broker."""

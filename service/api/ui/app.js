@@ -64,6 +64,13 @@ const badge = (text, tone) => el("span", { class: `badge ${tone || "none"}`, tex
 const statusBadge = (status) => badge(status.replaceAll("_", " "), STATUS_TONE[status]);
 const decisionBadge = (decision) =>
   decision ? badge(decision, DECISION_TONE[decision] || "info") : el("span", { class: "muted", text: "—" });
+// A value the case row shows that its signed trail does not say (projection_mismatch)
+// is never shown as genuine: struck through, beside a warning.
+const mismatched = (view) => Boolean(view.integrity && (view.integrity.problems || []).includes("projection_mismatch"));
+const served = (view, shown) => (mismatched(view)
+  ? el("span", { class: "unsigned-value" }, badge("not the signed value", "bad"), " ",
+       el("s", { title: "as stored; the signed trail says otherwise" }, shown))
+  : shown);
 // JSON in the record's own key order: the signed body is RFC 8785, whose keys are
 // sorted by UTF-16 code units, as JavaScript's default sort compares strings (the API's
 // JSON comes from jsonb, which orders keys by length first).
@@ -650,7 +657,10 @@ async function casePage(caseId, signal) {
   const view = await api(`/cases/${caseId}`);
   const agentInfo = (await api("/agents")).agents.find((a) => a.name === view.agent);
   const keys = ((agentInfo && agentInfo.keys) || []).filter((k) => view.input && view.input[k] !== undefined);
-  const summary = el("div", { id: "s-decision" }, decisionSummary(view.answer));
+  const summary = el("div", { id: "s-decision" }, mismatched(view)
+    ? [el("p", { class: "problem", text: "What is stored for this case is not what its signed trail records: "
+                 + "the trail below is what was signed." }), el("s", {}, decisionSummary(view.answer))]
+    : decisionSummary(view.answer));
   if (!identity) showWho(await api("/me"));  // whether this key may review
   const setFact = (id, value) => document.getElementById(id).replaceChildren(value);
   const chart = el("div", { class: "chart", role: "img", "aria-label": "Tokens per cycle" });
@@ -668,8 +678,8 @@ async function casePage(caseId, signal) {
         keys.length ? el("p", { class: "id muted", text: `${keys.join(", ")} · case ${caseId}` }) : null,
         el("dl", { class: "facts" },
           fact("Agent", "f-agent", view.agent), fact("Tenant", "f-tenant", "—"),
-          fact("Started by", "f-by", "—"), fact("Status", "f-status", statusBadge(view.status)),
-          fact("Decision", "f-decision", decisionBadge(view.answer && view.answer.decision)),
+          fact("Started by", "f-by", "—"), fact("Status", "f-status", served(view, statusBadge(view.status))),
+          fact("Decision", "f-decision", served(view, decisionBadge(view.answer && view.answer.decision))),
           fact("Checks", "f-checks", el("span", { class: "muted", text: "—" })),
           fact("Decided by", "f-decided", el("span", { class: "muted", text: "—" })),
           fact("Cycles", "f-cycles", String(view.cycles)),
@@ -791,8 +801,8 @@ async function casePage(caseId, signal) {
     final = await api(`/cases/${caseId}`);
   }
   if (signal.aborted) return;
-  setFact("f-status", statusBadge(final.status));
-  setFact("f-decision", decisionBadge(final.answer && final.answer.decision));
+  setFact("f-status", served(final, statusBadge(final.status)));
+  setFact("f-decision", served(final, decisionBadge(final.answer && final.answer.decision)));
   setFact("f-cycles", String(final.cycles));
   setFact("f-tokens", `${final.tokenUsage.inputTokens} / ${final.tokenUsage.outputTokens}`);
   setFact("f-attempts", String(final.attempts));

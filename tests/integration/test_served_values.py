@@ -1,0 +1,159 @@
+"""What people read is what was signed, tried as an attacker would on the real stack
+(docs/security.md, "Served values"): with one component's database password, the case
+row's decision cannot be written, nor a stored payload other than its signed bytes, nor
+a person's action removed; as the database owner, a rewritten decision is shown as not
+the signed one wherever the case is read, and counted."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from prometheus_client import REGISTRY
+
+from casetrail.adapters.store import CaseStore, KeyRegistry, component_pool
+from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.audit.evidence import Evidence
+from casetrail.config import Settings
+from tests.support.helpers import ended
+from tests.support.stack import module_stack
+
+stack = module_stack(worker_concurrency=4)
+
+APPROVED = SAMPLE_APPLICATIONS[0]  # A-1001: the agent approves it
+
+
+def mismatches() -> float:
+    return REGISTRY.get_sample_value("casetrail_projection_mismatches_total") or 0.0
+
+
+async def approved_case(client: httpx.AsyncClient) -> uuid.UUID:
+    reply = await client.post("/cases", json={"agent": "loan-officer", "input": APPROVED})
+    assert reply.status_code == 202, reply.text
+    case = await ended(client, reply.json()["caseId"])
+    assert (case["status"], case["answer"]["decision"]) == ("completed", "approve"), case
+    assert case["integrity"]["verified"] is True and "problems" not in case["integrity"]
+    return uuid.UUID(case["caseId"])
+
+
+async def as_role(settings: Settings, component: str, sql: str, *args: Any) -> Any:
+    pool = await component_pool(settings.identity(component), 1)  # type: ignore[arg-type]
+    try:
+        return await pool.fetchval(sql, *args)
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize("component", ["consumer", "worker", "api"])
+async def test_no_component_rewrites_the_decision_everyone_is_shown(
+    client: httpx.AsyncClient, settings: Settings, component: str,
+) -> None:
+    """The consumer held UPDATE on the case row's answer to fold events: now the owner's
+    trigger folds them, and no component's role may write the served columns."""
+    case_id = await approved_case(client)
+    for statement in (
+            "UPDATE cases SET answer = jsonb_set(answer, '{decision}', '\"refer\"') "
+            "WHERE case_id = $1",
+            "UPDATE cases SET status = 'failed' WHERE case_id = $1",
+            "UPDATE cases SET outcome = '{}', cycles = 0 WHERE case_id = $1"):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await as_role(settings, component, statement, case_id)
+    assert (await client.get(f"/cases/{case_id}")).json()["answer"]["decision"] == "approve"
+
+
+async def test_the_consumers_role_stores_no_payload_but_the_signed_one(
+    client: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool,
+) -> None:
+    """The consumer's role inserts events; a row whose queried columns say other than its
+    signed bytes (an approve restated as refer, or another case's type) is refused by the
+    database itself, whoever inserts it."""
+    case_id = await approved_case(client)
+    stored = await pool.fetchrow(
+        "SELECT * FROM event_log WHERE case_id = $1 AND event_type = 'CASE_COMPLETED'",
+        case_id)
+    assert stored is not None
+    forged = {**dict(stored), "event_id": uuid.uuid4(), "seq": stored["seq"] + 1}
+    columns = [c for c in forged if c != "recorded_at"]
+    insert = (f"INSERT INTO event_log ({', '.join(columns)}) VALUES "
+              f"({', '.join(f'${n}' for n in range(1, len(columns) + 1))})")
+    payload = {**stored["payload"], "answer": {**stored["payload"]["answer"],
+                                                "decision": "refer"}}
+    consumer = await component_pool(settings.identity("consumer"), 1)
+    try:
+        for change in ({"payload": payload}, {"event_type": "CASE_FAILED"},
+                       {"hash": "0" * 64}):
+            row = {**forged, **change}
+            with pytest.raises(asyncpg.CheckViolationError, match="event_log_restates_body"):
+                await consumer.execute(insert, *(row[c] for c in columns))
+    finally:
+        await consumer.close()
+    assert await pool.fetchval("SELECT count(*) FROM event_log WHERE case_id = $1",
+                               case_id) == stored["seq"] + 1
+
+
+async def test_the_owners_rewrite_of_a_decision_is_never_shown_as_genuine(
+    client: httpx.AsyncClient, pool: asyncpg.Pool,
+) -> None:
+    """The owner (no keys) rewrites the decision and a total in the case row: every read
+    that shows them (the case, its verdict, the A2A artifacts and the viewer take the
+    same view) says it does not verify, names projection_mismatch, and counts it; the
+    audit's trail check (Evidence) finds it too."""
+    case_id = await approved_case(client)
+    before = mismatches()
+    await pool.execute("UPDATE cases SET answer = jsonb_set(answer, '{decision}', '\"refer\"'), "
+                       "cycles = cycles + 1 WHERE case_id = $1", case_id)
+    view = (await client.get(f"/cases/{case_id}")).json()
+    assert view["answer"]["decision"] == "refer"  # as stored, but not as genuine:
+    assert view["integrity"]["verified"] is False
+    assert view["integrity"]["problems"] == ["projection_mismatch"]
+    report = (await client.get(f"/cases/{case_id}/verify")).json()
+    assert report["verified"] is False
+    (problem,) = report["problems"]
+    assert problem["code"] == "projection_mismatch"
+    assert "answer" in problem["message"] and "cycles" in problem["message"]
+    assert "refer" not in problem["message"]  # columns named, never values
+    assert mismatches() >= before + 2
+    verdict = await Evidence(CaseStore(pool), KeyRegistry(pool)).verify(case_id)
+    assert verdict is not None and [p.code for p in verdict.problems] == ["projection_mismatch"]
+    # Put back as signed, it verifies again.
+    await pool.execute("UPDATE cases SET answer = jsonb_set(answer, '{decision}', "
+                       "'\"approve\"'), cycles = cycles - 1 WHERE case_id = $1", case_id)
+    assert (await client.get(f"/cases/{case_id}")).json()["integrity"]["verified"] is True
+
+
+async def test_no_component_removes_a_persons_action(
+    client: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool,
+) -> None:
+    """The worker held DELETE on case_actions to move refused actions out of a wait's
+    way: a genuine pending review could vanish without a trace. Now it refuses an action
+    only through the owner's function, which keeps the row, and nobody removes a kept
+    refusal."""
+    case_id = await approved_case(client)
+    await pool.execute(
+        "INSERT INTO case_actions (case_id, parked_attempt, kind, verdict, reason, reviewer, "
+        "acted_at) VALUES ($1, 1, 'review', 'confirm', 'looks right', $2, now())",
+        case_id, {"subject": "rita", "via": "key"})
+    for component in ("worker", "api", "consumer"):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await as_role(settings, component,
+                          "DELETE FROM case_actions WHERE case_id = $1", case_id)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await as_role(settings, component, "INSERT INTO case_actions_refused (case_id, "
+                          "parked_attempt, kind, acted_at, why, why_code) VALUES ($1, 1, "
+                          "'review', now(), 'x', 'x')", case_id)
+    assert await as_role(settings, "worker", "SELECT refuse_case_action($1, 1, $2, $3)",
+                         case_id, "no action key signed it", "unsigned") is True
+    kept = await pool.fetchrow("SELECT kind, reviewer, why, why_code FROM case_actions_refused "
+                               "WHERE case_id = $1", case_id)
+    assert kept is not None and dict(kept) == {"kind": "review", "reviewer": {"subject": "rita", "via": "key"},
+                          "why": "no action key signed it", "why_code": "unsigned"}
+    for statement in ("DELETE FROM case_actions_refused WHERE case_id = $1",
+                      "UPDATE case_actions_refused SET why = 'x' WHERE case_id = $1"):
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await pool.execute(statement, case_id)
+    with pytest.raises(asyncpg.CheckViolationError):
+        await as_role(settings, "worker", "SELECT refuse_case_action($1, 1, '', 'x')",
+                      case_id)
