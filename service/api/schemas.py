@@ -96,8 +96,10 @@ class SensitiveSummary(BaseModel):
 
 class EraseAccepted(BaseModel):
     caseId: str
-    status: str = Field(description="`erased`, or `already erased`.")
-    erasedAt: str
+    status: str = Field(description="`erased` (its CASE_ERASED stored, the values gone), "
+                        "`already erased`, or `erasing` (sent: the values go when the "
+                        "worker's CASE_ERASED is stored, seconds later).")
+    erasedAt: str | None
 
 
 class CaseView(BaseModel):

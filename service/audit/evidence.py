@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -111,12 +111,16 @@ class Evidence:
         in the log."""
         return (await self.checked(case_id))[1]
 
-    async def checked(self, case_id: uuid.UUID
+    async def checked(self, case_id: uuid.UUID,
+                      visible: Callable[[Mapping[str, Any]], bool] | None = None
                       ) -> tuple[dict[str, Any] | None, Report | None]:
         """The case's row and the verdict on it: its trail, and what the row shows
         against what the trail says (``projection_mismatch``), both read as of one
-        moment. Show that row, never one read before: it is the one checked."""
+        moment. Show that row, never one read before: it is the one checked. A row
+        ``visible`` refuses is returned unchecked (``None``: nothing verified for it)."""
         row, stored = await self.store.case_and_trail(case_id)
+        if row is not None and visible is not None and not visible(row):
+            return row, None
         if row is None and (tombstone := await self.store.tombstone(case_id)) is not None:
             return None, await self._verify_expired(case_id, tombstone)
         logged = await self.ledger.leaves_of_case(case_id) if self.ledger else {}

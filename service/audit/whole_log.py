@@ -14,8 +14,12 @@ somebody asks about exactly those cases. The audit asks about all of them:
 - the stored tree still has the root of every checkpoint a witness cosigned since the
   last pass, and of the latest one (``checkpoint_inconsistent``);
 - no append-only trigger is switched off now (``trigger_disabled``), and each of the
-  log's monthly partitions has its unique key and TRUNCATE trigger and grants nothing
-  (``partition_unguarded``);
+  log's monthly partitions has its unique key, TRUNCATE trigger and the constraint that
+  holds its columns to the signed bytes, and grants nothing (``partition_unguarded``);
+- a case's values are erased only with its CASE_ERASED stored, and a newly logged
+  CASE_ERASED has its values gone (``erasure_unrecorded``);
+- every case verified also shows in its row what its signed trail says (``altered``,
+  naming ``projection_mismatch``);
 - an expired case (its events deleted by policy, its tombstone kept) is ``expired``,
   not a finding: every pass checks each tombstone against its stored ``CASE_EXPIRED``
   and the number of the case's leaves, and the expired trail's verdict (signature,
@@ -59,8 +63,10 @@ class FindingKind(StrEnum):
     TRIGGER_DISABLED = "trigger_disabled"
     """An append-only trigger is switched off."""
     PARTITION_UNGUARDED = "partition_unguarded"
-    """A partition of the log lacks its unique key or TRUNCATE trigger, or grants a role
-    anything."""
+    """A partition of the log lacks its unique key, TRUNCATE trigger or the constraint
+    that holds its columns to the signed bytes, or grants a role anything."""
+    ERASURE_UNRECORDED = "erasure_unrecorded"
+    """A case's values erased without its stored CASE_ERASED, or the other way round."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,10 @@ class WholeLog:
             Finding(FindingKind.PARTITION_UNGUARDED, f"the log's partition {partition} "
                     f"lacks {', '.join(lacks)}")
             for partition, lacks in await self.store.partitions_unguarded()]
+        report.findings += [
+            Finding(FindingKind.ERASURE_UNRECORDED, "its sensitive values are erased but its "
+                    "trail holds no CASE_ERASED: erased outside the record", case)
+            for case in await self.store.erasures_unrecorded()]
         report.findings += await self._backtests(report.from_leaf,
                                                  last.failing_backtests if last else [])
         await self._trails(report, last.failing_cases if last else [])
@@ -209,6 +219,10 @@ class WholeLog:
         already = {(f.kind, f.case_id) for f in report.findings}
         cases = dict.fromkeys([*failing, *await self.store.cases_logged_from(
             report.from_leaf)])
+        report.findings += [
+            Finding(FindingKind.ERASURE_UNRECORDED, "its trail records CASE_ERASED but its "
+                    "sensitive values are kept (a legal hold came first?)", case)
+            for case in await self.store.erasures_unapplied(list(cases))]
         for case_id in cases:
             verdict = await self.evidence.verify(case_id)
             report.cases_checked += 1

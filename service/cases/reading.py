@@ -90,10 +90,10 @@ async def checked(services: CaseServices, principal: Principal, case_id: uuid.UU
                   ) -> tuple[dict[str, Any], Report]:
     """The case's row, if it is the caller's to see, read again with its trail as of one
     moment and checked against it: the row to show (docs/design.md, "Served values")."""
-    await owned(services, principal, case_id)
-    row, report = await services.evidence.checked(case_id)
-    if row is None or report is None:  # expired or withdrawn meanwhile
-        await owned(services, principal, case_id)
+    row, report = await services.evidence.checked(
+        case_id, lambda found: principal.sees(found["tenant_id"]))
+    if row is None or report is None:
+        await owned(services, principal, case_id)  # expired (410), or not the caller's
         raise NotFound(f"no case {case_id}")
     return row, report
 

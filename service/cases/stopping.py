@@ -7,7 +7,7 @@ import uuid
 
 from casetrail.cases.erasing import Erasure
 from casetrail.cases.erasing import erase as erase_values
-from casetrail.cases.errors import Conflict, NotFound
+from casetrail.cases.errors import Conflict, NotAccepted, NotFound
 from casetrail.cases.reading import owned
 from casetrail.cases.reviewing import after_cancel, cancel_parked
 from casetrail.cases.services import CaseServices
@@ -42,12 +42,14 @@ async def cancel(services: CaseServices, principal: Principal, case_id: uuid.UUI
 
 
 async def erase(services: CaseServices, principal: Principal, case_id: uuid.UUID) -> Erasure:
-    """Destroy the case's data key and ciphertext (crypto-shredding). The trail keeps
-    its placeholders and every hash still verifies; the worker appends a signed
-    ``CASE_ERASED``. ``Conflict`` when the case has not ended or holds no values."""
+    """Erase the case's sensitive values through its record: the API signs the erasure,
+    the worker appends the signed ``CASE_ERASED`` and the database destroys the data key
+    and ciphertext (crypto-shredding) when it stores that event. The trail keeps its
+    placeholders and every hash still verifies. ``Conflict`` when the case has not
+    ended, holds no values or is held."""
     row = await owned(services, principal, case_id)
-    done = await erase_values(services.secrets, services.publisher, services.topology, row,
-                              principal.subject)
+    done = await erase_values(services.secrets, services.publisher, services.topology,
+                              services.action_signer, row, principal.subject)
     if done.outcome == "running":
         raise Conflict(f"case {case_id} is {row['status']}: erase it once it has ended")
     if done.outcome == "nothing":
@@ -55,4 +57,7 @@ async def erase(services: CaseServices, principal: Principal, case_id: uuid.UUID
     if done.outcome == "held":
         raise Conflict(f"case {case_id} is under a legal hold: its values are not erased "
                        "while it holds (GET /holds?caseId=...)")
+    if done.outcome == "unsigned":
+        raise NotAccepted("this process holds no action key (CASETRAIL_ACTION_KEY_FILE): an "
+                          "erasure is made only signed")
     return done

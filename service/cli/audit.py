@@ -243,14 +243,19 @@ def erase(
     case_id: Annotated[str, typer.Argument(help="The case id.")],
 ) -> None:
     """Erase an ended case's sensitive values (crypto-shredding: its key is destroyed),
-    recorded as `operator` in the access log and as CASE_ERASED in its trail. Acts as
-    the API does, with the API's identity. Exit 0 erased (or already), 1 refused (still
-    running, or nothing sensitive), 2 could not (unknown case, database or broker down)."""
+    through its record: signed for `operator` with the API's action key, recorded as
+    CASE_ERASED in its trail, shredded when that event is stored, and in the access log.
+    Acts as the API does, with the API's identity and action key. Exit 0 erased (or
+    already, or under way), 1 refused (still running, nothing sensitive, held), 2 could
+    not (unknown case, database or broker down, no action key)."""
     from casetrail.cases import erase as erase_case
     from casetrail.cli.cases import operate
 
     parsed = _case_id(case_id)
     done = operate(lambda services, who: erase_case(services, who, parsed))
+    if done.outcome == "erasing":
+        typer.echo("erasing: the values go when its CASE_ERASED is stored")
+        return
     typer.echo(f"{'erased' if done.outcome == 'erased' else 'already erased'} at "
                f"{done.erased_at}")
 

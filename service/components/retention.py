@@ -13,9 +13,9 @@ keeps everything) and the database lacks nothing the retention journal holds, it
    event, then deletes the events and the case row; a month of the log whose every
    case has expired (and that ended the floor's six months ago) is then dropped whole
    by the owner's ``event_log_drop_expired_partitions``, its CASE_EXPIRED rows kept;
-2. erases the personal data of cases past their policy's earlier deadline (the
-   owner's ``erase_for_retention``) and appends the signed ``CASE_ERASED`` (a case past
-   both deadlines is erased first, and expires the next pass, chained on it);
+2. erases the personal data of cases past their policy's earlier deadline: appends the
+   signed ``CASE_ERASED``, and the database shreds the values when it stores it (a
+   case past both deadlines is erased first, and expires the next pass, chained on it);
 3. appends a signed ``CASE_EXPIRED`` (the policy, the events it removes, each attempt's
    final chain hash) to each case past its time that no hold keeps; the next pass
    removes its events, once the consumer has stored it. Under a policy that archives,
@@ -263,17 +263,16 @@ class RetentionKeeper:
         return recorded
 
     async def _erase(self, case: PastTime) -> bool:
-        by = f"retention:policy-{case.policy_id}-v{case.version}"
-        try:
-            erased_at = await self.store.erase(case.case_id, by)
-        except HeldByLaw:
-            return False
+        """Append the signed CASE_ERASED of a case past its policy's erasure deadline; the
+        database shreds its values when it stores that event (and not for a case a
+        hold has kept since)."""
         state = await self.secrets.state(case.case_id)
         head = await self.cases.trail_head(case.case_id)
-        if erased_at is None or state is None or head is None or head.erased:
+        if state is None or state.erased_at is not None or head is None or head.erased:
             return False
+        by = f"retention:policy-{case.policy_id}-v{case.version}"
         await self.append(make_event(case.case_id, head.attempt, head.seq + 1,
-                                     CaseErasedPayload(erased_by=by, erased_at=erased_at,
+                                     CaseErasedPayload(erased_by=by, erased_at=datetime.now(UTC),
                                                        placeholders=state.placeholders),
                                      tenant_id=head.tenant_id), head.hash)
         metrics.RETENTION_ERASED.inc()

@@ -128,6 +128,7 @@ from casetrail.trail.keyfile import worker_signer
 from casetrail.trail.person_actions import (
     PersonAction,
     SignedAction,
+    erase_refusal,
     start_refusal,
     vet_action,
     wait_kind,
@@ -692,16 +693,13 @@ class CaseWorker:
         return False
 
     async def _record_erasure(self, message: Delivery) -> None:
-        """Append the signed CASE_ERASED after the case's last event, once Postgres
-        shows the values destroyed (the API did that before sending the command)."""
+        """Append the signed CASE_ERASED after the case's last event, for the erasure the
+        API signed; the database shreds the values when it stores that event (never
+        before: no component erases values itself)."""
         try:
             command: EraseCommand = EraseCommand.from_json(message.body)
         except InvalidCommand as exc:
             raise Reject(f"unreadable erase command: {exc}", DeadLetterCode.UNREADABLE) from exc
-        state = await self.secrets.state(command.case_id)
-        if state is None or state.erased_at is None:
-            raise Reject(f"erase command for case {command.case_id}, whose values Postgres "
-                         "does not show erased")
         head = await self.store.trail_head(command.case_id)
         if head is not None and head.event_type == EXPIRED_EVENT_TYPE:
             return  # expired meanwhile: nothing of it is kept to record the erasure on
@@ -709,10 +707,26 @@ class CaseWorker:
             raise TransientError(f"case {command.case_id}'s terminal event is not stored yet")
         if head.erased:
             return
+        signed = None if command.action is None else SignedAction(
+            command.action.signed, command.action.key_id, command.action.sig)
         # The tenant is the trail's own, never the command's word.
+        refusal = erase_refusal(signed, await self._action_keys_for(signed),
+                                case_id=command.case_id, tenant_id=head.tenant_id)
+        if refusal is not None or signed is None:
+            metrics.PERSON_ACTIONS_REFUSED.labels(refusal.code if refusal else "unsigned").inc()
+            raise Reject(f"erase command for case {command.case_id} refused: "
+                         f"{refusal.message if refusal else 'unsigned'}",
+                         DeadLetterCode.FORGED_ERASE)
+        state = await self.secrets.state(command.case_id)
+        if state is None or state.erased_at is not None:
+            return  # nothing sensitive, or erased already
+        if await self.secrets.held(command.case_id, head.tenant_id):
+            log.warning("case %s: an erasure was asked for while a legal hold keeps it; "
+                        "nothing is erased", command.case_id)
+            return
         event = make_event(command.case_id, head.attempt, head.seq + 1, CaseErasedPayload(
-            erased_by=state.erased_by or "unknown", erased_at=state.erased_at,
-            placeholders=state.placeholders), tenant_id=head.tenant_id)
+            erased_by=signed.signed["by"], erased_at=signed.signed["actedAt"],
+            placeholders=state.placeholders, action=command.action), tenant_id=head.tenant_id)
         await self._sink.append(event, head.hash)
         log.info("case %s: erasure recorded", command.case_id)
 

@@ -17,6 +17,7 @@ from casetrail.contract.events import (
     DEFAULT_TENANT,
     ContractModel,
     JsonObject,
+    SignedPersonAction,
     describe_validation_error,
 )
 
@@ -63,14 +64,18 @@ class CancelCommand(_Command):
 
 
 class EraseCommand(_Command):
-    """Record that this case's sensitive values were erased: the API has shredded them
-    in Postgres; the worker appends the signed CASE_ERASED to the trail."""
+    """Erase this case's sensitive values, as a person asked: the worker checks the
+    API's signed action and appends the signed CASE_ERASED to the trail; the database
+    shreds the values when that event is stored (docs/design.md, "Served values")."""
 
     MESSAGE_TYPE: ClassVar[str] = "CASE_ERASE"
     """The AMQP ``type`` of its messages."""
 
     case_id: uuid.UUID
     tenant_id: str = DEFAULT_TENANT
+    action: SignedPersonAction | None = Field(
+        default=None, description="The erasure as the API signed it with its action key "
+        "(who asked, when); a command without one erases nothing.")
 
 
 class ToolRequest(ContractModel):

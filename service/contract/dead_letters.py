@@ -20,6 +20,8 @@ class DeadLetterCode(StrEnum):
     """Published by a broker user that may not send it."""
     FORGED_START = "forged_start"
     """A start command for a case row whose signed start does not hold."""
+    FORGED_ERASE = "forged_erase"
+    """An erase command whose erasure no registered action key signed for that case."""
     WRONG_CALL = "wrong_call"
     """A tool reply for another call than its correlation id's."""
     INTERNAL_ERROR = "internal_error"

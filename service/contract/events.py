@@ -687,9 +687,22 @@ class CaseErasedPayload(ContractModel):
     destroyed (their key shredded); the placeholders in its trail stand for nothing
     anyone can recover."""
 
-    erased_by: str = Field(description="Who erased them: ``key:<keyId>`` or ``operator``.")
+    erased_by: str = Field(description="Who erased them: ``key:<keyId>``, ``oidc:<sub>``, "
+                           "``operator``, or ``retention:policy-<id>-v<n>``.")
     erased_at: UtcTimestamp
     placeholders: tuple[str, ...] = Field(description="The placeholders that were erased.")
+    action: SignedPersonAction | None = Field(
+        default=None, description="What the API signed with its action key when the person "
+        "asked (docs/bundle.md, \"A person's action\"); absent on a policy's erasure and on "
+        "erasures recorded before erasures were signed. The database shreds the values "
+        "when this event is stored, never before.")
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        if data.get("action") is None:
+            data.pop("action", None)
+        return data
 
 
 class ChainHead(ContractModel):

@@ -119,7 +119,8 @@ def asyncapi_document(namespace: str, vhost: str = "/", host: str = "localhost:5
         "CaseStart": _message(CaseStartCommand.MESSAGE_TYPE, "Start a case", "CaseStartCommand",
                               "Run this case (the worker reads the rest from its row)."),
         "CaseErase": _message(EraseCommand.MESSAGE_TYPE, "Erase a case", "EraseCommand",
-                              "Append CASE_ERASED after an erasure."),
+                              "Erase the case's sensitive values as the signed erasure asks: "
+                              "the worker appends CASE_ERASED, whose storing shreds them."),
     }
     return {
         "asyncapi": "3.0.0",

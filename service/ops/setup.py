@@ -201,7 +201,7 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT SELECT, INSERT ON cases TO {api}",
         f"GRANT EXECUTE ON FUNCTION withdraw_case(uuid) TO {api}",
         # ... its business keys (values, or digests of sensitive ones, which erasing
-        # deletes: through the owner's erase_personal_data(), below).
+        # deletes: the owner's trigger on the stored CASE_ERASED, migration 034).
         f"GRANT SELECT, INSERT ON case_keys TO {api}",
         f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at, "
         f"start_confirmed_at, start_publishing_until) ON cases TO {api}",
@@ -211,11 +211,10 @@ def grants(settings: Settings) -> list[str]:
         # ... keeps what a person did about a case waiting for one (a review, a cancel),
         # once per wait: the worker records it in the trail.
         f"GRANT SELECT, INSERT ON case_actions TO {api}",
-        # ... seals a new case's sensitive values, opens them for pii:read callers,
-        # shreds them on erase (a whole case at once, through the owner's function: never
-        # an UPDATE of its own); logs each such access (append-only).
+        # ... seals a new case's sensitive values and opens them for pii:read callers
+        # (it shreds nothing: the owner's trigger does, when the worker's CASE_ERASED is
+        # stored); logs each such access (append-only).
         f"GRANT SELECT, INSERT ON case_secrets TO {api}",
-        f"GRANT EXECUTE ON FUNCTION erase_personal_data(uuid, text) TO {api}",
         f"GRANT INSERT ON access_log TO {api}",
         # The worker claims and leases cases, reads whether one has ended and whether
         # its key is registered, and notes when its sweeper re-sent a stranded case's
@@ -267,8 +266,7 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT SELECT ON retention_in_force, retention_business_dates, case_tombstones, "
         f"case_keys, case_key_marks, legal_holds, legal_hold_releases, held_cases, "
         f"retention_approvals, retention_policies TO {worker}",
-        f"GRANT EXECUTE ON FUNCTION expire_case(uuid), erase_for_retention(uuid, text), "
-        f"journal_missing(jsonb) TO {worker}",
+        f"GRANT EXECUTE ON FUNCTION expire_case(uuid), journal_missing(jsonb) TO {worker}",
         # ... keeps the log's monthly partitions made ahead, and drops a month whole once
         # every case in it expired: the owner's functions check that in the database (a
         # component is granted nothing on a partition itself).

@@ -321,3 +321,40 @@ def started_problem(case_id: str, tenant_id: str | None, payload: Mapping[str, A
         (signed.get("agent") == payload.get("agent"), "another agent"),
         (signed.get("by") == payload.get("startedBy"), "another starter"),
     ]) or _digest_agrees(payload.get("input"), signed.get("inputSha256"), "input")
+
+
+def erase_object(case_id: uuid.UUID, tenant_id: str, by: str, acted_at: datetime
+                 ) -> dict[str, Any]:
+    """What the API signs when a person asks for a case's sensitive values to be erased:
+    the case, its tenant, who asked and when. The worker records the erasure only on
+    such an object; the database shreds the values only when its ``CASE_ERASED`` is
+    stored (docs/design.md, "Served values")."""
+    return {"caseId": str(case_id), "tenantId": tenant_id, "kind": "erase", "by": by,
+            "actedAt": acted_at_text(acted_at)}
+
+
+def erase_refusal(action: SignedAction | None, keys: Mapping[str, Any], *,
+                  case_id: uuid.UUID, tenant_id: str) -> Refusal | None:
+    """The worker's check of an erase command: an erasure of this case, in its trail's
+    tenant, signed by a registered action key."""
+    if action is None:
+        return Refusal("unsigned", "no action key signed the erasure")
+    mismatch = _same_case(action.signed, str(case_id), tenant_id, "erase", [
+        (isinstance(action.signed.get("by"), str) and bool(action.signed["by"]),
+         "nobody"),
+        (_time(action.signed.get("actedAt")) is not None, "no time")])
+    if mismatch is not None:
+        return Refusal("mismatch", mismatch)
+    problem = signature_problem(action, keys)
+    return None if problem is None else Refusal("bad_signature", problem)
+
+
+def erased_problem(case_id: str, tenant_id: str | None, payload: Mapping[str, Any],
+                   action: SignedAction) -> str | None:
+    """Whether a recorded ``CASE_ERASED`` is the erasure its signed action asked for:
+    the same case, tenant, person and time. Signature not checked."""
+    signed = action.signed
+    return _same_case(signed, case_id, tenant_id, "erase", [
+        (signed.get("by") == payload.get("erasedBy"), "another person"),
+        (_time(signed.get("actedAt")) == _time(payload.get("erasedAt")), "another time"),
+    ])

@@ -57,6 +57,7 @@ from casetrail.contract.integrity import (
 from casetrail.trail.person_actions import (
     SignedAction,
     answer_problem,
+    erased_problem,
     review_problem,
     signature_problem,
     started_problem,
@@ -234,7 +235,7 @@ def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, 
                 if event_type == "CASE_REVIEWED" and envelope is not None:
                     report.reviews.append(_review_of(attempt, event.seq, envelope))
                 if envelope is not None and event_type in ("CASE_STARTED", "CASE_REVIEWED",
-                                                           "REACT_CYCLE"):
+                                                           "REACT_CYCLE", "CASE_ERASED"):
                     _check_actions(report, (attempt, event.seq), envelope, action_keys)
                 prev_hash = event.integrity.hash
                 head = prev_hash
@@ -286,6 +287,11 @@ def _check_actions(report: Report, at: tuple[int, int], envelope: Mapping[str, A
     if envelope.get("eventType") == "CASE_REVIEWED":
         found.append((payload.get("action"), lambda a: review_problem(
             report.case_id, envelope.get("tenantId"), at[0], payload, a)))
+    # A person's erasure carries the API's signed action; a policy's is the worker's own.
+    if envelope.get("eventType") == "CASE_ERASED" and not str(
+            payload.get("erasedBy", "")).startswith("retention:"):
+        found.append((payload.get("action"), lambda a: erased_problem(
+            report.case_id, envelope.get("tenantId"), payload, a)))
     for call in payload.get("toolCalls") or ():
         result = call.get("toolResult") if isinstance(call, Mapping) else None
         if isinstance(result, Mapping) and "answeredBy" in result:

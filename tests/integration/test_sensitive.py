@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import aio_pika
@@ -19,13 +20,20 @@ from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.contract.commands import EraseCommand
-from casetrail.contract.events import CaseCompletedPayload, TokenUsage, make_event
+from casetrail.contract.events import (
+    CaseCompletedPayload,
+    SignedPersonAction,
+    TokenUsage,
+    make_event,
+)
 from casetrail.contract.integrity import canonical
 from casetrail.errors import PermanentError
 from casetrail.privacy.sensitive import Redaction, Vault
+from casetrail.trail.keyfile import action_signer
+from casetrail.trail.person_actions import erase_object, sign_object
 from tests.support.cli import STANDALONE_VERIFIER
 from tests.support.events import cycle
-from tests.support.helpers import ended, wait_for_sql
+from tests.support.helpers import dead_letter_for, ended, wait_for_sql
 from tests.support.records import SUSPECT, key_with
 from tests.support.stack import InProcessStack, module_stack
 
@@ -349,24 +357,31 @@ async def test_values_sealed_under_another_master_key_stay_placeholders(
 
 async def test_case_erased_carries_the_trails_tenant_not_the_commands(
     client: httpx.AsyncClient, pool: asyncpg.Pool, settings: Any,
-    stack: InProcessStack,
+    stack: InProcessStack, amqp: aio_pika.abc.AbstractRobustConnection, topology: Topology,
 ) -> None:
-    """An erase command that names another tenant (the API's broker identity misused)
-    does not move the case's CASE_ERASED into that tenant's events."""
+    """An erase command sent with the API's broker identity alone (no signed erasure)
+    erases nothing and is set aside; one that names another tenant beside a genuine
+    signed erasure does not move the case's CASE_ERASED into that tenant's events. The
+    values go only when that CASE_ERASED is stored."""
     case_id = uuid.UUID((await client.post("/cases", json={"agent": "loan-officer",
                                                             "input": LOAN})).json()["caseId"])
     await ended(client, case_id)
-    # Shredded as the API does it (in Postgres first), then the command sent with a
-    # tenant that is not the case's.
-    await pool.execute("UPDATE case_secrets SET wrapped_key = NULL, ciphertext = NULL, "
-                       "erased_at = now(), erased_by = 'key:test' WHERE case_id = $1", case_id)
+    signed = sign_object(action_signer(settings), erase_object(
+        case_id, "default", "key:test", datetime.now(UTC)))
     connection = await aio_pika.connect(settings.identity("api").amqp_url)
     try:
         publisher = await Publisher.open(connection)  # type: ignore[arg-type]
-        await publisher.publish(
-            f"{settings.namespace}.commands", Topology.ERASE_KEY,
-            EraseCommand(case_id=case_id, tenant_id="intruder").to_json(),
-            message_type=EraseCommand.MESSAGE_TYPE, message_id=f"erase-{case_id}")
+        for action, message_id in ((None, f"forged-erase-{case_id}"), (
+                SignedPersonAction.model_validate(signed.as_json()), f"erase-{case_id}")):
+            await publisher.publish(
+                f"{settings.namespace}.commands", Topology.ERASE_KEY,
+                EraseCommand(case_id=case_id, tenant_id="intruder", action=action).to_json(),
+                message_type=EraseCommand.MESSAGE_TYPE, message_id=message_id)
+            if action is None:
+                reason = await dead_letter_for(amqp, topology, message_id)
+                assert "no action key signed the erasure" in reason, reason
+                assert await pool.fetchval("SELECT wrapped_key IS NOT NULL FROM case_secrets "
+                                           "WHERE case_id = $1", case_id) is True
     finally:
         await connection.close()
     await wait_for_sql(pool, "SELECT count(*) FROM event_log WHERE case_id = $1 AND "
@@ -374,5 +389,9 @@ async def test_case_erased_carries_the_trails_tenant_not_the_commands(
     tenants = await pool.fetch("SELECT DISTINCT tenant_id FROM event_log WHERE case_id = $1",
                                case_id)
     assert [r["tenant_id"] for r in tenants] == ["default"]
+    secret = await pool.fetchrow("SELECT erased_by, wrapped_key FROM case_secrets "
+                                 "WHERE case_id = $1", case_id)
+    assert secret is not None and (secret["erased_by"], secret["wrapped_key"]) == (
+        "key:test", None)
     report = (await client.get(f"/cases/{case_id}/verify")).json()
     assert report["verified"] is True, report

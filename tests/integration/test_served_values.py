@@ -15,10 +15,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from casetrail.adapters.store import CaseStore, KeyRegistry, component_pool
+from casetrail.adapters.store.audit_log import AuditStore
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.evidence import Evidence
 from casetrail.config import Settings
 from tests.support.helpers import ended
+from tests.support.records import key_with
 from tests.support.stack import module_stack
 
 stack = module_stack(worker_concurrency=4)
@@ -148,7 +150,8 @@ async def test_no_component_removes_a_persons_action(
                          case_id, "no action key signed it", "unsigned") is True
     kept = await pool.fetchrow("SELECT kind, reviewer, why, why_code FROM case_actions_refused "
                                "WHERE case_id = $1", case_id)
-    assert kept is not None and dict(kept) == {"kind": "review", "reviewer": {"subject": "rita", "via": "key"},
+    assert kept is not None
+    assert dict(kept) == {"kind": "review", "reviewer": {"subject": "rita", "via": "key"},
                           "why": "no action key signed it", "why_code": "unsigned"}
     for statement in ("DELETE FROM case_actions_refused WHERE case_id = $1",
                       "UPDATE case_actions_refused SET why = 'x' WHERE case_id = $1"):
@@ -157,3 +160,40 @@ async def test_no_component_removes_a_persons_action(
     with pytest.raises(asyncpg.CheckViolationError):
         await as_role(settings, "worker", "SELECT refuse_case_action($1, 1, '', 'x')",
                       case_id)
+
+
+async def test_personal_data_is_erased_only_through_the_record(
+    client: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool,
+) -> None:
+    """No component's role runs the owner's erasure functions (the worker's could shred
+    a case no policy covered; the API's, any case with any author). A person's erasure
+    is signed, recorded by the worker, and the database shreds the values as it stores
+    that CASE_ERASED, taking who and when from it; values erased without their event are
+    an audit finding."""
+    case_id = await approved_case(client)
+    for component, call in (("worker", "erase_for_retention($1, 'retention:policy 1')"),
+                            ("api", "erase_personal_data($1, 'someone')")):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await as_role(settings, component, f"SELECT {call}", case_id)
+    assert await pool.fetchval("SELECT erased_at FROM case_secrets WHERE case_id = $1",
+                               case_id) is None
+    admin = await key_with(pool, "admin")
+    erased = await client.post(f"/cases/{case_id}/erase", headers=admin)
+    assert erased.status_code == 202 and erased.json()["status"] == "erased", erased.text
+    event = await pool.fetchrow("SELECT payload FROM event_log WHERE case_id = $1 AND "
+                                "event_type = 'CASE_ERASED'", case_id)
+    assert event is not None
+    secret = await pool.fetchrow("SELECT erased_at, erased_by, wrapped_key FROM case_secrets "
+                                 "WHERE case_id = $1", case_id)
+    assert secret is not None and secret["wrapped_key"] is None
+    signed = event["payload"]["action"]["signed"]
+    assert (signed["kind"], signed["caseId"]) == ("erase", str(case_id))
+    assert secret["erased_by"] == event["payload"]["erasedBy"] == signed["by"]
+    report = (await client.get(f"/cases/{case_id}/verify")).json()
+    assert report["verified"] is True and not report.get("warnings"), report
+
+    # As the owner: another case's values shredded with no CASE_ERASED behind them.
+    other = await approved_case(client)
+    assert other not in await AuditStore(pool).erasures_unrecorded()
+    await pool.execute("SELECT erase_personal_data($1, 'owner')", other)
+    assert other in await AuditStore(pool).erasures_unrecorded()

@@ -17,8 +17,8 @@ from casetrail.contract.events import (
 from casetrail.trail.projection import Projection, project
 from tests.support import ROOT
 
-CYCLE: tuple[str, dict[str, Any]] = ("REACT_CYCLE", {"cycleIndex": 1, "tokenUsage": {"inputTokens": 100,
-                                                         "outputTokens": 20}})
+CYCLE: tuple[str, dict[str, Any]] = (
+    "REACT_CYCLE", {"cycleIndex": 1, "tokenUsage": {"inputTokens": 100, "outputTokens": 20}})
 ANSWER = {"decision": "refer", "reasonCodes": ["INCOME_UNVERIFIED"]}
 
 

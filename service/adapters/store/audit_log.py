@@ -65,6 +65,24 @@ class AuditStore:
             "GROUP BY case_id ORDER BY min(leaf_index)", first_leaf)
         return [r["case_id"] for r in rows]
 
+    async def erasures_unrecorded(self) -> list[uuid.UUID]:
+        """Cases whose sensitive values are erased but whose trail holds no CASE_ERASED:
+        shredded outside the record (the owner's trigger shreds only as it stores one)."""
+        rows = await self.pool.fetch(
+            "SELECT s.case_id FROM case_secrets s WHERE s.erased_at IS NOT NULL AND NOT "
+            "EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = s.case_id "
+            "AND e.event_type = 'CASE_ERASED') ORDER BY 1")
+        return [r["case_id"] for r in rows]
+
+    async def erasures_unapplied(self, cases: list[uuid.UUID]) -> list[uuid.UUID]:
+        """Of ``cases``, those whose trail holds a CASE_ERASED while their values are
+        still kept (a hold placed while the erasure travelled)."""
+        rows = await self.pool.fetch(
+            "SELECT s.case_id FROM case_secrets s WHERE s.case_id = ANY($1::uuid[]) AND "
+            "s.erased_at IS NULL AND EXISTS (SELECT 1 FROM event_log e WHERE e.case_id = "
+            "s.case_id AND e.event_type = 'CASE_ERASED') ORDER BY 1", cases)
+        return [r["case_id"] for r in rows]
+
     async def leaves_unmatched(self) -> list[Mismatch]:
         """Event leaves whose event is not stored, or stored with another hash; but the
         events an expiry removed (its case row gone with them, its tombstone kept),

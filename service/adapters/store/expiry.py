@@ -262,17 +262,6 @@ class ExpiryStore:
         async with translate_errors():
             return list(await self.pool.fetchval("SELECT event_log_drop_expired_partitions()"))
 
-    async def erase(self, case_id: uuid.UUID, by: str) -> datetime | None:
-        """The owner's ``erase_for_retention``: when the values were erased (``None``:
-        erased before)."""
-        async with translate_errors():
-            try:
-                erased: datetime | None = await self.pool.fetchval(
-                    "SELECT erase_for_retention($1, $2)", case_id, by)
-            except asyncpg.PostgresError as exc:
-                raise _refusal(exc) from exc
-        return erased
-
 
 def _refusal(exc: asyncpg.PostgresError) -> Exception:
     code = getattr(exc, "sqlstate", None)

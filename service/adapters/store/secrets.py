@@ -9,7 +9,7 @@ from typing import Literal
 
 import asyncpg
 
-from casetrail.adapters.store.pool import HELD_SQLSTATE, HeldByLaw, translate_errors
+from casetrail.adapters.store.pool import translate_errors
 from casetrail.errors import PermanentError
 from casetrail.privacy.sensitive import SealedValues, Vault
 
@@ -60,27 +60,6 @@ class CaseSecrets:
             row["master_key_id"], bytes(row["wrapped_key"]), bytes(row["ciphertext"]))
         return SecretState(tuple(row["placeholders"]), sealed, row["erased_at"],
                            row["erased_by"])
-
-    async def erase(self, case_id: uuid.UUID, by: str
-                    ) -> tuple[Literal["erased", "already", "nothing"], datetime | None]:
-        """Destroy the data key and the ciphertext (crypto-shredding), recording who,
-        through the owner's ``erase_personal_data`` (which also deletes the digests of
-        the case's sensitive business keys: nobody can test a guess of an erased value
-        against them any more); the outcome and when the values were erased (now, or
-        the first time)."""
-        async with translate_errors():
-            try:
-                erased_at = await self._pool.fetchval(
-                    "SELECT erase_personal_data($1, $2)", case_id, by)
-            except asyncpg.PostgresError as exc:
-                if getattr(exc, "sqlstate", None) == HELD_SQLSTATE:
-                    raise HeldByLaw(str(exc)) from exc
-                raise
-            if erased_at is not None:
-                return "erased", erased_at
-            row = await self._pool.fetchrow(
-                "SELECT erased_at FROM case_secrets WHERE case_id = $1", case_id)
-        return ("already", row["erased_at"]) if row is not None else ("nothing", None)
 
     async def held(self, case_id: uuid.UUID, tenant: str) -> bool:
         """Whether a legal hold keeps the case (its values are not erased meanwhile)."""

@@ -188,14 +188,17 @@ async def cancel_case(
              summary="Erase a case's sensitive values (crypto-shredding)",
              response_model=EraseAccepted,
              responses=responses(202, EraseAccepted,
-                                 "The values are destroyed; CASE_ERASED follows in the trail",
+                                 "The erasure is signed and recorded: the values are "
+                                 "destroyed when its CASE_ERASED is stored",
                                  401, 403, 404, 410, 409, 422, 503))
 async def erase_case(case_id: uuid.UUID, principal: Administrator, services: Cases) -> Response:
-    """Destroy the case's data key and ciphertext. The trail keeps its placeholders and
-    every hash still verifies; the worker appends a signed ``CASE_ERASED`` (who, when).
-    Only an ended case can be erased."""
+    """Destroy the case's data key and ciphertext, through its record: the erasure is
+    signed for the caller, the worker appends the signed ``CASE_ERASED`` (who, when) and
+    the database shreds the values as it stores that event. The trail keeps its
+    placeholders and every hash still verifies. Only an ended case can be erased."""
     done = await cases.erase(services, principal, case_id)
     return OrjsonResponse({
         "caseId": str(case_id),
-        "status": "erased" if done.outcome == "erased" else "already erased",
+        "status": {"erased": "erased", "erasing": "erasing"}.get(done.outcome,
+                                                                  "already erased"),
         "erasedAt": utc_text(done.erased_at)}, status_code=202)
