@@ -26,8 +26,10 @@ Component = Literal["api", "worker", "consumer", "capability", "ledger", "witnes
 COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "ledger")
 """The components with one identity each. A capability worker has none of its own: it
 connects as the user of each capability it serves (``capability_identity``)."""
-DATABASE_COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "ledger")
-"""The capability workers reach no database."""
+DATABASE_COMPONENTS: tuple[Component, ...] = ("api", "worker", "consumer", "ledger", "auditor")
+"""The components with a database role of their own. The capability workers reach no
+database; the auditor (``casetrail audit``) reaches no broker: it reads the log and
+appends its passes, as its own role, never as the bootstrap (superuser) URL."""
 CAPABILITY_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
 def config_home() -> Path:
@@ -143,7 +145,7 @@ class ModelEndpoint(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _https_or_loopback(cls, value: str) -> str:
-        return _https_or_loopback(value, "baseUrl")
+        return https_or_loopback(value, "baseUrl")
 
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -160,7 +162,9 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _https_or_loopback(value: str, what: str) -> str:
+def https_or_loopback(value: str, what: str) -> str:
+    """``value`` when it is an https URL, or plain http to a loopback address (a key
+    must not cross a network in clear); ``ValueError`` naming ``what`` otherwise."""
     parts = urlsplit(value)
     host = (parts.hostname or "").lower()
     if parts.scheme == "https" and host:
@@ -213,7 +217,7 @@ class McpServer(BaseModel):
             if self.url is None or self.command is not None or self.env:
                 raise ValueError(f"MCP server {self.name!r}: http takes a url (and "
                                  "headersEnv), not a command or env")
-            self.url = _https_or_loopback(self.url, f"MCP server {self.name!r}: url")
+            self.url = https_or_loopback(self.url, f"MCP server {self.name!r}: url")
         return self
 
     def from_environment(self, names: Mapping[str, str]) -> dict[str, str]:
@@ -257,7 +261,7 @@ class A2aAgent(BaseModel):
 
     @model_validator(mode="after")
     def _https_card(self) -> A2aAgent:
-        self.card_url = _https_or_loopback(self.card_url, f"A2A agent {self.name!r}: cardUrl")
+        self.card_url = https_or_loopback(self.card_url, f"A2A agent {self.name!r}: cardUrl")
         return self
 
     def headers(self) -> dict[str, str]:
@@ -353,6 +357,9 @@ class Settings(BaseSettings):
         "agents' own.")
     ledger_database_url: str | None = Field(default=None, description="The ledger's own "
         "role (the transparency log's sequencer).")
+    auditor_database_url: str | None = Field(default=None, description="The auditor's own "
+        "role (`casetrail audit`): reads the log, the cases and the transparency log, "
+        "appends its passes; nothing else.")
     ledger_amqp_url: str | None = Field(default=None, description="The ledger's broker user "
         "(publishes ledger.checkpoint).")
     master_key: SecretStr | None = Field(
@@ -691,6 +698,22 @@ class Settings(BaseSettings):
                     f"the {component} must connect as {expected!r}, not {user!r} (see "
                     "`casetrail setup`)")
         return Identity(component, configured, database)
+
+    def audit_database_url(self) -> str:
+        """The auditor's own login: ``CASETRAIL_AUDITOR_DATABASE_URL``, else what
+        ``casetrail setup`` wrote to the secrets file; never the bootstrap URL."""
+        url = self.auditor_database_url or (
+            self.stored_secrets().get("auditor") or {}).get("database_url")
+        if not url:
+            raise PermanentError(
+                "no identity for the auditor: set CASETRAIL_AUDITOR_DATABASE_URL, or run "
+                f"`casetrail setup`, which writes it to {self.secrets_path().resolve()}")
+        user = unquote(urlsplit(url).username or "")
+        if user != self.database_role("auditor"):
+            raise PermanentError(f"the auditor must connect as "
+                                 f"{self.database_role('auditor')!r}, not {user!r} (see "
+                                 "`casetrail setup`)")
+        return str(url)
 
     def capability_identity(self, capability: str) -> Identity:
         """The broker identity of one capability: ``CASETRAIL_CAPABILITY_AMQP_URLS``'s

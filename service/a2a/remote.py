@@ -22,7 +22,7 @@ import httpx
 import orjson
 
 from casetrail.a2a import A2aRequest
-from casetrail.config import A2aAgent
+from casetrail.config import A2aAgent, https_or_loopback
 from casetrail.contract.integrity import canonical
 from casetrail.engine.tools import Capability, ToolFailed, a2a_capability
 from casetrail.errors import PermanentError
@@ -73,6 +73,24 @@ async def read_card(agent: A2aAgent, http: httpx.AsyncClient) -> dict[str, Any]:
     return card
 
 
+def card_interfaces(agent: A2aAgent, card: Mapping[str, Any]) -> None:
+    """Every endpoint the card names (``url``, ``supportedInterfaces``,
+    ``additionalInterfaces``) held to the rule ``cardUrl`` is held to: https, or plain
+    http to a loopback address; the agent's credentials (``headersEnv``) go there, so
+    one that breaks it is refused before anything is sent (``ToolFailed``, for good)."""
+    urls = [card.get("url")] + [
+        entry.get("url") for key in ("supportedInterfaces", "additionalInterfaces")
+        for entry in (card.get(key) or []) if isinstance(entry, Mapping)]
+    for url in urls:
+        if url is None:
+            continue
+        try:
+            https_or_loopback(str(url), f"A2A agent {agent.name!r}: the card's interface")
+        except ValueError as exc:
+            raise ToolFailed(f"{exc}; refused before its credentials were sent",
+                             retryable=False) from exc
+
+
 def pinned(agent: A2aAgent, card: Mapping[str, Any]) -> str:
     """The card's digest, when it is the one the operator pinned; otherwise why not."""
     digest = card_digest(card)
@@ -118,10 +136,12 @@ class RemoteAgent:
             headers = self.agent.headers()
         except PermanentError as exc:
             raise ToolFailed(str(exc), retryable=False) from exc
-        async with httpx.AsyncClient(headers=headers,
-                                     timeout=self.agent.timeout_seconds) as http:
+        # Redirects are never followed: one could take the credentials to another host.
+        async with httpx.AsyncClient(headers=headers, timeout=self.agent.timeout_seconds,
+                                     follow_redirects=False) as http:
             card_json = await read_card(self.agent, http)
             digest = pinned(self.agent, card_json)
+            card_interfaces(self.agent, card_json)
             card = _card(card_json)
             streams = bool(card.capabilities.streaming)
             client = await create_client(card, ClientConfig(
@@ -234,7 +254,8 @@ async def read_cards(agents: list[A2aAgent]) -> dict[str, dict[str, Any] | str]:
     read: dict[str, dict[str, Any] | str] = {}
     for agent in agents:
         try:
-            async with httpx.AsyncClient(headers=agent.headers(), timeout=10) as http:
+            async with httpx.AsyncClient(headers=agent.headers(), timeout=10,
+                                         follow_redirects=False) as http:
                 card = await read_card(agent, http)
         except (ToolFailed, PermanentError) as exc:
             read[agent.name] = str(exc)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import orjson
@@ -253,12 +254,73 @@ def _no_push() -> NoReturn:
         "events on the bus")
 
 
-def method_of(body: bytes) -> str | None:
-    """The JSON-RPC method a request names (``None``: not one; the dispatcher says so)."""
+MAX_NESTING = 64
+"""How deep a JSON-RPC request's arrays and objects may nest. A message's data rarely
+nests a handful of levels; the SDK's parser fails past Python's recursion limit with an
+internal error, so deeper is refused first as an Invalid Request that says why."""
+
+
+@dataclass(frozen=True)
+class RpcPeek:
+    """What a JSON-RPC request names before the SDK reads it: its method (``None``: not
+    one; the dispatcher says so), its id, and whether it nests too deep."""
+
+    method: str | None
+    request_id: str | int | None
+    too_deep: bool
+
+
+def peek(body: bytes) -> RpcPeek:
     try:
         parsed: Any = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    method = parsed.get("method") if isinstance(parsed, dict) else None
-    return method if isinstance(method, str) else None
+    except orjson.JSONDecodeError:  # orjson too refuses to nest past its own limit
+        return RpcPeek(None, None, _raw_depth(body) > MAX_NESTING)
+    if not isinstance(parsed, dict):
+        return RpcPeek(None, None, _deeper_than(parsed, MAX_NESTING))
+    method, request_id = parsed.get("method"), parsed.get("id")
+    return RpcPeek(method if isinstance(method, str) else None,
+                   request_id if isinstance(request_id, str | int)
+                   and not isinstance(request_id, bool) else None,
+                   _deeper_than(parsed, MAX_NESTING))
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value``'s arrays and objects nest more than ``limit`` levels (walked
+    without recursion, so no depth can exhaust the stack)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else \
+            item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children
+                       if isinstance(child, dict | list))
+    return False
+
+
+def _raw_depth(body: bytes) -> int:
+    """How deep the brackets of a body that is not JSON nest, strings skipped."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (byte == 0x5C, byte != 0x22)
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def too_deep_answer(request_id: str | int | None) -> dict[str, Any]:
+    """The JSON-RPC Invalid Request answer to a request that nests too deep."""
+    return {"jsonrpc": "2.0", "id": request_id, "error": {
+        "code": -32600, "message": f"Invalid Request: its arrays and objects nest deeper "
+                                   f"than {MAX_NESTING} levels"}}
 

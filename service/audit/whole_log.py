@@ -237,8 +237,9 @@ class WholeLog:
 
 
 async def audit_namespace(settings: Settings, *, full: bool = False) -> AuditReport:
-    """One pass over the namespace's database as the operator; its metrics set."""
-    pool = await create_pool(settings.database_url, max_size=2)
+    """One pass over the namespace's database as the auditor's own role (never the
+    bootstrap URL); its metrics set."""
+    pool = await create_pool(settings.audit_database_url(), max_size=2)
     try:
         ledger = LedgerStore(pool)
         audit = WholeLog(AuditStore(pool), ledger,

@@ -117,8 +117,12 @@ async def set_policy(services: CaseServices, principal: Principal, agent: str,
                      asked: dict[str, Any]) -> dict[str, Any]:
     """A new version of the tenant's policy for ``agent`` (``*``: every agent without
     its own). In force at once when it keeps at least as much as the one in force, else
-    once a second person approves it."""
+    once a second person approves it. Only a person sets one: a service key is nobody
+    whom a second person's approval could be another than."""
     _needs(principal, Scope.RETENTION)
+    if principal.person is None:
+        raise Forbidden("a person sets a retention policy (a key made with --person, or an "
+                        "OIDC subject), never a service key")
     if agent != "*" and agent not in AGENTS:
         raise Invalid(Issue(("path", "agent"), f"no agent {agent!r}; the agents are: "
                             f"{', '.join(sorted(AGENTS))}, or * for the tenant's default"))

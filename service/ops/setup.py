@@ -130,9 +130,10 @@ def plan_identities(settings: Settings) -> Identities:
     """Each component's URLs: given in the environment, kept from an earlier run, or new."""
     stored = settings.stored_secrets()
     urls: dict[Component, dict[str, str]] = {}
-    for component in COMPONENTS:
+    for component in dict.fromkeys((*COMPONENTS, *DATABASE_COMPONENTS)):
         kept = stored.get(component, {})
-        kinds = [("amqp_url", settings.amqp_url, settings.broker_user(component))]
+        kinds = [("amqp_url", settings.amqp_url, settings.broker_user(component))] \
+            if component in COMPONENTS else []
         if component in DATABASE_COMPONENTS:
             kinds.append(("database_url", settings.database_url,
                           settings.database_role(component)))
@@ -188,9 +189,9 @@ def write_secrets(path: Path, identities: Identities) -> None:
 
 def grants(settings: Settings) -> list[str]:
     """What each component may do, and nothing more (run by the owner's authority)."""
-    api, worker, consumer, ledger = (quote_ident(settings.database_role(c))
-                                     for c in DATABASE_COMPONENTS)
-    everyone = f"{api}, {worker}, {consumer}, {ledger}"
+    api, worker, consumer, ledger, auditor = (quote_ident(settings.database_role(c))
+                                              for c in DATABASE_COMPONENTS)
+    everyone = f"{api}, {worker}, {consumer}, {ledger}, {auditor}"
     policy = quote_ident(f"{settings.namespace}_components")
     statements = [
         f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {everyone}",
@@ -285,6 +286,14 @@ def grants(settings: Settings) -> list[str]:
         # log proofs come from the transparency log (public: /ledger serves it).
         f"GRANT SELECT ON ledger_leaves, ledger_tiles, ledger_checkpoints, ledger_keys, "
         f"ledger_cosignatures TO {worker}",
+        # The auditor (`casetrail audit`) reads the log, the cases, the keys and the
+        # transparency log, and appends its passes (append-only); it writes nothing
+        # else, and reads of the sealed values only whether and when they were erased.
+        f"GRANT SELECT ON event_log, cases, case_tombstones, signing_keys, action_keys, "
+        f"ledger_leaves, ledger_tiles, ledger_checkpoints, ledger_keys, ledger_cosignatures, "
+        f"ledger_queue, backtest_records, backtest_results TO {auditor}",
+        f"GRANT SELECT (case_id, erased_at) ON case_secrets TO {auditor}",
+        f"GRANT SELECT, INSERT ON audit_runs TO {auditor}",
     ]
     # Row-level security (migration 004) shows a SQL reader its tenant's rows; the
     # components serve every tenant and check tenancy themselves.

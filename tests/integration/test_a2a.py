@@ -301,6 +301,35 @@ async def test_the_same_credentials_and_scopes_as_rest(
             await client.close()
 
 
+async def test_a_request_nested_too_deep_is_an_invalid_request_saying_why(
+    stack: InProcessStack, pool: asyncpg.Pool,
+) -> None:
+    """A body nested thousands deep made the SDK's parser fail with Python's "maximum
+    recursion depth" as an internal error (-32603); it is an Invalid Request, plainly."""
+    _, key = await ApiKeyStore(pool).create("default", ("cases:read",), "a2a deep")
+    deep = b'{"jsonrpc": "2.0", "id": 7, "method": "GetTask", "params": {"id": ' + \
+        b"[" * 5000 + b"]" * 5000 + b"}}"
+    async with httpx.AsyncClient(timeout=10, headers={
+            "Authorization": f"Bearer {key}", "A2A-Version": "1.0",
+            "Content-Type": "application/json"}) as http:
+        reply = await http.post(f"{stack.base_url}/a2a/loan-officer/", content=deep)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    # Too deep even to be read: its id is not known (JSON-RPC answers null then).
+    assert answer["id"] is None and answer["error"]["code"] == -32600, answer
+    assert "nest deeper than 64 levels" in answer["error"]["message"]
+    assert "recursion" not in reply.text
+    # Readable but deeper than the limit: refused the same way, its id kept.
+    readable = b'{"jsonrpc": "2.0", "id": 7, "method": "GetTask", "params": {"id": ' + \
+        b"[" * 100 + b"]" * 100 + b"}}"
+    async with httpx.AsyncClient(timeout=10, headers={
+            "Authorization": f"Bearer {key}", "A2A-Version": "1.0",
+            "Content-Type": "application/json"}) as http:
+        answer = (await http.post(f"{stack.base_url}/a2a/loan-officer/",
+                                  content=readable)).json()
+    assert answer["id"] == 7 and answer["error"]["code"] == -32600, answer
+
+
 async def test_a_tenant_over_its_quota_is_told_when_to_retry_and_nothing_is_kept(
     stack: InProcessStack, pool: asyncpg.Pool,
 ) -> None:

@@ -36,7 +36,9 @@ from casetrail.contract.commands import (
 )
 from casetrail.contract.integrity import Signer
 from casetrail.errors import PublishRejected
+from casetrail.ops.privileges import privileges_table
 from casetrail.trail.keyfile import write_signer
+from tests.support import ROOT
 from tests.support.broker import rabbitmqctl_json
 from tests.support.events import started
 from tests.support.helpers import CapabilityConnections, dead_letter_for, ended, wait_until
@@ -451,3 +453,16 @@ async def test_a_worker_whose_key_no_operator_registered_refuses_to_start(
     log = Path(worker.log_path).read_text()  # type: ignore[attr-defined]  # noqa: ASYNC240
     assert code != 0
     assert "is not registered" in log and "casetrail signer register" in log
+
+
+async def test_docs_show_every_roles_grants_as_setup_made_them(
+    settings: Settings, database: str,
+) -> None:
+    """docs/security.md's table of the database roles' privileges is the one read back
+    from a namespace `casetrail setup` made (regenerate: `python -m
+    casetrail.ops.privileges`, on a namespace set up with this release)."""
+    documented = (ROOT / "docs" / "security.md").read_text()
+    begin, end = "<!-- privileges: begin -->\n", "<!-- privileges: end -->"
+    assert begin in documented and end in documented
+    shown = documented.split(begin, 1)[1].split(end, 1)[0]
+    assert shown == await privileges_table(settings)

@@ -216,9 +216,11 @@ async def _from_the_command_line(own: Settings, cases: list[str]) -> None:
     assert planned.returncode == 0, planned.stderr
     held = {c["caseId"]: c["held"] for c in orjson.loads(planned.stdout)["cases"]}
     assert held and all(held.values()), held  # every remaining case is that applicant's
+    # The operator is no person whom a second person's approval could be another than:
+    # only a person's key sets a policy.
     refused = await asyncio.to_thread(run_cli, own, "retention", "set", "*", "--keep-days",
-                                      "10", "--reason", "too short")
-    assert refused.returncode == 1 and "183" in refused.stderr, refused.stderr
+                                      "200", "--reason", "as the operator")
+    assert refused.returncode == 1 and "a person sets" in refused.stderr, refused.stderr
 
 
 async def test_a_policy_or_a_release_written_with_the_apis_database_password_deletes_nothing(

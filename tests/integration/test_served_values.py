@@ -197,3 +197,46 @@ async def test_personal_data_is_erased_only_through_the_record(
     assert other not in await AuditStore(pool).erasures_unrecorded()
     await pool.execute("SELECT erase_personal_data($1, 'owner')", other)
     assert other in await AuditStore(pool).erasures_unrecorded()
+
+
+async def test_a_business_key_names_only_its_own_case(
+    client: httpx.AsyncClient, settings: Settings, pool: asyncpg.Pool,
+) -> None:
+    """With the API's database password alone, pointing an applicant's id at another
+    (older) case is refused: a key is kept only with the case that the same transaction
+    made, for the value its input holds."""
+    victim = await approved_case(client)
+    # (Its own applicantId is kept already: the primary key refuses a second.) Another
+    # agent's key field, in clear or as a digest, on this older case:
+    for digest in (False, True):
+        with pytest.raises(asyncpg.CheckViolationError, match="only with the case it names"):
+            await as_role(settings, "api", "INSERT INTO case_keys (case_id, tenant_id, field, "
+                          "value, digest, created_at) VALUES ($1, 'default', 'customerId', "
+                          "'C-4711', $2, now())", victim, digest)
+    found = (await client.get("/cases", params={"key.applicantId": "A-1001"})).json()["items"]
+    assert str(victim) in {c["caseId"] for c in found}
+    # A case row the same transaction makes takes only its own input's value.
+    api = await component_pool(settings.identity("api"), 1)
+    try:
+        with pytest.raises(asyncpg.CheckViolationError, match="only with the case it names"):
+            async with api.acquire() as conn, conn.transaction():
+                made = await conn.fetchval(
+                    "INSERT INTO cases (case_id, agent, input, model, limits, request_digest) "
+                    "VALUES (gen_random_uuid(), 'loan-officer', '{\"applicantId\": \"A-7\"}', "
+                    "'{}', '{}', 'd') RETURNING case_id")
+                await conn.execute("INSERT INTO case_keys (case_id, tenant_id, field, value, "
+                                   "digest, created_at) VALUES ($1, 'default', 'applicantId', "
+                                   "'A-1001', false, now())", made)
+    finally:
+        await api.close()
+
+
+async def test_only_a_person_sets_a_retention_policy(
+    client: httpx.AsyncClient, pool: asyncpg.Pool,
+) -> None:
+    """A service key set a policy and one person approved it: two "persons", one of them
+    nobody. A service key is now refused, naming why."""
+    service = await key_with(pool, "retention:manage")
+    reply = await client.put("/retention/policies/*", headers=service,
+                             json={"keepDays": 400, "reason": "by a script"})
+    assert reply.status_code == 403 and "a person sets" in reply.text, reply.text

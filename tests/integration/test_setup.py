@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from casetrail.adapters.store import CapabilityKeyRegistry, create_pool
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.cli.access import reader_role as reader_role_of
-from casetrail.config import DATABASE_COMPONENTS, Settings
+from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Settings
 from casetrail.errors import PermanentError
 from casetrail.ops.setup import remove, remove_broker_users, served_capabilities, setup
 from casetrail.trail.keyfile import worker_signer
@@ -57,7 +57,8 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
         assert again.returncode == 0, again.stderr
         assert json.loads(secrets.read_text()) == made  # the same passwords: idempotent
         assert set(made) == {"api", "worker", "consumer", "capabilities", "ledger",
-                             "master_key"}
+                             "auditor", "master_key"} \
+            and set(made["auditor"]) == {"database_url"}  # the auditor: no broker user
         assert len(base64.b64decode(made.pop("master_key"))) == 32  # made once, kept
         capabilities = made.pop("capabilities")
         assert set(capabilities) == set(served_capabilities(ns))  # a user each, no database
@@ -71,7 +72,7 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
         # Broker: one user per component and per capability, no tags, exactly these
         # permissions.
         users = {u["user"]: u for u in rabbitmqctl_json("list_users")}
-        for user in [*map(ns.broker_user, made), *map(ns.capability_user, capabilities)]:
+        for user in [*map(ns.broker_user, COMPONENTS), *map(ns.capability_user, capabilities)]:
             assert users[user]["tags"] == []
         permissions = {p["user"]: p for p in rabbitmqctl_json("list_permissions")}
         escaped = re.escape(ns.namespace)

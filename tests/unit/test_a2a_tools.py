@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from casetrail import A2aTool, Agent, DeclarationError, ModelRef
-from casetrail.a2a.remote import RemoteAgent, card_digest, pinned
+from casetrail.a2a.remote import RemoteAgent, card_digest, card_interfaces, pinned
 from casetrail.cases.configured import agent_problems
 from casetrail.config import A2aAgent, Settings
 from casetrail.contract.events import A2aCallRef, ToolCallRecord
@@ -79,3 +79,64 @@ def test_an_agent_naming_an_unconfigured_a2a_agent_cannot_run() -> None:
                                                card_url="https://kyc.example/card")])
     assert not any("A2A" in p for p in agent_problems(agent, configured, served=()))
     assert problems != agent_problems(agent, configured, served=())
+
+
+def test_every_interface_a_card_names_is_held_to_the_card_urls_rule() -> None:
+    """The agent's credentials go to the interfaces its card names: an http one off this
+    host is refused before anything is sent, as ``cardUrl`` would be."""
+    agent = A2aAgent(name="kyc", card_url="https://kyc.example/card")
+    card_interfaces(agent, {**CARD, "supportedInterfaces": [
+        {"url": "https://kyc.example/a2a", "protocolBinding": "JSONRPC"},
+        {"url": "http://127.0.0.1:9/a2a", "protocolBinding": "HTTP+JSON"}]})
+    for where in ({"url": "http://kyc.example/a2a"},
+                  {"supportedInterfaces": [{"url": "http://10.0.0.7/a2a"}]},
+                  {"additionalInterfaces": [{"url": "ftp://kyc.example/a2a"}]}):
+        with pytest.raises(ToolFailed, match="refused before its credentials") as refused:
+            card_interfaces(agent, {**CARD, **where})
+        assert refused.value.retryable is False
+
+
+async def test_a_card_that_redirects_elsewhere_is_not_followed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A card URL answering with a redirect to another host: refused, and that host is
+    never asked (nor sent the agent's credentials)."""
+    import asyncio
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from casetrail.a2a import A2aRequest
+
+    asked: list[str] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.headers.get("Authorization", ""))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+
+    class Redirecting(Elsewhere):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{elsewhere.server_port}/card")
+            self.end_headers()
+
+    origin = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    for server in (elsewhere, origin):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("KYC_TOKEN", "secret")
+    agent = A2aAgent(name="kyc", card_url=f"http://127.0.0.1:{origin.server_port}/card",
+                     headers_env={"Authorization": "KYC_TOKEN"})
+    try:
+        with pytest.raises(ToolFailed, match="answered 302"):
+            await RemoteAgent(agent).answer(A2aRequest(arguments={"q": 1}, message_id="m1"))
+        await asyncio.sleep(0.05)
+        assert asked == []
+    finally:
+        for server in (elsewhere, origin):
+            server.shutdown()

@@ -104,6 +104,21 @@ def test_each_component_holds_only_its_own_identity() -> None:
         assert ("CASETRAIL_MASTER_KEY" in environment) == (name in ("api", "worker"))
 
 
+def test_the_auditor_holds_only_its_own_database_role() -> None:
+    """No component connects as the bootstrap (superuser) URL, the auditor included: it
+    reads the log and appends its passes as its own role; setup makes that role."""
+    environment = OURS["auditor"]["environment"]
+    assert not {"CASETRAIL_DATABASE_URL", "CASETRAIL_AMQP_URL",
+                "CASETRAIL_MASTER_KEY"} & set(environment)
+    assert environment["CASETRAIL_AUDITOR_DATABASE_URL"].startswith(
+        "postgresql://casetrail_auditor:${CASETRAIL_AUDITOR_PASSWORD:?}@")
+    assert OURS["setup"]["environment"]["CASETRAIL_AUDITOR_DATABASE_URL"] == \
+        environment["CASETRAIL_AUDITOR_DATABASE_URL"]
+    for name, service in OURS.items():
+        if name != "setup":
+            assert "CASETRAIL_DATABASE_URL" not in service.get("environment", {}), name
+
+
 def test_each_capability_worker_holds_only_its_capabilitys_identity() -> None:
     for name, service in CAPABILITY_WORKERS.items():
         environment = service["environment"]

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request, Response
 from starlette.convertors import Convertor, register_url_convertor
 
 from casetrail.agents import AGENTS
-from casetrail.api.a2a import SCOPES, CaseTasks, caller, method_of
+from casetrail.api.a2a import SCOPES, CaseTasks, caller, peek, too_deep_answer
 from casetrail.api.a2a_cards import agent_card, card_json
 from casetrail.api.a2a_stream import Following
 from casetrail.api.deps import AnyKey, Public
@@ -120,7 +120,10 @@ async def card(agent: str, request: Request, _: Public) -> Response:
 async def rpc(agent: str, request: Request, principal: AnyKey) -> Response:
     """One JSON-RPC request: the method's scope first (403, as REST), then the SDK's
     dispatcher and ``CaseTasks``."""
-    method = method_of(await request.body())
+    peeked = peek(await request.body())
+    if peeked.too_deep:
+        return OrjsonResponse(too_deep_answer(peeked.request_id))
+    method = peeked.method
     _allowed(request, principal, SCOPES.get(method or ""), method)
     response: Response = await _dispatchers(request, _offered(request, agent))[
         0].handle_requests(request)
