@@ -20,6 +20,8 @@ somebody asks about exactly those cases. The audit asks about all of them:
   CASE_ERASED has its values gone (``erasure_unrecorded``);
 - every case verified also shows in its row what its signed trail says (``altered``,
   naming ``projection_mismatch``);
+- every person's action a worker refused, judged again by the worker's own rule against
+  the record as it stood, was rightly refused (``refused_valid_action``);
 - an expired case (its events deleted by policy, its tombstone kept) is ``expired``,
   not a finding: every pass checks each tombstone against its stored ``CASE_EXPIRED``
   and the number of the case's leaves, and the expired trail's verdict (signature,
@@ -44,8 +46,11 @@ from casetrail.adapters.store import CaseStore, KeyRegistry, create_pool
 from casetrail.adapters.store.audit_log import AuditStore, Mismatch
 from casetrail.adapters.store.backtests import BacktestStore
 from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.agents import AGENTS
 from casetrail.audit.backtest_record import record_problems
 from casetrail.audit.evidence import Evidence
+from casetrail.audit.kept_actions import acting_identity, kept_action_refusal
+from casetrail.audit.resume import record_so_far
 from casetrail.config import Settings
 from casetrail.contract.integrity import GENESIS
 from casetrail.telemetry import metrics
@@ -67,6 +72,8 @@ class FindingKind(StrEnum):
     that holds its columns to the signed bytes, or grants a role anything."""
     ERASURE_UNRECORDED = "erasure_unrecorded"
     """A case's values erased without its stored CASE_ERASED, or the other way round."""
+    REFUSED_VALID_ACTION = "refused_valid_action"
+    """A worker refused a person's action that is signed and keeps the wait's rules."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,7 @@ class WholeLog:
             for case in await self.store.erasures_unrecorded()]
         report.findings += await self._backtests(report.from_leaf,
                                                  last.failing_backtests if last else [])
+        report.findings += await self._refusals()
         await self._trails(report, last.failing_cases if last else [])
         report.seconds = time.perf_counter() - began
         await self.store.keep_run(started, full, report.from_leaf, size,
@@ -203,6 +211,36 @@ class WholeLog:
                 found.append(Finding(FindingKind.ALTERED, f"backtest {record['backtest_id']}'s "
                                      f"record does not verify: {', '.join(problems)}",
                                      backtest_id=record["backtest_id"]))
+        return found
+
+    async def _refusals(self) -> list[Finding]:
+        """Every action a worker refused, judged again by the worker's own rule
+        (casetrail.audit.kept_actions) against the record as it stood then: a refusal of
+        a signed action that keeps the wait's rules is a finding (every pass: refusals
+        are rare, each one an attack or a bug)."""
+        found = []
+        _, actions = await self.evidence.keys.with_action_keys()
+        keys = {k.key_id: k for k in actions}
+        cases = self.evidence.store
+        for refused in await self.store.refusals():
+            agent, action = AGENTS.get(refused.agent), refused.action
+            record, _ = await record_so_far(cases, self.evidence.keys, refused.case_id,
+                                            action.parked_attempt + 1, {}, 0)
+            parked = None if record is None else record.parked
+            if agent is None or record is None or parked is None \
+                    or parked.attempt != action.parked_attempt:
+                continue  # no such wait in the record: nothing it could have decided
+            acting = acting_identity(action)
+            persons = await cases.persons([*record.reviewers, *acting])
+            if kept_action_refusal(
+                    refused.case_id, refused.tenant_id, agent, parked, action, keys,
+                    starter=await cases.person_of(refused.started_by),
+                    reviewers=tuple(persons[:len(record.reviewers)]),
+                    person=persons[len(record.reviewers)] if acting else None) is None:
+                found.append(Finding(FindingKind.REFUSED_VALID_ACTION, (
+                    f"a worker refused a signed {action.kind} (attempt "
+                    f"{action.parked_attempt}) that keeps the wait's rules, saying "
+                    f"{refused.why_code}: {refused.why}"), refused.case_id))
         return found
 
     async def _checkpoints(self, since: int) -> list[Finding]:

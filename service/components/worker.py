@@ -73,6 +73,7 @@ from casetrail.agents.profile import AgentProfile
 from casetrail.audit.archive import ArchiveWriter, CaseArchiver
 from casetrail.audit.archive_store import open_archive
 from casetrail.audit.evidence import Evidence
+from casetrail.audit.kept_actions import acting_identity, kept_action_refusal
 from casetrail.audit.resume import record_so_far
 from casetrail.cases.configured import described, misconfigured
 from casetrail.components.backtests import BacktestRunner
@@ -126,11 +127,9 @@ from casetrail.telemetry import logs, metrics, tracing
 from casetrail.telemetry.observer import TELEMETRY
 from casetrail.trail.keyfile import worker_signer
 from casetrail.trail.person_actions import (
-    PersonAction,
     SignedAction,
     erase_refusal,
     start_refusal,
-    vet_action,
     wait_kind,
 )
 from casetrail.trail.verification import PublicKey
@@ -652,37 +651,14 @@ class CaseWorker:
         key, for the wait this worker's trail records, four eyes kept, an override
         within the answer schema. Otherwise it is moved out of the wait's way (kept in
         ``case_actions_refused``), logged and counted, and the case waits again."""
-        kind = wait_kind(None if parked.question is None else parked.question.call_id,
-                         parked.reasons)
-        given = action.decision or {}
-        answered = action.kind == "answer"
-        expected = PersonAction(
-            case_id, case.tenant_id, parked.attempt, kind, action.kind, action.acted_at,
-            person=action.reviewer,
-            by=action.signed.signed.get("by") if action.signed and action.kind == "cancel"
-            else None,
-            verdict=action.verdict, reason=action.reason,
-            decision=action.decision if action.kind == "review" else None,
-            call_id=given.get("callId") if answered else None,
-            answer=given.get("answer") if answered else None)
-        errors: tuple[str, ...] = ()
-        if action.verdict == "override":
-            checked = None if agent.answering is None else agent.answering.validate(
-                action.decision)
-            errors = ("the agent declares no answer schema",) if checked is None else \
-                tuple(checked[1]) if checked[0] is None else ()
         keys = await self._action_keys_for(action.signed)
-        acting = action.reviewer or {}
-        persons = await self.store.persons([
-            *reviewers, *([(str(acting.get("via")), str(acting["subject"]))]
-                          if acting.get("subject") else [])])
-        refusal = vet_action(
-            expected, action.signed, keys,
-            asked=None if parked.question is None else parked.question.call_id,
+        acting = acting_identity(action)
+        persons = await self.store.persons([*reviewers, *acting])
+        refusal = kept_action_refusal(
+            case_id, case.tenant_id, agent, parked, action, keys,
             starter=await self.store.person_of(case.started_by),
             reviewers=tuple(persons[:len(reviewers)]),
-            person=persons[len(reviewers)] if acting.get("subject") else None,
-            decision_errors=errors)
+            person=persons[len(reviewers)] if acting else None)
         if refusal is None:
             return True
         log.error("case %s: the %s kept for its wait (attempt %d) is refused (%s: %s); it "

@@ -293,6 +293,10 @@ def grants(settings: Settings) -> list[str]:
         f"ledger_leaves, ledger_tiles, ledger_checkpoints, ledger_keys, ledger_cosignatures, "
         f"ledger_queue, backtest_records, backtest_results TO {auditor}",
         f"GRANT SELECT (case_id, erased_at) ON case_secrets TO {auditor}",
+        # ... and judges again each person's action a worker refused, as the worker did:
+        # the refusal, the persons behind the identities (never a key's hash or scopes).
+        f"GRANT SELECT ON case_actions_refused, person_identities TO {auditor}",
+        f"GRANT SELECT (key_id, person) ON api_keys TO {auditor}",
         f"GRANT SELECT, INSERT ON audit_runs TO {auditor}",
     ]
     # Row-level security (migration 004) shows a SQL reader its tenant's rows; the

@@ -162,7 +162,7 @@ LEDGER_HALTED = Gauge("casetrail_ledger_halted", "1 while the ledger refuses to 
 AUDIT_FINDINGS = Gauge("casetrail_audit_findings", "What the last pass of `casetrail audit` "
                        "found, by kind (removed_after_logging, altered, not_logged, "
                        "checkpoint_inconsistent, trigger_disabled, "
-                       "partition_unguarded, erasure_unrecorded).", ["kind"])
+                       "partition_unguarded, erasure_unrecorded, refused_valid_action).", ["kind"])
 AUDIT_PASSES = Counter("casetrail_audit_passes", "Passes of `casetrail audit` over the log, "
                        "by outcome (clean, findings, failed).", ["outcome"])
 AUDIT_CASES_CHECKED = Counter("casetrail_audit_cases_checked", "Cases whose trails the "

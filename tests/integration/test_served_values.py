@@ -7,6 +7,7 @@ the signed one wherever the case is read, and counted."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -14,11 +15,15 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-from casetrail.adapters.store import CaseStore, KeyRegistry, component_pool
+from casetrail.adapters.store import ApiKeyStore, CaseStore, KeyRegistry, component_pool
 from casetrail.adapters.store.audit_log import AuditStore
+from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.audit.evidence import Evidence
+from casetrail.audit.whole_log import WholeLog
 from casetrail.config import Settings
+from casetrail.trail.keyfile import action_signer
+from casetrail.trail.person_actions import PersonAction, sign_action
 from tests.support.helpers import ended
 from tests.support.records import key_with
 from tests.support.stack import module_stack
@@ -240,3 +245,47 @@ async def test_only_a_person_sets_a_retention_policy(
     reply = await client.put("/retention/policies/*", headers=service,
                              json={"keepDays": 400, "reason": "by a script"})
     assert reply.status_code == 403 and "a person sets" in reply.text, reply.text
+
+
+async def test_the_audit_names_a_refusal_of_a_valid_persons_action(
+    stack: Any, settings: Settings, pool: asyncpg.Pool,
+) -> None:
+    """The worker's role can still refuse an action (through the owner's function, which
+    keeps it): a genuine, signed, rule-keeping review refused that way is found by the
+    audit, which judges every refusal again by the worker's own rule; a forged one that
+    was refused rightly is not."""
+    store = ApiKeyStore(pool)
+    _, sam = await store.create("served", ("cases:start", "cases:read"), None, None, "sam")
+    cases = []
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=10,
+                                 headers={"Authorization": f"Bearer {sam}"}) as client:
+        for _ in range(2):
+            reply = await client.post("/cases", json={"agent": "loan-officer",
+                                                      "input": SAMPLE_APPLICATIONS[1]})
+            assert reply.status_code == 202, reply.text
+            case = await ended(client, reply.json()["caseId"], timeout=30)
+            assert case["status"] == "awaiting_review", case
+            cases.append(uuid.UUID(case["caseId"]))
+    genuine, forged = cases
+    for case_id, signed in ((genuine, True), (forged, False)):
+        attempt = await pool.fetchval("SELECT parked_attempt FROM cases WHERE case_id = $1",
+                                      case_id)
+        when, reviewer = datetime.now(UTC), {"subject": "rita", "via": "oidc"}
+        action = sign_action(action_signer(settings), PersonAction(
+            case_id, "served", attempt, "review", "review", when, person=reviewer,
+            verdict="confirm", reason="Referred rightly: income unverified."))
+        await pool.execute(
+            "INSERT INTO case_actions (case_id, parked_attempt, kind, verdict, reason, "
+            "reviewer, acted_at, signed, key_id, sig) VALUES ($1, $2, 'review', 'confirm', "
+            "$3, $4, $5, $6, $7, $8)", case_id, attempt,
+            "Referred rightly: income unverified.", reviewer, when,
+            action.signed if signed else None, action.key_id if signed else None,
+            action.sig if signed else None)
+        assert await as_role(settings, "worker", "SELECT refuse_case_action($1, $2, $3, $4)",
+                             case_id, attempt, "the starter reviews",
+                             "four_eyes" if signed else "unsigned") is True
+    ledger = LedgerStore(pool)
+    report = await WholeLog(AuditStore(pool), ledger,
+                            Evidence(CaseStore(pool), KeyRegistry(pool), ledger)).run()
+    named = {f.case_id for f in report.findings if f.kind.value == "refused_valid_action"}
+    assert genuine in named and forged not in named, report.as_json()

@@ -13,6 +13,9 @@ from typing import Any
 import asyncpg
 import orjson
 
+from casetrail.adapters.store.cases import ParkedAction
+from casetrail.trail.person_actions import SignedAction
+
 APPEND_ONLY_TABLES = ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints",
                       "ledger_acceptances", "access_log", "audit_runs", "case_tombstones",
                       "retention_policies", "retention_approvals", "retention_business_dates",
@@ -40,6 +43,25 @@ class LastRun:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """A person's action a worker refused (``case_actions_refused``), as it was kept."""
+
+    case_id: uuid.UUID
+    tenant_id: str
+    agent: str
+    started_by: str | None
+    action: ParkedAction
+    why_code: str
+    why: str
+
+
+def _signed_or_none(row: Any) -> SignedAction | None:
+    if row["signed"] is None or row["key_id"] is None or row["sig"] is None:
+        return None
+    return SignedAction(row["signed"], row["key_id"], row["sig"])
+
+
+@dataclass(frozen=True)
 class AuditStore:
     pool: asyncpg.Pool
 
@@ -64,6 +86,18 @@ class AuditStore:
             "SELECT case_id FROM ledger_leaves WHERE leaf_index >= $1 AND kind = 'event' "
             "GROUP BY case_id ORDER BY min(leaf_index)", first_leaf)
         return [r["case_id"] for r in rows]
+
+    async def refusals(self) -> list[Refused]:
+        """Every person's action a worker refused, with its case's tenant, agent and
+        starter, oldest first."""
+        rows = await self.pool.fetch(
+            "SELECT r.*, c.tenant_id, c.agent, c.started_by FROM case_actions_refused r "
+            "JOIN cases c USING (case_id) ORDER BY r.refusal_id")
+        return [Refused(r["case_id"], r["tenant_id"], r["agent"], r["started_by"],
+                        ParkedAction(r["parked_attempt"], r["kind"], r["verdict"],
+                                     r["reason"], r["decision"], r["reviewer"],
+                                     r["acted_at"], _signed_or_none(r)),
+                        r["why_code"], r["why"]) for r in rows]
 
     async def erasures_unrecorded(self) -> list[uuid.UUID]:
         """Cases whose sensitive values are erased but whose trail holds no CASE_ERASED:
