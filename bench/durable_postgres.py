@@ -125,6 +125,11 @@ _VARIANTS: dict[str, list[str]] = {
     "as today": [],
     "one key fewer": ["keys"],
     "no ledger queue row": ["ALTER TABLE event_log DISABLE TRIGGER event_log_enters_ledger"],
+    # What holding the served values costs (migration 033, 034): the columns checked
+    # against the signed bytes, the owner's fold, the erasure trigger's look at a batch.
+    "no body constraint": ["ALTER TABLE event_log DROP CONSTRAINT event_log_restates_body"],
+    "no fold trigger": ["ALTER TABLE event_log DISABLE TRIGGER event_log_folds_into_cases"],
+    "no erasure trigger": ["ALTER TABLE event_log DISABLE TRIGGER event_log_erases_values"],
     "COPY into staging": [],
     "as today, batches of 20": [],
 }

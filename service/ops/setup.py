@@ -206,8 +206,7 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT SELECT, INSERT ON case_keys TO {api}",
         f"GRANT UPDATE (cancel_requested_at, cancel_reason, cancelled_by, updated_at, "
         f"start_confirmed_at, start_publishing_until) ON cases TO {api}",
-        f"GRANT SELECT ON event_log, signing_keys, api_keys, react_cycles, react_tool_calls, "
-        f"case_decisions, case_reviews, action_keys, person_identities "
+        f"GRANT SELECT ON event_log, signing_keys, api_keys, action_keys, person_identities "
         f"TO {api}",
         # ... keeps what a person did about a case waiting for one (a review, a cancel),
         # once per wait: the worker records it in the trail.
