@@ -57,12 +57,13 @@ async def test_every_route_answers_as_the_openapi_document_says(
         document = (await client.get("/openapi.json")).json()
     assert document["components"]["schemas"]["CaseRequest"]["oneOf"]  # the exact document
     # The admin holds every scope but cases:review, which only a person holds, and is
-    # no person: the routes only a person may take (a review, an answer, the second
-    # person's approval of a policy) are exercised with a person's key of the same tenant.
+    # no person: the routes only a person may take (a review, an answer, setting a
+    # retention policy and the second person's approval of one) are exercised with a
+    # person's key of the same tenant.
     _, person = await ApiKeyStore(pool).create(
         "contract", ("cases:review", "cases:read", "retention:manage"),
         "contract test person", None, "contract-rita")
-    persons_only = "/review$|/answer$|/approve$"
+    persons_only = "/review$|/answer$|/approve$|^/retention/policies/[^/]+$"
     # Streams never end by themselves: they are exercised by their own tests. A2A's
     # bindings are documented here, but their bodies are A2A's contract (protobuf JSON,
     # JSON-RPC answering 200 with an error), which tests/integration/test_a2a.py checks
