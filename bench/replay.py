@@ -34,6 +34,7 @@ from bench.harness import (
 from casetrail.adapters.store import ApiKeyStore
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.components.supervisor import component_command
+from tests.support.records import RESTATES_BODY
 
 PORT = 8798
 
@@ -46,19 +47,26 @@ async def _columns(pool: asyncpg.Pool, table: str) -> list[str]:
 
 
 async def copy_cases(pool: asyncpg.Pool, copies: int) -> None:
-    """Each recorded case ``copies`` times more, under new ids (its events too)."""
+    """Each recorded case ``copies`` times more, under new ids (its events too). The
+    copies' signed bytes still name the original case, which the log's constraint
+    (its columns restate the body) refuses: it is dropped for the copy and put back
+    NOT VALID, as an owner would; the events go in before their case rows, so the
+    owner's fold finds no row to add them to (the copied rows keep their totals)."""
     replaced = {"case_id": "m.new_id", "idempotency_key": "NULL", "event_id": "gen_random_uuid()"}
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(f"""
             CREATE TEMPORARY TABLE m ON COMMIT DROP AS
             SELECT c.case_id AS old_id, gen_random_uuid() AS new_id
             FROM cases c, generate_series(1, {copies}) WHERE c.status = 'completed'""")
-        for table in ("cases", "event_log"):
+        await conn.execute("ALTER TABLE event_log DROP CONSTRAINT event_log_restates_body")
+        for table in ("event_log", "cases"):
             columns = await _columns(pool, table)
             chosen = ", ".join(replaced.get(c, f"t.{c}") for c in columns)
             await conn.execute(f"""
                 INSERT INTO {table} ({", ".join(columns)})
                 SELECT {chosen} FROM {table} t JOIN m ON t.case_id = m.old_id""")
+        await conn.execute(f"ALTER TABLE event_log ADD CONSTRAINT event_log_restates_body "
+                           f"{RESTATES_BODY} NOT VALID")
 
 
 async def replay_at_scale(cases: int) -> dict[str, Any]:
