@@ -34,7 +34,7 @@ from bench.harness import (
 from casetrail.adapters.store import ApiKeyStore
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.components.supervisor import component_command
-from tests.support.records import RESTATES_BODY
+from tests.support.records import without_body_constraint
 
 PORT = 8798
 
@@ -58,15 +58,13 @@ async def copy_cases(pool: asyncpg.Pool, copies: int) -> None:
             CREATE TEMPORARY TABLE m ON COMMIT DROP AS
             SELECT c.case_id AS old_id, gen_random_uuid() AS new_id
             FROM cases c, generate_series(1, {copies}) WHERE c.status = 'completed'""")
-        await conn.execute("ALTER TABLE event_log DROP CONSTRAINT event_log_restates_body")
-        for table in ("event_log", "cases"):
-            columns = await _columns(pool, table)
-            chosen = ", ".join(replaced.get(c, f"t.{c}") for c in columns)
-            await conn.execute(f"""
-                INSERT INTO {table} ({", ".join(columns)})
-                SELECT {chosen} FROM {table} t JOIN m ON t.case_id = m.old_id""")
-        await conn.execute(f"ALTER TABLE event_log ADD CONSTRAINT event_log_restates_body "
-                           f"{RESTATES_BODY} NOT VALID")
+        async with without_body_constraint(conn):
+            for table in ("event_log", "cases"):
+                columns = await _columns(pool, table)
+                chosen = ", ".join(replaced.get(c, f"t.{c}") for c in columns)
+                await conn.execute(f"""
+                    INSERT INTO {table} ({", ".join(columns)})
+                    SELECT {chosen} FROM {table} t JOIN m ON t.case_id = m.old_id""")
 
 
 async def replay_at_scale(cases: int) -> dict[str, Any]:

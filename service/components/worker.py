@@ -688,11 +688,11 @@ class CaseWorker:
         # The tenant is the trail's own, never the command's word.
         refusal = erase_refusal(signed, await self._action_keys_for(signed),
                                 case_id=command.case_id, tenant_id=head.tenant_id)
-        if refusal is not None or signed is None:
-            metrics.PERSON_ACTIONS_REFUSED.labels(refusal.code if refusal else "unsigned").inc()
+        if refusal is not None:
+            metrics.PERSON_ACTIONS_REFUSED.labels(refusal.code).inc()
             raise Reject(f"erase command for case {command.case_id} refused: "
-                         f"{refusal.message if refusal else 'unsigned'}",
-                         DeadLetterCode.FORGED_ERASE)
+                         f"{refusal.message}", DeadLetterCode.FORGED_ERASE)
+        assert signed is not None  # erase_refusal refuses a command without one
         state = await self.secrets.state(command.case_id)
         if state is None or state.erased_at is not None:
             return  # nothing sensitive, or erased already

@@ -27,7 +27,7 @@ from casetrail.config import Settings
 from casetrail.ledger.log_key import log_signer
 from casetrail.ledger.note import Verifier, open_checkpoint
 from tests.support.helpers import ended, wait_until
-from tests.support.records import RESTATES_BODY
+from tests.support.records import without_body_constraint
 from tests.support.stack import InProcessStack, in_process_stack, spawn, stop_cleanly
 
 
@@ -127,11 +127,9 @@ async def as_superuser(pool: asyncpg.Pool, *statements: str, args: Any = ()) -> 
     async with pool.acquire() as conn, conn.transaction():
         for table in ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints"):
             await conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
-        await conn.execute("ALTER TABLE event_log DROP CONSTRAINT event_log_restates_body")
-        for statement in statements:
-            await conn.execute(statement, *args) if args else await conn.execute(statement)
-        await conn.execute(f"ALTER TABLE event_log ADD CONSTRAINT event_log_restates_body "
-                           f"{RESTATES_BODY} NOT VALID")
+        async with without_body_constraint(conn):
+            for statement in statements:
+                await conn.execute(statement, *args) if args else await conn.execute(statement)
         for table in ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints"):
             await conn.execute(f"ALTER TABLE {table} ENABLE TRIGGER USER")
 

@@ -18,15 +18,21 @@ RESTATES_BODY = ("CHECK (event_log_restates_body(body, payload, event_id, case_i
 
 
 @asynccontextmanager
+async def without_body_constraint(conn: Any) -> AsyncIterator[Any]:
+    """Within ``conn``'s transaction, the constraint that holds the log's columns to the
+    signed bytes dropped, then put back NOT VALID, so the rows written meanwhile are
+    not checked again (what the owner can do, with DDL)."""
+    await conn.execute("ALTER TABLE event_log DROP CONSTRAINT event_log_restates_body")
+    yield conn
+    await conn.execute(f"ALTER TABLE event_log ADD CONSTRAINT event_log_restates_body "
+                       f"{RESTATES_BODY} NOT VALID")
+
+
+@asynccontextmanager
 async def _unchecked(pool: asyncpg.Pool) -> AsyncIterator[Any]:
-    """A transaction without the constraint that holds the log's columns to the signed
-    bytes: dropped, then put back NOT VALID, so the rows written meanwhile are not
-    checked again (what the owner can do, with DDL)."""
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("ALTER TABLE event_log DROP CONSTRAINT event_log_restates_body")
+    """A transaction of its own, without the body constraint."""
+    async with pool.acquire() as conn, conn.transaction(), without_body_constraint(conn):
         yield conn
-        await conn.execute(f"ALTER TABLE event_log ADD CONSTRAINT event_log_restates_body "
-                           f"{RESTATES_BODY} NOT VALID")
 
 
 async def tamper(pool: asyncpg.Pool, sql: str, *args: Any) -> None:
