@@ -19,13 +19,9 @@ is the stable surface; every module not named here may move between releases.
 from __future__ import annotations
 
 import importlib
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-try:
-    CASETRAIL_VERSION: str = metadata.version("casetrail")
-except metadata.PackageNotFoundError:  # a source tree that was never installed
-    CASETRAIL_VERSION = "0+unknown"
+from casetrail.contract.version import CASETRAIL_VERSION
 
 if TYPE_CHECKING:
     from casetrail.agents.authoring import (

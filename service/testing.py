@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from casetrail.a2a import a2a_capabilities
+from casetrail.a2a.capabilities import a2a_capabilities
 from casetrail.agents.authoring import Agent, DeclarationError
 from casetrail.agents.profile import AgentProfile
 from casetrail.config import A2aAgent, McpServer, ModelEndpoint, get_settings
@@ -26,7 +26,8 @@ from casetrail.engine.chat import ChatModel
 from casetrail.engine.loop import ReactEngine
 from casetrail.engine.scripted import ScriptedModel
 from casetrail.engine.tools import InProcessWorkerRuntime, ToolBox
-from casetrail.mcp import Catalogs, mcp_capabilities
+from casetrail.mcp import Catalogs
+from casetrail.mcp.capabilities import mcp_capabilities
 from casetrail.providers import ModelFactory, model_problem
 
 

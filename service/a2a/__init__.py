@@ -12,13 +12,10 @@ ids, as casetrail's own do, starts one task), distribution and sealed sensitive 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-
-from casetrail.engine.tools import Capability
 
 
 class A2aRequest(BaseModel):
@@ -35,12 +32,4 @@ class A2aRequest(BaseModel):
     text: bool = False
 
 
-def a2a_capabilities(agents: Sequence[Any]) -> list[Capability[Any]]:
-    """The capabilities of the configured remote agents (``A2aAgent`` settings), for the
-    registry; the SDK's client is loaded only by a capability worker that serves one."""
-    from casetrail.a2a.remote import serving
-
-    return [serving(agent) for agent in agents]
-
-
-__all__ = ["A2aRequest", "a2a_capabilities"]
+__all__ = ["A2aRequest"]

@@ -126,12 +126,12 @@ def discover(named: Sequence[str] = (), mcp_servers: Sequence[McpServer] = (),
         except PermanentError as exc:
             raise PluginError(f"CASETRAIL_AGENTS {spec}: {exc}") from exc
     if mcp_servers:
-        from casetrail.mcp import mcp_capabilities
+        from casetrail.mcp.capabilities import mcp_capabilities
 
         for server, served in zip(mcp_servers, mcp_capabilities(mcp_servers), strict=True):
             registry.add(served, f"CASETRAIL_MCP_SERVERS {server.name}")
     if a2a_agents:
-        from casetrail.a2a import a2a_capabilities
+        from casetrail.a2a.capabilities import a2a_capabilities
 
         for remote, calls in zip(a2a_agents, a2a_capabilities(a2a_agents), strict=True):
             registry.add(calls, f"CASETRAIL_A2A_AGENTS {remote.name}")

@@ -35,7 +35,6 @@ from typing import Any, TypeVar
 
 from tenacity import wait_exponential_jitter
 
-from casetrail import CASETRAIL_VERSION
 from casetrail.contract.events import (
     ZERO_USAGE,
     AnswerRejection,
@@ -61,6 +60,7 @@ from casetrail.contract.events import (
     make_event,
     status_for,
 )
+from casetrail.contract.version import CASETRAIL_VERSION
 from casetrail.engine.answers import (
     ASK_A_PERSON,
     ASK_A_PERSON_SPEC,

@@ -26,7 +26,6 @@ from pydantic.alias_generators import to_camel
 
 from casetrail.contract.events import McpCatalogRead
 from casetrail.engine.tools import (
-    Capability,
     McpBinding,
     ToolSource,
     WorkerRuntime,
@@ -222,12 +221,4 @@ def _record(server: str, read: _Read, lacking: list[str]) -> McpCatalogRead:
                           not_served=tuple(lacking))
 
 
-def mcp_capabilities(servers: Sequence[Any]) -> list[Capability[Any]]:
-    """The capabilities of the configured MCP servers (``McpServer`` settings), for the
-    registry; the SDK is loaded only by a capability worker that serves one."""
-    from casetrail.mcp.session import serving
-
-    return [serving(server) for server in servers]
-
-
-__all__ = ["Catalog", "CatalogTool", "Catalogs", "McpRequest", "mcp_capabilities"]
+__all__ = ["Catalog", "CatalogTool", "Catalogs", "McpRequest"]

@@ -40,8 +40,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from casetrail import CASETRAIL_VERSION
 from casetrail.contract.model_providers import PROVIDERS
+from casetrail.contract.version import CASETRAIL_VERSION
 from casetrail.errors import ModelUnavailable, scrub
 from casetrail.providers._errors import status_error
 

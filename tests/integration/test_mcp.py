@@ -27,7 +27,8 @@ from pypdf import PdfReader
 from casetrail.config import McpServer, Settings
 from casetrail.engine.chat import ToolCallRequest
 from casetrail.engine.tools import InProcessWorkerRuntime, ToolBox, WorkerTool, mcp_tool_name
-from casetrail.mcp import Catalogs, mcp_capabilities
+from casetrail.mcp import Catalogs
+from casetrail.mcp.capabilities import mcp_capabilities
 from tests.support import ROOT
 from tests.support.helpers import ended, wait_until
 from tests.support.stack import (

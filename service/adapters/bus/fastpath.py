@@ -33,7 +33,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import aiormq
 from aiormq.abc import ChannelFrame, DeliveredMessage, TaskType
@@ -44,10 +44,11 @@ from pamqp.header import ContentHeader
 from casetrail.adapters.bus.frames import publish_frames
 from casetrail.adapters.bus.properties import Properties
 
-if TYPE_CHECKING:
-    from casetrail.adapters.bus.deliveries import Delivery
-
 log = logging.getLogger("casetrail.bus")
+
+D = TypeVar("D")
+"""What a delivery is wrapped in (deliveries.py's ``Delivery``): this module knows only
+aiormq's message, so the wrapper's module can import this one and not the other way."""
 
 WRITTEN_FOR: Mapping[str, tuple[str, ...]] = {
     "aiormq": ("7.2.",),
@@ -242,8 +243,8 @@ class ConfirmedChannel:
 
 
 def deliver_in_line(
-    channel: object, tag: str, on_delivery: Callable[[Delivery], None],
-    wrap: Callable[[aiormq.Channel, DeliveredMessage], Delivery],
+    channel: object, tag: str, on_delivery: Callable[[D], None],
+    wrap: Callable[[aiormq.Channel, DeliveredMessage], D],
 ) -> None:
     """Deliveries to consumer ``tag`` on ``channel`` reach ``on_delivery`` from the
     channel's reader, each wrapped by ``wrap``.
