@@ -41,6 +41,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/package-tree
 	PYTHONPATH=build/tree $(BIN)/lint-imports
+	$(BIN)/python scripts/house-measures --check
 	$(BIN)/python scripts/dead-code
 
 typecheck: install

@@ -26,8 +26,8 @@ import asyncpg
 
 from bench.e2e import end_to_end
 from bench.harness import bench_settings
+from casetrail.adapters.store.migrate import database_name
 from casetrail.config import Settings
-from casetrail.ops.migrate import database_name
 from casetrail.ops.setup import setup
 from tests.support.records import seeded_events
 

@@ -37,10 +37,10 @@ from bench.harness import (
     wait_ready,
     wait_rows,
 )
+from casetrail.adapters.store.migrate import database_name
 from casetrail.components.sequencer import TREE_SIZE_SQL
 from casetrail.ledger import merkle
 from casetrail.ledger.note import Checkpoint, NoteSigner, sign
-from casetrail.ops.migrate import database_name
 from casetrail.ops.setup import setup
 
 PROOF_PORT = 8799

@@ -25,8 +25,8 @@ from typing import Any
 
 import asyncpg
 
+from casetrail.adapters.store.migrate import drop_database, migrate, with_database
 from casetrail.config import Settings
-from casetrail.ops.migrate import drop_database, migrate, with_database
 from tests.support.records import seeded_events
 
 EVENTS_PER_CASE = 10

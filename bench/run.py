@@ -40,8 +40,8 @@ from bench import (
 from bench.e2e import end_to_end
 from bench.harness import ROOT, bench_settings, median_run, namespace
 from bench.integrity import integrity_costs
+from casetrail.adapters.store.migrate import drop_database, ensure_database
 from casetrail.config import Settings
-from casetrail.ops.migrate import drop_database, ensure_database
 
 PEER_PYTHON = ROOT / "bench" / ".venv-peer" / "bin" / "python"
 TARGETS: dict[str, Any] = {

@@ -29,21 +29,21 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import asyncpg
-from aio_pika.abc import AbstractRobustConnection
 from tenacity import wait_exponential_jitter
 
+from casetrail.adapters.bus.connection import BusConnection
 from casetrail.adapters.bus.dead_letter import REASON_HEADER, dead_letter
 from casetrail.adapters.bus.deliveries import Delivery, Subscription
 from casetrail.adapters.bus.probe import DEAD_LETTERS, QueueProbe
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import KeyRegistry
+from casetrail.adapters.store.event_log import BatchOutcome, EventLogWriter
+from casetrail.adapters.store.pool import DatabaseError
 from casetrail.components.runtime import component
 from casetrail.components.supervisor import run_until_signal
 from casetrail.config import Settings
 from casetrail.consumers.admission import Admission, KeyRing, Refused
-from casetrail.consumers.writer import BatchOutcome, EventLogWriter
 from casetrail.contract.dead_letters import DeadLetterCode
 from casetrail.contract.events import SignedEvent
 from casetrail.engine.backoff import backoff_delay
@@ -117,7 +117,7 @@ class _Inbox:
 class EventLogConsumer:
     """Consumes ``<ns>.event-log`` and persists it with ``EventLogWriter``."""
 
-    connection: AbstractRobustConnection
+    connection: BusConnection
     writer: EventLogWriter
     topology: Topology
     admission: Admission
@@ -269,7 +269,7 @@ class EventLogConsumer:
                 failures += 1
                 if not await self._wait_out_outage(exc, failures, stop):
                     return None
-            except asyncpg.PostgresError as exc:
+            except DatabaseError as exc:
                 if len(signed) == 1:
                     return BatchOutcome(0, 0, {0: f"{_REFUSED}: {exc}"})
                 log.warning("batch refused (%s); isolating the event that caused it", exc)

@@ -14,14 +14,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
-from aio_pika.abc import AbstractRobustConnection
 from limits import RateLimitItemPerMinute
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
 from casetrail.adapters.bus import fastpath
-from casetrail.adapters.bus.connection import connect_patiently
+from casetrail.adapters.bus.connection import BusConnection, connect_patiently
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import (
@@ -34,6 +32,7 @@ from casetrail.adapters.store import (
 from casetrail.adapters.store.backtests import BacktestStore
 from casetrail.adapters.store.batching import Coalescer
 from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.adapters.store.pool import Pool
 from casetrail.adapters.store.retention import RetentionStore
 from casetrail.adapters.store.search import CaseIndex
 from casetrail.agents import AGENTS, CAPABILITIES
@@ -104,8 +103,8 @@ class CaseServices:
     """The adapters the operations use (service/cases/)."""
 
     settings: Settings
-    pool: asyncpg.Pool
-    connection: AbstractRobustConnection
+    pool: Pool
+    connection: BusConnection
     publisher: Publisher
     topology: Topology
     store: CaseStore

@@ -9,10 +9,10 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import asyncpg
 import orjson
 import typer
 
+from casetrail.adapters.store.pool import DatabaseError
 from casetrail.cli.cases import case_id_of as _case_id
 from casetrail.cli.common import (
     LogToday,
@@ -279,7 +279,7 @@ def audit_log(
     if every is None:
         try:
             report = run(audit_namespace(settings, full=full))
-        except (OSError, asyncpg.PostgresError) as exc:
+        except (OSError, DatabaseError) as exc:
             typer.echo(f"casetrail audit: could not check: {exc}", err=True)
             raise typer.Exit(2) from None
         _print_audit(report.as_json(), raw)
@@ -301,7 +301,7 @@ async def _audit_every(settings: Any, full: bool, interval: float, raw: bool) ->
                 report = await audit_namespace(settings, full=first)
                 _print_audit(report.as_json(), raw)
                 first = False
-            except (OSError, asyncpg.PostgresError) as exc:
+            except (OSError, DatabaseError) as exc:
                 metrics.AUDIT_PASSES.labels("failed").inc()
                 typer.echo(f"casetrail audit: could not check: {exc}", err=True)
             with contextlib.suppress(TimeoutError):

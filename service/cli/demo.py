@@ -12,9 +12,8 @@ from typing import Any
 
 import httpx
 import orjson
-from aio_pika.abc import AbstractIncomingMessage
 
-from casetrail.adapters.bus.connection import connect
+from casetrail.adapters.bus.connection import IncomingMessage, connect
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import ApiKeyStore, CaseStore, KeyRegistry, create_pool
 from casetrail.adapters.store.ledger import LedgerStore
@@ -130,7 +129,7 @@ async def run_demo(settings: Settings) -> int:
         await live.bind(events, routing_key=Topology.EVERY_EVENT)
         inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
-        async def on_event(message: AbstractIncomingMessage) -> None:
+        async def on_event(message: IncomingMessage) -> None:
             inbox.put_nowait(orjson.loads(message.body))
 
         await live.consume(on_event, no_ack=True)
@@ -401,7 +400,7 @@ async def tail_events(settings: Settings, case: str | None, types: Sequence[str]
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    async def show(message: AbstractIncomingMessage) -> None:
+    async def show(message: IncomingMessage) -> None:
         if raw:
             print(message.body.decode(), flush=True)
         else:

@@ -98,9 +98,9 @@ def setup(
     user (least privilege), migrate as the owner role, set the broker's policies and
     declare the topology; write the components' URLs to the secrets file. Uses the
     bootstrap (admin) URLs CASETRAIL_DATABASE_URL and CASETRAIL_AMQP_URL."""
+    from casetrail.adapters.store.migrate import database_name
     from casetrail.errors import PermanentError
     from casetrail.ops import setup as steps
-    from casetrail.ops.migrate import database_name
 
     _logging()
     settings = get_settings()

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aio_pika.abc import AbstractRobustConnection
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from pydantic import ValidationError
 
+from casetrail.adapters.bus.connection import BusConnection
 from casetrail.adapters.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
@@ -55,7 +55,7 @@ def _digest(args: Any) -> str:
 class CapabilityWorker:
     """Serves ``capabilities`` from their queues, ``concurrency`` requests at once."""
 
-    connection: AbstractRobustConnection
+    connection: BusConnection
     topology: Topology
     capabilities: Sequence[Capability[Any]]
     concurrency: int = 64

@@ -9,11 +9,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import asyncpg
-
 from casetrail.adapters.bus.connection import connect_patiently
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import component_pool
+from casetrail.adapters.store.pool import Connection
 from casetrail.components.sequencer import LEADER_KEY, ledger_state, published_anchors
 from casetrail.config import Settings
 from casetrail.errors import PermanentError
@@ -24,7 +23,7 @@ from casetrail.ledger.note import NoteSigner
 
 @dataclass(frozen=True)
 class StoppedLedger:
-    conn: asyncpg.pool.PoolConnectionProxy
+    conn: Connection
     signer: NoteSigner
     state: StateFile
     anchors: list[Anchor]

@@ -19,12 +19,14 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
-import asyncpg
-from aio_pika.abc import AbstractRobustConnection
-
 from casetrail.adapters.bus import fastpath
-from casetrail.adapters.bus.connection import STARTUP_PATIENCE_SECONDS, connect_patiently
+from casetrail.adapters.bus.connection import (
+    STARTUP_PATIENCE_SECONDS,
+    BusConnection,
+    connect_patiently,
+)
 from casetrail.adapters.store import component_pool
+from casetrail.adapters.store.pool import Pool
 from casetrail.config import Component, Identity, Settings
 from casetrail.telemetry import logs, metrics, tracing
 
@@ -43,7 +45,7 @@ class Parts:
         ``settings.capability_identity``)."""
         return self.settings.identity(self.name)
 
-    async def pool(self, size: int, patience: float | None = None) -> asyncpg.Pool:
+    async def pool(self, size: int, patience: float | None = None) -> Pool:
         """A database pool as the component's role, closed when the component stops."""
         pool = await component_pool(self.identity, size, patience)
         self.stack.push_async_callback(pool.close)
@@ -51,7 +53,7 @@ class Parts:
 
     async def connection(self, url: str | None = None, name: str | None = None,
                          patience: float = STARTUP_PATIENCE_SECONDS
-                         ) -> AbstractRobustConnection:
+                         ) -> BusConnection:
         """A robust broker connection as the component's user (or ``url``'s), closed
         when the component stops."""
         connection = await connect_patiently(url or self.identity.amqp_url,

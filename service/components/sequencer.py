@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import asyncpg
-from aio_pika.abc import AbstractRobustConnection
 
+from casetrail.adapters.bus.connection import BusConnection
 from casetrail.adapters.bus.log_head import published_checkpoints
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
@@ -348,7 +348,7 @@ def ledger_state(settings: Settings) -> StateFile:
                                     settings.ledger_state_file))
 
 
-async def published_anchors(signer: NoteSigner, connection: AbstractRobustConnection,
+async def published_anchors(signer: NoteSigner, connection: BusConnection,
                             topology: Topology) -> list[Anchor]:
     """The checkpoints this log signed, as kept on the bus (the state file is the
     sequencer's own to read)."""

@@ -43,10 +43,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-from aio_pika.abc import AbstractRobustConnection
 from pydantic import ValidationError
 
+from casetrail.adapters.bus.connection import BusConnection
 from casetrail.adapters.bus.dead_letter import dead_letter
 from casetrail.adapters.bus.deliveries import Delivery, Subscription, TaskPerDelivery
 from casetrail.adapters.bus.journal import journalled
@@ -68,6 +67,7 @@ from casetrail.adapters.store.backtests import BacktestStore
 from casetrail.adapters.store.batching import Coalescer
 from casetrail.adapters.store.expiry import ExpiryStore
 from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.adapters.store.pool import DatabaseError
 from casetrail.agents import AGENTS, CAPABILITIES
 from casetrail.agents.profile import AgentProfile
 from casetrail.audit.archive import ArchiveWriter, CaseArchiver
@@ -214,7 +214,7 @@ class LiveCase:
 class CaseWorker:
     """Runs cases from start commands."""
 
-    connection: AbstractRobustConnection
+    connection: BusConnection
     store: CaseStore
     topology: Topology
     runtime: WorkerRuntime
@@ -395,7 +395,7 @@ class CaseWorker:
             await asyncio.sleep(self.lease_seconds / 3)
             try:
                 await self.store.renew_leases(list(self._live), self.owner, self.lease_seconds)
-            except (StoreUnavailable, asyncpg.PostgresError) as exc:
+            except (StoreUnavailable, DatabaseError) as exc:
                 # Never let the renewer die: without it every live case's lease lapses.
                 log.warning("could not renew leases: %s", exc)
 

@@ -30,14 +30,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
-
-from casetrail.adapters.bus.connection import connect
+from casetrail.adapters.bus.connection import BusConnection, IncomingMessage, connect
 from casetrail.adapters.bus.dead_letter import (
     DEAD_LETTERED_AT_HEADER,
     ORIGINAL_USER_HEADER,
     REASON_HEADER,
 )
+from casetrail.adapters.bus.dead_letter import held as held_messages
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.config import Component, Settings
@@ -81,7 +80,7 @@ class DeadLetter:
     """Dead-lettered by the broker (``x-death``), not set aside by a component."""
 
     @classmethod
-    def of(cls, message: AbstractIncomingMessage) -> DeadLetter:
+    def of(cls, message: IncomingMessage) -> DeadLetter:
         headers: dict[str, Any] = dict(message.headers or {})
         deaths = headers.get("x-death")
         death: dict[str, Any] = dict(deaths[0]) if isinstance(deaths, list) and deaths \
@@ -146,25 +145,15 @@ class DeadLetter:
 
 
 @contextlib.asynccontextmanager
-async def held(connection: AbstractRobustConnection, topology: Topology, limit: int
-               ) -> AsyncIterator[list[tuple[AbstractIncomingMessage, DeadLetter]]]:
-    """Up to ``limit`` dead letters, oldest first, held unacknowledged: those not acked
-    inside go back to the queue, in order, when this ends."""
-    channel = await connection.channel()
-    try:
-        queue = await channel.get_queue(topology.dead_letter_queue, ensure=True)
-        taken: list[tuple[AbstractIncomingMessage, DeadLetter]] = []
-        while len(taken) < limit:
-            message = await queue.get(no_ack=False, fail=False)
-            if message is None:
-                break
-            taken.append((message, DeadLetter.of(message)))
-        yield taken
-    finally:
-        await channel.close()
+async def held(connection: BusConnection, topology: Topology, limit: int
+               ) -> AsyncIterator[list[tuple[IncomingMessage, DeadLetter]]]:
+    """Up to ``limit`` dead letters, oldest first, each with what it says, held
+    unacknowledged: those not acked inside go back to the queue, in order."""
+    async with held_messages(connection, topology, limit) as messages:
+        yield [(message, DeadLetter.of(message)) for message in messages]
 
 
-async def redrive(settings: Settings, admin: AbstractRobustConnection,
+async def redrive(settings: Settings, admin: BusConnection,
                   wanted: set[str] | None, reason: str | None, *, again: bool,
                   limit: int = 10_000
                   ) -> tuple[list[DeadLetter], list[tuple[DeadLetter, str]]]:
@@ -174,7 +163,7 @@ async def redrive(settings: Settings, admin: AbstractRobustConnection,
     topology = Topology(settings.namespace)
     sent: list[DeadLetter] = []
     refused: list[tuple[DeadLetter, str]] = []
-    publishers: dict[Component, tuple[AbstractRobustConnection, Publisher]] = {}
+    publishers: dict[Component, tuple[BusConnection, Publisher]] = {}
     try:
         async with held(admin, topology, limit) as letters:
             for message, letter in letters:
@@ -215,7 +204,7 @@ def describe(letter: DeadLetter, now: datetime) -> str:
             f"{'  (redriven before)' if letter.redriven_at else ''}\n    {letter.reason}")
 
 
-async def connect_admin(settings: Settings) -> AbstractRobustConnection:
+async def connect_admin(settings: Settings) -> BusConnection:
     """The operator's (bootstrap) connection: the dead-letter queue is nobody's to read
     but the admin's."""
     return await connect(settings.amqp_url, "casetrail-dead-letters")

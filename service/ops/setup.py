@@ -46,14 +46,7 @@ from casetrail.adapters.bus.connection import connect
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import CapabilityKeyRegistry, KeyRegistry, create_pool
 from casetrail.adapters.store.keys import KeyTable
-from casetrail.agents import CAPABILITIES
-from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings, amqp_nodes
-from casetrail.contract.integrity import key_id
-from casetrail.engine.tools import a2a_capability, mcp_capability
-from casetrail.errors import PermanentError
-from casetrail.ops import retention_journal, revocations
-from casetrail.ops.keys_on_hand import refuse_new_keys
-from casetrail.ops.migrate import (
+from casetrail.adapters.store.migrate import (
     database_name,
     drop_database,
     ensure_database,
@@ -61,6 +54,13 @@ from casetrail.ops.migrate import (
     quote_ident,
     with_database,
 )
+from casetrail.agents import CAPABILITIES
+from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings, amqp_nodes
+from casetrail.contract.integrity import key_id
+from casetrail.engine.tools import a2a_capability, mcp_capability
+from casetrail.errors import PermanentError
+from casetrail.ops import retention_journal, revocations
+from casetrail.ops.keys_on_hand import refuse_new_keys
 from casetrail.ops.waiting import wait_for_services
 from casetrail.privacy import sealing
 from casetrail.privacy.sensitive import Vault

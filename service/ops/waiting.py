@@ -10,10 +10,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
-import aio_pika
-import asyncpg
 from tenacity import AsyncRetrying, RetryError, stop_after_delay, wait_exponential
 
+from casetrail.adapters.bus.connection import broker_answers
+from casetrail.adapters.store.pool import server_answers
 from casetrail.config import Settings, amqp_nodes
 from casetrail.errors import PermanentError
 
@@ -27,27 +27,6 @@ class ServicesUnavailable(PermanentError):
 def _where(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.hostname or 'localhost'}:{parts.port or ''}".rstrip(":")
-
-
-async def _postgres(url: str) -> None:
-    """Returns once the server answers: an answer that refuses (no such database yet,
-    which setup makes; a wrong password) is for the next step to report."""
-    try:
-        connection = await asyncpg.connect(url, timeout=5)
-    except asyncpg.CannotConnectNowError:
-        raise  # "the database system is starting up"
-    except asyncpg.PostgresError:
-        return
-    await connection.close()
-
-
-async def _rabbitmq(url: str) -> None:
-    """Returns once the broker answers (a refused login included: reported next)."""
-    try:
-        connection = await aio_pika.connect(url, timeout=5)
-    except aio_pika.exceptions.ProbableAuthenticationError:
-        return
-    await connection.close()
 
 
 async def _accepting(name: str, url: str, probe: Callable[[str], Awaitable[None]],
@@ -79,9 +58,9 @@ async def wait_for_services(settings: Settings) -> None:
     """Both services accepting, or ``ServicesUnavailable`` naming the one that is not."""
     seconds = settings.services_wait_seconds
     await asyncio.gather(
-        _accepting("PostgreSQL", settings.database_url, _postgres, seconds,
+        _accepting("PostgreSQL", settings.database_url, server_answers, seconds,
                    "start it (`make services`, or `pg_ctlcluster ... start`), or point "
                    "CASETRAIL_DATABASE_URL at it"),
-        _accepting("RabbitMQ", amqp_nodes(settings.amqp_url)[0], _rabbitmq, seconds,
+        _accepting("RabbitMQ", amqp_nodes(settings.amqp_url)[0], broker_answers, seconds,
                    "start it (`make services`, or `rabbitmq-server -detached`), or point "
                    "CASETRAIL_AMQP_URL at it"))

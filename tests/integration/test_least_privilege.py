@@ -23,6 +23,7 @@ from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.rpc import BusWorkerRuntime, RetryPolicy
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import component_pool
+from casetrail.adapters.store.privileges import privileges_table
 from casetrail.agents import CAPABILITIES
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.components.capability_worker import CapabilityWorker
@@ -36,7 +37,6 @@ from casetrail.contract.commands import (
 )
 from casetrail.contract.integrity import Signer
 from casetrail.errors import PublishRejected
-from casetrail.ops.privileges import privileges_table
 from casetrail.trail.keyfile import write_signer
 from tests.support import ROOT
 from tests.support.broker import rabbitmqctl_json
@@ -460,7 +460,7 @@ async def test_docs_show_every_roles_grants_as_setup_made_them(
 ) -> None:
     """docs/security.md's table of the database roles' privileges is the one read back
     from a namespace `casetrail setup` made (regenerate: `python -m
-    casetrail.ops.privileges`, on a namespace set up with this release)."""
+    casetrail.adapters.store.privileges`, on a namespace set up with this release)."""
     documented = (ROOT / "docs" / "security.md").read_text()
     begin, end = "<!-- privileges: begin -->\n", "<!-- privileges: end -->"
     assert begin in documented and end in documented

@@ -9,8 +9,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from casetrail.adapters.store.migrate import MIGRATIONS_DIR, drop_database, migrate
 from casetrail.errors import PermanentError
-from casetrail.ops.migrate import MIGRATIONS_DIR, drop_database, migrate
 from tests.conftest import BASE_DB
 from tests.support.records import seeded_events
 

@@ -31,10 +31,10 @@ from casetrail.adapters.bus.connection import connect
 from casetrail.adapters.bus.deliveries import Subscription
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.store import create_pool
+from casetrail.adapters.store.migrate import migrate
 from casetrail.config import Settings
 from casetrail.engine.chat import UserMessage
 from casetrail.errors import ModelUnavailable, scrub
-from casetrail.ops.migrate import migrate
 from casetrail.providers import ModelFactory
 from casetrail.providers.clients import ModelClients, PoolSettings
 from casetrail.providers.openai_compat import OpenAIChatModel

@@ -33,6 +33,7 @@ from casetrail.adapters.store import (
     component_pool,
     create_pool,
 )
+from casetrail.adapters.store.event_log import EventLogWriter
 from casetrail.agents import CAPABILITIES
 from casetrail.api import create_app
 from casetrail.api.streams import STREAMS_CLOSE_SECONDS
@@ -42,7 +43,6 @@ from casetrail.components.worker import Caps, CaseWorker
 from casetrail.config import Settings
 from casetrail.consumers.admission import Admission, KeyRing
 from casetrail.consumers.event_log import EventLogConsumer
-from casetrail.consumers.writer import EventLogWriter
 from casetrail.ops.setup import remove, setup
 from casetrail.privacy.sealing import CapabilityKeys, private_key
 from casetrail.privacy.sensitive import Vault

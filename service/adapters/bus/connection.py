@@ -14,11 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractRobustConnection
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from pamqp.common import FieldTable
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
@@ -31,6 +31,13 @@ log = logging.getLogger("casetrail.bus")
 
 STARTUP_PATIENCE_SECONDS = 60.0
 """How long a component waits for the broker to answer at start."""
+
+
+BusConnection: TypeAlias = AbstractRobustConnection
+"""A connection to the broker that reconnects by itself, for the code that holds one."""
+
+IncomingMessage: TypeAlias = AbstractIncomingMessage
+"""A message taken from a queue, for the code that reads one (the demo, the operator)."""
 
 
 def _where(url: str) -> str:
@@ -117,3 +124,13 @@ async def connect_patiently(url: str, name: str,
         with attempt:
             return await connect(url, name)
     raise AssertionError("unreachable")
+
+
+async def broker_answers(url: str) -> None:
+    """Returns once the broker at ``url`` answers (a refused login included: that is for
+    the next step to report)."""
+    try:
+        connection = await aio_pika.connect(url, timeout=5)
+    except aio_pika.exceptions.ProbableAuthenticationError:
+        return
+    await connection.close()

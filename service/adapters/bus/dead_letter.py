@@ -6,11 +6,13 @@ reason; republishing with a header says why, then the original is acked.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from casetrail.adapters.bus.connection import BusConnection, IncomingMessage
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.contract.dead_letters import DeadLetterCode
@@ -74,3 +76,22 @@ async def dead_letter(
         },
     )
     metrics.DEAD_LETTERED.labels(code.value).inc()
+
+
+@contextlib.asynccontextmanager
+async def held(connection: BusConnection, topology: Topology, limit: int
+               ) -> AsyncIterator[list[IncomingMessage]]:
+    """Up to ``limit`` dead letters, oldest first, held unacknowledged: those not acked
+    inside go back to the queue, in order, when this ends."""
+    channel = await connection.channel()
+    try:
+        queue = await channel.get_queue(topology.dead_letter_queue, ensure=True)
+        taken: list[IncomingMessage] = []
+        while len(taken) < limit:
+            message = await queue.get(no_ack=False, fail=False)
+            if message is None:
+                break
+            taken.append(message)
+        yield taken
+    finally:
+        await channel.close()

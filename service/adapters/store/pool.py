@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
+from typing import TypeAlias
 
 import asyncpg
 import orjson
@@ -25,6 +26,28 @@ _TRANSIENT = (
     # its next use; a fresh connection cures it.
     asyncpg.exceptions.InternalClientError,
 )
+
+
+Pool: TypeAlias = asyncpg.Pool
+"""A pool of connections, for the annotations of the code that holds one."""
+
+Connection: TypeAlias = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+"""One connection, on its own or taken from a pool."""
+
+DatabaseError: TypeAlias = asyncpg.PostgresError
+"""Any error the server reported; a lost connection is ``StoreUnavailable`` instead."""
+
+
+async def server_answers(url: str) -> None:
+    """Returns once the server at ``url`` answers: an answer that refuses (no such
+    database yet, which setup makes; a wrong password) is for the next step to report."""
+    try:
+        connection = await asyncpg.connect(url, timeout=5)
+    except asyncpg.CannotConnectNowError:
+        raise  # "the database system is starting up"
+    except asyncpg.PostgresError:
+        return
+    await connection.close()
 
 
 HELD_SQLSTATE = "CTHLD"

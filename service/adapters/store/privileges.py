@@ -2,7 +2,7 @@
 ``casetrail setup`` made (not from the statements it ran): the table docs/security.md
 shows, which a test holds equal to a freshly set-up namespace's.
 
-``python -m casetrail.ops.privileges`` prints it for the configured namespace.
+``python -m casetrail.adapters.store.privileges`` prints it for the configured namespace.
 """
 
 from __future__ import annotations

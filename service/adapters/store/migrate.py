@@ -26,7 +26,7 @@ log = logging.getLogger("casetrail.migrate")
 # CASETRAIL_MIGRATIONS_DIR at its copy.
 MIGRATIONS_DIR = Path(
     os.environ.get("CASETRAIL_MIGRATIONS_DIR")
-    or Path(__file__).resolve().parents[2] / "migrations"
+    or Path(__file__).resolve().parents[3] / "migrations"
 )
 _LOCK_KEY = 0x6361736574726C  # "casetrl": one advisory lock for every migrator
 _FILE_NAME = re.compile(r"^(\d{3,})_[a-z0-9_]+\.sql$")
