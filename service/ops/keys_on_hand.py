@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
-
+from casetrail.adapters.store.keys import keys_in_use
 from casetrail.config import Settings, local_file
 from casetrail.errors import PermanentError
 from casetrail.privacy.sensitive import Vault
@@ -63,39 +62,22 @@ KEY_FILES = (
 )
 
 
-async def _fetch(conn: asyncpg.Connection, sql: str) -> list[asyncpg.Record]:
-    try:
-        return await conn.fetch(sql)
-    except asyncpg.UndefinedTableError:  # a schema from before that table: nothing in it
-        return []
-
-
 async def missing_keys(settings: Settings, *, key_files: bool = True) -> list[str]:
     """What the namespace's data needs that is not on hand, each with where it looked:
     the master key always, the key files too when ``key_files`` (``up`` and ``demo``,
     which would make them; ``setup`` may not read the private keys)."""
-    try:
-        conn = await asyncpg.connect(settings.database_url)
-    except asyncpg.InvalidCatalogNameError:
+    held = await keys_in_use(settings.database_url, [key.table for key in KEY_FILES])
+    if held is None:
         return []  # no database yet: nothing depends on any key
-    try:
-        missing = []
-        for key in KEY_FILES if key_files else ():
-            if not is_file(getattr(settings, key.setting) or ""):
-                continue  # env: or provider: — the component says so if it cannot have it
-            path = key.path(settings)
-            if path.exists():
-                continue
-            registered = await _fetch(conn, f"SELECT count(*) AS n FROM {key.table}")
-            if registered and registered[0]["n"]:
-                missing.append(f"{key.what}: {path.resolve()} does not exist, but the "
-                               f"database has {registered[0]['n']} in {key.table}")
-        sealed = await _fetch(conn, "SELECT master_key_id, count(*) AS n FROM case_secrets "
-                                    "WHERE erased_at IS NULL GROUP BY master_key_id")
-    finally:
-        await conn.close()
-    missing += _master_key_problems(settings, {r["master_key_id"]: r["n"] for r in sealed})
-    return missing
+    missing = []
+    for key in KEY_FILES if key_files else ():
+        if not is_file(getattr(settings, key.setting) or ""):
+            continue  # env: or provider: — the component says so if it cannot have it
+        path = key.path(settings)
+        if not path.exists() and held.registered[key.table]:
+            missing.append(f"{key.what}: {path.resolve()} does not exist, but the "
+                           f"database has {held.registered[key.table]} in {key.table}")
+    return missing + _master_key_problems(settings, held.sealed)
 
 
 def _master_key_problems(settings: Settings, sealed: dict[str, int]) -> list[str]:

@@ -19,10 +19,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-import asyncpg
 import orjson
 
 from casetrail.adapters.store import ApiKeyStore, KeyRegistry, create_pool
+from casetrail.adapters.store.keys import still_valid
+from casetrail.adapters.store.pool import Pool
 from casetrail.config import Settings
 
 Kind = Literal["api_key", "signing_key", "action_key"]
@@ -80,7 +81,7 @@ async def reapply(settings: Settings) -> list[Revocation]:
     made = []
     try:
         for one in pending:
-            if await _undone(pool, one):
+            if await still_valid(pool, one.kind, one.key_id):
                 await _apply(pool, one)
                 made.append(one)
     finally:
@@ -88,15 +89,7 @@ async def reapply(settings: Settings) -> list[Revocation]:
     return made
 
 
-async def _undone(pool: asyncpg.Pool, one: Revocation) -> bool:
-    table = {"api_key": ("api_keys", "revoked_at"), "signing_key": ("signing_keys",
-             "not_valid_after"), "action_key": ("action_keys", "not_valid_after")}[one.kind]
-    return bool(await pool.fetchval(
-        f"SELECT EXISTS (SELECT 1 FROM {table[0]} WHERE key_id = $1 AND {table[1]} IS NULL)",
-        one.key_id))
-
-
-async def _apply(pool: asyncpg.Pool, one: Revocation) -> None:
+async def _apply(pool: Pool, one: Revocation) -> None:
     if one.kind == "api_key":
         await ApiKeyStore(pool).revoke(one.key_id)
     else:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 import asyncpg
 
-from casetrail.adapters.store.pool import translate_errors, utc_text
+from casetrail.adapters.store.pool import Pool, translate_errors, utc_text
 from casetrail.contract.integrity import public_key_text
 from casetrail.errors import PermanentError
 from casetrail.trail.verification import PublicKey
@@ -124,3 +126,53 @@ class KeyRegistry:
                           not_valid_after = coalesce($2, now())
                    WHERE key_id = $1 RETURNING key_id""", key_id, not_valid_after)
         return "retired" if row is not None else "unknown"
+
+
+@dataclass(frozen=True)
+class KeysInUse:
+    """What a namespace's data depends on: keys registered in each key table, and
+    cases' personal data sealed under each master key id."""
+
+    registered: dict[str, int]
+    sealed: dict[str, int]
+
+
+async def keys_in_use(url: str, tables: Sequence[str]) -> KeysInUse | None:
+    """What the database at ``url`` holds under keys; ``None`` when there is no database
+    yet (nothing depends on any key). A table from a later schema counts as empty."""
+    try:
+        conn = await asyncpg.connect(url)
+    except asyncpg.InvalidCatalogNameError:
+        return None
+
+    async def fetch(sql: str) -> list[asyncpg.Record]:
+        try:
+            return await conn.fetch(sql)
+        except asyncpg.UndefinedTableError:
+            return []
+
+    try:
+        registered = {}
+        for table in tables:
+            counted = await fetch(f"SELECT count(*) AS n FROM {table}")
+            registered[table] = counted[0]["n"] if counted else 0
+        sealed = await fetch("SELECT master_key_id, count(*) AS n FROM case_secrets "
+                             "WHERE erased_at IS NULL GROUP BY master_key_id")
+    finally:
+        await conn.close()
+    return KeysInUse(registered, {r["master_key_id"]: r["n"] for r in sealed})
+
+
+_REVOKED_IN = {"api_key": ("api_keys", "revoked_at"),
+               "signing_key": ("signing_keys", "not_valid_after"),
+               "action_key": ("action_keys", "not_valid_after")}
+
+
+async def still_valid(pool: Pool, kind: Literal["api_key", "signing_key", "action_key"],
+                      key_id: str) -> bool:
+    """Whether the key is registered and neither revoked nor retired (a restored backup
+    may hold a key as it was before its revocation)."""
+    table, ended = _REVOKED_IN[kind]
+    return bool(await pool.fetchval(
+        f"SELECT EXISTS (SELECT 1 FROM {table} WHERE key_id = $1 AND {ended} IS NULL)",
+        key_id))
