@@ -55,11 +55,14 @@ BUS_TESTS := tests/integration/test_pipeline.py tests/integration/test_publisher
              tests/integration/test_processes.py tests/integration/test_fastpath.py
 
 # The tiers (tests/*/__init__.py says what each may use): the unit tier needs no broker,
-# no database and no browser, so a mistake fails within a minute or two of `make test`.
-test-unit: install promtool go-interop
+# no database, no browser, no root and no network once installed, and finishes within a
+# minute. Alone it checks each property on a tenth of its examples; `make test` (and CI)
+# runs them all (tests/support/properties.py).
+test-unit: install
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 
-test: install lint typecheck test-unit services browser
+test: export CASETRAIL_PROPERTIES := thorough
+test: install lint typecheck test-unit services browser promtool go-interop
 	$(BIN)/pytest -q -p no:cacheprovider tests/integration tests/browser
 	CASETRAIL_AMQP_FASTPATH=off $(BIN)/pytest -q -p no:cacheprovider $(BUS_TESTS)
 

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from casetrail.contract.integrity import Signer, _representable, canonical, signature_valid
+from tests.support.properties import examples
 
 
 def reference(value: Any) -> bytes:
@@ -47,20 +48,20 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(JSON)
 def test_every_json_value_gives_the_bytes_of_rfc8785(value: Any) -> None:
     assert canonical(value) == reference(value)
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(st.floats(allow_nan=False, allow_infinity=False))
 def test_every_double_is_written_as_ecmascript_writes_it(value: float) -> None:
     assert canonical(value) == rfc8785.dumps(value)
     assert canonical({"x": [value]}) == rfc8785.dumps({"x": [value]})
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(st.dictionaries(st.text(alphabet=st.characters(codec="utf-8"), max_size=4),
                        st.integers(0, 9), max_size=8))
 def test_keys_sort_as_utf16_code_units(value: dict[str, int]) -> None:

@@ -22,6 +22,7 @@ from casetrail.contract.events import (
     make_event,
 )
 from tests.support import ROOT
+from tests.support.properties import examples
 
 SEED_CYCLE = (
     b'{"cycleIndex":2,"reasoningText":"The credit score is 720. I should now retrieve the risk '
@@ -200,7 +201,7 @@ def test_one_vocabulary_of_statuses_in_python_sql_and_the_migrations() -> None:
 
 
 @given(when=st.datetimes(min_value=datetime(1000, 1, 1), timezones=st.timezones()))
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 def test_a_timestamp_is_written_in_utc_with_microseconds_and_z_from_any_zone(
     when: datetime,
 ) -> None:

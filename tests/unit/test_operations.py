@@ -1,12 +1,10 @@
-"""The shipped dashboard and alert rules: every PromQL expression parses (promtool),
-names only metrics casetrail exports, and the alerts fire when they should."""
+"""The shipped dashboard and alert rules name only metrics casetrail exports, and the
+dashboard shows them all (that they parse and fire is tests/integration/test_promql.py,
+which needs promtool)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,22 +15,11 @@ import casetrail.telemetry.metrics  # noqa: F401 - registers every casetrail_ me
 from casetrail.adapters.bus.probe import DEAD_LETTERS, QueueProbe
 from casetrail.config import Settings
 from casetrail.telemetry import metrics
-from tests.support import ROOT
+from tests.support.operations import OPERATIONS, alert_expressions, dashboard_expressions
 
-OPERATIONS = ROOT / "docs" / "operations"
-ALERTS = OPERATIONS / "prometheus-alerts.yml"
-DASHBOARD = OPERATIONS / "grafana-dashboard.json"
-PROMTOOL = os.environ.get("CASETRAIL_PROMTOOL", "promtool")
 NAME = re.compile(r"\bcasetrail_[a-z_]+\b")
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
             "gauge": ("",)}
-
-
-def promtool(*args: str, cwd: Path = OPERATIONS) -> str:
-    done = subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True,
-                          check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 def exported() -> dict[str, str]:
@@ -43,33 +30,6 @@ def exported() -> dict[str, str]:
             for suffix in SUFFIXES[family.type]:
                 names[family.name + suffix] = family.name
     return names
-
-
-def dashboard_expressions() -> list[str]:
-    board = json.loads(DASHBOARD.read_text())
-    return [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
-
-
-def alert_expressions() -> list[str]:
-    rules = yaml.safe_load(ALERTS.read_text())
-    return [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
-
-
-def test_the_alert_rules_are_valid_and_their_unit_tests_pass() -> None:
-    assert "SUCCESS" in promtool("check", "rules", ALERTS.name)
-    assert "SUCCESS" in promtool("test", "rules", "prometheus-alerts.test.yml")
-
-
-def test_every_dashboard_expression_is_valid_promql(tmp_path: Path) -> None:
-    expressions = dashboard_expressions()
-    assert len(expressions) >= 20
-    # Grafana's $__rate_interval is not PromQL: a duration stands in for it.
-    rules = {"groups": [{"name": "dashboard", "rules": [
-        {"record": f"casetrail:panel_{n}", "expr": e.replace("$__rate_interval", "5m")}
-        for n, e in enumerate(expressions)]}]}
-    (tmp_path / "panels.yml").write_text(yaml.safe_dump(rules))
-    assert f"SUCCESS: {len(expressions)} rules found" in promtool(
-        "check", "rules", "panels.yml", cwd=tmp_path)
 
 
 @pytest.mark.parametrize("source", ["dashboard", "alerts"])
@@ -107,8 +67,7 @@ def test_model_names_beyond_the_limit_share_one_label() -> None:
     assert "(other)" in labelled and len(labelled) <= metrics.MAX_MODEL_LABELS + 1
 
 
-def test_the_compose_prometheus_config_is_valid_and_scrapes_every_component() -> None:
-    assert "SUCCESS" in promtool("check", "config", "prometheus.yml")
+def test_the_compose_prometheus_config_scrapes_every_component() -> None:
     config = yaml.safe_load((OPERATIONS / "prometheus.yml").read_text())
     jobs = {job["job_name"]: set(job["static_configs"][0]["targets"])
             for job in config["scrape_configs"]}
