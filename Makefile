@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-faults test-faults-soak lint typecheck services browser promtool go-interop install bench bench-all bench-smoke clean up
+.PHONY: demo test test-unit upgrade-check test-faults test-faults-soak lint typecheck services browser promtool go-interop install bench bench-all bench-smoke clean up
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ test: export CASETRAIL_PROPERTIES := thorough
 test: install lint typecheck test-unit services browser promtool go-interop
 	$(BIN)/pytest -q -p no:cacheprovider tests/integration tests/browser
 	CASETRAIL_AMQP_FASTPATH=off $(BIN)/pytest -q -p no:cacheprovider $(BUS_TESTS)
+
+# A stack of the previous release, holding cases, upgraded to this tree: every old case
+# and bundle still verifies (docs/releasing.md; CI runs it).
+upgrade-check: install services
+	$(BIN)/python scripts/upgrade-check
 
 # Benchmarks: matplotlib for the plots in the project venv, and the peer
 # (LangGraph) in its own venv so it never becomes a project dependency.

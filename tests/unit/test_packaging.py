@@ -222,8 +222,9 @@ def test_the_wheel_the_image_installs_carries_the_viewer(tmp_path: Path) -> None
     assert {"casetrail/__init__.py", "casetrail/py.typed", "casetrail/testing.py",
             "casetrail/consumers/event_log.py"} <= names
     # ... and nothing else at the top level: one package, ``casetrail``.
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert {name.split("/")[0] for name in names} == {
-        "casetrail", "casetrail-0.1.0.dist-info"}
+        "casetrail", f"casetrail-{version}.dist-info"}
     top_level = next(n for n in names if n.endswith("dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["casetrail"]
 
