@@ -29,6 +29,7 @@ from casetrail.audit.backtest import (
     summary,
 )
 from casetrail.audit.backtest_record import record_body, result_digest
+from casetrail.components.duties import Host
 from casetrail.contract.events import ModelRef
 from casetrail.contract.integrity import Signer
 from casetrail.engine.chat import ChatModel
@@ -176,3 +177,10 @@ class BacktestRunner:
         finally:
             noting.cancel()
             running.cancel()
+
+
+def backtesting() -> Callable[[Host], BacktestRunner]:
+    """The backtests runner as a worker's duty."""
+    return lambda host: BacktestRunner(
+        BacktestStore(host.store.pool), host.store, host.signer, host.models,
+        f"backtests:{host.owner}", host.runtime)

@@ -37,13 +37,19 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from casetrail.adapters.bus.journal import journalled
 from casetrail.adapters.store import CaseSecrets, CaseStore
 from casetrail.adapters.store.expiry import ExpiryStore, NotYet, PastTime
+from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.adapters.store.pool import HeldByLaw
 from casetrail.adapters.store.retention import earlier_policies
-from casetrail.audit.archive import Archived, CaseArchiver
+from casetrail.audit.archive import Archived, ArchiveWriter, CaseArchiver
+from casetrail.audit.archive_store import open_archive
+from casetrail.audit.evidence import Evidence
+from casetrail.components.duties import Host
 from casetrail.contract.events import (
     ArchivedBundle,
     CaseErasedPayload,
@@ -316,3 +322,24 @@ class RetentionKeeper:
         log.info("case %s: CASE_EXPIRED appended (policy %d v%d, %d events)", case.case_id,
                  case.policy_id, case.version, events)
         return True
+
+
+def retaining(interval: float, archive_dir: Path | str | None,
+              archive_s3_endpoint: str | None = None) -> Callable[[Host], RetentionKeeper]:
+    """The retention pass as a worker's duty, every ``interval`` seconds, archiving to
+    ``archive_dir`` (a directory or an ``s3://`` URL; none: cases whose policy archives
+    them wait)."""
+
+    def keeper(host: Host) -> RetentionKeeper:
+        ran_by = f"retention:{host.owner}"
+        archiver = None
+        if archive_dir is not None:  # each manifest signed with the worker's key
+            evidence = Evidence(host.store, host.keys, LedgerStore(host.store.pool))
+            archiver = CaseArchiver(evidence, host.secrets, ArchiveWriter(
+                open_archive(archive_dir, archive_s3_endpoint), host.signer, ran_by))
+        return RetentionKeeper(
+            ExpiryStore(host.store.pool), host.store, host.secrets, host.append, ran_by,
+            lambda: journalled(host.connection, host.topology), host.action_keys,
+            archiver=archiver, interval=interval)
+
+    return keeper

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.start_commands import send_start
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import CaseStore
+from casetrail.components.duties import Host
 from casetrail.errors import CasetrailError
 from casetrail.telemetry import metrics
 
@@ -63,3 +65,9 @@ class StrandedCaseSweeper:
                 await self.sweep()
             except CasetrailError as exc:
                 log.warning("sweep for stranded cases failed: %s", exc)
+
+
+def sweeping(interval: float) -> Callable[[Host], StrandedCaseSweeper]:
+    """The sweeper as a worker's duty, a sweep every ``interval`` seconds."""
+    return lambda host: StrandedCaseSweeper(host.store, host.publisher, host.topology,
+                                            host.lease_seconds, interval)

@@ -40,7 +40,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -48,7 +47,6 @@ from pydantic import ValidationError
 from casetrail.adapters.bus.connection import BusConnection
 from casetrail.adapters.bus.dead_letter import dead_letter
 from casetrail.adapters.bus.deliveries import Delivery, Subscription, TaskPerDelivery
-from casetrail.adapters.bus.journal import journalled
 from casetrail.adapters.bus.probe import QueueProbe
 from casetrail.adapters.bus.publisher import Publisher, event_emitter
 from casetrail.adapters.bus.rpc import BusWorkerRuntime, RetryPolicy
@@ -63,24 +61,17 @@ from casetrail.adapters.store import (
     RecordedCase,
     Wait,
 )
-from casetrail.adapters.store.backtests import BacktestStore
 from casetrail.adapters.store.batching import Coalescer
-from casetrail.adapters.store.expiry import ExpiryStore
-from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.adapters.store.pool import DatabaseError
 from casetrail.agents import AGENTS, CAPABILITIES
 from casetrail.agents.profile import AgentProfile
-from casetrail.audit.archive import ArchiveWriter, CaseArchiver
-from casetrail.audit.archive_store import open_archive
-from casetrail.audit.evidence import Evidence
 from casetrail.audit.kept_actions import acting_identity, kept_action_refusal
 from casetrail.audit.resume import record_so_far
 from casetrail.cases.configured import described, misconfigured
-from casetrail.components.backtests import BacktestRunner
-from casetrail.components.retention import EXPIRED_EVENT_TYPE, RetentionKeeper
+from casetrail.components.duties import Duties, Duty, Host
 from casetrail.components.runtime import component
 from casetrail.components.supervisor import run_until_signal
-from casetrail.components.sweeper import StrandedCaseSweeper
+from casetrail.components.worker_duties import worker_duties
 from casetrail.config import ReviewPolicy, Settings, get_settings
 from casetrail.contract.commands import (
     CancelCommand,
@@ -237,14 +228,12 @@ class CaseWorker:
     lease_seconds: float = 15.0
     publish_retry_seconds: float = 60.0
     """How long an event's publish is tried again before the case is handed back."""
+    duties: Duties = ()
+    """What this worker hosts beside its cases (service/components/duties.py), each made
+    when the worker starts; ``hosted`` holds them by name while it runs."""
+    hosted: dict[str, Duty] = field(default_factory=dict, init=False)
     sweep_seconds: float = 10.0
-    """How often this worker looks for stranded cases (service/components/sweeper.py)."""
-    retention_seconds: float = 300.0
-    """How often this worker runs the retention pass (service/components/retention.py)."""
-    archive_dir: Path | str | None = None
-    """Where the retention pass archives bundles, a directory or an ``s3://`` URL (none:
-    cases whose policy archives wait)."""
-    archive_s3_endpoint: str | None = None
+    """How often this worker counts the reviews waiting (the review gauges)."""
     shutdown_grace: float = 10.0
     review_policy: Callable[[str], ReviewPolicy] = lambda tenant: ReviewPolicy()
     """What a tenant asks of the people deciding its cases (its policy, in the settings)."""
@@ -323,20 +312,13 @@ class CaseWorker:
         starts = Subscription(channel, self.topology.case_start_queue, running)
         await starts.start()
         renewer = asyncio.create_task(self._renew_leases())
-        self.sweeper = StrandedCaseSweeper(self.store, publisher, self.topology,
-                                           self.lease_seconds, self.sweep_seconds)
-        sweeping = asyncio.create_task(self.sweeper.run())
         counting = asyncio.create_task(self._count_reviews())
-        self.retention = RetentionKeeper(
-            ExpiryStore(self.store.pool), self.store, self.secrets, self._sink.append,
-            f"retention:{self.owner}",
-            lambda: journalled(self.connection, self.topology),
-            lambda: self._action_keys_for(None), archiver=self._archiver(),
-            interval=self.retention_seconds)
-        retaining = asyncio.create_task(self.retention.run())
-        backtesting = asyncio.create_task(BacktestRunner(
-            BacktestStore(self.store.pool), self.store, self.signer, self.models,
-            f"backtests:{self.owner}", self.runtime).run())
+        host = Host(self.owner, self.connection, publisher, self.topology, self.store,
+                    self.secrets, self.keys, self.signer, self._sink.append,
+                    lambda: self._action_keys_for(None), self.models, self.runtime,
+                    self.lease_seconds)
+        self.hosted = {name: make(host) for name, make in self.duties}
+        hosting = [asyncio.create_task(duty.run()) for duty in self.hosted.values()]
         log.info("worker %s taking cases from %s", self.owner, self.topology.case_start_queue)
         if ready is not None:
             ready.set()
@@ -346,10 +328,9 @@ class CaseWorker:
         await cancels.cancel()
         await running.drain(self.shutdown_grace)
         renewer.cancel()
-        sweeping.cancel()
         counting.cancel()
-        retaining.cancel()
-        backtesting.cancel()
+        for duty in hosting:
+            duty.cancel()
         await publisher.channel.close()
         await channel.close()
 
@@ -677,7 +658,7 @@ class CaseWorker:
         except InvalidCommand as exc:
             raise Reject(f"unreadable erase command: {exc}", DeadLetterCode.UNREADABLE) from exc
         head = await self.store.trail_head(command.case_id)
-        if head is not None and head.event_type == EXPIRED_EVENT_TYPE:
+        if head is not None and head.event_type == "CASE_EXPIRED":
             return  # expired meanwhile: nothing of it is kept to record the erasure on
         if head is None or (head.event_type not in TERMINAL_EVENT_TYPES and not head.erased):
             raise TransientError(f"case {command.case_id}'s terminal event is not stored yet")
@@ -705,16 +686,6 @@ class CaseWorker:
             placeholders=state.placeholders, action=command.action), tenant_id=head.tenant_id)
         await self._sink.append(event, head.hash)
         log.info("case %s: erasure recorded", command.case_id)
-
-    def _archiver(self) -> CaseArchiver | None:
-        """What archives bundles before expiry, signing each manifest with this worker's
-        key (docs/bundle.md, "Archives")."""
-        if self.archive_dir is None:
-            return None
-        evidence = Evidence(self.store, self.keys, LedgerStore(self.store.pool))
-        return CaseArchiver(evidence, self.secrets, ArchiveWriter(
-            open_archive(self.archive_dir, self.archive_s3_endpoint), self.signer,
-            f"retention:{self.owner}"))
 
     async def _count_reviews(self) -> None:
         """Keep the review gauges (waiting, overdue, oldest wait) current, every sweep;
@@ -814,9 +785,7 @@ async def run_worker(settings: Settings) -> None:
                             concurrency=settings.worker_concurrency,
                             lease_seconds=settings.lease_seconds,
                             sweep_seconds=settings.sweep_seconds,
-                            retention_seconds=settings.retention_seconds,
-                            archive_dir=settings.archive_path(),
-                            archive_s3_endpoint=settings.archive_s3_endpoint,
+                            duties=worker_duties(settings),
                             publish_retry_seconds=settings.publish_retry_seconds,
                             review_policy=settings.review_policy,
                             review_deadline_seconds=settings.review_deadline_seconds,

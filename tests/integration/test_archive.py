@@ -29,7 +29,7 @@ from casetrail.trail.keyfile import worker_signer
 from tests.support.cli import run_cli
 from tests.support.helpers import wait_for_sql
 from tests.support.logged import as_superuser, logged_everything, serving
-from tests.support.retention import aclose_all, backdate, cast, decided
+from tests.support.retention import aclose_all, backdate, cast, decided, keeper_of
 from tests.support.stack import kill_leftovers, namespace_of_its_own
 
 
@@ -52,7 +52,7 @@ async def test_an_archiving_policy_archives_each_case_before_it_expires(
 
 async def _archive_then_expire(own: Settings, pool: asyncpg.Pool, logged: Any,
                                people: dict[str, Any]) -> None:
-    keeper = logged.stack.worker.retention
+    keeper = keeper_of(logged.stack.worker)
     archive = own.archive_path()
     cases = await decided(logged.client, 2)
     set_ = await people["alice"].put("/retention/policies/*", json={
@@ -206,7 +206,7 @@ async def test_an_archive_in_an_s3_bucket_is_written_once_and_verifies_offline(
 async def _archive_to_the_bucket(own: Settings, pool: asyncpg.Pool, logged: Any,
                                  people: dict[str, Any], endpoint: str,
                                  aws: dict[str, str]) -> None:
-    keeper = logged.stack.worker.retention
+    keeper = keeper_of(logged.stack.worker)
     (case_id,) = await decided(logged.client, 1)
     set_ = await people["alice"].put("/retention/policies/*", json={
         "preset": "sec-17a-4", "archive": True, "reason": "Six years, archived to S3."})

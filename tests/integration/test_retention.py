@@ -24,7 +24,7 @@ from casetrail.config import Settings
 from tests.support.cli import run_cli
 from tests.support.helpers import wait_for_sql
 from tests.support.logged import as_superuser, audit, found, logged_everything, serving
-from tests.support.retention import aclose_all, backdate, cast, decided, person
+from tests.support.retention import aclose_all, backdate, cast, decided, keeper_of, person
 from tests.support.stack import kill_leftovers, namespace_of_its_own
 
 
@@ -53,7 +53,7 @@ async def _expire_hold_and_audit(own: Settings, pool: asyncpg.Pool, logged: Any,
     alice, bob, carol, dave, admin = (people[w] for w in ("alice", "bob", "carol", "dave",
                                                            "admin"))
     cases = await decided(logged.client, 4)
-    keeper = logged.stack.worker.retention
+    keeper = keeper_of(logged.stack.worker)
     try:
         policy = await _two_persons_set_a_policy(pool, alice, bob, keeper)
         hold = await _expire_and_erase(pool, logged, cases, policy, alice, carol, admin,
@@ -233,7 +233,7 @@ async def test_a_policy_or_a_release_written_with_the_apis_database_password_del
         try:
             async with serving(own, amqp, pool, key, children) as logged:
                 base = logged.stack.base_url
-                keeper = logged.stack.worker.retention
+                keeper = keeper_of(logged.stack.worker)
                 held, other = await decided(logged.client, 2)
                 for case_id in (held, other):
                     await backdate(pool, case_id, 200)

@@ -16,7 +16,7 @@ from casetrail.config import Settings
 from casetrail.ops.retention_journal import reapply
 from tests.support.helpers import wait_for_sql
 from tests.support.logged import back_up, restore, serving
-from tests.support.retention import aclose_all, backdate, cast, decided
+from tests.support.retention import aclose_all, backdate, cast, decided, keeper_of
 from tests.support.stack import kill_leftovers, namespace_of_its_own
 
 
@@ -52,7 +52,7 @@ async def test_holds_and_erasures_made_after_a_backup_survive_its_restore(
                                            "erased_at IS NULL") == 2
 
                 # The pass sees the database lacks what the journal holds: nothing goes.
-                keeper = logged.stack.worker.retention
+                keeper = keeper_of(logged.stack.worker)
                 blocked = await keeper.pass_once()
                 assert blocked.blocked == 2 and blocked.expiries_appended == 0, blocked
                 assert REGISTRY.get_sample_value("casetrail_retention_blocked") == 1

@@ -11,6 +11,8 @@ import httpx
 
 from casetrail.adapters.store import ApiKeyStore, CaseStore, StoredEvent
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.components.retention import RetentionKeeper
+from casetrail.components.worker import CaseWorker
 from tests.support.helpers import ended
 
 
@@ -73,3 +75,10 @@ async def decided_samples(base_url: str, headers: dict[str, str], pool: asyncpg.
             assert (await ended(client, case_id))["status"] in ("completed", "awaiting_review")
     await asyncio.sleep(0.3)  # the terminal events reach Postgres
     return await CaseStore(pool).trails(ids)
+
+
+def keeper_of(worker: CaseWorker) -> RetentionKeeper:
+    """The retention pass a running worker hosts."""
+    keeper = worker.hosted["retention"]
+    assert isinstance(keeper, RetentionKeeper)
+    return keeper

@@ -40,6 +40,7 @@ from casetrail.api.streams import STREAMS_CLOSE_SECONDS
 from casetrail.components.capability_worker import CapabilityWorker
 from casetrail.components.supervisor import component_command
 from casetrail.components.worker import Caps, CaseWorker
+from casetrail.components.worker_duties import worker_duties
 from casetrail.config import Settings
 from casetrail.consumers.admission import Admission, KeyRing
 from casetrail.consumers.event_log import EventLogConsumer
@@ -122,9 +123,7 @@ async def in_process_stack(
                             models=models, concurrency=worker_concurrency,
                             lease_seconds=settings.lease_seconds, shutdown_grace=1.0,
                             sweep_seconds=settings.sweep_seconds,
-                            retention_seconds=settings.retention_seconds,
-                            archive_dir=settings.archive_path(),
-                            archive_s3_endpoint=settings.archive_s3_endpoint,
+                            duties=worker_duties(settings),
                             review_policy=settings.review_policy,
                             review_deadline_seconds=settings.review_deadline_seconds)
         ring = KeyRing(KeyRegistry(consumer_pool))
