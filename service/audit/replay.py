@@ -219,10 +219,43 @@ def decision_of(answer: Any) -> str | None:
 async def replay_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
                       agents: Mapping[str, AgentProfile] = AGENTS) -> Replay:
     """Replay one case from its stored events (every attempt, in order)."""
+    found = _what_to_replay(case_id, events, agents)
+    if isinstance(found, Replay):
+        return found
+    agent, decided, cycles = found
+    started = events[0].payload
+    recorded_decision = decision_of(decided.payload.get("answer"))
+    model_ref = ModelRef.model_validate(started["model"])
+    model = ScriptedModel(agent.script, name=model_ref.name) \
+        if model_ref.provider == "scripted" and agent.script is not None \
+        else RecordedModel(cycles, model_ref.name)
+    answers = {f"{case_id}:{cycle['cycleIndex']}:{i}": call for cycle in cycles
+               for i, call in enumerate(cycle.get("toolCalls") or [])}
+    kept = KeptEvents()
+    await ReactEngine(kept).run(_replay_spec(case_id, agent, started, model_ref), model,
+                                ToolBox(agent.tools, RecordedTools(answers)))
+    replayed = [e.payload.model_dump(mode="json", by_alias=True) for e in kept.events
+                if isinstance(e.payload, ReactCyclePayload)]
+    replayed_decision, refused_by = _replayed_outcome(kept, decided)
+    divergence = first_divergence(cycles, replayed)
+    if divergence is not None and not isinstance(model, ScriptedModel):
+        replayed_decision = None  # the recorded model never saw what the code gives now
+    same = divergence is None and replayed_decision == recorded_decision
+    return Replay(case_id, str(started.get("agent")), "same" if same else "diverged",
+                  recorded_decision,
+                  replayed_decision, divergence,
+                  recorded_version=started.get("agentVersion"), replayed_version=agent.version,
+                  refused_by=refused_by)
+
+
+def _what_to_replay(case_id: uuid.UUID, events: Sequence[RecordedEvent],
+                    agents: Mapping[str, AgentProfile]
+                    ) -> Replay | tuple[AgentProfile, RecordedEvent, list[Mapping[str, Any]]]:
+    """The agent, the event holding its own decision and the cycles that led to it; or
+    why the case cannot be replayed."""
     if not events or events[0].event_type != "CASE_STARTED":
         return Replay(case_id, "?", "unreplayable", reason="no CASE_STARTED in the record")
-    started = events[0].payload
-    name = str(started.get("agent"))
+    name = str(events[0].payload.get("agent"))
     # The decision is the last non-administrative event (an erasure may follow it).
     terminal = [e for e in events if e.event_type not in ADMINISTRATIVE_EVENT_TYPES][-1]
     if terminal.event_type not in ("CASE_COMPLETED", PARKING_EVENT_TYPE):
@@ -233,19 +266,17 @@ async def replay_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
         return Replay(case_id, name, "unreplayable", reason=f"no agent {name!r} here")
     # The agent's own decision: the one a person was asked about, if one was.
     waited = next((e for e in events if e.event_type == PARKING_EVENT_TYPE), None)
-    decided = terminal if waited is None else waited
-    recorded_decision = decision_of(decided.payload.get("answer"))
     cycles = final_chain(events)
-    if waited is not None:
-        cycles = cycles[: int(waited.payload["cyclesCompleted"])]
-    model_ref = ModelRef.model_validate(started["model"])
-    model = ScriptedModel(agent.script, name=model_ref.name) \
-        if model_ref.provider == "scripted" and agent.script is not None \
-        else RecordedModel(cycles, model_ref.name)
-    answers = {f"{case_id}:{cycle['cycleIndex']}:{i}": call for cycle in cycles
-               for i, call in enumerate(cycle.get("toolCalls") or [])}
+    if waited is None:
+        return agent, terminal, cycles
+    return agent, waited, cycles[: int(waited.payload["cyclesCompleted"])]
+
+
+def _replay_spec(case_id: uuid.UUID, agent: AgentProfile, started: Mapping[str, Any],
+                 model_ref: ModelRef) -> CaseSpec:
+    """The case as it started, under the agent's code now, within the replay's deadline."""
     recorded_limits = Limits.model_validate(started["limits"])
-    spec = CaseSpec(
+    return CaseSpec(
         case_id=case_id, attempt=1, agent=agent.name, system_prompt=agent.system_prompt,
         input=as_validated(agent, started["input"]), model=model_ref,
         agent_version=agent.version,
@@ -253,10 +284,12 @@ async def replay_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
                       deadline_seconds=REPLAY_DEADLINE_SECONDS,
                       max_answer_retries=recorded_limits.max_answer_retries),
         context_budget=agent.context_budget_tokens, answering=agent.answering)
-    kept = KeptEvents()
-    await ReactEngine(kept).run(spec, model, ToolBox(agent.tools, RecordedTools(answers)))
-    replayed = [e.payload.model_dump(mode="json", by_alias=True) for e in kept.events
-                if isinstance(e.payload, ReactCyclePayload)]
+
+
+def _replayed_outcome(kept: KeptEvents, decided: RecordedEvent
+                      ) -> tuple[str | None, tuple[str, ...]]:
+    """The replay's decision (none when its checks refuse what the record's did not, or
+    the other way round) and the blocking checks that refused it."""
     end = kept.events[-1].payload
     replayed_decision = decision_of(end.answer) if isinstance(
         end, CaseCompletedPayload | CaseAwaitingReviewPayload) else None
@@ -268,14 +301,7 @@ async def replay_case(case_id: uuid.UUID, events: Sequence[RecordedEvent],
         if c.get("blocking") and not c.get("passed"))
     if refused_by != recorded_refusal:
         replayed_decision = None  # refused now: it would not stand as the agent's
-    divergence = first_divergence(cycles, replayed)
-    if divergence is not None and not isinstance(model, ScriptedModel):
-        replayed_decision = None  # the recorded model never saw what the code gives now
-    same = divergence is None and replayed_decision == recorded_decision
-    return Replay(case_id, name, "same" if same else "diverged", recorded_decision,
-                  replayed_decision, divergence,
-                  recorded_version=started.get("agentVersion"), replayed_version=agent.version,
-                  refused_by=refused_by)
+    return replayed_decision, refused_by
 
 
 def recorded(stored: Sequence[StoredEvent]) -> list[RecordedEvent]:

@@ -335,18 +335,7 @@ class ReactEngine:
         state.usage = state.usage + turn.usage
         state.add(turn.as_message())
         answering = state.spec.answering
-        calls: tuple[ToolCallRequest, ...] = turn.tool_calls
-        finals: tuple[ToolCallRequest, ...] = ()
-        if answering is not None and turn.tool_calls:
-            finals = tuple(c for c in turn.tool_calls if c.name == FINAL_ANSWER)
-            calls = tuple(c for c in turn.tool_calls if c.name != FINAL_ANSWER)
-        asked_in = calls
-        questions: tuple[ToolCallRequest, ...] = ()
-        if state.spec.asks_people and not finals:
-            questions = tuple(c for c in calls if c.name == ASK_A_PERSON
-                              and isinstance((c.arguments or {}).get("question"), str)
-                              and (c.arguments or {})["question"].strip())
-            calls = tuple(c for c in calls if c not in questions[:1])
+        calls, finals, questions, asked_in = _sorted_calls(state.spec, turn)
         outcomes: list[ToolOutcome] = []
         if calls:
             await self._settle(state)  # the trail so far is durable before anything acts
@@ -362,12 +351,11 @@ class ReactEngine:
         answer, rejected = None, None
         if answering is not None:
             answer, rejected = self._answer_of(state, answering, turn, calls, finals)
-        reasoning = _reasoning(turn)
         sent = await self._send(
             state,
             ReactCyclePayload(
                 cycle_index=state.cycles,
-                reasoning_text=reasoning,
+                reasoning_text=_reasoning(turn),
                 tool_calls=tuple(o.record for o in outcomes),
                 token_usage=turn.usage,
                 model=turn.model or model.name,
@@ -381,28 +369,38 @@ class ReactEngine:
         state.retries = []
         state.cycles += 1
         state.watch.cycle(turn.usage)
-        if answering is not None and answering.checks and outcomes:
+        if answering is None:  # a free-text answer: the turn without calls is the last
+            return None if turn.tool_calls else await self._completed(state, turn)
+        if answering.checks and outcomes:
             state.cycles_sent.append(sent)  # its calls, for the checks
-        if answering is not None:
-            if answer is not None:
-                return await self._decide(state, answering, answer)
-            if rejected is not None:
-                state.rejections += 1
-                allowed = state.spec.limits.max_answer_retries
-                allowed = DEFAULT_ANSWER_RETRIES if allowed is None else allowed
-                if state.rejections > allowed:
-                    return await self._failed(state, "invalid_answer", (
-                        f"{state.rejections} answers refused (at most {allowed} may be): "
-                        + "; ".join(rejected.errors)))
+        return await self._typed_answer(state, answering, answer, rejected)
+
+    async def _typed_answer(self, state: RunState, answering: Answering,
+                            answer: JsonObject | None, rejected: AnswerRejection | None
+                            ) -> AttemptEnd | None:
+        """After a cycle of an agent with a typed answer: its answer decided, or the
+        case failed for too many refused answers, or (``None``) the loop goes on."""
+        if answer is not None:
+            return await self._decide(state, answering, answer)
+        if rejected is None:
             return None
-        if turn.tool_calls:
+        state.rejections += 1
+        allowed = state.spec.limits.max_answer_retries
+        allowed = DEFAULT_ANSWER_RETRIES if allowed is None else allowed
+        if state.rejections <= allowed:
             return None
-        answer = extract_answer(turn.text)
+        return await self._failed(state, "invalid_answer", (
+            f"{state.rejections} answers refused (at most {allowed} may be): "
+            + "; ".join(rejected.errors)))
+
+    async def _completed(self, state: RunState, turn: AssistantTurn) -> TerminalEvent:
+        """The case completed with the turn's text as its answer (an agent without a
+        typed answer)."""
         return await self._terminal(
             state,
             CaseCompletedPayload(
-                cycles_completed=state.cycles, token_totals=state.usage, answer=answer,
-                decided_by="agent",
+                cycles_completed=state.cycles, token_totals=state.usage,
+                answer=extract_answer(turn.text), decided_by="agent",
             ),
         )
 
@@ -658,6 +656,28 @@ class ReactEngine:
         pending, state.in_flight = state.in_flight, None
         if pending is not None:
             await pending
+
+
+
+def _sorted_calls(spec: CaseSpec, turn: AssistantTurn) -> tuple[
+        tuple[ToolCallRequest, ...], tuple[ToolCallRequest, ...],
+        tuple[ToolCallRequest, ...], tuple[ToolCallRequest, ...]]:
+    """The turn's calls sorted out: the tools to run, the ``FINAL_ANSWER`` calls (an
+    agent with a typed answer), the questions to a person (an agent that may ask; the
+    first is asked, and is not run), and every call the turn asked for but its answers."""
+    calls: tuple[ToolCallRequest, ...] = turn.tool_calls
+    finals: tuple[ToolCallRequest, ...] = ()
+    if spec.answering is not None and turn.tool_calls:
+        finals = tuple(c for c in turn.tool_calls if c.name == FINAL_ANSWER)
+        calls = tuple(c for c in turn.tool_calls if c.name != FINAL_ANSWER)
+    asked_in = calls
+    questions: tuple[ToolCallRequest, ...] = ()
+    if spec.asks_people and not finals:
+        questions = tuple(c for c in calls if c.name == ASK_A_PERSON
+                          and isinstance((c.arguments or {}).get("question"), str)
+                          and (c.arguments or {})["question"].strip())
+        calls = tuple(c for c in calls if c not in questions[:1])
+    return calls, finals, questions, asked_in
 
 
 def _reasoning(turn: AssistantTurn) -> str:

@@ -213,50 +213,87 @@ def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, 
         report.events += 1
     terminals: list[tuple[int, int]] = []
     for attempt in sorted(by_attempt):
-        chain = sorted(by_attempt[attempt], key=lambda e: e.seq)
-        prev_hash, expected_seq, ended, head, parked = GENESIS, 0, False, None, False
-        for event in chain:
-            if event.seq != expected_seq:
-                report.problems.append(Problem(
-                    attempt, event.seq, "seq_gap",
-                    f"seq {expected_seq}{'' if event.seq == expected_seq + 1 else '…'}"
-                    f"{'' if event.seq == expected_seq + 1 else event.seq - 1} is missing"
-                    if event.seq > expected_seq else f"seq {event.seq} appears twice"))
-            expected_seq = event.seq + 1
-            if event.integrity is None or event.body is None or event.schema_version < 2:
-                report.problems.append(Problem(attempt, event.seq, "unsigned",
-                                               "version-1 event: stored before signing, "
-                                               "it cannot be verified"))
-                event_type = event.columns.get("eventType")
-                prev_hash = GENESIS
-            else:
-                envelope = check_signed(event, prev_hash, keys, report.problems)
-                event_type = (envelope or {}).get("eventType") or event.columns.get("eventType")
-                if event_type == "CASE_REVIEWED" and envelope is not None:
-                    report.reviews.append(_review_of(attempt, event.seq, envelope))
-                if envelope is not None and event_type in ("CASE_STARTED", "CASE_REVIEWED",
-                                                           "REACT_CYCLE", "CASE_ERASED"):
-                    _check_actions(report, (attempt, event.seq), envelope, action_keys)
-                prev_hash = event.integrity.hash
-                head = prev_hash
-            if ended and event_type not in ADMINISTRATIVE_EVENT_TYPES:
-                report.problems.append(Problem(attempt, event.seq, "after_terminal",
-                                               f"a {event_type} after the terminal event"))
-            elif parked:
-                report.problems.append(Problem(attempt, event.seq, "after_parked",
-                                               f"a {event_type} after CASE_AWAITING_REVIEW "
-                                               "in the same attempt"))
-            parked = parked or event_type == PARKING_EVENT_TYPE
-            if event_type in TERMINAL_EVENT_TYPES:
+        chain = _Chain(report, attempt, keys, action_keys)
+        for event in sorted(by_attempt[attempt], key=lambda e: e.seq):
+            if chain.take(event) in TERMINAL_EVENT_TYPES:
                 terminals.append((attempt, event.seq))
-                ended = True
-        report.attempts.append({"attempt": attempt, "events": len(chain), "headHash": head,
-                                "ended": ended, **({"parked": True} if parked else {})})
-    last_attempt = max(by_attempt, default=None)
-    if len(terminals) > 1:
-        for attempt, seq in terminals[1:]:
-            report.problems.append(Problem(attempt, seq, "extra_terminal",
-                                           "a second terminal event"))
+        report.attempts.append(chain.summary(len(by_attempt[attempt])))
+    _check_ending(report, terminals, max(by_attempt, default=None), case_ended)
+    report.problems.sort(key=lambda p: (p.attempt or 0, -1 if p.seq is None else p.seq))
+    return report
+
+
+@dataclass
+class _Chain:
+    """One attempt's events, taken in seq order: its chain, and where it ended or parked."""
+
+    report: Report
+    attempt: int
+    keys: Mapping[str, PublicKey]
+    action_keys: Mapping[str, PublicKey] | None
+    prev_hash: str = GENESIS
+    expected_seq: int = 0
+    ended: bool = False
+    parked: bool = False
+    head: str | None = None
+
+    def problem(self, seq: int, code: str, detail: str) -> None:
+        self.report.problems.append(Problem(self.attempt, seq, code, detail))
+
+    def take(self, event: TrailEvent) -> str | None:
+        """Check ``event`` as the next of the chain; its type."""
+        if event.seq != self.expected_seq:
+            self.problem(event.seq, "seq_gap", _gap(self.expected_seq, event.seq))
+        self.expected_seq = event.seq + 1
+        event_type = self._signed_type(event)
+        if self.ended and event_type not in ADMINISTRATIVE_EVENT_TYPES:
+            self.problem(event.seq, "after_terminal", f"a {event_type} after the terminal "
+                         "event")
+        elif self.parked:
+            self.problem(event.seq, "after_parked", f"a {event_type} after "
+                         "CASE_AWAITING_REVIEW in the same attempt")
+        self.parked = self.parked or event_type == PARKING_EVENT_TYPE
+        self.ended = self.ended or event_type in TERMINAL_EVENT_TYPES
+        return event_type
+
+    def _signed_type(self, event: TrailEvent) -> str | None:
+        """Check the event's signature and chain (and the persons' actions it records);
+        its type as signed, else as stored."""
+        if event.integrity is None or event.body is None or event.schema_version < 2:
+            self.problem(event.seq, "unsigned", "version-1 event: stored before signing, "
+                         "it cannot be verified")
+            self.prev_hash = GENESIS
+            return event.columns.get("eventType")
+        envelope = check_signed(event, self.prev_hash, self.keys, self.report.problems)
+        event_type = (envelope or {}).get("eventType") or event.columns.get("eventType")
+        if event_type == "CASE_REVIEWED" and envelope is not None:
+            self.report.reviews.append(_review_of(self.attempt, event.seq, envelope))
+        if envelope is not None and event_type in ("CASE_STARTED", "CASE_REVIEWED",
+                                                   "REACT_CYCLE", "CASE_ERASED"):
+            _check_actions(self.report, (self.attempt, event.seq), envelope,
+                           self.action_keys)
+        self.prev_hash = self.head = event.integrity.hash
+        return event_type
+
+    def summary(self, events: int) -> dict[str, Any]:
+        return {"attempt": self.attempt, "events": events, "headHash": self.head,
+                "ended": self.ended, **({"parked": True} if self.parked else {})}
+
+
+def _gap(expected: int, seq: int) -> str:
+    if seq < expected:
+        return f"seq {seq} appears twice"
+    return f"seq {expected} is missing" if seq == expected + 1 else \
+        f"seq {expected}…{seq - 1} is missing"
+
+
+def _check_ending(report: Report, terminals: list[tuple[int, int]],
+                  last_attempt: int | None, case_ended: bool) -> None:
+    """One terminal event, on the last attempt; none on a case recorded as ended is a
+    problem; no terminal and a last attempt that parked is a case waiting."""
+    for attempt, seq in terminals[1:]:
+        report.problems.append(Problem(attempt, seq, "extra_terminal",
+                                       "a second terminal event"))
     if terminals and terminals[0][0] != last_attempt:
         attempt, seq = terminals[0]
         report.problems.append(Problem(attempt, seq, "terminal_not_last",
@@ -269,8 +306,6 @@ def verify_trail(case_id: str, events: Iterable[TrailEvent], keys: Mapping[str, 
         report.problems.append(Problem(last_attempt, None, "missing_terminal",
                                        "the case is recorded as ended but its trail has no "
                                        "terminal event"))
-    report.problems.sort(key=lambda p: (p.attempt or 0, -1 if p.seq is None else p.seq))
-    return report
 
 
 def _check_actions(report: Report, at: tuple[int, int], envelope: Mapping[str, Any],
