@@ -23,7 +23,7 @@ from bench.harness import (
     wait_ready,
     wait_rows,
 )
-from casetrail.components.sequencer import TREE_SIZE_SQL
+from casetrail.adapters.store.tree import TREE_SIZE_SQL
 from casetrail.config import Settings
 
 PORT = 8790

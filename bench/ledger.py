@@ -38,7 +38,7 @@ from bench.harness import (
     wait_rows,
 )
 from casetrail.adapters.store.migrate import database_name
-from casetrail.components.sequencer import TREE_SIZE_SQL
+from casetrail.adapters.store.tree import TREE_SIZE_SQL
 from casetrail.ledger import merkle
 from casetrail.ledger.note import Checkpoint, NoteSigner, sign
 from casetrail.ops.setup import setup

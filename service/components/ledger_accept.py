@@ -18,10 +18,8 @@ import getpass
 from dataclasses import dataclass
 
 from casetrail.adapters.store.ledger import LedgerStore
+from casetrail.adapters.store.tree import keep_acceptance, tree_size
 from casetrail.components.ledger_operator import stopped_ledger
-from casetrail.components.sequencer import (
-    TREE_SIZE_SQL,
-)
 from casetrail.config import Settings
 from casetrail.errors import PermanentError
 from casetrail.ledger.note import Checkpoint, sign
@@ -46,16 +44,14 @@ async def accept_size(settings: Settings, size: int, reason: str,
                 "nothing to accept. A stored tree behind it was rolled back; see "
                 "docs/operations.md, \"The log is behind\"")
         conn, signer = ledger.conn, ledger.signer
-        stored = await conn.fetchval(TREE_SIZE_SQL)
+        stored = await tree_size(conn)
         if size > stored:
             raise PermanentError(f"the stored tree has {stored} leaves: a size of {size} "
                                  "cannot be accepted")
         root = await LedgerStore(conn).root(size)
         note = sign(Checkpoint(signer.name, size, root).text(), signer).render()
         async with conn.transaction():
-            await conn.execute(
-                "INSERT INTO ledger_acceptances (tree_size, root_hash, note, reason, "
-                "accepted_by) VALUES ($1, $2, $3, $4, $5)",
-                size, root, note, reason.strip(), by or getpass.getuser())
+            await keep_acceptance(conn, size, root, note, reason.strip(),
+                                  by or getpass.getuser())
             await asyncio.to_thread(ledger.state.write, note, reason=reason.strip())
     return Accepted(size, root, str(ledger.state.path))

@@ -13,7 +13,8 @@ from casetrail.adapters.bus.connection import connect_patiently
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import component_pool
 from casetrail.adapters.store.pool import Connection
-from casetrail.components.sequencer import LEADER_KEY, ledger_state, published_anchors
+from casetrail.adapters.store.tree import try_to_lead
+from casetrail.components.sequencer import ledger_state, published_anchors
 from casetrail.config import Settings
 from casetrail.errors import PermanentError
 from casetrail.ledger.high_water import Anchor, StateFile
@@ -41,7 +42,7 @@ async def stopped_ledger(settings: Settings, purpose: str) -> AsyncIterator[Stop
                                              10.0)
         try:
             async with pool.acquire() as conn:
-                if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_KEY):
+                if not await try_to_lead(conn):
                     raise PermanentError("a ledger is running for this namespace: stop it "
                                          "first")
                 state = ledger_state(settings)

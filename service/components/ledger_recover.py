@@ -25,12 +25,8 @@ from typing import Any
 
 import orjson
 
+from casetrail.adapters.store.tree import appending, read_edge, write_leaves
 from casetrail.components.ledger_operator import stopped_ledger
-from casetrail.components.sequencer import (
-    APPEND_KEY,
-    read_edge,
-    write_leaves,
-)
 from casetrail.config import Settings
 from casetrail.contract.integrity import chain_hash
 from casetrail.errors import PermanentError
@@ -108,8 +104,7 @@ async def recover(settings: Settings, directory: Path) -> Recovered:
                                  "to recover to (see `ledger accept-size`)")
         mark = max(ledger.anchors, key=lambda a: a.head.size)
         conn = ledger.conn
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", APPEND_KEY)
+        async with appending(conn):
             edge = await read_edge(conn)
             lost = range(edge.size, mark.head.size)
             found = await asyncio.to_thread(leaves_in_bundles, directory)

@@ -37,14 +37,28 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import asyncpg
-
 from casetrail.adapters.bus.connection import BusConnection
 from casetrail.adapters.bus.log_head import published_checkpoints
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import translate_errors
 from casetrail.adapters.store.ledger import LedgerStore, StoredCheckpoint
+from casetrail.adapters.store.pool import Connection, Pool
+from casetrail.adapters.store.tree import (
+    DuplicateLeaf,
+    QueuedLeaf,
+    already_leaves,
+    appending,
+    has_checkpoints,
+    keep_checkpoint,
+    queued,
+    read_edge,
+    register_log_key,
+    take_queued,
+    tree_size,
+    try_to_lead,
+    write_leaves,
+)
 from casetrail.components.runtime import component
 from casetrail.components.supervisor import run_until_signal
 from casetrail.config import Settings
@@ -65,15 +79,6 @@ from casetrail.telemetry import metrics
 
 log = logging.getLogger("casetrail.ledger")
 
-Queries = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
-"""A connection, or one borrowed from a pool."""
-
-LEADER_KEY = 0x6361736574726C67
-"""The session advisory lock the running ledger holds (each namespace has its own
-database); a second ledger waits for it."""
-APPEND_KEY = LEADER_KEY + 1
-"""The transaction advisory lock every append takes."""
-
 IDLE_SECONDS = 0.2
 """How long the sequencer waits when the queue was empty."""
 RETRY_SECONDS = 1.0
@@ -82,55 +87,11 @@ HALTED_REPEAT_SECONDS = 60.0
 """A halted ledger repeats why, this often."""
 
 
-TREE_SIZE_SQL = "SELECT coalesce(max(leaf_index) + 1, 0) FROM ledger_leaves"
-"""Leaves in the stored tree (from the primary key's end)."""
-
-
-async def read_edge(conn: Queries) -> merkle.Edge:
-    """The right edge of the stored tree; ``PermanentError`` if its tiles do not match
-    its leaves."""
-    size = await conn.fetchval(TREE_SIZE_SQL)
-    partial: dict[int, list[bytes]] = {}
-    for level, (index, width) in merkle.Edge.widths(size).items():
-        stored = await conn.fetchval(
-            "SELECT hashes FROM ledger_tiles WHERE level = $1 AND tile_index = $2",
-            level, index)
-        if width == 0:
-            if stored is not None:
-                raise PermanentError(f"tile {level}/{index} exists beyond a tree of {size}")
-            continue
-        if stored is None or len(stored) != width * merkle.HASH_SIZE:
-            raise PermanentError(f"tile {level}/{index} does not hold the {width} hashes a "
-                                 f"tree of {size} leaves needs")
-        partial[level] = [bytes(stored[i:i + 32]) for i in range(0, len(stored), 32)]
-    return merkle.Edge(size, partial)
-
-
-async def write_leaves(conn: Queries, first: int,
-                       leaves: Sequence[tuple[uuid.UUID, uuid.UUID, str, str]],
-                       tiles: dict[merkle.Tile, bytes]) -> None:
-    """Leaves ``first`` … as (event id, case id, event hash, kind), and the tiles they
-    changed (inside the caller's transaction). A leaf of the kind ``backtest`` stands for
-    a backtest's record: its ids are the backtest's."""
-    await conn.execute(
-        "INSERT INTO ledger_leaves (leaf_index, event_id, case_id, event_hash, kind) "
-        "SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::uuid[], $4::text[], $5::text[])",
-        list(range(first, first + len(leaves))), [leaf[0] for leaf in leaves],
-        [leaf[1] for leaf in leaves], [leaf[2] for leaf in leaves],
-        [leaf[3] for leaf in leaves])
-    keys = sorted(tiles)
-    await conn.execute(
-        "INSERT INTO ledger_tiles (level, tile_index, hashes) "
-        "SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::bytea[]) "
-        "ON CONFLICT (level, tile_index) DO UPDATE SET hashes = EXCLUDED.hashes",
-        [k[0] for k in keys], [k[1] for k in keys], [tiles[k] for k in keys])
-
-
 @dataclass
 class Sequencer:
     """Appends queued events to the tree and signs checkpoints."""
 
-    pool: asyncpg.Pool
+    pool: Pool
     signer: NoteSigner
     batch_size: int = 5000
     state: StateFile | None = None
@@ -149,8 +110,7 @@ class Sequencer:
         """Read the stored tree, check it against the last checkpoint, register the key."""
         async with self.pool.acquire() as conn:
             self.edge = await read_edge(conn)
-            signed_before = await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM ledger_checkpoints)")
+            signed_before = await has_checkpoints(conn)
         last = await self.store.latest()
         if last is not None:
             await self._check_against(last)
@@ -168,9 +128,7 @@ class Sequencer:
                 "--reason ...`"))
         # (Outside any borrowed connection: the root is read through the pool.)
         await check_tree(self.anchors, self.edge.size, self.store.root)
-        await self.pool.execute(
-            "INSERT INTO ledger_keys (verifier_key, origin) VALUES ($1, $2) "
-            "ON CONFLICT DO NOTHING", self.signer.verifier.text(), self.signer.name)
+        await register_log_key(self.pool, self.signer.verifier.text(), self.signer.name)
         if last is not None:
             self.signed_size = last.size
             if Note.parse(last.note).signed_by(self.signer.verifier) is None:
@@ -195,15 +153,14 @@ class Sequencer:
         """Append up to ``batch_size`` queued events; the number appended."""
         try:
             return await self._append(check_logged=False)
-        except asyncpg.UniqueViolationError:
+        except DuplicateLeaf:
             # An event queued twice (an operator's re-queue): the batch again, without it.
             return await self._append(check_logged=True)
 
     async def _append(self, *, check_logged: bool) -> int:
         began = time.perf_counter()
-        async with self.pool.acquire() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", APPEND_KEY)
-            stored = await conn.fetchval(TREE_SIZE_SQL)
+        async with self.pool.acquire() as conn, appending(conn):
+            stored = await tree_size(conn)
             if stored < self.edge.size:
                 raise LogHalted(HaltReason.BEHIND, (
                     f"the stored tree has {stored} leaves but this ledger appended "
@@ -213,20 +170,16 @@ class Sequencer:
                             "reading its edge again")
                 self.edge = await read_edge(conn)
                 await check_tree(self.anchors, self.edge.size, LedgerStore(conn).root)
-            rows = await conn.fetch(
-                "DELETE FROM ledger_queue WHERE queued_id IN (SELECT queued_id FROM "
-                "ledger_queue ORDER BY queued_id LIMIT $1) "
-                "RETURNING queued_id, event_id, case_id, hash, kind", self.batch_size)
+            rows = await take_queued(conn, self.batch_size)
             if not rows:
                 return 0
-            rows = sorted(rows, key=lambda r: r["queued_id"])
             if check_logged:
                 rows = await self._not_yet_logged(conn, rows)
             edge = self.edge.copy()
             first = edge.size
-            tiles = edge.append([merkle.leaf_hash(bytes.fromhex(r["hash"])) for r in rows])
-            await write_leaves(conn, first, [(r["event_id"], r["case_id"], r["hash"],
-                                              r["kind"]) for r in rows], tiles)
+            tiles = edge.append([merkle.leaf_hash(bytes.fromhex(r.hash)) for r in rows])
+            await write_leaves(conn, first, [(r.event_id, r.case_id, r.hash, r.kind)
+                                             for r in rows], tiles)
         self.edge = edge
         metrics.LEDGER_LEAVES.inc(len(rows))
         metrics.LEDGER_TREE_SIZE.set(edge.size)
@@ -234,17 +187,15 @@ class Sequencer:
         return len(rows)
 
     @staticmethod
-    async def _not_yet_logged(conn: Queries, rows: Sequence[asyncpg.Record]
-                              ) -> list[asyncpg.Record]:
+    async def _not_yet_logged(conn: Connection, rows: Sequence[QueuedLeaf]
+                              ) -> list[QueuedLeaf]:
         """An event is a leaf once: one queued twice (an operator's re-queue) is dropped."""
-        ids = [r["event_id"] for r in rows]
-        logged = {r["event_id"] for r in await conn.fetch(
-            "SELECT event_id FROM ledger_leaves WHERE event_id = ANY($1::uuid[])", ids)}
+        logged = await already_leaves(conn, [r.event_id for r in rows])
         seen: set[uuid.UUID] = set()
         kept = []
         for row in rows:
-            if row["event_id"] not in logged and row["event_id"] not in seen:
-                seen.add(row["event_id"])
+            if row.event_id not in logged and row.event_id not in seen:
+                seen.add(row.event_id)
                 kept.append(row)
         if len(kept) != len(rows):
             log.warning("%d queued events were already leaves; dropped", len(rows) - len(kept))
@@ -273,9 +224,7 @@ class Sequencer:
         if self.state is not None:  # the high-water mark first: a restore cannot undo it
             await asyncio.to_thread(self.state.write, note.render())
             self.anchors = [Anchor(head, note.render(), f"state file {self.state.path}")]
-        await self.pool.execute(
-            "INSERT INTO ledger_checkpoints (tree_size, root_hash, note) VALUES ($1, $2, $3) "
-            "ON CONFLICT DO NOTHING", head.size, head.root, note.render())
+        await keep_checkpoint(self.pool, head.size, head.root, note.render())
         self.signed_size = head.size
         metrics.LEDGER_CHECKPOINTS.inc()
         metrics.LEDGER_CHECKPOINT_SIZE.set(head.size)
@@ -310,8 +259,7 @@ class Ledger:
                             last_checkpoint = now
                             self._unpublished = note
                         await self._publish()
-                        metrics.LEDGER_BACKLOG.set(await self.sequencer.pool.fetchval(
-                            "SELECT count(*) FROM ledger_queue"))
+                        metrics.LEDGER_BACKLOG.set(await queued(self.sequencer.pool))
             except StoreUnavailable as exc:
                 # A batch is one transaction: nothing half-appended. Wait and go on.
                 log.warning("%s; appending again in %.0f s", exc, RETRY_SECONDS)
@@ -379,7 +327,7 @@ async def run_ledger(settings: Settings) -> None:
         pool = await parts.pool(2)
         lock = await pool.acquire()
         parts.stack.push_async_callback(pool.release, lock)
-        while not await lock.fetchval("SELECT pg_try_advisory_lock($1)", LEADER_KEY):
+        while not await try_to_lead(lock):
             log.info("another ledger holds the log; standing by")
             await asyncio.sleep(2.0)
         connection = await parts.connection()

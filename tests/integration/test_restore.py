@@ -18,7 +18,8 @@ import orjson
 import pytest
 
 from casetrail.adapters.store import ApiKeyStore, KeyRegistry
-from casetrail.components.sequencer import TREE_SIZE_SQL, ledger_state
+from casetrail.adapters.store.tree import TREE_SIZE_SQL
+from casetrail.components.sequencer import ledger_state
 from casetrail.components.supervisor import component_command
 from casetrail.config import Settings
 from casetrail.contract.integrity import Signer
