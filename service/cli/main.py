@@ -132,7 +132,7 @@ def setup(
 def migrate() -> None:
     """Create the database if needed and apply the SQL files in migrations/ (as the
     namespace's owner role once `casetrail setup` made it)."""
-    from casetrail.ops.setup import migrate_as_owner
+    from casetrail.adapters.store.namespace import migrate_as_owner
 
     _logging()
     applied = _run(migrate_as_owner(get_settings()))

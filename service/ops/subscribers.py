@@ -21,6 +21,7 @@ from datetime import datetime
 from casetrail.adapters.bus.connection import connect
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import create_pool
+from casetrail.adapters.store.subscribers import SubscriberStore
 from casetrail.config import Settings
 from casetrail.contract.auth import TENANT_PATTERN
 from casetrail.errors import PermanentError
@@ -61,7 +62,7 @@ async def create(settings: Settings, name: str, tenant: str) -> str:
     _checked(name, tenant)
     pool = await create_pool(settings.database_url, max_size=1)
     try:
-        kept = await pool.fetchval("SELECT tenant_id FROM subscribers WHERE name = $1", name)
+        kept = await SubscriberStore(pool).tenant_of(name)
         if kept is not None and kept != tenant:
             raise PermanentError(f"subscriber {name!r} reads tenant {kept!r}, not {tenant!r}: "
                                  "revoke it first")
@@ -88,9 +89,7 @@ async def create(settings: Settings, name: str, tenant: str) -> str:
                                 routing_key=Topology.events_of(tenant=tenant))
         finally:
             await connection.close()
-        await pool.execute(
-            """INSERT INTO subscribers (name, tenant_id) VALUES ($1, $2)
-               ON CONFLICT (name) DO UPDATE SET revoked_at = NULL""", name, tenant)
+        await SubscriberStore(pool).keep(name, tenant)
         return _with_user(settings.amqp_url, user, password)
     finally:
         await pool.close()
@@ -99,13 +98,11 @@ async def create(settings: Settings, name: str, tenant: str) -> str:
 async def listed(settings: Settings) -> list[Subscriber]:
     pool = await create_pool(settings.database_url, max_size=1)
     try:
-        rows = await pool.fetch("SELECT name, tenant_id, created_at, revoked_at "
-                                "FROM subscribers ORDER BY name")
+        kept = await SubscriberStore(pool).listed()
     finally:
         await pool.close()
-    return [Subscriber(r["name"], r["tenant_id"], r["created_at"], r["revoked_at"],
-                       queue_of(settings, r["name"]), user_of(settings, r["name"]))
-            for r in rows]
+    return [Subscriber(k.name, k.tenant, k.created_at, k.revoked_at, queue_of(settings, k.name),
+                       user_of(settings, k.name)) for k in kept]
 
 
 async def revoke(settings: Settings, name: str) -> bool:
@@ -115,12 +112,10 @@ async def revoke(settings: Settings, name: str) -> bool:
     _checked(name)
     pool = await create_pool(settings.database_url, max_size=1)
     try:
-        known = await pool.fetchval(
-            "UPDATE subscribers SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL "
-            "RETURNING name", name)
+        known = await SubscriberStore(pool).revoke(name)
     finally:
         await pool.close()
-    if known is None:
+    if not known:
         return False
     delete_broker_users(settings, [user_of(settings, name)])
     connection = await connect(settings.amqp_url, "casetrail-setup")
