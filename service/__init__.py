@@ -14,6 +14,8 @@ is the stable surface; every module not named here may move between releases.
 - ``ChatModel``: the whole provider surface (``request(messages, tools) ->
   AssistantTurn``), for a model of your own that ``casetrail.testing.run_case`` takes
   (it also takes a ``ModelRef`` to a configured endpoint).
+- ``ProviderSpec``: a model provider of your own, named by an entry point in the group
+  ``casetrail.model_providers`` (its ``ChatModel`` built as ``Class(model, client)``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     )
     from casetrail.agents.profile import case_input, observed
     from casetrail.contract.events import Limits, ModelRef
+    from casetrail.contract.model_providers import ProviderSpec
     from casetrail.engine.answers import FINAL_ANSWER, Check, CheckContext, Review
     from casetrail.engine.chat import AssistantTurn, ChatMessage, ChatModel, ToolCallRequest
     from casetrail.engine.scripted import call
@@ -49,6 +52,7 @@ _PUBLIC = {
     "WorkerTool": "casetrail.agents.authoring", "capability": "casetrail.agents.authoring",
     "case_input": "casetrail.agents.profile", "observed": "casetrail.agents.profile",
     "Limits": "casetrail.contract.events", "ModelRef": "casetrail.contract.events",
+    "ProviderSpec": "casetrail.contract.model_providers",
     "FINAL_ANSWER": "casetrail.engine.answers", "Check": "casetrail.engine.answers",
     "CheckContext": "casetrail.engine.answers", "Review": "casetrail.engine.answers",
     "AssistantTurn": "casetrail.engine.chat", "ChatMessage": "casetrail.engine.chat",
@@ -59,7 +63,7 @@ _PUBLIC = {
 
 __all__ = ["CASETRAIL_VERSION", "FINAL_ANSWER", "A2aTool", "Agent", "AssistantTurn", "ChatMessage",
            "ChatModel", "Check", "CheckContext", "DeclarationError", "Limits", "LocalTool",
-           "McpTool", "ModelRef",
+           "McpTool", "ModelRef", "ProviderSpec",
            "Review", "Sensitive", "ToolCallRequest", "WorkerTool", "call", "capability",
            "case_input", "observed"]
 

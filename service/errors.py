@@ -13,6 +13,7 @@ decides by *kind*, never by library:
     └── PermanentError      retrying the same thing will fail the same way
         ├── ModelRejected   the provider refused the request (4xx)
         ├── PublishRejected the broker refused or returned a message
+        ├── ProviderPluginError an installed package's model provider is unusable
         └── Reject          a message that cannot be processed: dead-letter it
 
 A tool failure is *not* an error here: it is an observation the model sees
@@ -87,3 +88,9 @@ def scrub(text: str) -> str:
     """``text`` with anything shaped like a credential replaced, at most 500 characters."""
     cleaned = _USERINFO.sub("[redacted]@", _CREDENTIAL.sub("[redacted]", text))
     return cleaned if len(cleaned) <= MAX_MESSAGE else cleaned[:MAX_MESSAGE] + "…"
+
+
+class ProviderPluginError(PermanentError):
+    """An installed package's model provider cannot be used (not loadable, not a
+    ``ProviderSpec``, a name taken): nothing starts with it, and the message names the
+    package and why."""

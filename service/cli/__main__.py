@@ -1,5 +1,5 @@
 """``python -m casetrail.cli``: the ``casetrail`` command line."""
 
-from casetrail.cli.main import main
+from casetrail.cli import run
 
-main()
+run()

@@ -153,3 +153,54 @@ def test_a_declaration_that_cannot_run_is_refused_with_the_reason() -> None:
 
 
 
+
+
+PROVIDER = "tests.plugins.own_provider"
+PROBE = (
+    "import os\n"
+    "from casetrail.agents import AGENTS\n"
+    "from casetrail.config import Settings\n"
+    "from casetrail.contract.events import ModelRef\n"
+    "from casetrail.contract.model_providers import PROVIDERS\n"
+    "from casetrail.providers import ModelFactory\n"
+    "ref = ModelRef(provider='acme', name='acme-large')\n"
+    "agent = AGENTS['loan-officer']\n"
+    "keyless = ModelFactory(Settings())(ref, agent)\n"
+    "os.environ['ACME_API_KEY'] = 'k'\n"
+    "made = ModelFactory(Settings())(ref, agent)\n"
+    "print(','.join(PROVIDERS), type(keyless).__name__, type(made).__name__, made.name)\n"
+    "print(keyless._reason)\n"
+    "print(PROVIDERS['acme'].request_headers('k'))\n"
+)
+
+
+def test_a_model_provider_of_a_package_of_its_own_is_spoken_like_a_built_in_one(
+    settings: Settings, tmp_path: Path,
+) -> None:
+    path = installed(tmp_path, "acme-models", {"casetrail.model_providers": [
+        f"acme = {PROVIDER}:ACME"]})
+    probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                           timeout=60, check=False,
+                           env=settings.environment(PYTHONPATH=f"{path}:{Path.cwd()}"))
+    assert probe.returncode == 0, probe.stderr
+    providers, reason, headers = probe.stdout.splitlines()
+    assert providers.split() == ["openai,anthropic,acme", "UnavailableProvider",
+                                 "OpenAIChatModel", "acme-large"]
+    assert reason == "no Acme Models API key is configured (CASETRAIL_ACME_API_KEY or " \
+                     "ACME_API_KEY)"
+    assert headers == "{'acme-tenant': 'casetrail', 'Authorization': 'Bearer k'}"
+
+
+@pytest.mark.parametrize(("entry", "why"), [
+    (f"taken = {PROVIDER}:TAKEN", "the provider name 'openai' is taken"),
+    (f"odd = {PROVIDER}:NOT_A_SPEC", "names a dict, not a casetrail ProviderSpec"),
+    (f"gone = {PROVIDER}:MISSING", "cannot be loaded"),
+])
+def test_an_unusable_model_provider_stops_the_command_naming_its_package(
+    settings: Settings, tmp_path: Path, entry: str, why: str,
+) -> None:
+    path = installed(tmp_path, "acme-models", {"casetrail.model_providers": [entry]})
+    refused = casetrail(settings, "agents", path=path)
+    assert refused.returncode == 2, refused.stderr
+    assert "package acme-models" in refused.stderr and why in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -12,8 +12,8 @@ import casetrail.testing
 PUBLIC = [
     "A2aTool", "Agent", "AssistantTurn", "CASETRAIL_VERSION", "ChatMessage", "ChatModel",
     "Check", "CheckContext", "DeclarationError", "FINAL_ANSWER", "Limits", "LocalTool",
-    "McpTool", "ModelRef", "Review", "Sensitive", "ToolCallRequest", "WorkerTool", "call",
-    "capability", "case_input", "observed",
+    "McpTool", "ModelRef", "ProviderSpec", "Review", "Sensitive", "ToolCallRequest",
+    "WorkerTool", "call", "capability", "case_input", "observed",
 ]
 
 RUN_CASE = (
