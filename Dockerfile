@@ -9,7 +9,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY service ./service
 COPY consumers ./consumers
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# Every optional part (service/extras.py): the image serves reports and S3 archives.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[all]'
 
 FROM python:3.11.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -25,6 +25,7 @@ from casetrail.cases.errors import (
     Invalid,
     NotAccepted,
     NotFound,
+    NotInstalled,
     OverQuota,
 )
 from casetrail.errors import BusUnavailable, StoreUnavailable
@@ -34,7 +35,7 @@ RETRY_LATER = {"Retry-After": "5"}
 
 STATUS_OF: dict[type[Exception], int] = {
     Expired: 410, NotFound: 404, Conflict: 409, Forbidden: 403, Invalid: 422, OverQuota: 429,
-    NotAccepted: 503, StoreUnavailable: 503, BusUnavailable: 503,
+    NotAccepted: 503, StoreUnavailable: 503, BusUnavailable: 503, NotInstalled: 501,
 }
 """The status of each refusal (a subclass answers as its nearest listed base)."""
 
@@ -49,6 +50,8 @@ DESCRIBED: dict[int, tuple[type, str]] = {
     413: (Problem, "The body is larger than CASETRAIL_MAX_BODY_BYTES"),
     422: (ValidationProblem, "A field is invalid: each one with the reason"),
     429: (Problem, "A limit is reached; Retry-After says when to try again"),
+    501: (Problem, "This deployment lacks the optional part of casetrail the route needs "
+                   "(named, with what to install)"),
     503: (Problem, "Broker or database unavailable; nothing was kept"),
 }
 """What each error status means on this API (the OpenAPI responses)."""

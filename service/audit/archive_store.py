@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from casetrail.errors import PermanentError
+from casetrail.extras import missing
+
 S3_SCHEME = "s3://"
 
 
@@ -115,6 +118,8 @@ class S3Archive:
     """An S3 bucket (and key prefix) through boto3."""
 
     def __init__(self, url: str, endpoint: str | None = None) -> None:
+        if why := missing("s3"):
+            raise PermanentError(why)
         import boto3  # only where an archive is in a bucket
         from botocore.config import Config
 

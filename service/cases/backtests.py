@@ -16,12 +16,12 @@ import orjson
 
 from casetrail.agents import AGENTS, challenger_of
 from casetrail.audit.backtest_record import bundle, verify_backtest_bundle
-from casetrail.audit.backtest_report import render_backtest
-from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotFound
+from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotFound, NotInstalled
 from casetrail.cases.services import CaseServices
 from casetrail.cases.text import refuse_unstorable
 from casetrail.contract.auth import EVERY_TENANT, Principal, Scope
 from casetrail.contract.events import new_case_id
+from casetrail.extras import missing
 from casetrail.ledger.note import TlogProof
 from casetrail.providers import model_problem
 from casetrail.trail.verification import checked_at
@@ -122,6 +122,10 @@ async def report(services: CaseServices, principal: Principal, backtest_id: uuid
     """The backtest's PDF for the validation file and the SHA-256 of the bundle it embeds,
     its verdict taken under the registered signing keys."""
     found = await evidence(services, principal, backtest_id)
+    if why := missing("pdf"):
+        raise NotInstalled(why)
+    from casetrail.audit.backtest_report import render_backtest
+
     keys = [k.public_key for k in await services.evidence.keys.all()]
     verdict = verify_backtest_bundle(found, keys)
     return await asyncio.to_thread(render_backtest, found, verdict.as_json())

@@ -26,6 +26,11 @@ class Expired(NotFound):
     ``CASE_EXPIRED`` and tombstone remain (``verify`` checks them)."""
 
 
+class NotInstalled(CaseProblem):
+    """What was asked needs an optional part of casetrail this deployment lacks (the
+    detail names it: ``casetrail.extras``)."""
+
+
 class Conflict(CaseProblem):
     """Refused by the case's state or by an earlier request."""
 

@@ -11,11 +11,11 @@ import uuid
 from dataclasses import dataclass
 
 from casetrail.adapters.store import principal_names
-from casetrail.audit.report import render
-from casetrail.cases.errors import OverQuota
+from casetrail.cases.errors import NotInstalled, OverQuota
 from casetrail.cases.reading import case_view, checked, owned, sensitive_values
 from casetrail.cases.services import CaseServices
 from casetrail.contract.auth import Principal
+from casetrail.extras import missing
 
 RENDERING_AT_ONCE = 2
 """Reports rendered at once per API process (each takes a core while it renders)."""
@@ -30,8 +30,12 @@ class Report:
 
 
 async def report(services: CaseServices, principal: Principal, case_id: uuid.UUID) -> Report:
-    """The case's report. ``OverQuota`` while ``RENDERING_AT_ONCE`` others render."""
+    """The case's report. ``OverQuota`` while ``RENDERING_AT_ONCE`` others render;
+    ``NotInstalled`` without casetrail's optional part ``pdf``."""
     await owned(services, principal, case_id)
+    if why := missing("pdf"):
+        raise NotInstalled(why)
+    from casetrail.audit.report import render
     if _rendering.locked():
         raise OverQuota(f"{RENDERING_AT_ONCE} reports are being rendered; try again shortly",
                         retry_after=2)

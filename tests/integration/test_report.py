@@ -10,6 +10,7 @@ import hashlib
 import io
 import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -133,3 +134,24 @@ async def test_reports_render_a_few_at_once_and_a_busy_api_answers_429(
 async def _hold() -> Any:
     await reporting._rendering.acquire()
     return reporting._rendering.release
+
+
+async def test_without_the_pdf_part_the_report_answers_501_naming_what_to_install(
+    stack: InProcessStack, pool: asyncpg.Pool, monkeypatch: Any,
+) -> None:
+    """A deployment installed without ``casetrail[pdf]`` (simulated: fpdf cannot be
+    imported) serves everything else; the report says what it lacks."""
+    reader = await client(stack, pool, ("cases:start", "cases:read"))
+    async with reader:
+        case_id = (await reader.post("/cases", json={"agent": "loan-officer", "input":
+                                                     SAMPLE_APPLICATIONS[0]})).json()["caseId"]
+        await ended(reader, case_id, timeout=30)
+        monkeypatch.setitem(sys.modules, "fpdf", None)
+        lacking = await reader.get(f"/cases/{case_id}/report")
+        assert lacking.status_code == 501, lacking.text
+        assert lacking.headers["content-type"] == "application/problem+json"
+        assert "pip install 'casetrail[pdf]'" in lacking.json()["detail"]
+        assert (await reader.get(f"/cases/{case_id}")).status_code == 200
+        assert (await reader.get(f"/cases/{uuid.uuid4()}/report")).status_code == 404
+        monkeypatch.delitem(sys.modules, "fpdf")
+        assert (await reader.get(f"/cases/{case_id}/report")).status_code == 200

@@ -74,7 +74,7 @@ async def backtest_bundle(backtest_id: uuid.UUID, principal: AnyKey, services: C
                 "description": "One PDF: what was run, the decision matrix, agreement with "
                                "reviewers, the changed cases, integrity; the bundle attached "
                                "(its SHA-256 printed and in X-Casetrail-Bundle-Sha256)"},
-                **error_responses(401, 403, 404, 409, 422, 503)})
+                **error_responses(401, 403, 404, 409, 422, 501, 503)})
 async def backtest_report(backtest_id: uuid.UUID, principal: AnyKey, services: Cases
                           ) -> Response:
     """Needs ``cases:read`` or ``backtests:run``; 409 until the backtest is done."""

@@ -111,7 +111,7 @@ async def bundle_case(case_id: uuid.UUID, principal: Reader, services: Cases) ->
                                "transparency log, how to verify it, every cycle; the evidence "
                                "bundle attached (its SHA-256 printed and in "
                                "X-Casetrail-Bundle-Sha256)"},
-                       **error_responses(401, 403, 404, 410, 422, 429, 503)})
+                       **error_responses(401, 403, 404, 410, 422, 429, 501, 503)})
 async def report_case(case_id: uuid.UUID, principal: Reader, services: Cases) -> Response:
     made = await reporting.report(services, principal, case_id)
     return Response(made.pdf, media_type="application/pdf", headers={
