@@ -12,6 +12,7 @@ import importlib
 EXTRAS: dict[str, tuple[str, str]] = {
     "pdf": ("fpdf", "the case and backtest reports (PDF)"),
     "s3": ("boto3", "archives in an S3 bucket"),
+    "mcp": ("mcp", "tools from MCP servers"),
 }
 """Each optional part: the module it provides, and what needs it."""
 

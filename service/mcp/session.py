@@ -26,6 +26,7 @@ from casetrail.engine.tools import (
     schema_digest,
 )
 from casetrail.errors import PermanentError
+from casetrail.extras import missing
 from casetrail.mcp import CATALOG_SECONDS, Catalog, CatalogTool, McpRequest
 from casetrail.mcp.breaker import Breaker
 from casetrail.mcp.content import recorded, text_of
@@ -172,6 +173,9 @@ class ServerSession:
         """The open session, waiting a little for one being opened; ``first`` (the
         server's tools never listed): waiting for one attempt to open it, as long as the
         server's timeout, so a server slow to start is not taken for a dead one."""
+        if why := missing("mcp"):  # nothing could ever open: said at once, not retried
+            raise ToolFailed(f"the MCP server {self.server.name} cannot be reached: {why}",
+                             retryable=False)
         if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.create_task(self._keep(), name=f"mcp-{self.server.name}")
         loop = asyncio.get_running_loop()

@@ -11,8 +11,10 @@ import tomllib
 import pytest
 
 from casetrail.audit.archive_store import S3Archive
+from casetrail.config import McpServer
 from casetrail.errors import PermanentError
 from casetrail.extras import EXTRAS, missing
+from casetrail.mcp.session import read_catalogs
 from tests.support import ROOT
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -24,14 +26,26 @@ def test_every_part_is_an_extra_that_all_and_dev_install() -> None:
     assert optional["all"] == [f"casetrail[{','.join(EXTRAS)}]"]
     assert "casetrail[all]" in optional["dev"]
     required = " ".join(PROJECT["dependencies"])
-    for extra in EXTRAS:  # a part's library is never a dependency of the core
-        (library,) = [re.split(r"[<>=\[]", d)[0] for d in optional[extra]]
-        assert library not in required
+    for extra in EXTRAS:  # a part's libraries are never dependencies of the core
+        for library in (re.split(r"[<>=\[]", d)[0] for d in optional[extra]):
+            assert f'"{library}' not in repr(PROJECT["dependencies"]), library
+    assert required
     assert "'.[all]'" in (ROOT / "Dockerfile").read_text()
 
 
 def test_an_installed_part_is_not_missing() -> None:
     assert [extra for extra in EXTRAS if missing(extra)] == []
+
+
+async def test_without_the_mcp_part_a_server_says_so_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "mcp", None)
+    clock = McpServer(name="clock", transport="stdio", command=["clock-server"])
+    read = await read_catalogs([clock])
+    assert read == {"clock": "the MCP server clock cannot be reached: tools from MCP "
+                             "servers need casetrail's optional part 'mcp', which is not "
+                             "installed here: pip install 'casetrail[mcp]'"}
 
 
 def test_without_the_s3_part_an_archive_in_a_bucket_names_what_to_install(
