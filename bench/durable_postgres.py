@@ -22,7 +22,7 @@ import orjson
 from bench.e2e import PORT, end_to_end
 from bench.harness import bench_settings, cpu_seconds, median_run, namespace, service_cpu
 from bench.raw import sample_cycles
-from casetrail.adapters.store.event_log import _INSERT
+from casetrail.adapters.store.writer import _INSERT
 from casetrail.config import Settings
 from casetrail.contract.events import Event, event_payload_json, new_case_id
 from casetrail.contract.integrity import canonical, chain_hash

@@ -38,8 +38,8 @@ from casetrail.adapters.bus.probe import DEAD_LETTERS, QueueProbe
 from casetrail.adapters.bus.publisher import Publisher
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import KeyRegistry
-from casetrail.adapters.store.event_log import BatchOutcome, EventLogWriter
 from casetrail.adapters.store.pool import DatabaseError
+from casetrail.adapters.store.writer import BatchOutcome, EventLogWriter
 from casetrail.components.runtime import component
 from casetrail.components.supervisor import run_until_signal
 from casetrail.config import Settings

@@ -16,7 +16,7 @@ import pytest
 from casetrail.adapters.bus.publisher import Publisher, event_emitter
 from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import CaseStore, NewCase
-from casetrail.adapters.store.event_log import EventLogWriter
+from casetrail.adapters.store.writer import EventLogWriter
 from casetrail.consumers.admission import Admission
 from casetrail.consumers.event_log import REASON_HEADER, EventLogConsumer
 from casetrail.contract.events import (

@@ -33,7 +33,7 @@ from casetrail.adapters.store import (
     component_pool,
     create_pool,
 )
-from casetrail.adapters.store.event_log import EventLogWriter
+from casetrail.adapters.store.writer import EventLogWriter
 from casetrail.agents import CAPABILITIES
 from casetrail.api import create_app
 from casetrail.api.streams import STREAMS_CLOSE_SECONDS
