@@ -82,6 +82,7 @@ from casetrail.contract.commands import (
 from casetrail.contract.dead_letters import DeadLetterCode
 from casetrail.contract.events import (
     MAX_EVENT_BYTES,
+    PARKING_EVENT_TYPE,
     TERMINAL_EVENT_TYPES,
     CaseAwaitingReview,
     CaseErasedPayload,
@@ -126,6 +127,10 @@ from casetrail.trail.person_actions import (
 from casetrail.trail.verification import PublicKey
 
 log = logging.getLogger("casetrail.worker")
+
+RECORD_PATIENCE_SECONDS = 30.0
+"""How long a case a person acted on waits for the consumer to store the attempt that
+waited, before it is handed back to come again."""
 
 ACTION_KEYS_SECONDS = 60.0
 """How long the worker's copy of the registered action keys is used before it is read
@@ -496,6 +501,8 @@ class CaseWorker:
         # values themselves, and every event it emits has them replaced again.
         values = {} if case.sealed is None else self.secrets.vault.open(case_id, case.sealed)
         resumption, deadline_at, review, given = None, None, None, None
+        if claim.action is not None:
+            await self._stored_before_acting(case_id, claim.action.parked_attempt)
         if attempt > 1:
             resumption, deadline_at = await record_so_far(
                 self.store, self.keys, case_id, attempt, values, limits.deadline_seconds)
@@ -686,6 +693,22 @@ class CaseWorker:
             placeholders=state.placeholders, action=command.action), tenant_id=head.tenant_id)
         await self._sink.append(event, head.hash)
         log.info("case %s: erasure recorded", command.case_id)
+
+    async def _stored_before_acting(self, case_id: uuid.UUID, parked_attempt: int) -> None:
+        """A wait is noted once its ``CASE_AWAITING_REVIEW`` is confirmed on the bus, so a
+        person may act before the consumer has stored it; the next attempt resumes from
+        the stored record, which must then hold the whole attempt that waited (else it
+        would run again from fewer cycles and wait a second time, the person's action
+        left behind). Waits, within ``RECORD_PATIENCE_SECONDS``, for that event; then
+        hands the case back (``TransientError``) to come again."""
+        loop = asyncio.get_running_loop()
+        until, delay = loop.time() + RECORD_PATIENCE_SECONDS, 0.02
+        while not await self.store.has_stored(case_id, parked_attempt, PARKING_EVENT_TYPE):
+            if loop.time() >= until:
+                raise TransientError(f"case {case_id}: attempt {parked_attempt}, which waited "
+                                     "for a person, is not stored yet")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def _count_reviews(self) -> None:
         """Keep the review gauges (waiting, overdue, oldest wait) current, every sweep;

@@ -360,3 +360,31 @@ async def test_a_case_row_forged_with_the_apis_database_password_never_runs(
                                forged) == 0
     assert await pool.fetchval("SELECT terminal_published FROM cases WHERE case_id = $1",
                                forged) is True  # set aside: not sent again
+
+
+async def test_a_review_kept_before_the_waiting_attempt_is_stored_is_not_left_behind(
+    stack: InProcessStack, keys: dict[str, str], pool: asyncpg.Pool,
+) -> None:
+    """The worker notes a wait once the broker confirms its CASE_AWAITING_REVIEW; the
+    consumer may store it later (slow, stopped). A person who reviews in between is not
+    left behind: the next attempt waits for the stored record of the attempt that
+    waited, then records the review and completes; the case waits once, not twice."""
+    async with consumer_held_back(pool), as_(stack, keys, "sam") as sam, \
+            as_(stack, keys, "rita") as rita:
+        reply = await sam.post("/cases", json={"agent": "loan-officer", "input": REFERRED})
+        assert reply.status_code == 202, reply.text
+        case_id = reply.json()["caseId"]
+        wait = await noted_wait(pool, case_id, "review")
+        assert await pool.fetchval("SELECT count(*) FROM event_log WHERE case_id = $1",
+                                   uuid.UUID(case_id)) == 0  # nothing stored yet
+        reviewed = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "Referred rightly: income unverified."})
+        assert reviewed.status_code == 202, reviewed.text
+        await asyncio.sleep(1.5)  # the next attempt is claimed, and waits for the record
+    case = await settled(stack, keys, "sam", case_id, "completed")
+    assert case["answer"]["decision"] == "refer"
+    events = await events_of(stack, keys, "sam", case_id)
+    kinds = [(e["attempt"], e["eventType"]) for e in events]
+    assert kinds.count((wait["parked_attempt"], "CASE_AWAITING_REVIEW")) == 1
+    assert [t for _, t in kinds].count("CASE_AWAITING_REVIEW") == 1, kinds
+    assert [t for _, t in kinds].count("CASE_REVIEWED") == 1, kinds

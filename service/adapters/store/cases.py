@@ -604,6 +604,13 @@ class CaseStore:
                 list(case_ids),
             )
 
+    async def has_stored(self, case_id: uuid.UUID, attempt: int, event_type: str) -> bool:
+        """Whether the log holds an event of ``event_type`` in the case's ``attempt``."""
+        async with translate_errors():
+            return bool(await self._pool.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM event_log WHERE case_id = $1 AND attempt = $2 "
+                "AND event_type = $3)", case_id, attempt, event_type))
+
     async def trail_head(self, case_id: uuid.UUID) -> TrailHead | None:
         """The case's last stored event; ``None`` without events."""
         async with translate_errors():
