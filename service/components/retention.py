@@ -51,6 +51,7 @@ from casetrail.audit.archive_store import open_archive
 from casetrail.audit.evidence import Evidence
 from casetrail.components.duties import Host
 from casetrail.contract.events import (
+    EXPIRED_EVENT_TYPE,
     ArchivedBundle,
     CaseErasedPayload,
     CaseExpiredPayload,
@@ -64,8 +65,6 @@ from casetrail.telemetry import metrics
 from casetrail.trail import retention_actions
 
 log = logging.getLogger("casetrail.retention")
-
-EXPIRED_EVENT_TYPE = "CASE_EXPIRED"
 
 
 @dataclass

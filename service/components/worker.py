@@ -81,6 +81,7 @@ from casetrail.contract.commands import (
 )
 from casetrail.contract.dead_letters import DeadLetterCode
 from casetrail.contract.events import (
+    EXPIRED_EVENT_TYPE,
     MAX_EVENT_BYTES,
     PARKING_EVENT_TYPE,
     TERMINAL_EVENT_TYPES,
@@ -665,7 +666,7 @@ class CaseWorker:
         except InvalidCommand as exc:
             raise Reject(f"unreadable erase command: {exc}", DeadLetterCode.UNREADABLE) from exc
         head = await self.store.trail_head(command.case_id)
-        if head is not None and head.event_type == "CASE_EXPIRED":
+        if head is not None and head.event_type == EXPIRED_EVENT_TYPE:
             return  # expired meanwhile: nothing of it is kept to record the erasure on
         if head is None or (head.event_type not in TERMINAL_EVENT_TYPES and not head.erased):
             raise TransientError(f"case {command.case_id}'s terminal event is not stored yet")

@@ -926,6 +926,8 @@ ADMINISTRATIVE_EVENT_TYPES: frozenset[str] = frozenset(
 """Events after the terminal one (the completeness rule ignores them)."""
 PARKING_EVENT_TYPE = CaseAwaitingReview.model_fields["event_type"].default
 """The event that ends an attempt without ending the case: it waits for a person."""
+EXPIRED_EVENT_TYPE = CaseExpired.model_fields["event_type"].default
+"""The event that closes an expired case: only it and its tombstone remain."""
 RUNNING_EVENT_TYPES = ("CASE_STARTED", "REACT_CYCLE", "CASE_REVIEWED")
 """The events that show a case at work (its status ``running``, until it ends or waits)."""
 

@@ -173,10 +173,10 @@ class ServerSession:
         """The open session, waiting a little for one being opened; ``first`` (the
         server's tools never listed): waiting for one attempt to open it, as long as the
         server's timeout, so a server slow to start is not taken for a dead one."""
-        if why := missing("mcp"):  # nothing could ever open: said at once, not retried
-            raise ToolFailed(f"the MCP server {self.server.name} cannot be reached: {why}",
-                             retryable=False)
         if self._keeper is None or self._keeper.done():
+            if why := missing("mcp"):  # nothing could ever open: said at once, not retried
+                raise ToolFailed(f"the MCP server {self.server.name} cannot be reached: "
+                                 f"{why}", retryable=False)
             self._keeper = asyncio.create_task(self._keep(), name=f"mcp-{self.server.name}")
         loop = asyncio.get_running_loop()
         until = loop.time() + (self.server.timeout_seconds if first else self._wait)
