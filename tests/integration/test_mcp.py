@@ -27,7 +27,7 @@ from pypdf import PdfReader
 from casetrail.config import McpServer, Settings
 from casetrail.engine.chat import ToolCallRequest
 from casetrail.engine.tools import InProcessWorkerRuntime, ToolBox, WorkerTool, mcp_tool_name
-from casetrail.mcp import Catalogs
+from casetrail.mcp import STARTUP_READ_SECONDS, Catalogs
 from casetrail.mcp.capabilities import mcp_capabilities
 from tests.support import ROOT
 from tests.support.helpers import ended, wait_until
@@ -308,7 +308,13 @@ async def served(example: Path, monkeypatch: pytest.MonkeyPatch
     runtime = InProcessWorkerRuntime({c.name: c for c in capabilities})
     from casetrail import McpTool
 
-    tools = await Catalogs(runtime).resolve([McpTool("policies", "coverage"),
+    # As a worker starts: the server's first catalog is read before a case is offered
+    # anything (a Python server takes seconds to start on a loaded machine, beyond the
+    # first read's two seconds that a case start waits).
+    catalogs = Catalogs(runtime)
+    catalogs.warm(["policies"])
+    await catalogs.settled(STARTUP_READ_SECONDS)
+    tools = await catalogs.resolve([McpTool("policies", "coverage"),
                                              McpTool("policies", "open_investigation"),
                                              McpTool("policies", "no_such_tool")])
     try:
