@@ -89,7 +89,8 @@ def _component(name: str, main: Coroutine[Any, Any, None]) -> None:
 def setup(
     remove: Annotated[bool, typer.Option(
         "--remove", help="Take the namespace down instead: its database, roles, broker "
-        "users, queues, exchanges, policy and secrets file (asks first). A database "
+        "users, queues, exchanges, policy, secrets file and the ledger's state file (asks "
+        "first). A database "
         "holding another namespace's objects is refused.")] = False,
     yes: Annotated[bool, typer.Option(
         "--yes", help="With --remove: do not ask (for scripts).")] = False,
@@ -112,8 +113,10 @@ def setup(
                     "in it, its roles, broker users, queues and exchanges?"):
                 typer.echo("nothing removed", err=True)
                 raise typer.Exit(1)
-            _run(steps.remove(settings))
+            removed = _run(steps.remove(settings))
             typer.echo(f"namespace {settings.namespace} removed")
+            for path in removed:
+                typer.echo(f"removed {path}")
             return
         report = _run(steps.setup(settings))
     except PermanentError as exc:

@@ -57,6 +57,7 @@ from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Component, Setting
 from casetrail.contract.integrity import key_id
 from casetrail.engine.tools import a2a_capability, mcp_capability
 from casetrail.errors import PermanentError
+from casetrail.ledger.high_water import state_file_for
 from casetrail.ops import retention_journal, revocations
 from casetrail.ops.keys_on_hand import refuse_new_keys
 from casetrail.ops.waiting import wait_for_services
@@ -445,11 +446,12 @@ async def register_capability_keys(settings: Settings, identities: Identities) -
         await pool.close()
 
 
-async def remove(settings: Settings) -> None:
+async def remove(settings: Settings) -> list[Path]:
     """Undo ``setup`` for a namespace: its database, roles, broker users, queues and
-    exchanges, its broker policy and its secrets file (tests, benchmarks, ``casetrail
-    setup --remove``). Nothing of another namespace: a database holding another's
-    objects is refused before anything is removed."""
+    exchanges, its broker policy, its secrets file and the ledger's state file (tests,
+    benchmarks, ``casetrail setup --remove``); the files removed. Nothing of another
+    namespace: a database holding another's objects is refused before anything is
+    removed."""
     await check_removable(settings)
     subscribers = await subscriber_names(settings)
     async for attempt in AsyncRetrying(retry=retry_if_exception(_queue_recovering),
@@ -460,6 +462,28 @@ async def remove(settings: Settings) -> None:
     await remove_database(settings)
     remove_broker_users(settings, [f"{settings.namespace}-subscriber-{n}" for n in subscribers])
     settings.secrets_path().unlink(missing_ok=True)
+    return [path for path in _local_state(settings) if _unlink(path)]
+
+
+def _local_state(settings: Settings) -> list[Path]:
+    """The namespace's files beside its keys: the ledger's high-water mark. Left behind,
+    it would halt a namespace made again under the same name as "behind" (its log signed
+    a larger tree than the new one holds)."""
+    if not (settings.log_key_file or settings.ledger_state_file):
+        return []  # no ledger configured here: no state file to name
+    try:
+        return [state_file_for(settings.log_key_file or "", settings.namespace,
+                               settings.ledger_state_file)]
+    except PermanentError:
+        return []  # a log key from the environment, no state file configured: none known
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 # A cluster that has just got its majority back takes a few seconds to restart a queue's

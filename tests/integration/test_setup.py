@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from casetrail.adapters.store import CapabilityKeyRegistry, create_pool
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.cli.access import reader_role as reader_role_of
+from casetrail.components.sequencer import ledger_state
 from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Settings
 from casetrail.errors import PermanentError
 from casetrail.ops.setup import remove, remove_broker_users, served_capabilities, setup
@@ -135,9 +136,14 @@ async def _removal_asks_then_leaves_nothing(ns: Settings, components: list[str],
     kept = await asyncio.to_thread(_casetrail, ns, "setup", "--remove")  # asks first
     assert kept.returncode == 1 and "Remove namespace" in kept.stdout  # no answer: no
     assert ns.secrets_path().exists()
+    # The ledger's high-water mark goes with it: left behind, it would halt a namespace
+    # made again under the name as "behind" a log that is no more.
+    state = ledger_state(ns).path
+    state.write_text("{}")
     gone = await asyncio.to_thread(_casetrail, ns, "setup", "--remove", "--yes")
     assert gone.returncode == 0, gone.stderr
     assert not ns.secrets_path().exists()
+    assert not state.exists() and f"removed {state}" in gone.stdout, gone.stdout
     assert f"{ns.namespace}-case-start-limit" not in {
         p["name"] for p in rabbitmqctl_json("list_policies")}  # nothing left behind
     assert not ({ns.broker_user(c) for c in components}  # type: ignore[arg-type]
