@@ -1,7 +1,10 @@
 """What `casetrail audit` costs: a log of real, signed, logged cases (the end-to-end
 scenario's), one full pass and one incremental pass after it, timed and in CPU seconds
 of this process (the trails' verification; Postgres's share, the joins and reads, is in
-the wall time: its backends end with the pass, before their CPU could be read).
+the wall time: its backends end with the pass, before their CPU could be read); then a
+pass whose scrub may run until it has come round the whole log, for the scrub's cost per
+event (wall time, which is what its budget is counted in) and how long a lap of 25 M
+events takes at the default budget under `up`.
 
 Usage: python -m bench.audit [cases] [cycles per case]
 """
@@ -20,6 +23,8 @@ from casetrail.audit.whole_log import audit_namespace
 from casetrail.ops.setup import remove
 
 PORT = 8799
+UP_AUDIT_SECONDS = 600.0
+"""How often `casetrail up` runs a pass: the scrub's budget is its seconds in this."""
 
 
 async def audit_cost(cases: int, cycles: int) -> dict[str, Any]:
@@ -27,20 +32,30 @@ async def audit_cost(cases: int, cycles: int) -> dict[str, Any]:
     seeded = await end_to_end(cases, cycles, 1, settings=settings, keep=True)
     try:
         passes: dict[str, dict[str, Any]] = {}
-        for name, full in (("full", True), ("incremental", False)):
+        unbounded = settings.model_copy(update={"audit_scrub_seconds": 1e9})
+        for name, full, pass_settings in (("full", True, settings),
+                                          ("incremental", False, settings),
+                                          ("scrubLap", False, unbounded)):
             began, cpu = time.perf_counter(), time.process_time()
-            report = await audit_namespace(settings, full=full)
+            report = await audit_namespace(pass_settings, full=full)
             passes[name] = {
                 "seconds": round(time.perf_counter() - began, 2),
                 "auditCpuSeconds": round(time.process_time() - cpu, 2),
-                "casesChecked": report.cases_checked, "clean": report.clean}
+                "casesChecked": report.cases_checked, "casesScrubbed": report.cases_scrubbed,
+                "scrubLapped": report.scrub_lapped, "clean": report.clean}
     finally:
         await remove(settings)
     events = seeded["events"]
     per_event = float(passes["full"]["auditCpuSeconds"]) / events
+    scrub_per_event = float(passes["scrubLap"]["seconds"]) / events
+    budget = settings.audit_scrub_seconds / UP_AUDIT_SECONDS
     return {"cases": cases, "events": events, **passes,
             "cpuMicrosecondsPerEvent": round(per_event * 1e6, 1),
-            "projectedFullPassCpuSecondsAt25MEvents": round(per_event * 25_000_000)}
+            "projectedFullPassCpuSecondsAt25MEvents": round(per_event * 25_000_000),
+            "scrubWallMicrosecondsPerEvent": round(scrub_per_event * 1e6, 1),
+            "scrubShareOfOneCore": budget,
+            "scrubLapDaysAt25MEvents": round(
+                scrub_per_event * 25_000_000 / budget / 86400, 2)}
 
 
 if __name__ == "__main__":

@@ -590,6 +590,10 @@ class Settings(BaseSettings):
     auditor_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
         "`casetrail audit --every`'s metrics port; unset: 9107 or, when taken, any free "
         "port.")
+    audit_scrub_seconds: float = Field(default=30.0, ge=0, description="How long each pass "
+        "of `casetrail audit` spends re-verifying stored cases in turn (the scrub), going on "
+        "from where the last pass stopped: a pass every 600 s scrubs with 5 % of one core. "
+        "0 turns the scrub off (only new and failing cases are re-verified then).")
     queue_probe_seconds: float = Field(default=5.0, gt=0, description="How often the "
                                        "worker and the consumer read their queues' depth "
                                        "for the metrics.")

@@ -768,6 +768,10 @@ CREATE TABLE public.audit_runs (
     to_leaf bigint NOT NULL,
     cases_checked integer NOT NULL,
     findings jsonb NOT NULL,
+    scrubbed_to uuid,
+    cases_scrubbed integer DEFAULT 0 NOT NULL,
+    scrub_lapped boolean DEFAULT false NOT NULL,
+    CONSTRAINT audit_runs_cases_scrubbed_check CHECK ((cases_scrubbed >= 0)),
     CONSTRAINT audit_runs_check CHECK ((to_leaf >= from_leaf)),
     CONSTRAINT audit_runs_from_leaf_check CHECK ((from_leaf >= 0))
 );

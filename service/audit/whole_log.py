@@ -29,7 +29,12 @@ somebody asks about exactly those cases. The audit asks about all of them:
 
 A pass is kept in ``audit_runs``; the next goes on from where it stopped (``--full``
 starts from the first leaf). The joins over leaves and events run every pass; a trail's
-signatures only once. Findings are per case where there is a case.
+signatures when it is newly logged, while it fails, and whenever the scrub comes round
+to it: each pass re-verifies stored cases in turn for ``scrub_seconds``, going on from
+where the last one stopped, so an edit the joins cannot see (a payload rewritten with
+its hash kept) is found within a lap. A last run the audit did not write is a finding
+(``audit_run_unreadable``) and the pass checks everything. Findings are per case where
+there is a case.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from enum import StrEnum
 from typing import Any
 
 from casetrail.adapters.store import CaseStore, KeyRegistry, create_pool
-from casetrail.adapters.store.audit_log import AuditStore, Mismatch
+from casetrail.adapters.store.audit_log import AuditStore, Mismatch, Scrubbed
 from casetrail.adapters.store.backtests import BacktestStore
 from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.agents import AGENTS
@@ -54,6 +59,11 @@ from casetrail.audit.resume import record_so_far
 from casetrail.config import Settings
 from casetrail.contract.integrity import GENESIS
 from casetrail.telemetry import metrics
+
+SCRUB_SECONDS: float = Settings.model_fields["audit_scrub_seconds"].default
+"""A pass's scrub, by default (``CASETRAIL_AUDIT_SCRUB_SECONDS``'s default)."""
+SCRUB_BATCH = 200
+"""Cases the scrub reads ahead at a time."""
 
 
 class FindingKind(StrEnum):
@@ -74,6 +84,9 @@ class FindingKind(StrEnum):
     """A case's values erased without its stored CASE_ERASED, or the other way round."""
     REFUSED_VALID_ACTION = "refused_valid_action"
     """A worker refused a person's action that is signed and keeps the wait's rules."""
+    AUDIT_RUN_UNREADABLE = "audit_run_unreadable"
+    """The last pass's kept row is not one the audit wrote (its findings or its size
+    cannot be read): this pass checks the whole log instead of going on from it."""
 
 
 @dataclass(frozen=True)
@@ -96,9 +109,15 @@ class AuditReport:
     to_leaf: int
     cases_checked: int = 0
     cases_expired: int = 0
-    """Expired cases in the log, each accounted for by its tombstone."""
+    """Expired cases in the log, each accounted for by its tombstone and vouched for by
+    its signed CASE_EXPIRED (a tombstone with a finding against it is not counted)."""
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
+    cases_scrubbed: int = 0
+    """Stored cases the scrub re-verified (docs/design.md, "One command audits the whole
+    log")."""
+    scrub_lapped: bool = False
+    """The scrub came round to where it began (at least once since the last pass)."""
 
     @property
     def clean(self) -> bool:
@@ -113,6 +132,7 @@ class AuditReport:
     def as_json(self) -> dict[str, Any]:
         return {"full": self.full, "fromLeaf": self.from_leaf, "toLeaf": self.to_leaf,
                 "casesChecked": self.cases_checked, "casesExpired": self.cases_expired,
+                "casesScrubbed": self.cases_scrubbed, "scrubLapped": self.scrub_lapped,
                 "clean": self.clean,
                 "seconds": round(self.seconds, 3), "byKind": self.by_kind(),
                 "findings": [f.as_json() for f in self.findings]}
@@ -144,12 +164,19 @@ class WholeLog:
     store: AuditStore
     ledger: LedgerStore
     evidence: Evidence
+    scrub_seconds: float = SCRUB_SECONDS
+    """How long a pass's scrub may run (``CASETRAIL_AUDIT_SCRUB_SECONDS``)."""
 
     async def run(self, *, full: bool = False) -> AuditReport:
         started, began = datetime.now(UTC), time.perf_counter()
-        last = None if full else await self.store.last_run()
         size = await self.store.tree_size()
-        report = AuditReport(full, last.to_leaf if last else 0, size)
+        last = None if full else await self.store.last_run(size)
+        unreadable = last.unreadable if last else None
+        if unreadable:
+            last = None  # nothing in it is trusted: this pass checks everything
+        report = AuditReport(full or bool(unreadable), last.to_leaf if last else 0, size)
+        if unreadable:
+            report.findings.append(Finding(FindingKind.AUDIT_RUN_UNREADABLE, unreadable))
         report.findings += _leaf_findings(await self.store.leaves_unmatched())
         report.findings += [
             Finding(FindingKind.NOT_LOGGED, f"event {m.event_id} is stored but neither in "
@@ -159,7 +186,6 @@ class WholeLog:
             Finding(FindingKind.ALTERED, "an expired case's tombstone does not account for "
                     "its leaves, or its CASE_EXPIRED is not the one stored", case)
             for case in await self.store.expiries_unaccounted()]
-        report.cases_expired = await self.store.expired_count()
         report.findings += await self._checkpoints(report.from_leaf)
         report.findings += [
             Finding(FindingKind.TRIGGER_DISABLED, f"the append-only trigger {trigger} of "
@@ -176,11 +202,17 @@ class WholeLog:
         report.findings += await self._backtests(report.from_leaf,
                                                  last.failing_backtests if last else [])
         report.findings += await self._refusals()
-        await self._trails(report, last.failing_cases if last else [])
+        checked = await self._trails(report, last.failing_cases if last else [])
+        scrub = await self._scrub(report, last.scrubbed_to if last else None, checked)
+        report.cases_scrubbed, report.scrub_lapped = scrub.cases, scrub.lapped
+        # An expiry is counted only when nothing is found against it: a tombstone alone,
+        # or one its signed CASE_EXPIRED does not vouch for, is a finding, not an expiry.
+        report.cases_expired = await self.store.expired_count() - \
+            await self.store.expired_among([f.case_id for f in report.findings if f.case_id])
         report.seconds = time.perf_counter() - began
         await self.store.keep_run(started, full, report.from_leaf, size,
                                   report.cases_checked,
-                                  [f.as_json() for f in report.findings])
+                                  [f.as_json() for f in report.findings], scrub)
         return report
 
     async def _backtests(self, from_leaf: int, failing: list[uuid.UUID]) -> list[Finding]:
@@ -252,8 +284,10 @@ class WholeLog:
                     "signed: the tree changed under a signed (or witnessed) size")))
         return found
 
-    async def _trails(self, report: AuditReport, failing: list[uuid.UUID]) -> None:
-        """Verify every case logged since the last pass, and those that failed it."""
+    async def _trails(self, report: AuditReport, failing: list[uuid.UUID]
+                      ) -> set[uuid.UUID]:
+        """Verify every case logged since the last pass, and those that failed it; the
+        cases verified."""
         already = {(f.kind, f.case_id) for f in report.findings}
         cases = dict.fromkeys([*failing, *await self.store.cases_logged_from(
             report.from_leaf)])
@@ -262,16 +296,53 @@ class WholeLog:
                     "sensitive values are kept (a legal hold came first?)", case)
             for case in await self.store.erasures_unapplied(list(cases))]
         for case_id in cases:
-            verdict = await self.evidence.verify(case_id)
+            await self._trail(report, case_id, already)
             report.cases_checked += 1
-            if verdict is None or verdict.verified:
-                continue
-            codes = sorted({p.code for p in verdict.problems})
-            kind = FindingKind.REMOVED_AFTER_LOGGING if codes == ["removed_after_logging"] \
-                else FindingKind.ALTERED
-            if (kind, case_id) not in already:
-                report.findings.append(Finding(kind, "the trail does not verify: " +
-                                               ", ".join(codes), case_id))
+        return set(cases)
+
+    async def _trail(self, report: AuditReport, case_id: uuid.UUID,
+                     already: set[tuple[FindingKind, uuid.UUID | None]]) -> None:
+        """One case's trail verified (chain, signatures, columns against the signed
+        bytes, the row against the trail, its leaves): a finding unless it verifies."""
+        verdict = await self.evidence.verify(case_id)
+        if verdict is None or verdict.verified:
+            return
+        codes = sorted({p.code for p in verdict.problems})
+        kind = FindingKind.REMOVED_AFTER_LOGGING if codes == ["removed_after_logging"] \
+            else FindingKind.ALTERED
+        if (kind, case_id) not in already:
+            already.add((kind, case_id))
+            report.findings.append(Finding(kind, "the trail does not verify: " +
+                                           ", ".join(codes), case_id))
+
+    async def _scrub(self, report: AuditReport, start: uuid.UUID | None,
+                     checked: set[uuid.UUID]) -> Scrubbed:
+        """Re-verify stored cases in case-id order, going on after ``start`` (where the
+        last pass's scrub stopped) for at most ``scrub_seconds``, and at most once round:
+        an edit no other check sees (a payload rewritten with its hash kept and the
+        constraint put back) is found within the time a lap takes. Cases this pass
+        already verified are passed over; a full pass verified all of them."""
+        scrub = Scrubbed(start)
+        if report.full or self.scrub_seconds <= 0:
+            return scrub
+        already = {(f.kind, f.case_id) for f in report.findings}
+        deadline, wrapped = time.perf_counter() + self.scrub_seconds, False
+        while time.perf_counter() < deadline:
+            fetched = await self.store.cases_after(scrub.to, SCRUB_BATCH)
+            batch = [c for c in fetched if not wrapped or start is None or c < start]
+            for case_id in batch:
+                if time.perf_counter() >= deadline:
+                    return scrub
+                if case_id not in checked:
+                    await self._trail(report, case_id, already)
+                scrub.to, scrub.cases = case_id, scrub.cases + 1
+            if len(batch) < len(fetched) or (not fetched and (wrapped or start is None)):
+                scrub.lapped = True  # came round to where it began
+                scrub.to = scrub.to if len(batch) < len(fetched) else None
+                return scrub
+            if not fetched:
+                wrapped, scrub.to = True, None
+        return scrub
 
 
 async def audit_namespace(settings: Settings, *, full: bool = False) -> AuditReport:
@@ -281,13 +352,15 @@ async def audit_namespace(settings: Settings, *, full: bool = False) -> AuditRep
     try:
         ledger = LedgerStore(pool)
         audit = WholeLog(AuditStore(pool), ledger,
-                         Evidence(CaseStore(pool), KeyRegistry(pool), ledger))
+                         Evidence(CaseStore(pool), KeyRegistry(pool), ledger),
+                         settings.audit_scrub_seconds)
         report = await audit.run(full=full)
     finally:
         await pool.close()
     for kind, count in report.by_kind().items():
         metrics.AUDIT_FINDINGS.labels(kind).set(count)
     metrics.AUDIT_CASES_CHECKED.inc(report.cases_checked)
+    metrics.AUDIT_CASES_SCRUBBED.inc(report.cases_scrubbed)
     metrics.AUDIT_CASES_EXPIRED.set(report.cases_expired)
     metrics.AUDIT_PASSES.labels("clean" if report.clean else "findings").inc()
     return report

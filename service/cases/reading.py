@@ -21,6 +21,7 @@ from casetrail.contract.auth import Principal, Scope
 from casetrail.contract.events import EVENT_TYPES, CaseStatus
 from casetrail.errors import PermanentError
 from casetrail.privacy.sensitive import restore, sensitive_field
+from casetrail.telemetry import metrics
 from casetrail.trail.verification import Report
 
 log = logging.getLogger("casetrail.cases")
@@ -33,14 +34,32 @@ async def owned(services: CaseServices, principal: Principal, case_id: uuid.UUID
     row = await services.store.get_case(case_id)
     if row is None and (gone := await services.store.tombstone(case_id)) is not None \
             and principal.sees(gone["tenant_id"]):
+        await _expired(services, case_id, gone)
+    if row is None or not principal.sees(row["tenant_id"]):
+        raise NotFound(f"no case {case_id}")
+    return row
+
+
+async def _expired(services: CaseServices, case_id: uuid.UUID, gone: Mapping[str, Any]
+                   ) -> None:
+    """Raise ``Expired`` (410) for a case whose tombstone its signed ``CASE_EXPIRED``
+    vouches for. A tombstone alone is anybody's row: without that event verifying, the
+    case is not found, and the answer says why (docs/design.md, "Keeping records as long
+    as the law says")."""
+    report = await services.evidence.verify(case_id)
+    if report is not None and report.verified and report.expired is not None:
         raise Expired(
             f"case {case_id} expired on {utc_text(gone['expired_at'])} under retention "
             f"policy {gone['policy_id']} version {gone['policy_version']} "
             f"({gone['events_removed']} events removed, by {gone['expired_by']}); its "
             f"CASE_EXPIRED and tombstone remain: GET /cases/{case_id}/verify checks them")
-    if row is None or not principal.sees(row["tenant_id"]):
-        raise NotFound(f"no case {case_id}")
-    return row
+    codes = sorted({p.code for p in report.problems}) if report is not None else []
+    log.error("case %s has a tombstone but no signed CASE_EXPIRED that verifies it (%s): "
+              "not answered as expired", case_id, ", ".join(codes) or "no events")
+    metrics.EXPIRIES_UNVERIFIED.inc()
+    raise NotFound(f"no case {case_id}: a tombstone stands for it, but no signed "
+                   f"CASE_EXPIRED verifies it ({', '.join(codes) or 'no events'}); "
+                   f"GET /cases/{case_id}/verify says why")
 
 
 def case_view(row: dict[str, Any]) -> dict[str, Any]:

@@ -74,6 +74,11 @@ PROJECTION_MISMATCHES = Counter(
     "outcome or total than its signed trail says: a row written outside the owner's fold, "
     "by whoever owns the database. The case is shown as not verifying "
     "(projection_mismatch).")
+EXPIRIES_UNVERIFIED = Counter(
+    "casetrail_expiries_unverified", "Reads of a case with a tombstone whose signed "
+    "CASE_EXPIRED does not verify it (missing, altered, not the tombstone's): a tombstone "
+    "written outside the retention pass. The case is answered as not found, never as "
+    "expired, and the audit names it.")
 MODEL_REQUEST_SECONDS = Histogram(
     "casetrail_model_request_duration_seconds", "One model request as the worker saw it, "
     "by provider, model and outcome (ok, retryable, error).",
@@ -167,6 +172,10 @@ AUDIT_PASSES = Counter("casetrail_audit_passes", "Passes of `casetrail audit` ov
                        "by outcome (clean, findings, failed).", ["outcome"])
 AUDIT_CASES_CHECKED = Counter("casetrail_audit_cases_checked", "Cases whose trails the "
                               "audit verified.")
+AUDIT_CASES_SCRUBBED = Counter(
+    "casetrail_audit_cases_scrubbed", "Stored cases the audit's scrub re-verified in turn "
+    "(besides the newly logged and failing ones): its rate against the number of cases "
+    "is how long the whole log takes to be checked again.")
 AUDIT_CASES_EXPIRED = Gauge("casetrail_audit_cases_expired", "Expired cases the last pass "
                             "of `casetrail audit` checked against their tombstones.")
 RETENTION_EXPIRED = Counter("casetrail_retention_expired", "Cases expired under their "

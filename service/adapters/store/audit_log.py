@@ -40,6 +40,40 @@ class LastRun:
     to_leaf: int
     failing_cases: list[uuid.UUID]
     failing_backtests: list[uuid.UUID] = field(default_factory=list)
+    unreadable: str | None = None
+    """Why the last run's row cannot be read as a run (then nothing in it is trusted)."""
+    scrubbed_to: uuid.UUID | None = None
+    """The last case its scrub re-verified (``None``: the next scrub starts at the first)."""
+
+
+def _run_from(run_id: int, to_leaf: Any, stored: Any, tree_size: int,
+              scrubbed_to: uuid.UUID | None) -> LastRun:
+    """The last run as kept, or one that says why it cannot be read: a row the audit did
+    not write (findings not a list of findings, a size past the tree's) never stops a
+    pass, and never lets one skip what it would otherwise check."""
+    try:
+        findings = orjson.loads(stored) if isinstance(stored, str | bytes) else stored
+        if not isinstance(findings, list) or not all(isinstance(f, dict) for f in findings):
+            raise ValueError("its findings are not a list of findings")
+        if not isinstance(to_leaf, int) or not 0 <= to_leaf <= tree_size:
+            raise ValueError(f"it ends at leaf {to_leaf!r} of a tree of {tree_size}")
+        failing = sorted({uuid.UUID(f["caseId"]) for f in findings if f.get("caseId")})
+        backtests = sorted({uuid.UUID(f["backtestId"]) for f in findings
+                            if f.get("backtestId")})
+    except (ValueError, TypeError, AttributeError) as exc:
+        return LastRun(0, [], [], f"audit run {run_id} cannot be read as a pass ({exc})")
+    return LastRun(to_leaf, failing, backtests, scrubbed_to=scrubbed_to)
+
+
+@dataclass
+class Scrubbed:
+    """What a pass's scrub did: the last case it re-verified (``None``: it ended a lap,
+    the next starts at the first), how many, and whether it came round to where it
+    began."""
+
+    to: uuid.UUID | None
+    cases: int = 0
+    lapped: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,16 +103,24 @@ class AuditStore:
         return int(await self.pool.fetchval(
             "SELECT coalesce(max(leaf_index) + 1, 0) FROM ledger_leaves"))
 
-    async def last_run(self) -> LastRun | None:
+    async def last_run(self, tree_size: int) -> LastRun | None:
         row = await self.pool.fetchrow(
-            "SELECT to_leaf, findings FROM audit_runs ORDER BY run_id DESC LIMIT 1")
+            "SELECT run_id, to_leaf, findings, scrubbed_to FROM audit_runs "
+            "ORDER BY run_id DESC LIMIT 1")
         if row is None:
             return None
-        findings = orjson.loads(row["findings"])
-        failing = {f["caseId"] for f in findings if f.get("caseId")}
-        backtests = {f["backtestId"] for f in findings if f.get("backtestId")}
-        return LastRun(row["to_leaf"], [uuid.UUID(c) for c in sorted(failing)],
-                       [uuid.UUID(b) for b in sorted(backtests)])
+        return _run_from(row["run_id"], row["to_leaf"], row["findings"], tree_size,
+                         row["scrubbed_to"])
+
+    async def cases_after(self, after: uuid.UUID | None, limit: int) -> list[uuid.UUID]:
+        """Up to ``limit`` cases (stored, or expired with their tombstone) in case-id order,
+        after ``after`` (``None``: from the first): the scrub's next ones."""
+        rows = await self.pool.fetch(
+            "(SELECT case_id FROM cases WHERE $1::uuid IS NULL OR case_id > $1 "
+            "ORDER BY case_id LIMIT $2) UNION (SELECT case_id FROM case_tombstones "
+            "WHERE $1::uuid IS NULL OR case_id > $1 ORDER BY case_id LIMIT $2) "
+            "ORDER BY case_id LIMIT $2", after, limit)
+        return [r["case_id"] for r in rows]
 
     async def cases_logged_from(self, first_leaf: int) -> list[uuid.UUID]:
         """The cases with a leaf at ``first_leaf`` or after, in the order first logged."""
@@ -148,6 +190,13 @@ class AuditStore:
         return int(await self.pool.fetchval(
             "SELECT count(*) FROM case_tombstones t WHERE NOT EXISTS (SELECT 1 FROM cases c "
             "WHERE c.case_id = t.case_id)"))
+
+    async def expired_among(self, cases: Sequence[uuid.UUID]) -> int:
+        """How many of ``cases`` are expired (tombstone kept, case row gone)."""
+        return int(await self.pool.fetchval(
+            "SELECT count(*) FROM case_tombstones t WHERE t.case_id = ANY($1::uuid[]) AND "
+            "NOT EXISTS (SELECT 1 FROM cases c WHERE c.case_id = t.case_id)",
+            list(dict.fromkeys(cases))))
 
     async def events_unlogged(self) -> list[Mismatch]:
         """Stored events that are neither a leaf nor waiting in the ledger's queue."""
@@ -232,9 +281,11 @@ class AuditStore:
         return [(r["tree_size"], bytes(r["root_hash"])) for r in rows]
 
     async def keep_run(self, started_at: datetime, full: bool, from_leaf: int, to_leaf: int,
-                       cases_checked: int, findings: list[dict[str, Any]]) -> None:
+                       cases_checked: int, findings: list[dict[str, Any]],
+                       scrub: Scrubbed) -> None:
         await self.pool.execute(
             "INSERT INTO audit_runs (started_at, full_pass, from_leaf, to_leaf, "
-            "cases_checked, findings) VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
+            "cases_checked, findings, scrubbed_to, cases_scrubbed, scrub_lapped) "
+            "VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9)",
             started_at, full, from_leaf, to_leaf, cases_checked,
-            orjson.dumps(findings).decode())
+            orjson.dumps(findings).decode(), scrub.to, scrub.cases, scrub.lapped)
