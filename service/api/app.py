@@ -19,6 +19,7 @@ from casetrail.api import problems
 from casetrail.api.apidocs import api_docs_routes
 from casetrail.api.deps import known_query_only
 from casetrail.api.ledger import ledger_routes
+from casetrail.api.log_watch import LogWatch
 from casetrail.api.middleware import BodyLimit, Observed
 from casetrail.api.oidc import OidcVerifier
 from casetrail.api.openapi import exact_openapi
@@ -46,10 +47,13 @@ def create_app(settings: Settings) -> FastAPI:
             watch = EventWatch(opened.connection, opened.topology, Admission(
                 settings.broker_user("worker"), KeyRing(KeyRegistry(opened.pool))))
             await watch.open()
-            app.state.cases, app.state.watch = opened, watch
+            log_watch = LogWatch(opened.ledger)
+            await log_watch.open(opened.connection, opened.topology)
+            app.state.cases, app.state.watch, app.state.log = opened, watch, log_watch
             try:
                 yield
             finally:
+                await log_watch.close()
                 await watch.close()
 
     app = FastAPI(title="casetrail", version="0.1.0", lifespan=lifespan,
@@ -68,7 +72,7 @@ def create_app(settings: Settings) -> FastAPI:
     viewer_routes(app, public)
     api_docs_routes(app, public)
     log = APIRouter(dependencies=[Depends(known_query_only)])
-    ledger_routes(log, lambda: app.state.cases.ledger,
+    ledger_routes(log, lambda: app.state.cases.ledger, lambda: app.state.log.state,
                   [Verifier.parse(k) for k in settings.ledger_witnesses], public,
                   Depends(requires(Scope.READ)),
                   lambda case_id, principal: owned(app.state.cases, principal, case_id),

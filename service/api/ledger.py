@@ -22,6 +22,7 @@ from casetrail.adapters.store.ledger import (
 )
 from casetrail.contract.auth import Principal
 from casetrail.ledger.note import NoteError, TlogProof, Verifier
+from casetrail.ledger.vouching import LogState
 
 TEXT = "text/plain; charset=utf-8"
 
@@ -89,15 +90,31 @@ def _unprocessable(field: str, message: str, where: str = "query") -> HTTPExcept
     return HTTPException(422, [{"loc": [where, field], "msg": message, "type": "value_error"}])
 
 
+Vouching = Callable[[StoredCheckpoint | None], Awaitable[LogState]]
+"""The log's state given the database's latest checkpoint (casetrail.api.log_watch)."""
+
+
 @dataclass
 class _Log:
-    """What the log's routes share: the store (once the app has opened) and the answer."""
+    """What the log's routes share: the store (once the app has opened), the log's state
+    and the answer."""
 
     ledger: Callable[[], LedgerStore]
+    vouching: Callable[[], Vouching]
     json_response: Callable[..., Response]
 
-    async def latest(self) -> StoredCheckpoint:
+    async def vouched(self) -> StoredCheckpoint | None:
+        """The database's latest checkpoint, once the log is known to vouch for it: 503
+        naming the halt and both sizes while it does not (docs/design.md, "The log says
+        when it has stopped vouching")."""
         checkpoint = await self.ledger().latest()
+        state = await self.vouching()(checkpoint)
+        if state.halted:
+            raise HTTPException(503, state.detail)
+        return checkpoint
+
+    async def latest(self) -> StoredCheckpoint:
+        checkpoint = await self.vouched()
         if checkpoint is None:
             raise _not_found("the log has signed no checkpoint yet")
         return checkpoint
@@ -105,6 +122,7 @@ class _Log:
     async def at_size(self, size: int | None) -> StoredCheckpoint:
         if size is None:
             return await self.latest()
+        await self.vouched()
         try:
             return await self.ledger().checkpoint(size)
         except UnknownCheckpoint as exc:
@@ -126,15 +144,15 @@ Responses = Callable[..., dict[int | str, dict[str, Any]]]
 
 
 def ledger_routes(app: FastAPI | APIRouter, ledger: Callable[[], LedgerStore],
-                  witnesses: list[Verifier],
+                  vouching: Callable[[], Vouching], witnesses: list[Verifier],
                   public: Any, reader: Any,
                   owned_case: Callable[[uuid.UUID, Principal], Awaitable[Any]],
                   responses: Responses,
                   json_response: Callable[..., Response]) -> None:
-    """Add ``/ledger/*`` to ``app`` (``ledger``: the store, once the app has opened), and
-    a case's own lookup of an event's proof (``reader``, ``owned_case``: the case's
-    access rules)."""
-    log = _Log(ledger, json_response)
+    """Add ``/ledger/*`` to ``app`` (``ledger``: the store, once the app has opened;
+    ``vouching``: the log's state, once it has), and a case's own lookup of an event's
+    proof (``reader``, ``owned_case``: the case's access rules)."""
+    log = _Log(ledger, vouching, json_response)
     _checkpoint_routes(app, log, public, responses)
     _proof_routes(app, log, public, reader, owned_case, responses)
     _cosignature_routes(app, log, witnesses, public, responses)
@@ -162,6 +180,7 @@ def _checkpoint_routes(app: FastAPI | APIRouter, log: _Log, public: Any,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         _: Principal = public,
     ) -> Response:
+        await log.vouched()
         found = await log.ledger().checkpoints(since, limit)
         return log.json_response({"checkpoints": [_view(c) for c in found]})
 
@@ -264,6 +283,7 @@ def _cosignature_routes(app: FastAPI | APIRouter, log: _Log, witnesses: list[Ver
             size = int(text.split("\n", 2)[1])
             if size > MAX_TREE:
                 raise ValueError(f"tree size {size} is beyond any this log can hold")
+            await log.vouched()
             head = await log.ledger().checkpoint(size)
             found = cosignature_for(text, head, witnesses)
         except (IndexError, ValueError, NoteError) as exc:

@@ -248,9 +248,23 @@ class Health(BaseModel):
     status: str
 
 
+class LogStatus(BaseModel):
+    halted: bool = Field(description="The log has stopped vouching: its database's latest "
+                         "checkpoint is behind (or forked from) the largest it signed, and "
+                         "its routes answer 503.")
+    reason: str | None = Field(description="behind or forked, while halted.")
+    storedSize: int | None = Field(description="The database's latest checkpoint's size.")
+    anchorSize: int | None = Field(description="The largest checkpoint the log signed, as "
+                                   "the log-head stream keeps it (null: none seen).")
+
+
 class Readiness(BaseModel):
-    ready: bool
+    ready: bool = Field(description="Broker and database are reachable (whether the log is "
+                        "halted or not: see log).")
     checks: dict[str, str]
+    log: LogStatus | None = Field(default=None, description="Whether the transparency log "
+                                  "vouches for what it serves (absent when the database "
+                                  "cannot be reached).")
 
 
 class VerifyAttempt(BaseModel):

@@ -20,13 +20,19 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 from casetrail.errors import PermanentError
-from casetrail.ledger.note import Checkpoint, NoteError, Verifier, open_checkpoint
+from casetrail.ledger.note import (
+    Checkpoint,
+    NoteError,
+    Verifier,
+    open_checkpoint,
+    open_with_any,
+)
 from casetrail.trail.key_source import is_file
 
 
@@ -120,19 +126,48 @@ def write_json_durably(path: Path, value: object, prefix: str) -> None:
         os.close(directory)
 
 
-def from_stream(notes: Iterable[bytes], verifier: Verifier, source: str) -> Anchor | None:
-    """The largest checkpoint among ``notes`` read off the log-head stream that the log's
-    key signed (anything else on the stream is ignored)."""
-    best: Anchor | None = None
-    for body in notes:
+def size_of(body: bytes) -> int | None:
+    """A checkpoint note's tree size (its second line), read without verifying it:
+    ``None`` for anything that is not shaped like a checkpoint."""
+    lines = body.split(b"\n", 2)
+    if len(lines) < 3 or not lines[1].isdigit() or len(lines[1]) > 19:
+        return None
+    return int(lines[1])
+
+
+@dataclass
+class HighestSigned:
+    """The largest checkpoint among those offered that one of the log's keys signed.
+    A note no larger than the one kept is passed over unverified, so a flood of old
+    genuine checkpoints costs a parse each and changes nothing."""
+
+    best: Checkpoint | None = None
+    note: str = ""
+
+    def offer(self, body: bytes, keys: Sequence[Verifier]) -> bool | None:
+        """``True`` when ``body`` is the new largest; ``False`` when it is no larger or
+        not a checkpoint; ``None`` when it is larger but no key in ``keys`` signed it
+        (the caller may read the log's keys again and offer it once more)."""
+        size = size_of(body)
+        if size is None or (self.best is not None and size <= self.best.size):
+            return False
         try:
             text = body.decode()
-            head, _ = open_checkpoint(text, verifier)
+            head, _ = open_with_any(text, keys)
         except (UnicodeDecodeError, NoteError):
-            continue
-        if best is None or head.size > best.head.size:
-            best = Anchor(head, text, source)
-    return best
+            return None
+        self.best, self.note = head, text
+        return True
+
+
+def from_stream(notes: Iterable[bytes], verifier: Verifier, source: str) -> Anchor | None:
+    """The largest checkpoint among ``notes`` (a whole stream, read from its first) that
+    the log's key signed; anything else on the stream is ignored, and a flood of old
+    genuine checkpoints changes nothing."""
+    highest = HighestSigned()
+    for body in notes:
+        highest.offer(body, [verifier])
+    return None if highest.best is None else Anchor(highest.best, highest.note, source)
 
 
 async def check_tree(anchors: Iterable[Anchor], size: int,

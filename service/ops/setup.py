@@ -207,9 +207,11 @@ def broker_permissions(settings: Settings) -> dict[str, tuple[str, str, str]]:
     user = settings.broker_user
     permissions = {
         # Start commands and cancel broadcasts; its own queue of live events for the
-        # streams, bound to <ns>.events (binding needs read on the exchange).
+        # streams, bound to <ns>.events (binding needs read on the exchange); the
+        # streams of checkpoints, to know when the log stops vouching
+        # (casetrail.api.log_watch).
         user("api"): (rf"^{watch}$", rf"^({ns}\.(commands|cancel)|{watch})$",
-                      rf"^({ns}\.events|{watch})$"),
+                      rf"^({ns}\.(events|log-head|checkpoints)|{watch})$"),
         # Takes start commands, hears cancels, publishes events and tool requests,
         # reads tool replies on its own queue; sets aside what it cannot process;
         # re-sends the start command of a stranded case (service/components/sweeper.py).

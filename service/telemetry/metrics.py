@@ -172,6 +172,10 @@ AUDIT_PASSES = Counter("casetrail_audit_passes", "Passes of `casetrail audit` ov
                        "by outcome (clean, findings, failed).", ["outcome"])
 AUDIT_CASES_CHECKED = Counter("casetrail_audit_cases_checked", "Cases whose trails the "
                               "audit verified.")
+LOG_SERVED_HALTED = Gauge(
+    "casetrail_log_served_halted", "1 while the API finds its database's latest checkpoint "
+    "behind (or forked from) the largest the log signed on the log-head stream: the log's "
+    "routes answer 503 naming the halt and /readyz says so in its log field.")
 AUDIT_CASES_SCRUBBED = Counter(
     "casetrail_audit_cases_scrubbed", "Stored cases the audit's scrub re-verified in turn "
     "(besides the newly logged and failing ones): its rate against the number of cases "

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import aio_pika
 import asyncpg
+import httpx
 import orjson
 import pytest
 
+from casetrail.adapters.bus.topology import Topology
 from casetrail.adapters.store import ApiKeyStore, KeyRegistry
 from casetrail.adapters.store.tree import TREE_SIZE_SQL
 from casetrail.components.sequencer import ledger_state
@@ -26,6 +29,7 @@ from casetrail.contract.integrity import Signer
 from casetrail.ledger.note import open_checkpoint
 from tests.support.helpers import wait_until
 from tests.support.logged import (
+    Logged,
     back_up,
     export,
     logged_everything,
@@ -81,11 +85,21 @@ async def test_an_older_backup_restored_halts_the_ledger_and_the_log_never_forks
                 await asyncio.sleep(2)  # several of the ledger's ticks
                 assert await pool.fetchval(
                     "SELECT max(tree_size) FROM ledger_checkpoints") == backed_up
+                # The API learns of it by itself, from the stream the log's checkpoints
+                # are published on: it serves nothing of the log as current, and says why.
+                await _the_log_says_it_has_stopped_vouching(logged, backed_up, witnessed)
+                verdict = await witness_once(logged, accepted)
+                assert verdict.returncode == 2 and "stopped vouching (behind)" in \
+                    verdict.stderr, verdict.stderr
+                await logged.forget_high_water()
+            # Whoever also holds the broker takes the streams away and starts the API again:
+            # it has nothing to compare with and serves the restored checkpoint. The witness
+            # that kept state sees the rollback; left running it goes on saying so (and its
+            # metric) and refuses to cosign, until stopped.
+            async with serving(own, amqp, pool, key, children) as logged:
                 served, _ = open_checkpoint((await logged.client.get(
                     "/ledger/checkpoint")).text, logged.log_key)
                 assert served.size == backed_up
-                # The witness that kept state sees the rollback; left running it goes on
-                # saying so (and its metric) and refuses to cosign, until stopped.
                 verdict = await witness_once(logged, accepted)
                 assert verdict.returncode == 1 and "rolled back" in verdict.stderr
                 witness_port = free_port()
@@ -106,6 +120,89 @@ async def test_an_older_backup_restored_halts_the_ledger_and_the_log_never_forks
                 assert "halted (behind)" in said
         finally:
             kill_leftovers(children)
+
+
+async def _the_log_says_it_has_stopped_vouching(logged: Logged, stored: int,
+                                               signed: int) -> None:
+    async def halted() -> httpx.Response | None:
+        reply = await logged.client.get("/ledger/checkpoint")
+        return reply if reply.status_code == 503 else None
+
+    reply = await wait_until(halted, timeout=30)
+    detail = reply.json()["detail"]
+    assert "stopped vouching (behind)" in detail and f"has {stored} leaves" in detail \
+        and f"size {signed}" in detail, detail
+    for path in ("/ledger/checkpoints", "/ledger/proofs/inclusion?leafIndex=0",
+                 f"/ledger/proofs/consistency?from=1&to={stored}"):
+        refused = await logged.client.get(path)
+        assert refused.status_code == 503 and "behind" in refused.text, (path, refused.text)
+    ready = await logged.client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["ready"] is True, ready.text
+    assert ready.json()["log"] == {"halted": True, "reason": "behind", "storedSize": stored,
+                                   "anchorSize": signed}, ready.text
+
+
+@pytest.mark.timeout(600)  # 17 MiB of checkpoints published one by one
+async def test_a_flood_of_old_checkpoints_does_not_roll_the_anchor_back(
+    settings: Settings, amqp: aio_pika.abc.AbstractRobustConnection, tmp_path: Path,
+) -> None:
+    """The ledger's broker user re-publishes an old genuine checkpoint until the 16 MiB
+    log-head stream holds nothing else, and its state file is gone: the whole of both
+    streams is read, the largest checkpoint on them is the anchor, and the restored
+    database halts the ledger (and the API's log routes) all the same."""
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    async with namespace_of_its_own(settings, "flood") as (own, pool, key):
+        try:
+            async with serving(own, amqp, pool, key, children) as logged:
+                await logged.start_ledger()
+                await run_cases(logged, 1)
+                backed_up, old_note = await logged_everything(logged)
+                backup = tmp_path / "b1.dump"
+                await back_up(own, backup)
+                await run_cases(logged, 2)
+                signed, _ = await logged_everything(logged)
+                await logged.stop_ledger()
+                await _flood(own, old_note.encode(), 17 << 20)
+                ledger_state(own).path.unlink()
+            await restore(own, pool, backup)
+            async with serving(own, amqp, pool, key, children) as logged:
+                await _the_log_says_it_has_stopped_vouching(logged, backed_up, signed)
+                children["ledger"] = spawn(own, "ledger")
+                began = time.perf_counter()
+                said = await logged.halted("behind", timeout=120)  # both streams, whole
+                print(f"the ledger halted {time.perf_counter() - began:.1f}s after its start")
+                assert f"size {signed}" in said and "stream" in said, said[-2000:]
+                await logged.stop_halted_ledger()
+        finally:
+            kill_leftovers(children)
+
+
+async def _flood(own: Settings, body: bytes, total: int, publishers: int = 4) -> None:
+    """Publish ``body`` as the ledger's broker user does its checkpoints, until ``total``
+    bytes of it are on the streams (from a few connections at once: the broker, not
+    one publisher, sets the pace)."""
+    identity = own.identity("ledger")
+    began = time.perf_counter()
+
+    async def publish(count: int) -> None:
+        connection = await aio_pika.connect(identity.amqp_url)
+        try:
+            channel = await connection.channel(publisher_confirms=False)
+            exchange = await channel.get_exchange(Topology(own.namespace).events_exchange,
+                                                  ensure=False)
+            for _ in range(count):
+                await exchange.publish(
+                    aio_pika.Message(body, user_id=own.broker_user("ledger")),
+                    routing_key=Topology.CHECKPOINT_KEY)
+            confirmed = await connection.channel()  # a round trip: all before it is in
+            await confirmed.close()
+        finally:
+            await connection.close()
+
+    each = (total // len(body)) // publishers + 1
+    await asyncio.gather(*(publish(each) for _ in range(publishers)))
+    print(f"flooded {each * publishers * len(body)} bytes in "
+          f"{time.perf_counter() - began:.1f}s")
 
 
 async def test_a_ledger_without_its_anchors_waits_for_an_acceptance_on_the_record(

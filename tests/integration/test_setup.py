@@ -81,7 +81,7 @@ async def test_setup_makes_each_identity_once_and_remove_takes_them_down(
         assert permissions[ns.broker_user("api")] == {
             "user": ns.broker_user("api"), "configure": rf"^{watch}$",
             "write": rf"^({escaped}\.(commands|cancel)|{watch})$",
-            "read": rf"^({escaped}\.events|{watch})$"}
+            "read": rf"^({escaped}\.(events|log-head|checkpoints)|{watch})$"}
         assert permissions[ns.broker_user("consumer")]["read"] == rf"^{escaped}\.event-log$"
         # Capability workers: no configure (no spy queue, no queue deleted), no default
         # exchange (it reaches every queue), no exchange to bind from, and each

@@ -21,6 +21,7 @@ import orjson
 
 from casetrail.adapters.bus.topology import Topology
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.api.log_watch import LogWatch
 from casetrail.components.sequencer import ledger_state
 from casetrail.components.supervisor import component_command
 from casetrail.config import Settings
@@ -59,7 +60,7 @@ class Logged:
     async def stop_ledger(self) -> None:
         await stop_cleanly({"ledger": self.children.pop("ledger")})
 
-    async def halted(self, reason: str) -> str:
+    async def halted(self, reason: str, timeout: float = 30) -> str:
         """Wait until the running ledger says it is halted for ``reason``; its log."""
         path = Path(self.children["ledger"].log_path)  # type: ignore[attr-defined]
 
@@ -67,7 +68,7 @@ class Logged:
             text = path.read_text()  # noqa: ASYNC240
             return text if f"the ledger is halted ({reason})" in text else None
 
-        found: str = await wait_until(said, timeout=30)
+        found: str = await wait_until(said, timeout=timeout)
         return found
 
     async def stop_halted_ledger(self) -> str:
@@ -81,7 +82,8 @@ class Logged:
 
     async def forget_high_water(self) -> None:
         """What an attacker who holds the ledger's host and the broker does besides the
-        database: remove the state file and the streams that keep its checkpoints."""
+        database: remove the state file and the streams that keep its checkpoints, and
+        restart the API, whose watch on the log then reads the streams afresh."""
         ledger_state(self.settings).path.unlink(missing_ok=True)
         topology = Topology(self.settings.namespace)
         connection = await aio_pika.connect(self.settings.amqp_url)
@@ -92,6 +94,12 @@ class Logged:
             await topology.declare(channel)
         finally:
             await connection.close()
+        app = self.stack.app
+        assert app is not None
+        forgotten, fresh = app.state.log, LogWatch(app.state.cases.ledger)
+        await forgotten.close()
+        await fresh.open(app.state.cases.connection, app.state.cases.topology)
+        app.state.log = fresh
 
 
 async def run_cases(logged: Logged, n: int) -> list[str]:

@@ -19,6 +19,7 @@ import asyncpg
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
 
 from casetrail.adapters.bus.connection import connect
 from casetrail.adapters.bus.publisher import Publisher
@@ -59,10 +60,12 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def serve_api(settings: Settings) -> AsyncIterator[str]:
-    """A real uvicorn serving the API on a free port; yields its base URL."""
+async def serve_api(settings: Settings, app: FastAPI | None = None) -> AsyncIterator[str]:
+    """A real uvicorn serving the API (``app``, else one made for ``settings``) on a free
+    port; yields its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(app or create_app(settings), host="127.0.0.1",
+                                           port=port,
                                            log_level="warning", lifespan="on",
                                            timeout_keep_alive=settings.api_keep_alive_seconds,
                                            timeout_graceful_shutdown=STREAMS_CLOSE_SECONDS))
@@ -85,6 +88,7 @@ class InProcessStack:
     consumer: EventLogConsumer
     capability_workers: list[CapabilityWorker]
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    app: FastAPI | None = None
 
 
 @asynccontextmanager
@@ -151,8 +155,9 @@ async def in_process_stack(
         ]
         await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 20)
         try:
-            async with serve_api(settings) as base_url:
-                yield InProcessStack(base_url, worker, consumer, capabilities, stop)
+            app = create_app(settings)
+            async with serve_api(settings, app) as base_url:
+                yield InProcessStack(base_url, worker, consumer, capabilities, stop, app)
         finally:
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)

@@ -61,14 +61,21 @@ async def healthz(_: Public) -> Response:
 @router.get("/readyz", summary="Broker and database are reachable", response_model=Readiness,
             responses=responses(200, Readiness, "Ready") | {
                 503: {"model": Readiness, "description": "Broker or database unreachable"}})
-async def readyz(services: Cases, _: Public) -> Response:
+async def readyz(request: Request, services: Cases, _: Public) -> Response:
+    """Ready means the broker and the database answer; ``log`` says whether the
+    transparency log still vouches for what it serves (a halt does not make the API
+    unready: cases are still started and read)."""
     checks: dict[str, str] = {}
+    state = None
     try:
         await services.store.ping()
         checks["database"] = "ok"
+        state = await request.app.state.log.state(await services.ledger.latest())
     except CasetrailError:
         checks["database"] = "unreachable"  # no internal error text on a public route
     checks["broker"] = "ok" if not services.connection.is_closed and \
         not services.publisher.channel.is_closed else "disconnected"
     ready = all(v == "ok" for v in checks.values())
-    return OrjsonResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+    return OrjsonResponse({"ready": ready, "checks": checks,
+                           **({"log": state.as_json()} if state is not None else {})},
+                          status_code=200 if ready else 503)
