@@ -117,7 +117,7 @@ class AuditReport:
     """Stored cases the scrub re-verified (docs/design.md, "One command audits the whole
     log")."""
     scrub_lapped: bool = False
-    """The scrub came round to where it began (at least once since the last pass)."""
+    """The scrub came round to where it began in this pass."""
 
     @property
     def clean(self) -> bool:
@@ -210,7 +210,7 @@ class WholeLog:
         report.cases_expired = await self.store.expired_count() - \
             await self.store.expired_among([f.case_id for f in report.findings if f.case_id])
         report.seconds = time.perf_counter() - began
-        await self.store.keep_run(started, full, report.from_leaf, size,
+        await self.store.keep_run(started, report.full, report.from_leaf, size,
                                   report.cases_checked,
                                   [f.as_json() for f in report.findings], scrub)
         return report

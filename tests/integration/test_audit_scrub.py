@@ -88,6 +88,8 @@ async def _a_run_the_audit_did_not_write_is_survived(own: Settings, logged: Logg
         assert report["full"] is True and report["fromLeaf"] == 0, report
         assert ("audit_run_unreadable", None) in found(report), report
         assert ("altered", edited) in found(report), report
+        assert await logged.pool.fetchval(  # kept as what it was: a whole pass
+            "SELECT full_pass FROM audit_runs ORDER BY run_id DESC LIMIT 1") is True
 
 
 async def _a_forged_tombstone_is_a_finding_and_never_expired(own: Settings,
