@@ -46,11 +46,14 @@ def bench_settings(**overrides: object) -> Settings:
     write_signer(key_file, Signer.generate())
     action_key = Path(_KEYS.name) / f"casetrail-bench-{suffix}.action-key.pem"
     write_signer(action_key, Signer.generate())
+    audit_key = Path(_KEYS.name) / f"casetrail-bench-{suffix}.audit-key.pem"
+    write_signer(audit_key, Signer.generate())
     log_key = Path(_KEYS.name) / f"casetrail-bench-{suffix}.log-key"
     write_log_key(log_key, NoteSigner.generate(LOG_ORIGIN))
     return base.model_copy(update={
         "database_url": url, "namespace": f"casetrail-bench-{suffix}",
         "signing_key_file": str(key_file), "action_key_file": str(action_key),
+        "audit_key_file": str(audit_key),
         "bench_mode": True, "max_cycles_cap": 200,
         "log_key_file": str(log_key), "log_origin": LOG_ORIGIN,
         # A load generator is one tenant starting thousands of cases a second.

@@ -590,6 +590,18 @@ class Settings(BaseSettings):
     auditor_metrics_port: int | None = Field(default=None, ge=0, le=65535, description=
         "`casetrail audit --every`'s metrics port; unset: 9107 or, when taken, any free "
         "port.")
+    audit_key_file: str | None = Field(default=None, description="The auditor's Ed25519 "
+        "key (PEM, from `casetrail signer generate`): `casetrail audit` signs every pass it "
+        "keeps, and believes a kept pass only under a key registered in audit_keys. Unset: "
+        "<namespace>.audit-key.pem in the folder a stack keeps its files (CASETRAIL_HOME), "
+        "which `casetrail setup` makes when it is missing.")
+    audit_public_key_file: str | None = Field(default=None, description="The public half of "
+        "the auditor's key, for `casetrail setup` to register where it must not read the "
+        "private key; otherwise setup registers CASETRAIL_AUDIT_KEY_FILE's.")
+    audit_state_file: str | None = Field(default=None, description="Where the auditor "
+        "remembers the last pass it kept (its chain position and hash), off the database, "
+        "so that passes removed from the end of the chain are found (default: "
+        "<audit key file>.<namespace>.state.json).")
     audit_scrub_seconds: float = Field(default=30.0, ge=0, description="How long each pass "
         "of `casetrail audit` spends re-verifying stored cases in turn (the scrub), going on "
         "from where the last pass stopped: a pass every 600 s scrubs with 5 % of one core. "

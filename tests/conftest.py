@@ -73,6 +73,8 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     namespace = f"casetrail-test-{suffix}"
     action_key = key_file.parent / "api-action-key.pem"
     write_signer(action_key, Signer.generate())  # the API's: it signs persons' actions
+    audit_key = key_file.parent / "auditor-key.pem"
+    write_signer(audit_key, Signer.generate())  # the auditor's: it signs each pass it keeps
     log_key = key_file.parent / "log-key"
     write_log_key(log_key, NoteSigner.generate(LOG_ORIGIN))
     return Settings(
@@ -87,6 +89,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         tool_timeout_seconds=2.0,
         signing_key_file=str(key_file),
         action_key_file=str(action_key),
+        audit_key_file=str(audit_key),
         secrets_file=str(key_file.parent / "identities.json"),
         bench_mode=True,  # the tests use slow scripted models (latencyMs)
         # Any free port for each component's metrics: beside a demo stack, and beside

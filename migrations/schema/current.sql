@@ -15,6 +15,33 @@ END;
 $$;
 
 --
+-- Name: audit_run_chains(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.audit_run_chains() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    last audit_runs;
+BEGIN
+    IF NEW.body IS NULL THEN
+        RAISE EXCEPTION 'an audit run is kept signed (schema 37)' USING ERRCODE = 'CTARS';
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('casetrail.audit_runs'));
+    SELECT * INTO last FROM audit_runs WHERE chain_seq IS NOT NULL
+        ORDER BY chain_seq DESC LIMIT 1;
+    IF NEW.chain_seq <> COALESCE(last.chain_seq + 1, 0)
+       OR NEW.prev_hash <> COALESCE(last.hash, repeat('0', 64)) THEN
+        RAISE EXCEPTION 'an audit run must follow the last one (seq %, hash %)',
+            COALESCE(last.chain_seq + 1, 0), COALESCE(last.hash, repeat('0', 64))
+            USING ERRCODE = 'CTARC';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+--
 -- Name: backtest_record_chains(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -756,6 +783,21 @@ CREATE TABLE public.api_keys (
 );
 
 --
+-- Name: audit_keys; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.audit_keys (
+    key_id text NOT NULL,
+    public_key bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    retired_at timestamp with time zone,
+    not_valid_after timestamp with time zone,
+    CONSTRAINT audit_keys_check CHECK (((retired_at IS NULL) = (not_valid_after IS NULL))),
+    CONSTRAINT audit_keys_key_id_check CHECK ((key_id ~ '^[0-9a-f]{16}$'::text)),
+    CONSTRAINT audit_keys_public_key_check CHECK ((length(public_key) = 32))
+);
+
+--
 -- Name: audit_runs; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -771,9 +813,19 @@ CREATE TABLE public.audit_runs (
     scrubbed_to uuid,
     cases_scrubbed integer DEFAULT 0 NOT NULL,
     scrub_lapped boolean DEFAULT false NOT NULL,
+    chain_seq bigint,
+    body bytea,
+    prev_hash text,
+    hash text,
+    key_id text,
+    sig text,
     CONSTRAINT audit_runs_cases_scrubbed_check CHECK ((cases_scrubbed >= 0)),
+    CONSTRAINT audit_runs_chain_seq_check CHECK ((chain_seq >= 0)),
     CONSTRAINT audit_runs_check CHECK ((to_leaf >= from_leaf)),
-    CONSTRAINT audit_runs_from_leaf_check CHECK ((from_leaf >= 0))
+    CONSTRAINT audit_runs_from_leaf_check CHECK ((from_leaf >= 0)),
+    CONSTRAINT audit_runs_hash_check CHECK ((hash ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT audit_runs_prev_hash_check CHECK ((prev_hash ~ '^[0-9a-f]{64}$'::text)),
+    CONSTRAINT audit_runs_signed CHECK ((((body IS NULL) = (chain_seq IS NULL)) AND ((body IS NULL) = (prev_hash IS NULL)) AND ((body IS NULL) = (hash IS NULL)) AND ((body IS NULL) = (key_id IS NULL)) AND ((body IS NULL) = (sig IS NULL))))
 );
 
 --
@@ -1582,6 +1634,27 @@ ALTER TABLE ONLY public.api_keys
     ADD CONSTRAINT api_keys_pkey PRIMARY KEY (key_id);
 
 --
+-- Name: audit_keys audit_keys_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.audit_keys
+    ADD CONSTRAINT audit_keys_pkey PRIMARY KEY (key_id);
+
+--
+-- Name: audit_runs audit_runs_chain_seq_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.audit_runs
+    ADD CONSTRAINT audit_runs_chain_seq_key UNIQUE (chain_seq);
+
+--
+-- Name: audit_runs audit_runs_hash_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.audit_runs
+    ADD CONSTRAINT audit_runs_hash_key UNIQUE (hash);
+
+--
 -- Name: audit_runs audit_runs_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -2029,11 +2102,23 @@ ALTER TABLE public.access_log ENABLE ALWAYS TRIGGER access_log_no_update_or_dele
 
 CREATE TRIGGER audit_runs_append_only BEFORE DELETE OR UPDATE ON public.audit_runs FOR EACH ROW EXECUTE FUNCTION public.ledger_append_only();
 
+ALTER TABLE public.audit_runs ENABLE ALWAYS TRIGGER audit_runs_append_only;
+
+--
+-- Name: audit_runs audit_runs_chain; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER audit_runs_chain BEFORE INSERT ON public.audit_runs FOR EACH ROW EXECUTE FUNCTION public.audit_run_chains();
+
+ALTER TABLE public.audit_runs ENABLE ALWAYS TRIGGER audit_runs_chain;
+
 --
 -- Name: audit_runs audit_runs_no_truncate; Type: TRIGGER; Schema: public; Owner: -
 --
 
 CREATE TRIGGER audit_runs_no_truncate BEFORE TRUNCATE ON public.audit_runs FOR EACH STATEMENT EXECUTE FUNCTION public.ledger_append_only();
+
+ALTER TABLE public.audit_runs ENABLE ALWAYS TRIGGER audit_runs_no_truncate;
 
 --
 -- Name: backtest_records backtest_records_append_only; Type: TRIGGER; Schema: public; Owner: -

@@ -32,8 +32,11 @@ starts from the first leaf). The joins over leaves and events run every pass; a 
 signatures when it is newly logged, while it fails, and whenever the scrub comes round
 to it: each pass re-verifies stored cases in turn for ``scrub_seconds``, going on from
 where the last one stopped, so an edit the joins cannot see (a payload rewritten with
-its hash kept) is found within a lap. A last run the audit did not write is a finding
-(``audit_run_unreadable``) and the pass checks everything. Findings are per case where
+its hash kept) is found within a lap. Each pass is kept signed under the auditor's
+key and chained (casetrail.audit.audit_runs); the next goes on from the last one's
+signed bytes. A run forged, altered or removed is a finding (``audit_run_altered``), and
+when the last one is not believed, or cannot be read as a pass
+(``audit_run_unreadable``), the pass checks everything. Findings are per case where
 there is a case.
 """
 
@@ -48,10 +51,27 @@ from enum import StrEnum
 from typing import Any
 
 from casetrail.adapters.store import CaseStore, KeyRegistry, create_pool
-from casetrail.adapters.store.audit_log import AuditStore, Mismatch, Scrubbed
+from casetrail.adapters.store.audit_log import (
+    AuditStore,
+    ChainMoved,
+    LastRun,
+    Mismatch,
+    RunColumns,
+    Scrubbed,
+    read_run,
+)
 from casetrail.adapters.store.backtests import BacktestStore
 from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.agents import AGENTS
+from casetrail.audit.audit_runs import (
+    Auditor,
+    ChainRead,
+    read_chain,
+    remember,
+    remembered,
+    removed_since,
+    seal_run,
+)
 from casetrail.audit.backtest_record import record_problems
 from casetrail.audit.evidence import Evidence
 from casetrail.audit.kept_actions import acting_identity, kept_action_refusal
@@ -64,6 +84,9 @@ SCRUB_SECONDS: float = Settings.model_fields["audit_scrub_seconds"].default
 """A pass's scrub, by default (``CASETRAIL_AUDIT_SCRUB_SECONDS``'s default)."""
 SCRUB_BATCH = 200
 """Cases the scrub reads ahead at a time."""
+KEEP_ATTEMPTS = 5
+"""Times a pass tries to keep itself at the chain's end while other auditors keep
+theirs there first."""
 
 
 class FindingKind(StrEnum):
@@ -85,8 +108,13 @@ class FindingKind(StrEnum):
     REFUSED_VALID_ACTION = "refused_valid_action"
     """A worker refused a person's action that is signed and keeps the wait's rules."""
     AUDIT_RUN_UNREADABLE = "audit_run_unreadable"
-    """The last pass's kept row is not one the audit wrote (its findings or its size
-    cannot be read): this pass checks the whole log instead of going on from it."""
+    """The last pass, as signed, cannot be read as a pass (its findings or its size):
+    this pass checks the whole log instead of going on from it."""
+    AUDIT_RUN_ALTERED = "audit_run_altered"
+    """A kept pass is not as the auditor signed it: unsigned, under a key not
+    registered, its bytes or columns changed, out of its chain, or removed from the end
+    of the chain the auditor remembers (casetrail.audit.audit_runs). When it is the
+    last one, this pass checks the whole log."""
 
 
 @dataclass(frozen=True)
@@ -164,19 +192,26 @@ class WholeLog:
     store: AuditStore
     ledger: LedgerStore
     evidence: Evidence
+    auditor: Auditor
+    """The auditor's key and where it remembers its last pass."""
     scrub_seconds: float = SCRUB_SECONDS
     """How long a pass's scrub may run (``CASETRAIL_AUDIT_SCRUB_SECONDS``)."""
 
     async def run(self, *, full: bool = False) -> AuditReport:
         started, began = datetime.now(UTC), time.perf_counter()
         size = await self.store.tree_size()
-        last = None if full else await self.store.last_run(size)
-        unreadable = last.unreadable if last else None
-        if unreadable:
-            last = None  # nothing in it is trusted: this pass checks everything
-        report = AuditReport(full or bool(unreadable), last.to_leaf if last else 0, size)
+        runs = await self.store.kept_runs()
+        chain = read_chain(runs, {k.key_id: k.public_key for k in
+                                  await self.evidence.keys.sibling("audit_keys").all()})
+        last, unreadable = self._last_run(chain, size)
+        report = AuditReport(full or (last is None and chain.last_id is not None),
+                             0 if full or last is None else last.to_leaf, size)
+        report.findings += self._runs_found(chain, removed_since(
+            remembered(self.auditor.state), runs))
         if unreadable:
             report.findings.append(Finding(FindingKind.AUDIT_RUN_UNREADABLE, unreadable))
+        if full:
+            last = None
         report.findings += _leaf_findings(await self.store.leaves_unmatched())
         report.findings += [
             Finding(FindingKind.NOT_LOGGED, f"event {m.event_id} is stored but neither in "
@@ -207,13 +242,60 @@ class WholeLog:
         report.cases_scrubbed, report.scrub_lapped = scrub.cases, scrub.lapped
         # An expiry is counted only when nothing is found against it: a tombstone alone,
         # or one its signed CASE_EXPIRED does not vouch for, is a finding, not an expiry.
-        report.cases_expired = await self.store.expired_count() - \
-            await self.store.expired_among([f.case_id for f in report.findings if f.case_id])
+        report.cases_expired = await self.store.expired_count(
+            [f.case_id for f in report.findings if f.case_id])
         report.seconds = time.perf_counter() - began
-        await self.store.keep_run(started, report.full, report.from_leaf, size,
-                                  report.cases_checked,
-                                  [f.as_json() for f in report.findings], scrub)
+        await self._keep(chain, report, started, scrub)
         return report
+
+    def _last_run(self, chain: ChainRead, size: int) -> tuple[LastRun | None, str | None]:
+        """The last pass to go on from, read from its signed bytes, or why there is none
+        to believe (the pass then checks everything)."""
+        if chain.last is None:
+            return None, None
+        body = chain.last
+        scrubbed = body.get("scrubbedTo")
+        try:
+            scrubbed_to = uuid.UUID(scrubbed) if scrubbed else None
+        except (ValueError, TypeError, AttributeError):
+            scrubbed_to = None
+        last = read_run(chain.last_id or 0, body.get("toLeaf"), body.get("findings"), size,
+                        scrubbed_to)
+        return (None, last.unreadable) if last.unreadable else (last, None)
+
+    @staticmethod
+    def _runs_found(chain: ChainRead, removed: str | None) -> list[Finding]:
+        found = [Finding(FindingKind.AUDIT_RUN_ALTERED, f"audit run {run_id} is not as the "
+                         f"auditor signed it: {', '.join(problems)}")
+                 for run_id, problems in chain.problems.items()]
+        return found + ([Finding(FindingKind.AUDIT_RUN_ALTERED, removed)] if removed else [])
+
+    async def _keep(self, chain: ChainRead, report: AuditReport, started: datetime,
+                    scrub: Scrubbed) -> None:
+        """Keep the pass, signed and chained after the last kept, and remember it."""
+        fields = {
+            "startedAt": started.isoformat(), "finishedAt": datetime.now(UTC).isoformat(),
+            "fullPass": report.full, "fromLeaf": report.from_leaf, "toLeaf": report.to_leaf,
+            "casesChecked": report.cases_checked,
+            "findings": [f.as_json() for f in report.findings],
+            "scrubbedTo": str(scrub.to) if scrub.to else None,
+            "casesScrubbed": scrub.cases, "scrubLapped": scrub.lapped}
+        end: tuple[int, str] | None = (chain.next_seq - 1, chain.prev_hash)
+        for attempt in range(KEEP_ATTEMPTS):
+            seq, prev = (end[0] + 1, end[1]) if end else (0, GENESIS)
+            record = seal_run(self.auditor.signer, seq, prev, fields)
+            seal = record.integrity
+            try:
+                await self.store.keep_run(RunColumns(fields, seq, record.body,
+                                                     seal.prev_hash, seal.hash, seal.key_id,
+                                                     seal.sig))
+            except ChainMoved:
+                if attempt + 1 == KEEP_ATTEMPTS:
+                    raise
+                end = await self.store.chain_end()  # another auditor kept one first
+                continue
+            remember(self.auditor.state, record)
+            return
 
     async def _backtests(self, from_leaf: int, failing: list[uuid.UUID]) -> list[Finding]:
         """Backtest records (docs/backtests.md, "The record"): each a leaf of the log as
@@ -348,11 +430,13 @@ class WholeLog:
 async def audit_namespace(settings: Settings, *, full: bool = False) -> AuditReport:
     """One pass over the namespace's database as the auditor's own role (never the
     bootstrap URL); its metrics set."""
+    auditor = Auditor.of(settings)
     pool = await create_pool(settings.audit_database_url(), max_size=2)
     try:
+        await auditor.registered(KeyRegistry(pool, "audit_keys"))
         ledger = LedgerStore(pool)
         audit = WholeLog(AuditStore(pool), ledger,
-                         Evidence(CaseStore(pool), KeyRegistry(pool), ledger),
+                         Evidence(CaseStore(pool), KeyRegistry(pool), ledger), auditor,
                          settings.audit_scrub_seconds)
         report = await audit.run(full=full)
     finally:

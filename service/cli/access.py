@@ -4,12 +4,15 @@ the messages set aside, for an operator."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from casetrail.cli.common import run
 from casetrail.config import Settings, get_settings
+
+if TYPE_CHECKING:
+    from casetrail.adapters.store.keys import KeyTable
 
 T = TypeVar("T")
 
@@ -336,6 +339,13 @@ def signer_public(key_file: Annotated[Path, typer.Argument(help="The PEM key fil
         raise typer.Exit(2) from None
 
 
+def _key_table(actions: bool, audit: bool) -> KeyTable:
+    if actions and audit:
+        typer.echo("--actions and --audit name two registries: give one", err=True)
+        raise typer.Exit(2)
+    return "action_keys" if actions else "audit_keys" if audit else "signing_keys"
+
+
 @signer_app.command("register")
 def signer_register(
     key_file: Annotated[Path, typer.Argument(
@@ -343,17 +353,19 @@ def signer_register(
     actions: Annotated[bool, typer.Option(
         "--actions", help="The key is the API's action key (CASETRAIL_ACTION_KEY_FILE), "
         "which signs persons' actions, not a worker's.")] = False,
+    audit: Annotated[bool, typer.Option(
+        "--audit", help="The key is the auditor's (CASETRAIL_AUDIT_KEY_FILE), which signs "
+        "the passes `casetrail audit` keeps.")] = False,
 ) -> None:
     """Register a worker's key, as the operator (bootstrap URL): events it signs are
     admitted from then on. A worker refuses to start with a key not registered, and no
     component may register one (setup registers CASETRAIL_SIGNING_KEY_FILE, and
-    CASETRAIL_ACTION_KEY_FILE as an action key)."""
+    CASETRAIL_ACTION_KEY_FILE as an action key, and the auditor's key)."""
     from casetrail.errors import CasetrailError
     from casetrail.ops.setup import register_signing_key
 
     try:
-        key = run(register_signing_key(get_settings(), key_file,
-                                       "action_keys" if actions else "signing_keys"))
+        key = run(register_signing_key(get_settings(), key_file, _key_table(actions, audit)))
     except CasetrailError as exc:
         typer.echo(f"casetrail signer register: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -365,6 +377,9 @@ def signer_register(
 def signer_list(
     actions: Annotated[bool, typer.Option(
         "--actions", help="The registered action keys instead of the workers' keys.")] = False,
+    audit: Annotated[bool, typer.Option(
+        "--audit", help="The registered auditor's keys instead of the workers' keys.")
+    ] = False,
 ) -> None:
     """The registered keys, one a line: key id, created, retired, not valid after."""
     from casetrail.adapters.store import KeyRegistry, create_pool
@@ -372,8 +387,7 @@ def signer_list(
     async def describe(settings: Settings) -> list[dict[str, Any]]:
         pool = await create_pool(settings.database_url, max_size=1)
         try:
-            return await KeyRegistry(pool, "action_keys" if actions else "signing_keys"
-                                     ).describe()
+            return await KeyRegistry(pool, _key_table(actions, audit)).describe()
         finally:
             await pool.close()
 

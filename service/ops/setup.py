@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from casetrail.adapters.store.namespace import (
     subscriber_names,
 )
 from casetrail.agents import CAPABILITIES
+from casetrail.audit.audit_runs import state_file_for as audit_state_file
 from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings, amqp_nodes
 from casetrail.contract.integrity import key_id
 from casetrail.engine.tools import a2a_capability, mcp_capability
@@ -64,7 +66,12 @@ from casetrail.ops.waiting import wait_for_services
 from casetrail.privacy import sealing
 from casetrail.privacy.sensitive import Vault
 from casetrail.trail.key_source import is_file
-from casetrail.trail.keyfile import read_public_key, signer_from
+from casetrail.trail.keyfile import (
+    audit_key_spec,
+    local_audit_key,
+    read_public_key,
+    signer_from,
+)
 from casetrail.trail.verification import PublicKey
 
 log = logging.getLogger("casetrail.setup")
@@ -407,6 +414,9 @@ async def setup(settings: Settings) -> SetupReport:
     action_key = settings.action_public_key_file or settings.action_key_file
     if action_key:
         await register_signing_key(settings, action_key, "action_keys")
+    # The auditor's key, likewise (made beside the stack's files when none is given).
+    await register_signing_key(settings, settings.audit_public_key_file
+                               or audit_key_spec(settings, make=True) or "", "audit_keys")
     await register_capability_keys(settings, identities)
     apply_broker_definitions(settings, broker_definitions(settings, identities))
     await declare_topology(settings)
@@ -420,10 +430,10 @@ async def setup(settings: Settings) -> SetupReport:
 
 async def register_signing_key(settings: Settings, key: Path | str,
                                table: KeyTable = "signing_keys") -> PublicKey:
-    """``casetrail signer register [--actions]``: record the public key of ``key`` (a
-    worker's PEM key or the API's action key, or its public half, as a file; or a key
-    from ``env:`` or ``provider:``) in ``signing_keys`` (or ``action_keys``), on the
-    bootstrap connection; idempotent."""
+    """``casetrail signer register [--actions|--audit]``: record the public key of ``key``
+    (a worker's PEM key, the API's action key or the auditor's, or its public half, as a
+    file; or a key from ``env:`` or ``provider:``) in ``signing_keys`` (or
+    ``action_keys``, ``audit_keys``), on the bootstrap connection; idempotent."""
     public_key = read_public_key(Path(key)) if is_file(str(key)) \
         else signer_from(str(key), settings).public_key
     pool = await create_pool(settings.database_url, max_size=1)
@@ -468,16 +478,20 @@ async def remove(settings: Settings) -> list[Path]:
 
 
 def _local_state(settings: Settings) -> list[Path]:
-    """The namespace's files beside its keys: the ledger's high-water mark. Left behind,
-    it would halt a namespace made again under the same name as "behind" (its log signed
-    a larger tree than the new one holds)."""
-    if not (settings.log_key_file or settings.ledger_state_file):
-        return []  # no ledger configured here: no state file to name
-    try:
-        return [state_file_for(settings.log_key_file or "", settings.namespace,
-                               settings.ledger_state_file)]
-    except PermanentError:
-        return []  # a log key from the environment, no state file configured: none known
+    """The namespace's files beside its keys: the ledger's high-water mark and the
+    auditor's last pass. Left behind, they would halt a namespace made again under the
+    same name as "behind" (its log signed a larger tree than the new one holds), or have
+    its first audit find passes "removed". The auditor's key too, when it is the one
+    setup made beside the stack's files (its database, where it is registered, is gone)."""
+    files = [local_audit_key(settings)] if not (
+        settings.audit_key_file or settings.audit_public_key_file) else []
+    with suppress(PermanentError):  # a key from the environment, no state file configured
+        files.append(audit_state_file(settings))
+    if settings.log_key_file or settings.ledger_state_file:  # a ledger configured here
+        with suppress(PermanentError):
+            files.append(state_file_for(settings.log_key_file or "", settings.namespace,
+                                        settings.ledger_state_file))
+    return files
 
 
 def _unlink(path: Path) -> bool:

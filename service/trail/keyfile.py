@@ -117,3 +117,31 @@ def ensure_local_action_key(settings: Settings) -> Settings:
     """For a developer stack (``up``, ``demo``): the configured action key, or one made and
     kept under ``CASETRAIL_HOME`` for this namespace, beside (never inside) the secrets file."""
     return _ensure_local_key(settings, "action_key_file", "action-key")
+
+
+def local_audit_key(settings: Settings) -> Path:
+    """Where a stack keeps the auditor's key when none is configured."""
+    return local_file(f"{settings.namespace}.audit-key.pem")
+
+
+def audit_key_spec(settings: Settings, *, make: bool = False) -> str | None:
+    """The auditor's key (``CASETRAIL_AUDIT_KEY_FILE``), or the stack's own
+    ``<namespace>.audit-key.pem`` when none is configured: made when missing if ``make``
+    (``setup``), else ``None`` when missing."""
+    if settings.audit_key_file:
+        return settings.audit_key_file
+    path = local_audit_key(settings)
+    if make and not path.exists():
+        write_signer(path, Signer.generate())
+    return str(path.resolve()) if path.exists() else None
+
+
+def audit_signer(settings: Settings) -> Signer:
+    """The auditor's key: every pass ``casetrail audit`` keeps is signed with it."""
+    spec = audit_key_spec(settings)
+    if spec is None:
+        raise PermanentError(
+            "the auditor has no key: `casetrail audit` signs every pass it keeps. Set "
+            "CASETRAIL_AUDIT_KEY_FILE, or run `casetrail setup`, which makes "
+            f"{local_audit_key(settings)} and registers it.")
+    return signer_from(spec, settings)

@@ -19,6 +19,7 @@ from casetrail.adapters.store import ApiKeyStore, CaseStore, KeyRegistry, compon
 from casetrail.adapters.store.audit_log import AuditStore
 from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.audit.audit_runs import Auditor
 from casetrail.audit.evidence import Evidence
 from casetrail.audit.whole_log import WholeLog
 from casetrail.config import Settings
@@ -286,6 +287,7 @@ async def test_the_audit_names_a_refusal_of_a_valid_persons_action(
                              "four_eyes" if signed else "unsigned") is True
     ledger = LedgerStore(pool)
     report = await WholeLog(AuditStore(pool), ledger,
-                            Evidence(CaseStore(pool), KeyRegistry(pool), ledger)).run()
+                            Evidence(CaseStore(pool), KeyRegistry(pool), ledger),
+                            Auditor.of(settings)).run()
     named = {f.case_id for f in report.findings if f.kind.value == "refused_valid_action"}
     assert genuine in named and forged not in named, report.as_json()

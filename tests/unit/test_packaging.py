@@ -158,8 +158,9 @@ def test_compose_is_hardened() -> None:
     ("worker", "signing-key", "CASETRAIL_SIGNING_KEY_FILE"),
     ("ledger", "log-key", "CASETRAIL_LOG_KEY_FILE"),
     ("api", "action-key", "CASETRAIL_ACTION_KEY_FILE"),
+    ("auditor", "audit-key", "CASETRAIL_AUDIT_KEY_FILE"),
 ])
-def test_the_worker_the_ledger_and_the_api_sign_with_keys_only_they_mount(
+def test_each_signer_signs_with_a_key_only_it_mounts(
     component: str, maker: str, variable: str,
 ) -> None:
     service = OURS[component]
@@ -171,15 +172,22 @@ def test_the_worker_the_ledger_and_the_api_sign_with_keys_only_they_mount(
     assert all(f"{maker}:" not in " ".join(s.get("volumes", [])) for s in others)
 
 
-def test_the_ledgers_high_water_mark_is_in_a_writable_volume_of_its_own() -> None:
-    """The ledger writes its state file beside nothing else: a volume that only it
-    mounts (docs/operations.md, "Backup and restore"), owned by the image's user."""
-    ledger = OURS["ledger"]
-    state = ledger["environment"]["CASETRAIL_LEDGER_STATE_FILE"]
-    assert state.startswith("/state/") and "ledger-state:/state" in ledger["volumes"]
-    assert "ledger-state" in COMPOSE["volumes"]
-    assert all("ledger-state:" not in " ".join(s.get("volumes", []))
-               for n, s in OURS.items() if n != "ledger")
+@pytest.mark.parametrize(("component", "variable", "volume"), [
+    ("ledger", "CASETRAIL_LEDGER_STATE_FILE", "ledger-state"),
+    ("auditor", "CASETRAIL_AUDIT_STATE_FILE", "audit-state"),
+])
+def test_state_kept_off_the_database_is_in_a_writable_volume_of_its_own(
+    component: str, variable: str, volume: str,
+) -> None:
+    """The ledger's high-water mark and the auditor's last pass are each kept in a
+    volume that only their component mounts (docs/operations.md, "Backup and
+    restore"), owned by the image's user."""
+    service = OURS[component]
+    state = service["environment"][variable]
+    assert state.startswith("/state/") and f"{volume}:/state" in service["volumes"]
+    assert volume in COMPOSE["volumes"]
+    assert all(f"{volume}:" not in " ".join(s.get("volumes", []))
+               for n, s in OURS.items() if n != component)
     assert "/state" in (ROOT / "Dockerfile").read_text()
 
 

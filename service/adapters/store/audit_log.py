@@ -46,7 +46,7 @@ class LastRun:
     """The last case its scrub re-verified (``None``: the next scrub starts at the first)."""
 
 
-def _run_from(run_id: int, to_leaf: Any, stored: Any, tree_size: int,
+def read_run(run_id: int, to_leaf: Any, stored: Any, tree_size: int,
               scrubbed_to: uuid.UUID | None) -> LastRun:
     """The last run as kept, or one that says why it cannot be read: a row the audit did
     not write (findings not a list of findings, a size past the tree's) never stops a
@@ -63,6 +63,27 @@ def _run_from(run_id: int, to_leaf: Any, stored: Any, tree_size: int,
     except (ValueError, TypeError, AttributeError) as exc:
         return LastRun(0, [], [], f"audit run {run_id} cannot be read as a pass ({exc})")
     return LastRun(to_leaf, failing, backtests, scrubbed_to=scrubbed_to)
+
+
+CHAIN_MOVED = "CTARC"
+"""The SQLSTATE migration 037's trigger raises for a run that does not follow the last."""
+
+
+class ChainMoved(Exception):
+    """Another pass was kept where this one was to go (two auditors at once)."""
+
+
+@dataclass(frozen=True)
+class RunColumns:
+    """A pass to keep: its body's fields and its signed record."""
+
+    fields: dict[str, Any]
+    chain_seq: int
+    body: bytes
+    prev_hash: str
+    hash: str
+    key_id: str
+    sig: str
 
 
 @dataclass
@@ -103,14 +124,14 @@ class AuditStore:
         return int(await self.pool.fetchval(
             "SELECT coalesce(max(leaf_index) + 1, 0) FROM ledger_leaves"))
 
-    async def last_run(self, tree_size: int) -> LastRun | None:
-        row = await self.pool.fetchrow(
-            "SELECT run_id, to_leaf, findings, scrubbed_to FROM audit_runs "
-            "ORDER BY run_id DESC LIMIT 1")
-        if row is None:
-            return None
-        return _run_from(row["run_id"], row["to_leaf"], row["findings"], tree_size,
-                         row["scrubbed_to"])
+    async def kept_runs(self) -> list[dict[str, Any]]:
+        """Every pass kept, in the order kept, with its signed record (none for a pass
+        kept before schema 37)."""
+        rows = await self.pool.fetch(
+            "SELECT run_id, started_at, finished_at, full_pass, from_leaf, to_leaf, "
+            "cases_checked, findings, scrubbed_to, cases_scrubbed, scrub_lapped, "
+            "chain_seq, body, prev_hash, hash, key_id, sig FROM audit_runs ORDER BY run_id")
+        return [dict(r) for r in rows]
 
     async def cases_after(self, after: uuid.UUID | None, limit: int) -> list[uuid.UUID]:
         """Up to ``limit`` cases (stored, or expired with their tombstone) in case-id order,
@@ -186,17 +207,12 @@ class AuditStore:
             "l.event_id <> t.event_id) <> t.events_removed) ORDER BY t.expired_at")
         return [r["case_id"] for r in rows]
 
-    async def expired_count(self) -> int:
+    async def expired_count(self, excluding: Sequence[uuid.UUID] = ()) -> int:
+        """Expired cases (tombstone kept, case row gone), but those of ``excluding``."""
         return int(await self.pool.fetchval(
             "SELECT count(*) FROM case_tombstones t WHERE NOT EXISTS (SELECT 1 FROM cases c "
-            "WHERE c.case_id = t.case_id)"))
-
-    async def expired_among(self, cases: Sequence[uuid.UUID]) -> int:
-        """How many of ``cases`` are expired (tombstone kept, case row gone)."""
-        return int(await self.pool.fetchval(
-            "SELECT count(*) FROM case_tombstones t WHERE t.case_id = ANY($1::uuid[]) AND "
-            "NOT EXISTS (SELECT 1 FROM cases c WHERE c.case_id = t.case_id)",
-            list(dict.fromkeys(cases))))
+            "WHERE c.case_id = t.case_id) AND NOT t.case_id = ANY($1::uuid[])",
+            list(dict.fromkeys(excluding))))
 
     async def events_unlogged(self) -> list[Mismatch]:
         """Stored events that are neither a leaf nor waiting in the ledger's queue."""
@@ -280,12 +296,31 @@ class AuditStore:
             "ORDER BY tree_size", since)
         return [(r["tree_size"], bytes(r["root_hash"])) for r in rows]
 
-    async def keep_run(self, started_at: datetime, full: bool, from_leaf: int, to_leaf: int,
-                       cases_checked: int, findings: list[dict[str, Any]],
-                       scrub: Scrubbed) -> None:
+    async def chain_end(self) -> tuple[int, str] | None:
+        """(seq, hash) of the last signed run, which the next must follow."""
+        row = await self.pool.fetchrow("SELECT chain_seq, hash FROM audit_runs WHERE "
+                                       "chain_seq IS NOT NULL ORDER BY chain_seq DESC LIMIT 1")
+        return None if row is None else (row["chain_seq"], row["hash"])
+
+    async def keep_run(self, run: RunColumns) -> None:
+        """Keep a pass: its columns and the signed record they restate. ``ChainMoved``
+        when another pass was kept at its place in the chain first."""
+        f = run.fields
+        try:
+            await self._insert_run(run, f)
+        except asyncpg.PostgresError as exc:
+            if getattr(exc, "sqlstate", None) == CHAIN_MOVED:
+                raise ChainMoved(str(exc)) from None
+            raise
+
+    async def _insert_run(self, run: RunColumns, f: dict[str, Any]) -> None:
         await self.pool.execute(
-            "INSERT INTO audit_runs (started_at, full_pass, from_leaf, to_leaf, "
-            "cases_checked, findings, scrubbed_to, cases_scrubbed, scrub_lapped) "
-            "VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9)",
-            started_at, full, from_leaf, to_leaf, cases_checked,
-            orjson.dumps(findings).decode(), scrub.to, scrub.cases, scrub.lapped)
+            "INSERT INTO audit_runs (started_at, finished_at, full_pass, from_leaf, to_leaf, "
+            "cases_checked, findings, scrubbed_to, cases_scrubbed, scrub_lapped, chain_seq, "
+            "body, prev_hash, hash, key_id, sig) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, "
+            "$8, $9, $10, $11, $12, $13, $14, $15, $16)",
+            datetime.fromisoformat(f["startedAt"]), datetime.fromisoformat(f["finishedAt"]),
+            f["fullPass"], f["fromLeaf"], f["toLeaf"], f["casesChecked"], f["findings"],
+            uuid.UUID(f["scrubbedTo"]) if f["scrubbedTo"] else None, f["casesScrubbed"],
+            f["scrubLapped"], run.chain_seq, run.body, run.prev_hash, run.hash, run.key_id,
+            run.sig)

@@ -39,7 +39,7 @@ class CapabilityKeyRegistry:
         return {r["capability"]: bytes(r["public_key"]) for r in rows}
 
 
-KeyTable = Literal["signing_keys", "action_keys"]
+KeyTable = Literal["signing_keys", "action_keys", "audit_keys"]
 
 
 class KeyRegistry:

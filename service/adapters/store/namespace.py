@@ -132,6 +132,8 @@ def grants(settings: Settings) -> list[str]:
         f"GRANT SELECT ON case_actions_refused, person_identities TO {auditor}",
         f"GRANT SELECT (key_id, person) ON api_keys TO {auditor}",
         f"GRANT SELECT, INSERT ON audit_runs TO {auditor}",
+        # ... signed under its own key, which an operator registers (never a component).
+        f"GRANT SELECT ON audit_keys TO {auditor}",
     ]
     # Row-level security (migration 004) shows a SQL reader its tenant's rows; the
     # components serve every tenant and check tenancy themselves.
