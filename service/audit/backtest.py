@@ -32,6 +32,7 @@ from datetime import timedelta
 from typing import Any
 
 from casetrail.agents.profile import AgentProfile
+from casetrail.audit.evidence import Evidence
 from casetrail.audit.replay import (
     REPLAY_DEADLINE_SECONDS,
     KeptEvents,
@@ -55,6 +56,7 @@ from casetrail.contract.integrity import canonical
 from casetrail.engine.case import CaseSpec
 from casetrail.engine.chat import ChatModel
 from casetrail.engine.loop import ReactEngine
+from casetrail.engine.recorded import recorded_reply
 from casetrail.engine.scripted import ScriptedModel
 from casetrail.engine.tools import (
     ToolBox,
@@ -142,7 +144,7 @@ class RecordedAnswers:
             self._used.add(index)
             if call.get("error"):
                 return WorkerCallResult(error=call["error"], attempts=(attempt,))
-            return WorkerCallResult(result=call.get("toolResult"), attempts=(attempt,))
+            return WorkerCallResult(result=recorded_reply(call), attempts=(attempt,))
         tool = args.get("tool") if capability.startswith("mcp-") else None
         if self.live is not None and (capability, tool) in self._read_only:
             self.asked_live.append(f"{capability} {asked.decode()}")
@@ -270,21 +272,47 @@ class Budget:
 
 @dataclass
 class Run:
-    """A backtest's cases as they were run, and why it stopped early, if it did."""
+    """A backtest's cases as they were run, those left out because their record does not
+    verify (each with why), and why it stopped early, if it did."""
 
     outcomes: list[CaseOutcome] = field(default_factory=list)
     stopped: str | None = None
     seconds: float = 0.0
+    left_out: list[tuple[uuid.UUID, str]] = field(default_factory=list)
+
+    def left_out_json(self) -> list[dict[str, str]]:
+        return [{"caseId": str(case_id), "why": why} for case_id, why in self.left_out]
+
+
+Verify = Callable[[uuid.UUID], Awaitable[str | None]]
+"""Why a case's record may not be scored (``None``: it verifies)."""
+
+
+def records_verified(evidence: Evidence) -> Verify:
+    """Only a case whose stored record verifies (chain, signatures, columns against the
+    signed bytes, its leaves) is scored: a gutted or altered record would be scored as
+    what it was made to say (docs/backtests.md, "Which cases")."""
+    async def why_not(case_id: uuid.UUID) -> str | None:
+        report = await evidence.verify(case_id)
+        if report is None:
+            return "neither stored nor in the log"
+        if report.verified:
+            return None
+        return "its record does not verify: " + ", ".join(
+            sorted({p.code for p in report.problems}))
+    return why_not
 
 
 async def run_backtest(ids: Sequence[uuid.UUID],
                        trails: Callable[[Sequence[uuid.UUID]],
                                         Awaitable[Mapping[uuid.UUID, Any]]],
                        agent: AgentProfile, model: ChatModel, model_ref: ModelRef,
-                       budget: Budget, progress: Callable[[int, int], None] | None = None,
+                       budget: Budget, verify: Verify,
+                       progress: Callable[[int, int], None] | None = None,
                        live: WorkerRuntime | None = None) -> Run:
-    """The challenger over the cases ``ids`` (their trails read ``trails`` a chunk at a
-    time), ``budget.concurrency`` at once; ``progress(done, total)`` after each case."""
+    """The challenger over the cases ``ids`` whose record ``verify`` passes (their trails
+    read ``trails`` a chunk at a time; the others left out, named), ``budget.concurrency``
+    at once; ``progress(done, total)`` after each case."""
     run, began = Run(), time.monotonic()
     catalogs = None if live is None else Catalogs(live)  # read once, for every case
     spent = 0
@@ -303,12 +331,15 @@ async def run_backtest(ids: Sequence[uuid.UUID],
             if (why := exhausted()) is not None:
                 run.stopped = run.stopped or why
                 return
-            outcome = await backtest_case(case_id, recorded(trail), agent, model, model_ref,
-                                          catalogs)
-            spent += outcome.tokens
-            run.outcomes.append(outcome)
+            if (unverified := await verify(case_id)) is not None:
+                run.left_out.append((case_id, unverified))
+            else:
+                outcome = await backtest_case(case_id, recorded(trail), agent, model,
+                                              model_ref, catalogs)
+                spent += outcome.tokens
+                run.outcomes.append(outcome)
             if progress is not None:
-                progress(len(run.outcomes), len(ids))
+                progress(len(run.outcomes) + len(run.left_out), len(ids))
 
     for chunk in range(0, len(ids), CHUNK):
         if run.stopped:
@@ -317,6 +348,7 @@ async def run_backtest(ids: Sequence[uuid.UUID],
         await asyncio.gather(*(one(case_id, trail) for case_id, trail in read.items()))
     order = {case_id: index for index, case_id in enumerate(ids)}
     run.outcomes.sort(key=lambda o: order[o.case_id])
+    run.left_out.sort(key=lambda left: order[left[0]])
     run.seconds = time.monotonic() - began
     return run
 

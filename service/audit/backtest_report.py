@@ -91,6 +91,11 @@ def _selection(selection: Mapping[str, Any]) -> str:
     if selection.get("casesListed"):
         parts.append(f"from a list (SHA-256 {selection['casesListed']})")
     parts.append(f"at most {selection['limit']:,}")
+    left_out = selection.get("leftOut") or []
+    if left_out:
+        parts.append(f"{len(left_out):,} left out, their record not verifying: "
+                     + ", ".join(f"{left['caseId']} ({left['why']})" for left in left_out[:20])
+                     + (f", … {len(left_out) - 20:,} more" if len(left_out) > 20 else ""))
     return "; ".join(parts)
 
 

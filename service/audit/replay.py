@@ -51,7 +51,7 @@ from casetrail.contract.integrity import canonical
 from casetrail.engine.case import CaseSpec
 from casetrail.engine.chat import AssistantTurn, ChatMessage, ToolSpec
 from casetrail.engine.loop import ReactEngine
-from casetrail.engine.recorded import recorded_calls
+from casetrail.engine.recorded import recorded_calls, recorded_reply
 from casetrail.engine.scripted import ScriptedModel
 from casetrail.engine.tools import ToolBox, WorkerCallResult, a2a_capability, mcp_capability
 from casetrail.errors import ModelRejected
@@ -156,7 +156,7 @@ class RecordedTools:
                                     attempts=(attempt,))
         if recorded.get("error"):
             return WorkerCallResult(error=recorded["error"], attempts=(attempt,))
-        return WorkerCallResult(result=recorded.get("toolResult"), attempts=(attempt,))
+        return WorkerCallResult(result=recorded_reply(recorded), attempts=(attempt,))
 
 
 @dataclass

@@ -203,8 +203,10 @@ def _here(asked: dict[str, Any], raw: bool) -> dict[str, Any]:
     among = [uuid.UUID(c) for c in asked["cases"]] if "cases" in asked else None
 
     async def main() -> dict[str, Any]:
-        from casetrail.adapters.store import CaseStore, create_pool
-        from casetrail.audit.backtest import run_backtest, summary
+        from casetrail.adapters.store import CaseStore, KeyRegistry, create_pool
+        from casetrail.adapters.store.ledger import LedgerStore
+        from casetrail.audit.backtest import records_verified, run_backtest, summary
+        from casetrail.audit.evidence import Evidence
 
         factory = ModelFactory(settings)
         pool = await create_pool(settings.database_url, max_size=2)
@@ -212,9 +214,10 @@ def _here(asked: dict[str, Any], raw: bool) -> dict[str, Any]:
             store = CaseStore(pool)
             ids = await store.decided_cases(asked["agent"], since, asked["limit"],
                                             until=until, among=among)
+            evidence = Evidence(store, KeyRegistry(pool), LedgerStore(pool))
             done = await run_backtest(ids, store.trails, profile,
                                       challenger_model(factory, profile, ref), ref, budget,
-                                      None if raw else _progress)
+                                      records_verified(evidence), None if raw else _progress)
         finally:
             await pool.close()
             await factory.aclose()
@@ -224,7 +227,8 @@ def _here(asked: dict[str, Any], raw: bool) -> dict[str, Any]:
                                "agentDigest": profile.digest,
                                "model": ref.model_dump(mode="json", by_alias=True,
                                                        exclude_none=True)},
-                "selection": {"selected": len(ids)}, "seconds": round(done.seconds, 3),
+                "selection": {"selected": len(ids), "leftOut": done.left_out_json()},
+                "seconds": round(done.seconds, 3),
                 **({"stopped": done.stopped} if done.stopped else {}),
                 "summary": {k: v for k, v in found.items() if k != "results"},
                 "results": found["results"]}
@@ -248,6 +252,8 @@ def _print(found: dict[str, Any]) -> None:
         typer.echo("not recorded (--here): a trial, not evidence")
     if "stopped" in found:
         typer.echo(f"stopped early: {found['stopped']}")
+    for left in found["selection"].get("leftOut") or ():
+        typer.echo(f"left out {left['caseId']}: {left['why']}")
     for cell in summary["matrix"]:
         typer.echo(f"  {cell['champion']:>12} -> {cell['challenger']:<12} {cell['cases']}")
     agreed = summary["agreementWithReviewers"]

@@ -19,16 +19,19 @@ from typing import Any
 
 from casetrail.adapters.store import CaseStore
 from casetrail.adapters.store.backtests import BacktestStore
+from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.agents import challenger_of
 from casetrail.agents.profile import AgentProfile
 from casetrail.audit.backtest import (
     Budget,
     Run,
     challenger_model,
+    records_verified,
     run_backtest,
     summary,
 )
 from casetrail.audit.backtest_record import record_body, result_digest
+from casetrail.audit.evidence import Evidence
 from casetrail.components.duties import Host
 from casetrail.contract.events import ModelRef
 from casetrail.contract.integrity import Signer
@@ -46,6 +49,8 @@ LEASE_SECONDS = 60.0
 class BacktestRunner:
     backtests: BacktestStore
     cases: CaseStore
+    evidence: Evidence
+    """Checks each selected case's record: only those that verify are scored."""
     signer: Signer
     models: Callable[[ModelRef, AgentProfile], ChatModel]
     owner: str
@@ -95,7 +100,7 @@ class BacktestRunner:
         running = asyncio.create_task(run_backtest(
             ids, self.cases.trails, profile, challenger_model(self.models, profile, ref),
             ref, Budget(request["concurrency"], request.get("maxTokens"),
-                        request.get("maxSeconds")), progressed,
+                        request.get("maxSeconds")), records_verified(self.evidence), progressed,
             self.runtime if request.get("toolPolicy") == "live" else None))
         ran = await self._holding_lease(backtest_id, running, lambda: (done, len(ids)))
         if ran is None:
@@ -115,7 +120,7 @@ class BacktestRunner:
                           "limit": request["limit"],
                           "casesListed": None if among is None else hashlib.sha256(
                               "\n".join(sorted(map(str, among))).encode()).hexdigest(),
-                          "selected": len(ids)},
+                          "selected": len(ids), "leftOut": ran.left_out_json()},
             "toolPolicy": request.get("toolPolicy", "refuse"),
             "requestedBy": row["requested_by"], "requestedAt": row["requested_at"].isoformat(),
             "startedAt": row["started_at"].isoformat(),
@@ -182,5 +187,6 @@ class BacktestRunner:
 def backtesting() -> Callable[[Host], BacktestRunner]:
     """The backtests runner as a worker's duty."""
     return lambda host: BacktestRunner(
-        BacktestStore(host.store.pool), host.store, host.signer, host.models,
+        BacktestStore(host.store.pool), host.store,
+        Evidence(host.store, host.keys, LedgerStore(host.store.pool)), host.signer, host.models,
         f"backtests:{host.owner}", host.runtime)

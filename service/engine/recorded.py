@@ -70,3 +70,15 @@ def cycle_messages(cycle: Mapping[str, Any]) -> list[ChatMessage]:
         else:
             messages.append(UserMessage(told))
     return messages
+
+
+def recorded_reply(call: Mapping[str, Any]) -> Any:
+    """What the worker runtime answered a recorded call, from what the record holds: the
+    one rule replay and backtests answer every tool kind by. A remote A2A agent's reply is
+    its task as the record names it (``a2a``) with the task's artifacts (``toolResult``),
+    which the tool box splits again as it did live; any other call's reply is its
+    result as recorded."""
+    remote = call.get("a2a")
+    if isinstance(remote, Mapping):
+        return {"a2a": dict(remote), "artifacts": call.get("toolResult")}
+    return call.get("toolResult")

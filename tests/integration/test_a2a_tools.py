@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,13 @@ import orjson
 import pytest
 
 from casetrail.a2a.remote import read_cards
+from casetrail.agents import discover
+from casetrail.audit.backtest import backtest_case
+from casetrail.audit.replay import replay_case
+from casetrail.audit.resume import RecordedEvent
 from casetrail.config import A2aAgent, Settings
+from casetrail.contract.events import ModelRef
+from casetrail.engine.scripted import ScriptedModel
 from tests.support.cli import check_bundle
 from tests.support.helpers import ended, wait_until
 from tests.support.stack import component_processes, free_port, namespace_of_its_own, port_open
@@ -118,6 +126,31 @@ async def test_the_call_and_its_artifacts_are_on_a_trail_that_verifies_offline(
                                       *(k["publicKey"] for k in keys))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "kyc" in orjson.dumps(orjson.loads(bundle.read_bytes())).decode()
+
+
+async def test_replay_and_a_backtest_answer_the_remote_agent_as_it_answered(
+    delegating: tuple[httpx.AsyncClient, str], running: Remote,
+) -> None:
+    """The record answers an A2A call with what the live call returned (the task with
+    its artifacts), through the rule every tool kind is answered by: an unchanged
+    agent replays the case "same", and as a backtest's challenger decides it the same
+    with nothing unanswered."""
+    client, _ = delegating
+    view, _ = await onboard(client, customerId="S-1001")
+    case_id = uuid.UUID(view["caseId"])
+    events = (await client.get(f"/cases/{case_id}/events")).json()["events"]
+    trail = [RecordedEvent(e["attempt"], e["seq"], e["eventType"], e["payload"],
+                           datetime.fromisoformat(e["occurredAt"])) for e in events]
+    agents = discover(["tests.plugins.delegating:ONBOARDING"]).agents
+    replay = await replay_case(case_id, trail, agents)
+    assert replay.outcome == "same", replay.as_json()
+    onboarding = agents["onboarding"]
+    model = ModelRef(provider="scripted", name="onboarding")
+    assert onboarding.script is not None
+    outcome = await backtest_case(case_id, trail, onboarding,
+                                  ScriptedModel(onboarding.script, name=model.name), model)
+    assert outcome.problem is None and outcome.unanswered == (), outcome
+    assert outcome.answers[1] == view["answer"] == outcome.answers[0], outcome
 
 
 async def test_a_task_left_waiting_for_input_is_a_tool_error_naming_it(

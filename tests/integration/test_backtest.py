@@ -31,6 +31,7 @@ from casetrail.adapters.store.ledger import LedgerStore
 from casetrail.adapters.store.pool import create_pool
 from casetrail.agents import AGENTS, loan_officer
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
+from casetrail.audit.audit_runs import Auditor
 from casetrail.audit.backtest import NOT_IN_RECORD, RecordedAnswers, backtest_case, summary
 from casetrail.audit.backtest_record import verify_backtest_bundle
 from casetrail.audit.evidence import Evidence
@@ -49,6 +50,7 @@ from casetrail.ledger.note import Verifier
 from casetrail.trail.keyfile import worker_signer
 from tests.support.cli import STANDALONE_VERIFIER
 from tests.support.helpers import ended, wait_for_sql
+from tests.support.logged import as_superuser
 from tests.support.retention import decided_samples, person
 from tests.support.stack import module_stack, serve_api
 
@@ -277,12 +279,7 @@ async def test_a_backtest_asked_over_rest_is_kept_signed_logged_and_verifies_off
         assert asked.status_code == 202, asked.text
         location = asked.headers["location"]
         assert asked.json()["status"] == "queued" and asked.json()["requestedBy"] == "vera"
-        for _ in range(200):
-            view = (await vera.get(location)).json()
-            if view["status"] not in ("queued", "running"):
-                break
-            await asyncio.sleep(0.1)
-        assert view["status"] == "done", view
+        view = await _done(vera, location)
         assert view["progress"] == {"done": 3, "selected": 3}
         assert view["summary"]["cases"] == 3 and view["summary"]["changed"] == []
         assert view["challenger"]["agentDigest"] == AGENTS["loan-officer"].digest
@@ -323,6 +320,54 @@ async def test_a_backtest_asked_over_rest_is_kept_signed_logged_and_verifies_off
             "INSERT INTO backtest_records (backtest_id, chain_seq, body, prev_hash, hash, "
             "key_id, sig) SELECT backtest_id, chain_seq + 1, body, $2, $2, key_id, sig "
             "FROM backtest_records WHERE backtest_id = $1", backtest_id, "0" * 64)
+
+
+async def test_a_case_whose_record_does_not_verify_is_left_out_and_named(
+    decided: dict[uuid.UUID, Any], stack: Any, pool: asyncpg.Pool, settings: Settings,
+) -> None:
+    """A case whose events were deleted by hand (its row kept) is selected, but not
+    scored: the signed record names it, with why, and its matrix holds no "None"."""
+    first = next(iter(decided))
+    async with await person(pool, stack.base_url, "gus", "backtests:run", "cases:read",
+                            "cases:start") as gus:
+        started = await gus.post("/cases", json={"agent": "loan-officer",
+                                                 "input": SAMPLE_APPLICATIONS[2]})
+        assert started.status_code == 202, started.text
+        gutted = uuid.UUID(started.json()["caseId"])
+        assert (await ended(gus, gutted))["status"] == "completed"
+        await wait_for_sql(pool, "SELECT EXISTS (SELECT 1 FROM event_log WHERE case_id = "
+                           f"'{gutted}' AND event_type = 'CASE_COMPLETED')")
+        await pool.execute("CREATE TABLE gutted_events AS SELECT * FROM event_log "
+                           "WHERE case_id = $1", gutted)
+        try:
+            await as_superuser(pool, "DELETE FROM event_log WHERE case_id = $1 AND "
+                               "event_type <> 'CASE_STARTED'", args=(gutted,))
+            asked = await gus.post("/backtests", json={
+                "agent": "loan-officer", "cases": [str(first), str(gutted)]})
+            assert asked.status_code == 202, asked.text
+            view = await _done(gus, asked.headers["location"])
+        finally:
+            await as_superuser(pool, "INSERT INTO event_log SELECT * FROM gutted_events "
+                               "ON CONFLICT DO NOTHING")
+            await pool.execute("DROP TABLE gutted_events")
+    assert [r["caseId"] for r in view["results"]] == [str(first)], view
+    [left] = view["selection"]["leftOut"]
+    assert left["caseId"] == str(gutted) and "does not verify" in left["why"], left
+    assert all("None" not in (c["champion"], c["challenger"])
+               for c in view["summary"]["matrix"]), view["summary"]
+    assert view["progress"] == {"done": 1, "selected": 2}  # scored of selected
+    await _ledger_appends(settings)  # its record a leaf, as the audit below expects
+
+
+async def _done(client: httpx.AsyncClient, location: str) -> dict[str, Any]:
+    """The backtest at ``location`` once a worker has run it."""
+    for _ in range(300):
+        view: dict[str, Any] = (await client.get(location)).json()
+        if view["status"] not in ("queued", "running"):
+            break
+        await asyncio.sleep(0.1)
+    assert view["status"] == "done", view
+    return view
 
 
 async def test_a_gated_agent_takes_cases_only_after_its_version_passed_a_backtest(
@@ -459,7 +504,7 @@ async def _verifies_offline_until_a_byte_changes(bundle: dict[str, Any], setting
 
 
 async def test_the_audit_checks_every_backtest_record_and_finds_a_changed_result(
-    decided: dict[uuid.UUID, Any], pool: asyncpg.Pool,
+    decided: dict[uuid.UUID, Any], pool: asyncpg.Pool, settings: Settings,
 ) -> None:
     """``casetrail audit``'s backtest pass over the records the tests above kept: clean;
     then a result changed in place by the owner (triggers off and on again): found by a
@@ -467,7 +512,7 @@ async def test_the_audit_checks_every_backtest_record_and_finds_a_changed_result
     logged since (none of these records)."""
     ledger = LedgerStore(pool)
     audit = WholeLog(AuditStore(pool), ledger, Evidence(CaseStore(pool), KeyRegistry(pool),
-                                                        ledger))
+                                                        ledger), Auditor.of(settings))
     assert await pool.fetchval("SELECT count(*) FROM backtest_records") >= 2
     assert await audit._backtests(0, []) == []
     await wait_for_sql(pool, "SELECT NOT EXISTS (SELECT 1 FROM backtest_records r WHERE NOT "
@@ -690,7 +735,10 @@ async def _run_held(runner_pool: asyncpg.Pool, pool: asyncpg.Pool, settings: Set
     held = await store.get(backtest_id)
     assert held is not None
     model = _HeldModel()
-    runner = BacktestRunner(store, CaseStore(runner_pool), worker_signer(settings),
+    cases = CaseStore(runner_pool)
+    runner = BacktestRunner(store, cases, Evidence(cases, KeyRegistry(runner_pool),
+                                                   LedgerStore(runner_pool)),
+                            worker_signer(settings),
                             lambda ref, profile: model, "mine", lease_seconds=0.9)
     running = asyncio.create_task(runner.run_claimed(held))
     await asyncio.wait_for(model.asked.wait(), 30)  # the first case's first turn

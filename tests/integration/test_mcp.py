@@ -66,8 +66,10 @@ def stdio_policies(**overrides: Any) -> dict[str, Any]:
 
 class Stack:
     def __init__(self, client: httpx.AsyncClient, pool: asyncpg.Pool,
-                 children: dict[str, subprocess.Popen[bytes]]) -> None:
+                 children: dict[str, subprocess.Popen[bytes]], own: Settings,
+                 example: Path) -> None:
         self.client, self.pool, self.children = client, pool, children
+        self.own, self.example = own, example
 
     async def run(self, claim: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         started = await self.client.post("/cases", json={"agent": "claims-triage",
@@ -86,7 +88,7 @@ async def stack_of(settings: Settings, example: Path, suffix: str, server: dict[
     async with namespace_of_its_own(settings, suffix, mcp_servers=[McpServer(**server)],
                                     extra_capabilities=["claims-history"]) as (own, pool, key), \
             component_processes(own, key, PYTHONPATH=str(example), **env) as (client, children):
-        yield Stack(client, pool, children)
+        yield Stack(client, pool, children, own, example)
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +153,18 @@ async def test_the_example_agent_runs_end_to_end_with_its_mcp_tool_and_verifies(
         "SELECT count(*) FROM react_tool_calls WHERE case_id = $1 AND tool_name = "
         "'policies_coverage' AND tool_source = 'worker'", uuid.UUID(view["caseId"]))
     assert stored == 1
+
+
+async def test_replay_answers_the_mcp_call_as_it_was_answered(stdio_stack: Stack) -> None:
+    """``casetrail replay`` answers the server's call from the record, through the rule
+    every tool kind is answered by: the unchanged agent decides the claim the same."""
+    view, _ = await stdio_stack.run(CLAIM)
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "casetrail.cli", "replay", view["caseId"]],
+        env=stdio_stack.own.environment(PYTHONPATH=str(stdio_stack.example)),
+        capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "same" in done.stdout and "diverged" not in done.stdout, done.stdout
 
 
 async def test_an_mcp_server_killed_mid_case_is_retried_and_the_case_completes(
