@@ -2,9 +2,10 @@
 ``casetrail backtest`` over the same N (a worker runs the challenger, the agent as
 installed with its scripted model, and keeps the signed record).
 
-Three sample applications are decided by the real stack (scripted model, worker
-tools on the capability worker); their rows in ``cases`` and ``event_log`` are then
-copied under new case ids until there are N, and the command line replays them all.
+N loan applications are decided by the real stack (scripted model, worker tools on the
+capability worker): the three samples (the referred one confirmed by a person), then
+approvals and declines, and the command line replays them all. Every case is genuine:
+a backtest scores only cases whose record verifies.
 
 Usage: python -m bench.replay [cases]
 """
@@ -18,10 +19,10 @@ import sys
 import time
 from typing import Any
 
-import asyncpg
 import httpx
 import orjson
 
+from bench.e2e import post_cases
 from bench.harness import (
     Processes,
     api_key,
@@ -34,37 +35,8 @@ from bench.harness import (
 from casetrail.adapters.store import ApiKeyStore
 from casetrail.agents.loan_officer import SAMPLE_APPLICATIONS
 from casetrail.components.supervisor import component_command
-from tests.support.records import without_body_constraint
 
 PORT = 8798
-
-
-async def _columns(pool: asyncpg.Pool, table: str) -> list[str]:
-    rows = await pool.fetch(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = $1 "
-        "AND is_generated = 'NEVER' ORDER BY ordinal_position", table)
-    return [r["column_name"] for r in rows]
-
-
-async def copy_cases(pool: asyncpg.Pool, copies: int) -> None:
-    """Each recorded case ``copies`` times more, under new ids (its events too). The
-    copies' signed bytes still name the original case, which the log's constraint
-    (its columns restate the body) refuses: it is dropped for the copy and put back
-    NOT VALID, as an owner would; the events go in before their case rows, so the
-    owner's fold finds no row to add them to (the copied rows keep their totals)."""
-    replaced = {"case_id": "m.new_id", "idempotency_key": "NULL", "event_id": "gen_random_uuid()"}
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(f"""
-            CREATE TEMPORARY TABLE m ON COMMIT DROP AS
-            SELECT c.case_id AS old_id, gen_random_uuid() AS new_id
-            FROM cases c, generate_series(1, {copies}) WHERE c.status = 'completed'""")
-        async with without_body_constraint(conn):
-            for table in ("event_log", "cases"):
-                columns = await _columns(pool, table)
-                chosen = ", ".join(replaced.get(c, f"t.{c}") for c in columns)
-                await conn.execute(f"""
-                    INSERT INTO {table} ({", ".join(columns)})
-                    SELECT {chosen} FROM {table} t JOIN m ON t.case_id = m.old_id""")
 
 
 async def replay_at_scale(cases: int) -> dict[str, Any]:
@@ -94,11 +66,20 @@ async def replay_at_scale(cases: int) -> dict[str, Any]:
                 (await http.post(f"/cases/{waiting}/review", headers={
                     "Authorization": f"Bearer {reviewer}"}, json={
                     "verdict": "confirm", "reason": "Bench reviewer."})).raise_for_status()
+                await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type = "
+                                "'CASE_COMPLETED'", 3)
+                # The rest decided by the stack too, approvals and declines alike: a
+                # backtest scores only cases whose record verifies, so none is a copy.
+                more = max(0, cases - 3)
+                for application, count in ((SAMPLE_APPLICATIONS[0], (more + 1) // 2),
+                                           (SAMPLE_APPLICATIONS[2], more // 2)):
+                    if count:
+                        await post_cases(f"http://127.0.0.1:{PORT}", {
+                            "agent": "loan-officer", "input": application}, count, key)
             await wait_rows(pool, "SELECT count(*) FROM event_log WHERE event_type = "
-                            "'CASE_COMPLETED'", 3)
+                            "'CASE_COMPLETED'", max(cases, 3), 600)
         finally:
             stack.stop()
-        await copy_cases(pool, max(0, cases // 3 - 1))
         recorded = await pool.fetchval("SELECT count(*) FROM cases WHERE status = 'completed'")
         events = await pool.fetchval("SELECT count(*) FROM event_log")
         started = time.perf_counter()

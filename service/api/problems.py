@@ -26,6 +26,7 @@ from casetrail.cases.errors import (
     NotAccepted,
     NotFound,
     NotInstalled,
+    NotYet,
     OverQuota,
 )
 from casetrail.errors import BusUnavailable, StoreUnavailable
@@ -101,8 +102,8 @@ def install(app: FastAPI) -> None:
             issues = [{"loc": list(i.loc), "msg": i.msg, "type": "value_error"}
                       for i in exc.issues]
             return problem(422, exc.detail, errors=issues)
-        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, OverQuota) \
-            else RETRY_LATER if status == 503 else None
+        headers = {"Retry-After": str(exc.retry_after)} \
+            if isinstance(exc, OverQuota | NotYet) else RETRY_LATER if status == 503 else None
         return problem(status, exc.detail, headers=headers)
 
     @app.exception_handler(StoreUnavailable)

@@ -16,7 +16,15 @@ import orjson
 
 from casetrail.agents import AGENTS, challenger_of
 from casetrail.audit.backtest_record import bundle, verify_backtest_bundle
-from casetrail.cases.errors import Conflict, Forbidden, Invalid, Issue, NotFound, NotInstalled
+from casetrail.cases.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    Issue,
+    NotFound,
+    NotInstalled,
+    NotYet,
+)
 from casetrail.cases.services import CaseServices
 from casetrail.cases.text import refuse_unstorable
 from casetrail.contract.auth import EVERY_TENANT, Principal, Scope
@@ -113,6 +121,11 @@ async def evidence(services: CaseServices, principal: Principal, backtest_id: uu
         if index is not None and index < latest.size:
             [path] = await services.ledger.inclusions([index], latest.size)
             proof = TlogProof(index, tuple(path), latest.served).render()
+    if proof is None:  # never handed out without the proof that it is in the log
+        raise NotYet(f"backtest {backtest_id}'s record is not in a signed checkpoint yet ("
+                     + ("waiting for the ledger" if index is None else f"leaf {index}")
+                     + "): its bundle is handed out with its log proof; ask again in a few "
+                     "seconds")
     return bundle(record, await services.backtests.results(backtest_id),
                   await services.evidence.keys.describe(), proof, log, checked_at())
 

@@ -35,6 +35,13 @@ class Conflict(CaseProblem):
     """Refused by the case's state or by an earlier request."""
 
 
+class NotYet(Conflict):
+    """Not ready yet, and will be without anybody doing anything: ask again (409 with
+    Retry-After)."""
+
+    retry_after = 2
+
+
 class Forbidden(CaseProblem):
     """The caller lacks a scope this use needs (named)."""
 

@@ -189,6 +189,28 @@ def _report(report: Any, raw: bool) -> None:
     raise typer.Exit(1)
 
 
+def _backtest_checked(report: Any, bundle: dict[str, Any]) -> None:
+    """What a backtest bundle's check found, and which checks it ran."""
+    results = len(bundle.get("results") or [])
+    typer.echo(f"verified: backtest {report.case_id}: its signed record and its {results} "
+               "per-case results")
+    typer.echo("checked: the record's hash and its signature under a key you trust; each "
+               "result against the digest the record names (same cases, same order, none "
+               "added)")
+    log = report.log
+    if log is None or log["checkpoint"] is None:
+        typer.echo("not checked: the record's place in the log (the bundle carries no proof)")
+    elif not log["checkpointTrusted"]:
+        typer.echo("not checked: the log's signature on the checkpoint (no --trust-log); "
+                   "the record's inclusion proof was checked against it")
+    else:
+        head = log["checkpoint"]
+        cosigned = f", cosigned by {', '.join(log['witnesses'])}" if log["witnesses"] else ""
+        typer.echo(f"checked: the record is in the log, included in checkpoint "
+                   f"{head['origin']} size {head['treeSize']}, signed by the trusted log "
+                   f"key{cosigned}")
+
+
 def _log_summary(log: dict[str, Any]) -> str:
     head = log["checkpoint"]
     if head is None:
@@ -353,7 +375,8 @@ def verify_bundle_command(
         bundle = orjson.loads(bundle_file.read_bytes())
         actions = None if trust_action is None else [
             key.public_key for t in trust_action for key in trusted_keys(t)]
-        if isinstance(bundle, dict) and bundle.get("format") == BACKTEST_FORMAT:
+        backtest = isinstance(bundle, dict) and bundle.get("format") == BACKTEST_FORMAT
+        if backtest:
             report = verify_backtest_bundle(bundle, keys, log_keys, witnesses)
         else:
             report = verify_bundle(bundle, keys, log_keys, witnesses, actions)
@@ -365,4 +388,7 @@ def verify_bundle_command(
     except (OSError, orjson.JSONDecodeError, BundleError, NoteError, LogUnreachable) as exc:
         typer.echo(f"could not check {bundle_file}: {exc}", err=True)
         raise typer.Exit(2) from None
+    if backtest and report.verified and not raw:
+        _backtest_checked(report, bundle)
+        return
     _report(report, raw)

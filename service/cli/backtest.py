@@ -138,6 +138,33 @@ def backtest(
     raise typer.Exit(0 if found["summary"]["cases"] else 2)
 
 
+LOG_WAIT_SECONDS = 120.0
+"""How long ``--bundle`` and ``--report`` wait for a checkpoint to hold the record."""
+
+
+async def _logged(services: Any, principal: Any, backtest_id: uuid.UUID, raw: bool
+                  ) -> dict[str, Any]:
+    """The backtest's bundle once a signed checkpoint holds its record (a bundle is
+    handed out only with its log proof), waiting up to ``LOG_WAIT_SECONDS``."""
+    import asyncio
+
+    from casetrail.cases import backtests
+    from casetrail.cases.errors import NotYet
+
+    deadline = asyncio.get_running_loop().time() + LOG_WAIT_SECONDS
+    said = False
+    while True:
+        try:
+            return await backtests.evidence(services, principal, backtest_id)
+        except NotYet:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            if not raw and not said:
+                typer.echo("waiting for a checkpoint of the log to hold the record", err=True)
+                said = True
+            await asyncio.sleep(0.5)
+
+
 def _on_a_worker(asked: dict[str, Any], api_key: str | None,
                  files: tuple[Path | None, Path | None], raw: bool) -> dict[str, Any]:
     """Ask for it as REST does, follow it until it ends, read what it found."""
@@ -163,8 +190,8 @@ def _on_a_worker(asked: dict[str, Any], api_key: str | None,
                 shown = done
                 _progress(done, selected)
         evidence, pdf, backtest_id = None, None, uuid.UUID(view["backtestId"])
-        if bundle is not None and view["status"] == "done":
-            evidence = await backtests.evidence(services, principal, backtest_id)
+        if (bundle is not None or report is not None) and view["status"] == "done":
+            evidence = await _logged(services, principal, backtest_id, raw)
         if report is not None and view["status"] == "done":
             pdf, _ = await backtests.report(services, principal, backtest_id)
         return view, evidence, pdf

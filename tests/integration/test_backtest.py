@@ -175,9 +175,14 @@ async def test_the_cli_takes_a_list_of_cases_a_window_and_budgets(
     listed = tmp_path / "cases.txt"
     listed.write_text(f"# the validation sample\n{first}\n\n{rest[1]}  # a decline\n")
     evidence, pdf = tmp_path / "evidence.json", tmp_path / "validation.pdf"
-    done = await asyncio.to_thread(cli, "--cases", str(listed), "--json", "--bundle",
-                                   str(evidence), "--report", str(pdf))
+    asked = asyncio.create_task(asyncio.to_thread(
+        cli, "--cases", str(listed), "--json", "--bundle", str(evidence), "--report", str(pdf)))
+    while not asked.done():  # the ledger's work, while the command waits for the proof
+        await _ledger_appends(settings)
+        await asyncio.sleep(0.3)
+    done = await asked
     assert done.returncode == 0, done.stdout + done.stderr
+    assert orjson.loads(evidence.read_bytes())["record"]["logProof"]  # with its proof
     assert orjson.loads(evidence.read_bytes())["format"] == "casetrail-backtest/1"
     assert pdf.read_bytes().startswith(b"%PDF")
     found = orjson.loads(done.stdout)
@@ -291,9 +296,13 @@ async def test_a_backtest_asked_over_rest_is_kept_signed_logged_and_verifies_off
         # Nothing of the cases changed: no event, no case.
         assert await pool.fetchval("SELECT count(*) FROM event_log") == events
         assert await pool.fetchval("SELECT count(*) FROM cases") == cases
-        # The record waits in the ledger's queue as a leaf of its own kind; appended.
+        # The record waits in the ledger's queue as a leaf of its own kind: its bundle
+        # is not handed out without its log proof until a checkpoint holds it.
         assert await pool.fetchval("SELECT kind FROM ledger_queue WHERE event_id = $1",
                                    backtest_id) == "backtest"
+        early = await vera.get(f"{location}/bundle")
+        assert early.status_code == 409 and early.headers["retry-after"] == "2", early.text
+        assert "not in a signed checkpoint yet" in early.json()["detail"], early.text
         await _ledger_appends(settings)
         assert await pool.fetchval("SELECT kind FROM ledger_leaves WHERE event_id = $1",
                                    backtest_id) == "backtest"
@@ -359,9 +368,10 @@ async def test_a_case_whose_record_does_not_verify_is_left_out_and_named(
     await _ledger_appends(settings)  # its record a leaf, as the audit below expects
 
 
-async def _done(client: httpx.AsyncClient, location: str) -> dict[str, Any]:
+async def _done(client: httpx.AsyncClient, location: str, tries: int = 300
+                ) -> dict[str, Any]:
     """The backtest at ``location`` once a worker has run it."""
-    for _ in range(300):
+    for _ in range(tries):
         view: dict[str, Any] = (await client.get(location)).json()
         if view["status"] not in ("queued", "running"):
             break
@@ -472,9 +482,14 @@ async def _verifies_offline_until_a_byte_changes(bundle: dict[str, Any], setting
     path.write_bytes(orjson.dumps(bundle))
     cli = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "casetrail.cli", "verify-bundle", str(path),
-                         "--trust", base64.b64encode(signer.public_key).decode()],
+                         "--trust", base64.b64encode(signer.public_key).decode(),
+                         "--trust-log", bundle["log"]["verifierKeys"][-1]],
         env=settings.environment(), capture_output=True, text=True, timeout=60, check=False)
     assert cli.returncode == 0, cli.stdout + cli.stderr
+    # It speaks of a backtest's record and results, and says which checks it ran.
+    assert f"its signed record and its {len(bundle['results'])} per-case results" \
+        in cli.stdout and "each result against the digest" in cli.stdout, cli.stdout
+    assert "checked: the record is in the log" in cli.stdout and "events" not in cli.stdout
     alone = await asyncio.to_thread(
         subprocess.run, [sys.executable, str(STANDALONE_VERIFIER), str(path), "--trust",
                          base64.b64encode(signer.public_key).decode()],
@@ -591,7 +606,7 @@ async def _two_hundred_decided(stack: Any, auth_headers: dict[str, str], pool: a
 
 async def test_two_hundred_cases_and_a_stricter_policy_give_the_matrix_computed_here(
     decided: dict[uuid.UUID, Any], stack: Any, auth_headers: dict[str, str],
-    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch,
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch, settings: Settings,
 ) -> None:
     """200 recorded loan cases, some reviewed (confirmed or overridden): a challenger
     whose policy approves from 750 instead of 700. The matrix, the agreement with the
@@ -625,11 +640,8 @@ async def test_two_hundred_cases_and_a_stricter_policy_give_the_matrix_computed_
         asked = await bo.post("/backtests", json={"agent": "loan-officer", "cases": ids,
                                                   "concurrency": 8})
         assert asked.status_code == 202, asked.text
-        for _ in range(600):
-            view = (await bo.get(asked.headers["location"])).json()
-            if view["status"] not in ("queued", "running"):
-                break
-            await asyncio.sleep(0.1)
+        view = await _done(bo, asked.headers["location"], 600)
+        await _ledger_appends(settings)  # the report's bundle comes with its log proof
         made = await bo.get(f"{asked.headers['location']}/report")
     assert made.status_code == 200 and made.headers["content-type"] == "application/pdf"
     reader = pypdf.PdfReader(io.BytesIO(made.content))
