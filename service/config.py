@@ -444,6 +444,11 @@ class Settings(BaseSettings):
         'that very version (its agentDigest) passed, JSON: {"loan-officer": 0.9}: agreement '
         "with reviewers at least 0.9 on the backtest's reviewed cases (docs/backtests.md, "
         '"A rollout gate"). None by default.')
+    backtest_gate_min_reviewed: int = Field(default=50, ge=1, description="The reviewed "
+        "cases a backtest must hold to open a rollout gate, besides a selection nobody "
+        "picked (a time window or all the agent's decided cases, never a list of cases): "
+        "at 50 reviewed cases all agreeing, the agreement's 95 % Wilson lower bound is "
+        "0.93, above a 0.9 gate; at 30 it is 0.89 (docs/backtests.md, \"A rollout gate\").")
     review_deadline_seconds: float = Field(
         default=86_400.0, gt=0, description="How long a case may wait for a person before "
         "its review is overdue, unless its agent or tenant says otherwise: overdue reviews "

@@ -188,7 +188,8 @@ async def case_services(settings: Settings, *, pool_size: int = 20, patience: fl
                 KeySearches(settings.tenant_max_key_searches_per_minute),
                 action_signer(settings) if settings.action_key_file else None,
                 misconfigured(AGENTS, settings, CAPABILITIES),
-                RolloutGate(dict(settings.backtest_gates)))
+                RolloutGate(dict(settings.backtest_gates),
+                            settings.backtest_gate_min_reviewed))
             for agent, problems in services.unconfigured.items():
                 log.error("%s", described(agent, problems))
             try:

@@ -117,7 +117,7 @@ class BacktestRunner:
                            "model": ref.model_dump(mode="json", by_alias=True,
                                                    exclude_none=True)},
             "selection": {"since": request.get("since"), "until": request.get("until"),
-                          "limit": request["limit"],
+                          "limit": request["limit"], "picked": among is not None,
                           "casesListed": None if among is None else hashlib.sha256(
                               "\n".join(sorted(map(str, among))).encode()).hexdigest(),
                           "selected": len(ids), "leftOut": ran.left_out_json()},

@@ -391,8 +391,16 @@ async def test_a_gated_agent_takes_cases_only_after_its_version_passed_a_backtes
         "SELECT max((convert_from(body, 'UTF8')::jsonb #>> "
         "'{summary,agreementWithReviewers,challenger}')::float8) FROM backtest_records")
     assert agreed == 1.0  # what the gate reads, from the signed records kept above
-    gated = settings.model_copy(update={"backtest_gates": {"loan-officer": 0.99,
-                                                           "aml-screening": 0.5}})
+    # That backtest's selection is a window nobody picked, holding one reviewed case:
+    # below the default minimum it opens nothing; with a minimum of one, it opens.
+    gates = {"loan-officer": 0.99, "aml-screening": 0.5}
+    async with serve_api(settings.model_copy(update={"backtest_gates": gates})) as base_url, \
+            await person(pool, base_url, "gus", "cases:start", "cases:read") as gus:
+        few = await gus.post("/cases", json={"agent": "loan-officer",
+                                             "input": SAMPLE_APPLICATIONS[0]})
+        assert few.status_code == 409 and "at least 50 reviewed cases" in few.text, few.text
+    gated = settings.model_copy(update={"backtest_gates": gates,
+                                        "backtest_gate_min_reviewed": 1})
     async with serve_api(gated) as base_url, \
             await person(pool, base_url, "gus", "cases:start", "cases:read") as gus:
         opened = await gus.post("/cases", json={"agent": "loan-officer",
@@ -410,12 +418,21 @@ async def test_a_record_that_does_not_verify_opens_no_gate(
 ) -> None:
     """A record written straight into the database (as anyone holding a role that may
     insert records could), naming aml-screening's digest and full agreement: signed by an
-    unregistered key, or its body changed after signing, it opens no gate; the same
-    record signed by the registered worker key does (inside a transaction rolled back,
+    unregistered key, or its body changed after signing, it opens no gate, nor does one
+    signed by the worker's key over a hand-picked list or fewer reviewed cases than the
+    minimum; the same record over a window of enough reviewed cases, signed by the
+    registered worker key, does (inside a transaction rolled back,
     so the chain the other tests audit is untouched)."""
     agent = AGENTS["aml-screening"]
-    body = orjson.dumps({"challenger": {"agentDigest": agent.digest}, "results": [],
-                         "summary": {"agreementWithReviewers": {"challenger": 1.0}}})
+
+    def record(cases_listed: str | None, reviewed: int) -> bytes:
+        return orjson.dumps({"challenger": {"agentDigest": agent.digest}, "results": [],
+                             "selection": {"casesListed": cases_listed, "picked":
+                                           cases_listed is not None, "since": None},
+                             "summary": {"agreementWithReviewers": {"challenger": 1.0},
+                                         "reviewed": reviewed}})
+
+    body = record(None, 50)
     async with pool.acquire() as conn:
         transaction = conn.transaction()
         await transaction.start()
@@ -455,6 +472,10 @@ async def test_a_record_that_does_not_verify_opens_no_gate(
             signer = worker_signer(settings)
             assert not await opens_with(signer, lowered, body)  # it signed other bytes
             assert await opens_with(signer, body, body)
+            # Signed, agreeing, but on cases its asker picked, or too few reviewed ones.
+            picked = record(hashlib.sha256(b"one reviewed case").hexdigest(), 50)
+            assert not await opens_with(signer, picked, picked)
+            assert not await opens_with(signer, record(None, 49), record(None, 49))
         finally:
             await transaction.rollback()
 
