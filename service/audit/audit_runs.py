@@ -35,7 +35,7 @@ from casetrail.audit.backtest_record import seal_problems
 from casetrail.config import Settings
 from casetrail.contract.integrity import GENESIS, Integrity, Signer, canonical
 from casetrail.errors import PermanentError
-from casetrail.trail.key_source import is_file
+from casetrail.ledger.high_water import state_file_for as state_file_beside
 from casetrail.trail.keyfile import audit_key_spec, audit_signer
 
 RUN_FORMAT = "casetrail-audit-run/1"
@@ -157,14 +157,9 @@ class Auditor:
 def state_file_for(settings: Settings) -> Path:
     """Where the auditor remembers the last run it kept: ``CASETRAIL_AUDIT_STATE_FILE``,
     else beside its key's file (``<key>.<namespace>.state.json``)."""
-    if settings.audit_state_file:
-        return Path(settings.audit_state_file)
-    spec = audit_key_spec(settings)
-    if spec is None or not is_file(spec):
-        raise PermanentError(f"the auditor's key comes from {spec!r}: set "
-                             "CASETRAIL_AUDIT_STATE_FILE, where the auditor remembers the "
-                             "last pass it kept")
-    return Path(f"{spec}.{settings.namespace}.state.json")
+    return state_file_beside(audit_key_spec(settings) or "", settings.namespace,
+                             settings.audit_state_file, "CASETRAIL_AUDIT_STATE_FILE",
+                             "the auditor remembers the last pass it kept")
 
 
 @dataclass(frozen=True)

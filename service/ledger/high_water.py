@@ -68,16 +68,18 @@ class Anchor:
         return f"{self.head.describe()} (from {self.source})"
 
 
-def state_file_for(log_key_file: str, namespace: str, configured: str | None) -> Path:
-    """The ledger's state file: ``configured``, else beside the log key's file, named for
-    the namespace (``<log key>.<namespace>.state.json``). A key from the environment or a
-    provider has no file to stand beside: then the setting is required."""
+def state_file_for(log_key_file: str, namespace: str, configured: str | None,
+                   setting: str = "CASETRAIL_LEDGER_STATE_FILE",
+                   what: str = "the ledger keeps its high-water mark") -> Path:
+    """A component's state file kept off the database (the ledger's, by default):
+    ``configured``, else beside its key's file, named for the namespace
+    (``<key>.<namespace>.state.json``). A key from the environment or a provider has no
+    file to stand beside: then the setting is required."""
     if configured:
         return Path(configured)
     if not is_file(log_key_file):
-        raise PermanentError(f"the log key comes from {log_key_file!r}: set "
-                             "CASETRAIL_LEDGER_STATE_FILE, where the ledger keeps its "
-                             "high-water mark")
+        raise PermanentError(f"the key comes from {log_key_file!r}: set {setting}, where "
+                             f"{what}")
     return Path(f"{log_key_file}.{namespace}.state.json")
 
 
