@@ -38,7 +38,7 @@ from casetrail.audit.evidence import Evidence
 from casetrail.audit.replay import recorded
 from casetrail.audit.whole_log import WholeLog
 from casetrail.cases.errors import Conflict
-from casetrail.cases.gate import RolloutGate
+from casetrail.cases.gate import RolloutGate, why_shut
 from casetrail.components.backtests import BacktestRunner
 from casetrail.components.ledger_recover import leaves_in_bundles
 from casetrail.components.sequencer import Sequencer, ledger_state
@@ -182,7 +182,16 @@ async def test_the_cli_takes_a_list_of_cases_a_window_and_budgets(
         await asyncio.sleep(0.3)
     done = await asked
     assert done.returncode == 0, done.stdout + done.stderr
-    assert orjson.loads(evidence.read_bytes())["record"]["logProof"]  # with its proof
+    kept = orjson.loads(evidence.read_bytes())
+    assert kept["record"]["logProof"]  # with its proof: it verifies against the log's key
+    trusted = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "casetrail.cli", "verify-bundle",
+                         str(evidence), "--trust",
+                         base64.b64encode(worker_signer(settings).public_key).decode(),
+                         "--trust-log", kept["log"]["verifierKeys"][-1]],
+        env=settings.environment(), capture_output=True, text=True, timeout=60, check=False)
+    assert trusted.returncode == 0 and "checked: the record is in the log" in trusted.stdout, \
+        trusted.stdout + trusted.stderr
     assert orjson.loads(evidence.read_bytes())["format"] == "casetrail-backtest/1"
     assert pdf.read_bytes().startswith(b"%PDF")
     found = orjson.loads(done.stdout)
@@ -365,6 +374,12 @@ async def test_a_case_whose_record_does_not_verify_is_left_out_and_named(
     assert all("None" not in (c["champion"], c["challenger"])
                for c in view["summary"]["matrix"]), view["summary"]
     assert view["progress"] == {"done": 1, "selected": 2}  # scored of selected
+    # Its cases were a list its asker picked: the signed record says so, and no gate
+    # opens on it, whatever its agreement.
+    assert view["selection"]["picked"] is True
+    body = await pool.fetchval("SELECT body FROM backtest_records WHERE backtest_id = $1",
+                               uuid.UUID(view["backtestId"]))
+    assert "picked" in (why_shut(orjson.loads(body), 0.0, 1) or ""), body
     await _ledger_appends(settings)  # its record a leaf, as the audit below expects
 
 
