@@ -55,7 +55,14 @@ from casetrail.adapters.store.namespace import (
 )
 from casetrail.agents import CAPABILITIES
 from casetrail.audit.audit_runs import state_file_for as audit_state_file
-from casetrail.config import COMPONENTS, DATABASE_COMPONENTS, Component, Settings, amqp_nodes
+from casetrail.config import (
+    COMPONENTS,
+    DATABASE_COMPONENTS,
+    Component,
+    Settings,
+    amqp_nodes,
+    local_file,
+)
 from casetrail.contract.integrity import key_id
 from casetrail.engine.tools import a2a_capability, mcp_capability
 from casetrail.errors import PermanentError
@@ -487,10 +494,11 @@ def _local_state(settings: Settings) -> list[Path]:
         settings.audit_key_file or settings.audit_public_key_file) else []
     with suppress(PermanentError):  # a key from the environment, no state file configured
         files.append(audit_state_file(settings))
-    if settings.log_key_file or settings.ledger_state_file:  # a ledger configured here
-        with suppress(PermanentError):
-            files.append(state_file_for(settings.log_key_file or "", settings.namespace,
-                                        settings.ledger_state_file))
+    # The ledger's: as configured, else beside the log key `up` and `demo` make for the
+    # namespace (a shell that never set CASETRAIL_LOG_KEY_FILE still finds it).
+    log_key = settings.log_key_file or str(local_file(f"{settings.namespace}.log-key"))
+    with suppress(PermanentError):
+        files.append(state_file_for(log_key, settings.namespace, settings.ledger_state_file))
     return files
 
 
