@@ -9,7 +9,7 @@ of the last run's signed bytes, never its columns, and only when the whole chain
 verifies. The auditor also remembers the last run it kept off the database (a state
 file beside its key), so that runs removed from the end of the chain are found too.
 
-What a kept run can be found to be (``run_problems``): ``unsigned`` (kept after the chain
+What a kept run can be found to be (``read_chain``): ``unsigned`` (kept after the chain
 began, with no signature: only with the chain's trigger switched off),
 ``chain_broken`` (it does not name the hash of the run before it: one was removed or
 slipped in), ``hash_mismatch`` / ``unknown_key`` / ``bad_signature`` (its bytes are not
@@ -20,7 +20,6 @@ columns SQL readers see say other than its signed bytes).
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from casetrail.config import Settings
 from casetrail.contract.integrity import GENESIS, Integrity, Signer, canonical
 from casetrail.errors import PermanentError
 from casetrail.ledger.high_water import state_file_for as state_file_beside
+from casetrail.ledger.high_water import write_json_durably
 from casetrail.trail.keyfile import audit_key_spec, audit_signer
 
 RUN_FORMAT = "casetrail-audit-run/1"
@@ -185,13 +185,8 @@ def remembered(path: Path) -> Remembered:
 
 def remember(path: Path, record: RunRecord) -> None:
     """Keep (seq, hash) of the run just kept, replacing the file atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    spare = path.with_name(path.name + ".new")
-    with open(spare, "w") as handle:
-        json.dump({"chainSeq": record.chain_seq, "hash": record.integrity.hash}, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(spare, path)
+    write_json_durably(path, {"chainSeq": record.chain_seq, "hash": record.integrity.hash},
+                       ".audit-state-")
 
 
 def removed_since(memory: Remembered, rows: Sequence[dict[str, Any]]) -> str | None:
@@ -202,6 +197,9 @@ def removed_since(memory: Remembered, rows: Sequence[dict[str, Any]]) -> str | N
     signed = {r["chain_seq"]: r["hash"] for r in rows if r["chain_seq"] is not None}
     if memory.seq not in signed:
         kept = max(signed, default=-1)
+        if kept > memory.seq:  # later runs (another auditor's) kept, this one gone
+            return (f"audit run {memory.seq} of the chain, which the auditor kept, is no "
+                    "longer stored")
         return (f"the auditor last kept audit run {memory.seq} of the chain, but the chain "
                 f"ends at {kept}: {memory.seq - kept} run(s) removed (or the database "
                 "was restored from an older backup)")

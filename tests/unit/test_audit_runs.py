@@ -96,6 +96,8 @@ def test_runs_removed_from_the_end_are_found_from_what_the_auditor_remembers(
     assert removed_since(remembered(state), rows) is None
     removed = removed_since(remembered(state), rows[:1])
     assert removed is not None and "2 run(s) removed" in removed
+    gone = removed_since(remembered(state), [*rows[:2], {**rows[2], "chain_seq": 3}])
+    assert gone == "audit run 2 of the chain, which the auditor kept, is no longer stored"
     state.write_text("{not json")
     unreadable = removed_since(remembered(state), rows)
     assert unreadable is not None and "cannot be read" in unreadable
