@@ -10,6 +10,7 @@ import typer
 
 from casetrail.cli.common import run
 from casetrail.config import Settings, get_settings
+from casetrail.contract.auth import SCOPES
 
 if TYPE_CHECKING:
     from casetrail.adapters.store.keys import KeyTable
@@ -32,9 +33,7 @@ async def _with_keys(settings: Settings, work: Any) -> Any:
 @keys_app.command("create")
 def keys_create(
     tenant: Annotated[str, typer.Option(help="The tenant the key acts for.")],
-    scopes: Annotated[str, typer.Option(help="Comma-separated: cases:start, cases:read, "
-                                             "cases:cancel, cases:review, models:override, "
-                                             "pii:read, admin.")],
+    scopes: Annotated[str, typer.Option(help=f"Comma-separated: {', '.join(SCOPES)}.")],
     name: Annotated[str | None, typer.Option(help="A label for people.")] = None,
     expires_days: Annotated[int | None, typer.Option(min=1, help="Days until it stops "
                                                               "working.")] = None,
