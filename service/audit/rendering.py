@@ -30,6 +30,26 @@ def _indent(text: str, prefix: str = "      ") -> str:
     )
 
 
+def answered_by(call: dict[str, Any]) -> str | None:
+    """Who answered a recorded tool call beyond its source, as every display names it:
+    an MCP server's tool (and the schema it was offered under), or a remote A2A agent's
+    skill, the card it served and the task that answered; ``None`` for any other."""
+    if isinstance(mcp := call.get("mcp"), dict):
+        return (f"MCP server {mcp.get('server')}, tool {mcp.get('tool')}, schema "
+                f"{str(mcp.get('schemaDigest') or '?')[:16]}")
+    if isinstance(a2a := call.get("a2a"), dict):
+        parts = [f"A2A agent {a2a.get('agent')}"]
+        if a2a.get("skill"):
+            parts.append(f"skill {a2a['skill']}")
+        if a2a.get("cardDigest"):
+            parts.append(f"card {str(a2a['cardDigest'])[:16]}")
+        if a2a.get("taskId"):
+            parts.append(f"task {a2a['taskId']}"
+                         + (f" ({a2a['state']})" if a2a.get("state") else ""))
+        return ", ".join(parts)
+    return None
+
+
 def format_event(event: dict[str, Any]) -> str:
     """One event (envelope form, camelCase) as a few readable lines."""
     kind, payload = event["eventType"], event["payload"]
@@ -50,10 +70,10 @@ def format_event(event: dict[str, Any]) -> str:
         for call in payload["toolCalls"]:
             outcome = (f"ERROR {call['error']}" if "error" in call
                        else f"→ {_json(without_bytes(call.get('toolResult')))}")
+            by = answered_by(call)
             lines.append(f"      ⚙ {call['toolName']}({_json(call['toolArgs'], 120)}) "
-                         f"[{call['toolSource']}"
-                         + (f" MCP {call['mcp']['server']}/{call['mcp']['tool']}"
-                            if call.get("mcp") else "") + f", {call['durationMs']} ms]")
+                         f"[{call['toolSource']}" + (f"; {by}" if by else "")
+                         + f", {call['durationMs']} ms]")
             lines.append(f"        {outcome}")
             for attempt in call.get("attempts", []):
                 if attempt["outcome"] != "ok" or len(call["attempts"]) > 1:

@@ -24,6 +24,7 @@ import orjson
 from fpdf import FPDF
 from fpdf.enums import WrapMode, XPos, YPos
 
+from casetrail.audit.rendering import answered_by
 from casetrail.contract.events import TERMINAL_EVENT_TYPES
 from casetrail.engine.tools import without_bytes
 from casetrail.ledger.note import Checkpoint, Note, NoteError
@@ -242,10 +243,10 @@ def _event(pdf: Pages, event: Mapping[str, Any]) -> None:
         pdf.para(str(p.get("reasoningText") or "(no text)"))
         for call in p.get("toolCalls", []):
             pdf.face("B", 9)
+            by = answered_by(call)
             pdf.multi_cell(0, 4.6, pdf.text_of(
                 f"tool {call['toolName']} ({call.get('toolSource')}"
-                + (f"; MCP server {call['mcp']['server']}, tool {call['mcp']['tool']}, schema "
-                   f"{call['mcp']['schemaDigest'][:16]}" if call.get("mcp") else "") + "), "
+                + (f"; {by}" if by else "") + "), "
                 f"{call.get('durationMs', '?')} ms" + (" — ERROR" if call.get("error") else "")),
                 new_x=XPos.LMARGIN, new_y=YPos.NEXT)
             pdf.para("arguments " + _json(call.get("toolArgs")), mono=True, size=7.5)

@@ -9,6 +9,7 @@ tool failure, never a lost case."""
 from __future__ import annotations
 
 import asyncio
+import io
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from pypdf import PdfReader
 
 from casetrail.a2a.remote import read_cards
 from casetrail.agents import discover
@@ -119,6 +121,10 @@ async def test_the_call_and_its_artifacts_are_on_a_trail_that_verifies_offline(
     assert called["toolSource"] == "worker"
     case_id = view["caseId"]
     assert (await client.get(f"/cases/{case_id}/verify")).json()["verified"] is True
+    # The PDF names who answered, as it names an MCP call's server and tool.
+    report = await client.get(f"/cases/{case_id}/report")
+    text = " ".join(page.extract_text() for page in PdfReader(io.BytesIO(report.content)).pages)
+    assert f"A2A agent kyc, skill sanctions, card {digest[:16]}" in " ".join(text.split())
     bundle = tmp_path / "bundle.json"
     bundle.write_bytes((await client.get(f"/cases/{case_id}/bundle")).content)
     keys = (await client.get("/signing-keys")).json()["keys"]
