@@ -403,6 +403,12 @@ function toolCard(call) {
       badge(call.toolSource, call.toolSource === "worker" ? "info" : "none"),
       call.mcp ? el("span", { class: "mcp", title: `inputSchema sha256 ${call.mcp.schemaDigest}`,
                               text: `MCP ${call.mcp.server} · ${call.mcp.tool}` }) : null,
+      call.a2a ? el("span", { class: "mcp a2a",
+                              title: [call.a2a.cardDigest && `card sha256 ${call.a2a.cardDigest}`,
+                                      call.a2a.state].filter(Boolean).join(" · "),
+                              text: ["A2A", call.a2a.agent, call.a2a.skill,
+                                     call.a2a.taskId && `task ${call.a2a.taskId}`]
+                                .filter(Boolean).join(" · ") }) : null,
       el("span", { text: ms(call.durationMs) }),
       failed ? badge("error", "bad") : badge("ok", "ok"),
       call.toolCallId ? el("code", { text: call.toolCallId }) : null),
