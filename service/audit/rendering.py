@@ -65,7 +65,8 @@ def format_event(event: dict[str, Any]) -> str:
         return "\n".join(lines)
     if kind == "REACT_CYCLE":
         usage = payload["tokenUsage"]
-        lines = [f"{head} #{payload['cycleIndex']}  tokens in={usage['inputTokens']} "
+        # Cycles are counted from 1 in every display (the record's cycleIndex from 0).
+        lines = [f"{head} cycle {payload['cycleIndex'] + 1}  tokens in={usage['inputTokens']} "
                  f"out={usage['outputTokens']}", _indent(payload["reasoningText"])]
         for call in payload["toolCalls"]:
             outcome = (f"ERROR {call['error']}" if "error" in call

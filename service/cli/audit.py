@@ -125,7 +125,8 @@ def _print_replays(replays: list[Any], *, summary: bool) -> None:
                 line += f" (refused by the checks {', '.join(one.refused_by)})"
         typer.echo(line)
         if one.divergence is not None:
-            typer.echo(f"  first divergence at cycle {one.divergence.cycle}:")
+            typer.echo(f"  first divergence at cycle {one.divergence.cycle + 1} "
+                       f"(cycleIndex {one.divergence.cycle}):")
             typer.echo(f"    recorded: {one.divergence.recorded}")
             typer.echo(f"    replayed: {one.divergence.replayed}")
     if summary:

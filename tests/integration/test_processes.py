@@ -148,7 +148,7 @@ async def test_the_seed_integration_test_done_for_real(
         env=settings.environment(), capture_output=True, text=True, timeout=30, check=True,
     )
     printed = shown.stdout
-    assert "REACT_CYCLE #0" in printed and "credit-score" in printed
+    assert "REACT_CYCLE cycle 1 " in printed and "credit-score" in printed  # from 1
     assert "[worker," in printed and "[local," in printed and "decline" in printed
 
 

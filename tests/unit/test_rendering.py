@@ -23,4 +23,6 @@ def test_every_display_names_who_answered_an_mcp_or_an_a2a_call() -> None:
     cycle = {"eventType": "REACT_CYCLE", "attempt": 1, "seq": 1, "payload": {
         "cycleIndex": 0, "tokenUsage": {"inputTokens": 1, "outputTokens": 1},
         "reasoningText": "asking", "toolCalls": [a2a]}}
-    assert "[worker; A2A agent kyc, skill sanctions" in format_event(cycle)
+    shown = format_event(cycle)
+    assert "[worker; A2A agent kyc, skill sanctions" in shown
+    assert "REACT_CYCLE cycle 1 " in shown  # counted from 1, as the viewer and PDF count
