@@ -391,5 +391,8 @@ def verify_bundle_command(
         raise typer.Exit(2) from None
     if backtest and report.verified and not raw:
         _backtest_checked(report, bundle)
-        return
-    _report(report, raw)
+    else:
+        _report(report, raw)
+    if log is not None and not raw:  # only reached when nothing was found wrong
+        typer.echo(f"checked: the log at {log} today still extends the bundle's checkpoint "
+                   "(a consistency proof, checked here)")
