@@ -264,6 +264,33 @@ async def test_an_ended_case_offers_its_bundle_and_marks_an_altered_event(
     await page.close()
 
 
+async def test_an_ended_reviewed_case_does_not_ask_the_review_queue(
+    browser: Browser, stack: InProcessStack, lender: httpx.AsyncClient, viewer_key: str,
+    pool: asyncpg.Pool,
+) -> None:
+    """A case that waited for a person and was reviewed: its page shows the wait and the
+    review, and never asks ``GET /reviews/{id}`` for a due time (a 404 once it ended)."""
+    started = await lender.post("/cases", json={"agent": "loan-officer",
+                                                "input": SAMPLE_APPLICATIONS[1]})
+    case_id = started.json()["caseId"]
+    assert (await ended(lender, case_id))["status"] == "awaiting_review"
+    _, key = await ApiKeyStore(pool).create("lender", ("cases:review", "cases:read"),
+                                            "viewer reviewer", None, "rita")
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=10,
+                                 headers={"Authorization": f"Bearer {key}"}) as rita:
+        reviewed = await rita.post(f"/cases/{case_id}/review", json={
+            "verdict": "confirm", "reason": "Income checked by phone."})
+        assert reviewed.status_code in (200, 202), reviewed.text
+    assert (await ended(lender, case_id, statuses=("awaiting_review",)))["status"] == \
+        "completed"
+    page = await signed_in(browser, stack, viewer_key, f"/ui/cases/{case_id}")
+    await expect(page.locator("#f-integrity")).to_have_text("verified, complete",
+                                                            timeout=10_000)
+    await expect(page.locator("article.waiting")).to_have_count(1)
+    requested: list[str] = page.requested  # type: ignore[attr-defined]
+    assert not [url for url in requested if f"/reviews/{case_id}" in url], requested
+
+
 async def test_a_phone_width_page_has_no_horizontal_scroll_and_a_bad_key_is_refused(
     browser: Browser, stack: InProcessStack, lender: httpx.AsyncClient, viewer_key: str,
 ) -> None:

@@ -508,7 +508,7 @@ const reviewerText = (r) => `${r.subject} (${r.via === "key" ? `key ${r.keyId}${
 
 // The model's question waiting for a person (with the rest of its turn), and (for a
 // reviewer) the form to answer it.
-function questionCard(event, caseId) {
+function questionCard(event, caseId, waiting) {
   const q = event.payload.question;
   const due = el("span", { class: "due-slot" });
   const card = el("article", { class: "card waiting", id: "waiting", tabindex: "-1" },
@@ -517,7 +517,7 @@ function questionCard(event, caseId) {
     markdown(q.reasoningText),
     el("blockquote", { class: "question", text: q.question }),
     q.toolCalls.length ? el("div", { class: "tools" }, q.toolCalls.map(toolCard)) : null);
-  fillDue(due, caseId);
+  if (waiting) fillDue(due, caseId);
   if (!reviews()) {
     card.append(el("p", { class: "muted", text: "Answering needs a person's key with cases:review." }));
     return card;
@@ -558,9 +558,11 @@ async function fillDue(slot, caseId) {
   }
 }
 
-function waitingCard(event, caseId) {
+// ``waiting``: the case may still wait (it had not ended when the page read it): only then
+// is the review queue asked for its due time (an ended case's review is gone: a 404).
+function waitingCard(event, caseId, waiting) {
   const p = event.payload;
-  if (p.question) return questionCard(event, caseId);
+  if (p.question) return questionCard(event, caseId, waiting);
   const second = p.reviewReasons.includes("second_review");
   const due = el("span", { class: "due-slot" });
   const card = el("article", { class: "card waiting", id: "waiting", tabindex: "-1" },
@@ -570,7 +572,7 @@ function waitingCard(event, caseId) {
     el("p", { text: "A person decides: " + p.reviewReasons.map((r) => REVIEW_REASONS[r] || r).join("; ") + "." }),
     el("details", { open: true }, el("summary", { text: second ? "The override waiting for a second person" : "The agent's answer" }),
        el("pre", { text: json(p.answer) })));
-  fillDue(due, caseId);
+  if (waiting) fillDue(due, caseId);
   if (p.checks && p.checks.length) card.append(checksTable(p.checks));
   if (reviews()) card.append(reviewForm(caseId, p.answer));
   else card.append(el("p", { class: "muted", text: "Reviewing needs a person's key with cases:review." }));
@@ -752,7 +754,7 @@ async function casePage(caseId, signal) {
       if (p.checks && p.checks.length) setFact("f-checks", checksSummary(p.checks, "#waiting"));
       showLive(p.question ? "Waiting for a person's answer (no worker holds the case meanwhile)…"
                           : "Waiting for a person's review (no worker holds the case meanwhile)…", false);
-      section(event.attempt).append(waitingCard(event, caseId));
+      section(event.attempt).append(waitingCard(event, caseId, !TERMINAL_STATUSES.has(view.status)));
     } else if (event.eventType === "CASE_REVIEWED") {
       reviewers.push(p.reviewer.subject);
       setFact("f-decided", `${p.verdict} by ${reviewerText(p.reviewer)}`);
