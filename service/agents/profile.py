@@ -136,18 +136,33 @@ def case_input(messages: Sequence[ChatMessage]) -> dict[str, Any]:
 def observed(messages: Sequence[ChatMessage]) -> dict[str, Any]:
     """Tool results seen so far, by tool name: the parsed JSON, an ``Exception`` for
     errors, or the text itself when it is not JSON (an observation shortened to fit the
-    context budget keeps its first characters and says how many it hides)."""
+    context budget keeps its first characters and says how many it hides). A result that
+    is text holding a JSON object or array (an MCP server that answers JSON as its text
+    content) is parsed too; the record keeps the text as the server returned it."""
     seen: dict[str, Any] = {}
     for message in messages:
         if isinstance(message, ToolResultMessage):
             if message.is_error:
                 seen[message.tool_name] = RuntimeError(message.content.removeprefix("ERROR: "))
             else:
-                try:
-                    seen[message.tool_name] = orjson.loads(message.content)
-                except orjson.JSONDecodeError:
-                    seen[message.tool_name] = message.content
+                seen[message.tool_name] = _parsed(message.content)
     return seen
+
+
+def _parsed(content: str) -> Any:
+    """An observation's content as the scripted brain reads it: its JSON parsed, and a
+    string in it that holds a JSON object or array parsed again; else the text."""
+    try:
+        value = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        try:
+            inner = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+        return inner if isinstance(inner, dict | list) else value
+    return value
 
 
 def errors_in(seen: dict[str, Any]) -> list[str]:
