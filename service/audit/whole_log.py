@@ -56,7 +56,6 @@ from casetrail.adapters.store.audit_log import (
     ChainMoved,
     LastRun,
     Mismatch,
-    RunColumns,
     Scrubbed,
     read_run,
 )
@@ -254,13 +253,8 @@ class WholeLog:
         if chain.last is None:
             return None, None
         body = chain.last
-        scrubbed = body.get("scrubbedTo")
-        try:
-            scrubbed_to = uuid.UUID(scrubbed) if scrubbed else None
-        except (ValueError, TypeError, AttributeError):
-            scrubbed_to = None
         last = read_run(chain.last_id or 0, body.get("toLeaf"), body.get("findings"), size,
-                        scrubbed_to)
+                        body.get("scrubbedTo"))
         return (None, last.unreadable) if last.unreadable else (last, None)
 
     @staticmethod
@@ -284,11 +278,8 @@ class WholeLog:
         for attempt in range(KEEP_ATTEMPTS):
             seq, prev = (end[0] + 1, end[1]) if end else (0, GENESIS)
             record = seal_run(self.auditor.signer, seq, prev, fields)
-            seal = record.integrity
             try:
-                await self.store.keep_run(RunColumns(fields, seq, record.body,
-                                                     seal.prev_hash, seal.hash, seal.key_id,
-                                                     seal.sig))
+                await self.store.keep_run(fields, seq, record.body, record.integrity)
             except ChainMoved:
                 if attempt + 1 == KEEP_ATTEMPTS:
                     raise

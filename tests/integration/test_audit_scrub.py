@@ -16,7 +16,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from casetrail.adapters.store.audit_log import AuditStore, RunColumns
+from casetrail.adapters.store.audit_log import AuditStore
 from casetrail.audit.audit_runs import Auditor, read_chain, seal_run
 from casetrail.config import Settings
 from casetrail.contract.integrity import Signer
@@ -149,9 +149,7 @@ async def _a_forged_altered_or_removed_run_is_found(own: Settings, logged: Logge
         "casesChecked": 0, "findings": [], "scrubbedTo": None, "casesScrubbed": 0,
         "scrubLapped": False})
     seal = forged.integrity
-    await AuditStore(pool).keep_run(RunColumns(forged.fields, forged.chain_seq, forged.body,
-                                               seal.prev_hash, seal.hash, seal.key_id,
-                                               seal.sig))
+    await AuditStore(pool).keep_run(forged.fields, forged.chain_seq, forged.body, seal)
     code, report = await audit(own)
     assert code == 1 and report["full"] is True, report
     assert "unknown_key" in _runs_detail(report), report

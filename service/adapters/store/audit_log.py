@@ -14,6 +14,7 @@ import asyncpg
 import orjson
 
 from casetrail.adapters.store.cases import ParkedAction
+from casetrail.contract.integrity import Integrity
 from casetrail.trail.person_actions import SignedAction
 
 APPEND_ONLY_TABLES = ("event_log", "ledger_leaves", "ledger_tiles", "ledger_checkpoints",
@@ -47,7 +48,7 @@ class LastRun:
 
 
 def read_run(run_id: int, to_leaf: Any, stored: Any, tree_size: int,
-              scrubbed_to: uuid.UUID | None) -> LastRun:
+              scrubbed_to: Any) -> LastRun:
     """The last run as kept, or one that says why it cannot be read: a row the audit did
     not write (findings not a list of findings, a size past the tree's) never stops a
     pass, and never lets one skip what it would otherwise check."""
@@ -62,7 +63,18 @@ def read_run(run_id: int, to_leaf: Any, stored: Any, tree_size: int,
                             if f.get("backtestId")})
     except (ValueError, TypeError, AttributeError) as exc:
         return LastRun(0, [], [], f"audit run {run_id} cannot be read as a pass ({exc})")
-    return LastRun(to_leaf, failing, backtests, scrubbed_to=scrubbed_to)
+    return LastRun(to_leaf, failing, backtests, scrubbed_to=_case_id_or_none(scrubbed_to))
+
+
+def _case_id_or_none(value: Any) -> uuid.UUID | None:
+    """Where a kept scrub stopped (a UUID, or its text), ``None`` when it names none: the
+    next scrub then starts at the first case."""
+    if isinstance(value, uuid.UUID) or value is None:
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
 
 
 CHAIN_MOVED = "CTARC"
@@ -71,19 +83,6 @@ CHAIN_MOVED = "CTARC"
 
 class ChainMoved(Exception):
     """Another pass was kept where this one was to go (two auditors at once)."""
-
-
-@dataclass(frozen=True)
-class RunColumns:
-    """A pass to keep: its body's fields and its signed record."""
-
-    fields: dict[str, Any]
-    chain_seq: int
-    body: bytes
-    prev_hash: str
-    hash: str
-    key_id: str
-    sig: str
 
 
 @dataclass
@@ -302,25 +301,24 @@ class AuditStore:
                                        "chain_seq IS NOT NULL ORDER BY chain_seq DESC LIMIT 1")
         return None if row is None else (row["chain_seq"], row["hash"])
 
-    async def keep_run(self, run: RunColumns) -> None:
-        """Keep a pass: its columns and the signed record they restate. ``ChainMoved``
-        when another pass was kept at its place in the chain first."""
-        f = run.fields
+    async def keep_run(self, fields: dict[str, Any], chain_seq: int, body: bytes,
+                       seal: Integrity) -> None:
+        """Keep a pass: its signed record (``body`` under ``seal``) and the columns that
+        restate its ``fields``. ``ChainMoved`` when another pass was kept at its place in
+        the chain first."""
+        f = fields
         try:
-            await self._insert_run(run, f)
+            await self.pool.execute(
+                "INSERT INTO audit_runs (started_at, finished_at, full_pass, from_leaf, "
+                "to_leaf, cases_checked, findings, scrubbed_to, cases_scrubbed, scrub_lapped, "
+                "chain_seq, body, prev_hash, hash, key_id, sig) VALUES ($1, $2, $3, $4, $5, "
+                "$6, $7::jsonb, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+                datetime.fromisoformat(f["startedAt"]), datetime.fromisoformat(f["finishedAt"]),
+                f["fullPass"], f["fromLeaf"], f["toLeaf"], f["casesChecked"], f["findings"],
+                uuid.UUID(f["scrubbedTo"]) if f["scrubbedTo"] else None, f["casesScrubbed"],
+                f["scrubLapped"], chain_seq, body, seal.prev_hash, seal.hash, seal.key_id,
+                seal.sig)
         except asyncpg.PostgresError as exc:
             if getattr(exc, "sqlstate", None) == CHAIN_MOVED:
                 raise ChainMoved(str(exc)) from None
             raise
-
-    async def _insert_run(self, run: RunColumns, f: dict[str, Any]) -> None:
-        await self.pool.execute(
-            "INSERT INTO audit_runs (started_at, finished_at, full_pass, from_leaf, to_leaf, "
-            "cases_checked, findings, scrubbed_to, cases_scrubbed, scrub_lapped, chain_seq, "
-            "body, prev_hash, hash, key_id, sig) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, "
-            "$8, $9, $10, $11, $12, $13, $14, $15, $16)",
-            datetime.fromisoformat(f["startedAt"]), datetime.fromisoformat(f["finishedAt"]),
-            f["fullPass"], f["fromLeaf"], f["toLeaf"], f["casesChecked"], f["findings"],
-            uuid.UUID(f["scrubbedTo"]) if f["scrubbedTo"] else None, f["casesScrubbed"],
-            f["scrubLapped"], run.chain_seq, run.body, run.prev_hash, run.hash, run.key_id,
-            run.sig)
